@@ -1,0 +1,47 @@
+//! Block devices: the bottom layer.
+//!
+//! Addresses are byte offsets, because the superblock must be read before the
+//! block size is known; every offset and length is a multiple of the 512-byte
+//! sector (asserted), which is the granularity at which a disk can tear a
+//! write and at which the crash-state generator rebuilds disks.
+//!
+//! `flush` is a barrier: everything written before it returns is durable
+//! after it. Nothing above this layer may assume durability without it.
+
+mod file;
+mod memory;
+
+pub use file::FileDevice;
+pub use memory::MemoryDevice;
+
+use std::io;
+
+pub const SECTOR_SIZE: u64 = 512;
+
+pub trait BlockDevice: Send + Sync {
+    /// Read `buf.len()` bytes at `offset`. Reading past the end is an error.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Write `buf` at `offset`. Not durable until the next `flush`.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Make every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Size of the device in bytes.
+    fn size_bytes(&self) -> u64;
+    /// Whether writes are refused (opened read-only).
+    fn is_read_only(&self) -> bool {
+        false
+    }
+}
+
+/// Checks shared by every implementation: sector alignment and bounds.
+pub(crate) fn check_range(offset: u64, len: usize, size: u64) -> io::Result<()> {
+    debug_assert_eq!(offset % SECTOR_SIZE, 0, "unaligned device offset {offset}");
+    debug_assert_eq!(len as u64 % SECTOR_SIZE, 0, "unaligned device length {len}");
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("access at byte {offset} (+{len}) beyond device end {size}"),
+        )),
+    }
+}

@@ -1,0 +1,142 @@
+//! Errors of every layer, and their errno at the FUSE boundary.
+//!
+//! One umbrella type keeps the `?` chains short across layers; the variants
+//! stay typed so that callers (and tests) match on what happened, never on
+//! message text. `Corrupt` carries where the damage was found, because the
+//! operator who reads the log needs a block or inode number to run
+//! `debugfs` on, not a sentence.
+
+use std::fmt;
+
+/// Where in the image a corruption was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Location {
+    Superblock,
+    GroupDescriptor { group: u32 },
+    Block { block: u64 },
+    Inode { ino: u32 },
+    InodeBlock { ino: u32, block: u64 },
+    Journal { block: u64 },
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Superblock => write!(f, "superblock"),
+            Location::GroupDescriptor { group } => write!(f, "group descriptor {group}"),
+            Location::Block { block } => write!(f, "block {block}"),
+            Location::Inode { ino } => write!(f, "inode {ino}"),
+            Location::InodeBlock { ino, block } => write!(f, "inode {ino}, block {block}"),
+            Location::Journal { block } => write!(f, "journal block {block}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The device failed a read, write or flush.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// An on-disk structure is inconsistent (bad magic, bad checksum,
+    /// out-of-range pointer). The filesystem turns read-only when this is seen.
+    #[error("corrupt filesystem at {location}: {detail}")]
+    Corrupt { location: Location, detail: String },
+    /// The image uses a feature this build cannot handle safely.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Bad argument from the caller (bad mount option, bad flag combination).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// The filesystem is mounted read-only, or turned read-only after an error.
+    #[error("read-only filesystem")]
+    ReadOnly,
+    #[error("no space left on device")]
+    NoSpace,
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDirectory,
+    #[error("is a directory")]
+    IsDirectory,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("file too large")]
+    FileTooBig,
+    #[error("permission denied")]
+    PermissionDenied,
+    #[error("operation not permitted")]
+    NotPermitted,
+    #[error("no such attribute")]
+    NoAttribute,
+    #[error("result does not fit the buffer")]
+    Range,
+    #[error("operation not supported")]
+    NotSupported,
+    #[error("stale file handle")]
+    Stale,
+    #[error("too many levels of symbolic links or invalid cross-directory move")]
+    InvalidMove,
+    #[error("device or resource busy")]
+    Busy,
+}
+
+impl Error {
+    /// Shorthand used by the format layer when a structure does not parse.
+    pub fn corrupt(location: Location, detail: impl Into<String>) -> Self {
+        Error::Corrupt {
+            location,
+            detail: detail.into(),
+        }
+    }
+
+    /// The errno a FUSE reply or a library caller sees.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::Corrupt { .. } => libc::EUCLEAN,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::ReadOnly => libc::EROFS,
+            Error::NoSpace => libc::ENOSPC,
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::NotDirectory => libc::ENOTDIR,
+            Error::IsDirectory => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::TooManyLinks => libc::EMLINK,
+            Error::FileTooBig => libc::EFBIG,
+            Error::PermissionDenied => libc::EACCES,
+            Error::NotPermitted => libc::EPERM,
+            Error::NoAttribute => libc::ENODATA,
+            Error::Range => libc::ERANGE,
+            Error::NotSupported => libc::EOPNOTSUPP,
+            Error::Stale => libc::ESTALE,
+            Error::InvalidMove => libc::EINVAL,
+            Error::Busy => libc::EBUSY,
+        }
+    }
+
+    pub fn is_corruption(&self) -> bool {
+        matches!(self, Error::Corrupt { .. })
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Early-return a corruption error unless `cond` holds.
+#[macro_export]
+macro_rules! ensure_format {
+    ($cond:expr, $location:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err($crate::error::Error::corrupt($location, format!($($arg)+)));
+        }
+    };
+}

@@ -1,0 +1,67 @@
+//! Checksum primitives shared by every structure.
+//!
+//! ext4's `ext4_chksum(crc, buf)` is a raw CRC32C update: no inversion on
+//! entry or exit (the kernel seeds it with `~0` where a standard CRC would
+//! start, and stores the raw register). The `crc32c` crate computes standard
+//! CRCs (inverted in and out), so the raw form is its complement taken on
+//! both sides. Each structure module then exposes the same trio —
+//! `compute`, `verify`, `set` — built on these.
+
+/// Raw CRC32C update, as `ext4_chksum` / `jbd2_chksum` compute it.
+#[inline]
+pub fn crc32c_raw(seed: u32, data: &[u8]) -> u32 {
+    !crc32c::crc32c_append(!seed, data)
+}
+
+/// The filesystem-wide seed: `s_checksum_seed` with metadata_csum_seed, else
+/// the raw CRC of the UUID.
+pub fn fs_seed(uuid: &[u8; 16], stored_seed: Option<u32>) -> u32 {
+    match stored_seed {
+        Some(seed) => seed,
+        None => crc32c_raw(!0, uuid),
+    }
+}
+
+/// Per-inode seed used by inodes, extent blocks, directory blocks, htree
+/// nodes and the orphan file: raw CRC of the inode number then generation.
+pub fn inode_seed(fs_seed: u32, ino: u32, generation: u32) -> u32 {
+    let seed = crc32c_raw(fs_seed, &ino.to_le_bytes());
+    crc32c_raw(seed, &generation.to_le_bytes())
+}
+
+/// CRC-16 (ANSI, reflected polynomial 0xA001) as the kernel's `crc16()`,
+/// used only by the older gdt_csum (uninit_bg) group descriptor checksum.
+pub fn crc16(mut crc: u16, data: &[u8]) -> u16 {
+    for &byte in data {
+        crc ^= byte as u16;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xA001
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_crc_is_complement_of_standard() {
+        // Standard CRC32C("123456789") = 0xE3069283; raw from ~0 is its complement.
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c_raw(!0, b"123456789"), !0xE306_9283);
+        // Chaining raw updates equals one update over the concatenation.
+        let chained = crc32c_raw(crc32c_raw(!0, b"1234"), b"56789");
+        assert_eq!(chained, crc32c_raw(!0, b"123456789"));
+    }
+
+    #[test]
+    fn crc16_matches_reference_vector() {
+        // CRC-16/ARC("123456789") with init 0 is 0xBB3D.
+        assert_eq!(crc16(0, b"123456789"), 0xBB3D);
+    }
+}

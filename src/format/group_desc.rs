@@ -1,0 +1,266 @@
+//! Block group descriptors (32 bytes, or `s_desc_size` with 64bit), and
+//! their checksum: CRC32C (metadata_csum) or CRC16 (gdt_csum / uninit_bg).
+
+use super::csum::{crc16, crc32c_raw};
+use super::superblock::Geometry;
+use super::{get_u16, get_u32, put_u16, put_u32};
+use crate::ensure_format;
+use crate::error::{Location, Result};
+
+/// `bg_flags`: the inode table and bitmap are not initialised.
+pub const BG_INODE_UNINIT: u16 = 0x0001;
+/// The block bitmap is not initialised (computed from the layout).
+pub const BG_BLOCK_UNINIT: u16 = 0x0002;
+/// The inode table has been zeroed.
+pub const BG_INODE_ZEROED: u16 = 0x0004;
+
+const BG_BLOCK_BITMAP: usize = 0x00;
+const BG_INODE_BITMAP: usize = 0x04;
+const BG_INODE_TABLE: usize = 0x08;
+const BG_FREE_BLOCKS: usize = 0x0C;
+const BG_FREE_INODES: usize = 0x0E;
+const BG_USED_DIRS: usize = 0x10;
+const BG_FLAGS: usize = 0x12;
+const BG_BLOCK_BITMAP_CSUM_LO: usize = 0x18;
+const BG_INODE_BITMAP_CSUM_LO: usize = 0x1A;
+const BG_ITABLE_UNUSED: usize = 0x1C;
+const BG_CHECKSUM: usize = 0x1E;
+const BG_BLOCK_BITMAP_HI: usize = 0x20;
+const BG_INODE_BITMAP_HI: usize = 0x24;
+const BG_INODE_TABLE_HI: usize = 0x28;
+const BG_FREE_BLOCKS_HI: usize = 0x2C;
+const BG_FREE_INODES_HI: usize = 0x2E;
+const BG_USED_DIRS_HI: usize = 0x30;
+const BG_ITABLE_UNUSED_HI: usize = 0x32;
+const BG_BLOCK_BITMAP_CSUM_HI: usize = 0x38;
+const BG_INODE_BITMAP_CSUM_HI: usize = 0x3A;
+/// The high halves of the bitmap checksums exist when the descriptor is at
+/// least this long (ext4.h EXT4_BG_*_BITMAP_CSUM_HI_END).
+const BLOCK_BITMAP_CSUM_HI_END: u32 = 0x3A;
+const INODE_BITMAP_CSUM_HI_END: u32 = 0x3C;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupDesc {
+    pub block_bitmap: u64,
+    pub inode_bitmap: u64,
+    pub inode_table: u64,
+    pub free_blocks: u32,
+    pub free_inodes: u32,
+    pub used_dirs: u32,
+    pub flags: u16,
+    pub itable_unused: u32,
+    pub block_bitmap_csum: u32,
+    pub inode_bitmap_csum: u32,
+    /// Bytes beyond the fields above (exclude bitmap, reserved), kept as is.
+    raw: Vec<u8>,
+}
+
+impl GroupDesc {
+    pub fn decode(geo: &Geometry, group: u32, bytes: &[u8]) -> Result<Self> {
+        let size = geo.desc_size as usize;
+        let wide = size >= 64;
+        let hi32 = |offset: usize| if wide { get_u32(bytes, offset) } else { 0 };
+        let hi16 = |offset: usize| if wide { get_u16(bytes, offset) } else { 0 };
+        let desc = GroupDesc {
+            block_bitmap: get_u32(bytes, BG_BLOCK_BITMAP) as u64
+                | (hi32(BG_BLOCK_BITMAP_HI) as u64) << 32,
+            inode_bitmap: get_u32(bytes, BG_INODE_BITMAP) as u64
+                | (hi32(BG_INODE_BITMAP_HI) as u64) << 32,
+            inode_table: get_u32(bytes, BG_INODE_TABLE) as u64
+                | (hi32(BG_INODE_TABLE_HI) as u64) << 32,
+            free_blocks: get_u16(bytes, BG_FREE_BLOCKS) as u32
+                | (hi16(BG_FREE_BLOCKS_HI) as u32) << 16,
+            free_inodes: get_u16(bytes, BG_FREE_INODES) as u32
+                | (hi16(BG_FREE_INODES_HI) as u32) << 16,
+            used_dirs: get_u16(bytes, BG_USED_DIRS) as u32 | (hi16(BG_USED_DIRS_HI) as u32) << 16,
+            flags: get_u16(bytes, BG_FLAGS),
+            itable_unused: get_u16(bytes, BG_ITABLE_UNUSED) as u32
+                | (hi16(BG_ITABLE_UNUSED_HI) as u32) << 16,
+            block_bitmap_csum: get_u16(bytes, BG_BLOCK_BITMAP_CSUM_LO) as u32
+                | if geo.desc_size >= BLOCK_BITMAP_CSUM_HI_END + 2 {
+                    (get_u16(bytes, BG_BLOCK_BITMAP_CSUM_HI) as u32) << 16
+                } else {
+                    0
+                },
+            inode_bitmap_csum: get_u16(bytes, BG_INODE_BITMAP_CSUM_LO) as u32
+                | if geo.desc_size >= INODE_BITMAP_CSUM_HI_END {
+                    (get_u16(bytes, BG_INODE_BITMAP_CSUM_HI) as u32) << 16
+                } else {
+                    0
+                },
+            raw: bytes[..size].to_vec(),
+        };
+        let location = Location::GroupDescriptor { group };
+        if geo.has_group_csum() {
+            let stored = get_u16(bytes, BG_CHECKSUM);
+            let computed = checksum(geo, group, &bytes[..size]);
+            ensure_format!(
+                stored == computed,
+                location,
+                "checksum mismatch (stored {stored:#06x}, computed {computed:#06x})"
+            );
+        }
+        desc.validate(geo, group)?;
+        Ok(desc)
+    }
+
+    /// Pointers must land inside the filesystem and counts inside the group.
+    fn validate(&self, geo: &Geometry, group: u32) -> Result<()> {
+        let location = Location::GroupDescriptor { group };
+        let first_meta = geo.first_data_block as u64 + 1;
+        let in_fs = |block: u64| block >= first_meta && block < geo.blocks_count;
+        ensure_format!(
+            in_fs(self.block_bitmap),
+            location,
+            "block bitmap at {} is outside the filesystem",
+            self.block_bitmap
+        );
+        ensure_format!(
+            in_fs(self.inode_bitmap),
+            location,
+            "inode bitmap at {} is outside the filesystem",
+            self.inode_bitmap
+        );
+        ensure_format!(
+            in_fs(self.inode_table)
+                && self.inode_table + geo.inode_table_blocks as u64 <= geo.blocks_count,
+            location,
+            "inode table at {} is outside the filesystem",
+            self.inode_table
+        );
+        ensure_format!(
+            self.free_blocks <= geo.blocks_per_group,
+            location,
+            "free block count {} exceeds the group size",
+            self.free_blocks
+        );
+        ensure_format!(
+            self.free_inodes <= geo.inodes_per_group && self.itable_unused <= geo.inodes_per_group,
+            location,
+            "free inode count {} exceeds the group size",
+            self.free_inodes
+        );
+        Ok(())
+    }
+
+    /// Encode into `bytes` (the descriptor's slot in the table block),
+    /// preserving fields we do not interpret, and set the checksum.
+    pub fn encode(&self, geo: &Geometry, group: u32, bytes: &mut [u8]) {
+        let size = geo.desc_size as usize;
+        let wide = size >= 64;
+        bytes[..size].copy_from_slice(&self.raw[..size]);
+        put_u32(bytes, BG_BLOCK_BITMAP, self.block_bitmap as u32);
+        put_u32(bytes, BG_INODE_BITMAP, self.inode_bitmap as u32);
+        put_u32(bytes, BG_INODE_TABLE, self.inode_table as u32);
+        put_u16(bytes, BG_FREE_BLOCKS, self.free_blocks as u16);
+        put_u16(bytes, BG_FREE_INODES, self.free_inodes as u16);
+        put_u16(bytes, BG_USED_DIRS, self.used_dirs as u16);
+        put_u16(bytes, BG_FLAGS, self.flags);
+        put_u16(bytes, BG_ITABLE_UNUSED, self.itable_unused as u16);
+        put_u16(
+            bytes,
+            BG_BLOCK_BITMAP_CSUM_LO,
+            self.block_bitmap_csum as u16,
+        );
+        put_u16(
+            bytes,
+            BG_INODE_BITMAP_CSUM_LO,
+            self.inode_bitmap_csum as u16,
+        );
+        if wide {
+            put_u32(bytes, BG_BLOCK_BITMAP_HI, (self.block_bitmap >> 32) as u32);
+            put_u32(bytes, BG_INODE_BITMAP_HI, (self.inode_bitmap >> 32) as u32);
+            put_u32(bytes, BG_INODE_TABLE_HI, (self.inode_table >> 32) as u32);
+            put_u16(bytes, BG_FREE_BLOCKS_HI, (self.free_blocks >> 16) as u16);
+            put_u16(bytes, BG_FREE_INODES_HI, (self.free_inodes >> 16) as u16);
+            put_u16(bytes, BG_USED_DIRS_HI, (self.used_dirs >> 16) as u16);
+            put_u16(
+                bytes,
+                BG_ITABLE_UNUSED_HI,
+                (self.itable_unused >> 16) as u16,
+            );
+            if geo.desc_size >= BLOCK_BITMAP_CSUM_HI_END + 2 {
+                put_u16(
+                    bytes,
+                    BG_BLOCK_BITMAP_CSUM_HI,
+                    (self.block_bitmap_csum >> 16) as u16,
+                );
+            }
+            if geo.desc_size >= INODE_BITMAP_CSUM_HI_END {
+                put_u16(
+                    bytes,
+                    BG_INODE_BITMAP_CSUM_HI,
+                    (self.inode_bitmap_csum >> 16) as u16,
+                );
+            }
+        }
+        if geo.has_group_csum() {
+            let sum = checksum(geo, group, &bytes[..size]);
+            put_u16(bytes, BG_CHECKSUM, sum);
+        }
+    }
+
+    /// Record the checksum of a freshly changed block bitmap.
+    pub fn set_block_bitmap_csum(&mut self, geo: &Geometry, bitmap: &[u8]) {
+        if geo.metadata_csum {
+            self.block_bitmap_csum = crc32c_raw(geo.csum_seed, &bitmap[..geo.block_bitmap_bytes()]);
+        }
+    }
+
+    pub fn set_inode_bitmap_csum(&mut self, geo: &Geometry, bitmap: &[u8]) {
+        if geo.metadata_csum {
+            self.inode_bitmap_csum = crc32c_raw(geo.csum_seed, &bitmap[..geo.inode_bitmap_bytes()]);
+        }
+    }
+
+    /// Whether a block bitmap read from disk matches the stored checksum
+    /// (only the bits the descriptor's width can hold are compared).
+    pub fn block_bitmap_csum_ok(&self, geo: &Geometry, bitmap: &[u8]) -> bool {
+        if !geo.metadata_csum {
+            return true;
+        }
+        let computed = crc32c_raw(geo.csum_seed, &bitmap[..geo.block_bitmap_bytes()]);
+        let mask = if geo.desc_size >= BLOCK_BITMAP_CSUM_HI_END + 2 {
+            !0
+        } else {
+            0xFFFF
+        };
+        computed & mask == self.block_bitmap_csum & mask
+    }
+
+    pub fn inode_bitmap_csum_ok(&self, geo: &Geometry, bitmap: &[u8]) -> bool {
+        if !geo.metadata_csum {
+            return true;
+        }
+        let computed = crc32c_raw(geo.csum_seed, &bitmap[..geo.inode_bitmap_bytes()]);
+        let mask = if geo.desc_size >= INODE_BITMAP_CSUM_HI_END {
+            !0
+        } else {
+            0xFFFF
+        };
+        computed & mask == self.inode_bitmap_csum & mask
+    }
+}
+
+/// The descriptor checksum over `bytes` (one descriptor), with the checksum
+/// field itself taken as zero.
+fn checksum(geo: &Geometry, group: u32, bytes: &[u8]) -> u16 {
+    let group_le = group.to_le_bytes();
+    if geo.metadata_csum {
+        let mut crc = crc32c_raw(geo.csum_seed, &group_le);
+        crc = crc32c_raw(crc, &bytes[..BG_CHECKSUM]);
+        crc = crc32c_raw(crc, &[0, 0]);
+        if bytes.len() > BG_CHECKSUM + 2 {
+            crc = crc32c_raw(crc, &bytes[BG_CHECKSUM + 2..]);
+        }
+        (crc & 0xFFFF) as u16
+    } else {
+        let mut crc = crc16(!0, &geo.uuid);
+        crc = crc16(crc, &group_le);
+        crc = crc16(crc, &bytes[..BG_CHECKSUM]);
+        if geo.has_incompat(super::superblock::incompat::BIT64) && bytes.len() > BG_CHECKSUM + 2 {
+            crc = crc16(crc, &bytes[BG_CHECKSUM + 2..]);
+        }
+        crc
+    }
+}

@@ -1,0 +1,119 @@
+//! ext2/3/4 on-disk structures, each parsed and written in one module.
+//!
+//! No other layer touches raw metadata bytes: `fs/` asks this layer to
+//! decode, change and re-encode structures, and every structure that
+//! metadata_csum covers is verified here on read and re-checksummed here on
+//! write (see `csum.rs` for the shared compute/verify/set shape).
+//!
+//! Algorithms that change the shape of a structure (extent tree splits,
+//! htree splits, xattr block copy-on-write) need blocks allocated and freed;
+//! they get that through [`MetaCtx`], which `fs/` builds around its allocator,
+//! so this layer stays below `fs/` in the layer picture.
+
+pub mod bitmap;
+pub mod blockmap;
+pub mod csum;
+pub mod dir;
+pub mod extent;
+pub mod group_desc;
+pub mod htree;
+pub mod inode;
+pub mod orphan;
+pub mod superblock;
+pub mod xattr;
+
+use crate::cache::{Buffer, BufferCache};
+use crate::error::Result;
+use crate::journal::Handle;
+use std::sync::Arc;
+pub use superblock::Geometry;
+
+/// Block allocation as seen from the format layer. Implemented by `fs/`.
+pub trait BlockAllocator {
+    /// Allocate up to `count` contiguous blocks near `goal` (at least one);
+    /// returns the first block and how many were allocated. The blocks are
+    /// marked in use in the bitmap and counted in the descriptors; the caller
+    /// accounts them in the owning inode's `i_blocks`.
+    fn alloc_blocks(&mut self, handle: &Handle<'_>, goal: u64, count: u32) -> Result<(u64, u32)>;
+
+    /// Return `count` blocks starting at `start` to the free pool. Blocks
+    /// that held metadata are also forgotten by the cache and the journal
+    /// (`Handle::forget`); `metadata` says which kind they were.
+    fn free_blocks(
+        &mut self,
+        handle: &Handle<'_>,
+        start: u64,
+        count: u64,
+        metadata: bool,
+    ) -> Result<()>;
+}
+
+/// What a format algorithm that changes structure needs from around it.
+pub struct MetaCtx<'a, 'j> {
+    pub geo: &'a Geometry,
+    pub cache: &'a BufferCache,
+    pub handle: &'a Handle<'j>,
+    pub alloc: &'a mut dyn BlockAllocator,
+}
+
+impl MetaCtx<'_, '_> {
+    /// Allocate one block to hold metadata and return its (zeroed) buffer.
+    /// The caller fills it through `handle.get_create_access`.
+    pub fn new_meta_block(&mut self, goal: u64) -> Result<Arc<Buffer>> {
+        let (block, _) = self.alloc.alloc_blocks(self.handle, goal, 1)?;
+        let buffer = self.cache.get_for_overwrite(block)?;
+        {
+            let mut data = self.handle.get_create_access(&buffer)?;
+            data.fill(0);
+        }
+        Ok(buffer)
+    }
+
+    /// Free one metadata block.
+    pub fn free_meta_block(&mut self, block: u64) -> Result<()> {
+        self.alloc.free_blocks(self.handle, block, 1, true)
+    }
+}
+
+// Little-endian field access. The on-disk format is little-endian
+// everywhere; these are the only byte-order conversions in the crate.
+
+#[inline]
+pub fn get_u8(bytes: &[u8], offset: usize) -> u8 {
+    bytes[offset]
+}
+
+#[inline]
+pub fn get_u16(bytes: &[u8], offset: usize) -> u16 {
+    u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
+}
+
+#[inline]
+pub fn get_u32(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap())
+}
+
+#[inline]
+pub fn get_u64(bytes: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap())
+}
+
+#[inline]
+pub fn put_u8(bytes: &mut [u8], offset: usize, value: u8) {
+    bytes[offset] = value;
+}
+
+#[inline]
+pub fn put_u16(bytes: &mut [u8], offset: usize, value: u16) {
+    bytes[offset..offset + 2].copy_from_slice(&value.to_le_bytes());
+}
+
+#[inline]
+pub fn put_u32(bytes: &mut [u8], offset: usize, value: u32) {
+    bytes[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+#[inline]
+pub fn put_u64(bytes: &mut [u8], offset: usize, value: u64) {
+    bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+}

@@ -1,0 +1,808 @@
+//! The superblock (1024 bytes at byte 1024), its feature flags, and the
+//! geometry derived from it.
+//!
+//! `Superblock` keeps the raw bytes it was decoded from, so that fields this
+//! crate does not interpret (error records, quota inodes, encryption salt)
+//! survive a rewrite bit for bit; `encode` writes back only the fields we
+//! change, then the checksum.
+
+use super::csum::{self, crc32c_raw};
+use super::{get_u8, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use crate::ensure_format;
+use crate::error::{Error, Location, Result};
+
+pub const SUPERBLOCK_OFFSET: u64 = 1024;
+pub const SUPERBLOCK_SIZE: usize = 1024;
+pub const EXT4_MAGIC: u16 = 0xEF53;
+
+pub const ROOT_INO: u32 = 2;
+pub const RESIZE_INO: u32 = 7;
+pub const JOURNAL_INO: u32 = 8;
+pub const GOOD_OLD_FIRST_INO: u32 = 11;
+pub const GOOD_OLD_INODE_SIZE: u16 = 128;
+
+/// `s_state` bits.
+pub const STATE_VALID: u16 = 0x0001;
+pub const STATE_ERROR: u16 = 0x0002;
+pub const STATE_ORPHANS: u16 = 0x0004;
+
+/// `s_flags` bits: which directory hash variant the creator's `char` used.
+pub const FLAGS_SIGNED_HASH: u32 = 0x0001;
+pub const FLAGS_UNSIGNED_HASH: u32 = 0x0002;
+
+pub mod compat {
+    pub const DIR_PREALLOC: u32 = 0x0001;
+    pub const IMAGIC_INODES: u32 = 0x0002;
+    pub const HAS_JOURNAL: u32 = 0x0004;
+    pub const EXT_ATTR: u32 = 0x0008;
+    pub const RESIZE_INODE: u32 = 0x0010;
+    pub const DIR_INDEX: u32 = 0x0020;
+    pub const SPARSE_SUPER2: u32 = 0x0200;
+    pub const FAST_COMMIT: u32 = 0x0400;
+    pub const STABLE_INODES: u32 = 0x0800;
+    pub const ORPHAN_FILE: u32 = 0x1000;
+}
+
+pub mod ro_compat {
+    pub const SPARSE_SUPER: u32 = 0x0001;
+    pub const LARGE_FILE: u32 = 0x0002;
+    pub const BTREE_DIR: u32 = 0x0004;
+    pub const HUGE_FILE: u32 = 0x0008;
+    pub const GDT_CSUM: u32 = 0x0010;
+    pub const DIR_NLINK: u32 = 0x0020;
+    pub const EXTRA_ISIZE: u32 = 0x0040;
+    pub const HAS_SNAPSHOT: u32 = 0x0080;
+    pub const QUOTA: u32 = 0x0100;
+    pub const BIGALLOC: u32 = 0x0200;
+    pub const METADATA_CSUM: u32 = 0x0400;
+    pub const REPLICA: u32 = 0x0800;
+    pub const READONLY: u32 = 0x1000;
+    pub const PROJECT: u32 = 0x2000;
+    pub const SHARED_BLOCKS: u32 = 0x4000;
+    pub const VERITY: u32 = 0x8000;
+    pub const ORPHAN_PRESENT: u32 = 0x10000;
+}
+
+pub mod incompat {
+    pub const COMPRESSION: u32 = 0x0001;
+    pub const FILETYPE: u32 = 0x0002;
+    pub const RECOVER: u32 = 0x0004;
+    pub const JOURNAL_DEV: u32 = 0x0008;
+    pub const META_BG: u32 = 0x0010;
+    pub const EXTENTS: u32 = 0x0040;
+    pub const BIT64: u32 = 0x0080;
+    pub const MMP: u32 = 0x0100;
+    pub const FLEX_BG: u32 = 0x0200;
+    pub const EA_INODE: u32 = 0x0400;
+    pub const DIRDATA: u32 = 0x1000;
+    pub const CSUM_SEED: u32 = 0x2000;
+    pub const LARGEDIR: u32 = 0x4000;
+    pub const INLINE_DATA: u32 = 0x8000;
+    pub const ENCRYPT: u32 = 0x10000;
+    pub const CASEFOLD: u32 = 0x20000;
+}
+
+/// INCOMPAT features this build reads and writes. `RECOVER` is handled
+/// separately (it means "journal needs replay", not a format change).
+pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
+    | incompat::RECOVER
+    | incompat::EXTENTS
+    | incompat::BIT64
+    | incompat::FLEX_BG
+    | incompat::CSUM_SEED;
+
+/// RO_COMPAT features this build keeps consistent when writing. Any other
+/// bit allows read-only mounts only.
+pub const RO_COMPAT_SUPPORTED: u32 = ro_compat::SPARSE_SUPER
+    | ro_compat::LARGE_FILE
+    | ro_compat::HUGE_FILE
+    | ro_compat::GDT_CSUM
+    | ro_compat::DIR_NLINK
+    | ro_compat::EXTRA_ISIZE
+    | ro_compat::METADATA_CSUM
+    | ro_compat::ORPHAN_PRESENT
+    | ro_compat::PROJECT;
+
+fn feature_names(kind: &str, bits: u32) -> Vec<String> {
+    let table: &[(u32, &str)] = match kind {
+        "incompat" => &[
+            (incompat::COMPRESSION, "compression"),
+            (incompat::FILETYPE, "filetype"),
+            (incompat::RECOVER, "needs_recovery"),
+            (incompat::JOURNAL_DEV, "journal_dev"),
+            (incompat::META_BG, "meta_bg"),
+            (incompat::EXTENTS, "extent"),
+            (incompat::BIT64, "64bit"),
+            (incompat::MMP, "mmp"),
+            (incompat::FLEX_BG, "flex_bg"),
+            (incompat::EA_INODE, "ea_inode"),
+            (incompat::DIRDATA, "dirdata"),
+            (incompat::CSUM_SEED, "metadata_csum_seed"),
+            (incompat::LARGEDIR, "large_dir"),
+            (incompat::INLINE_DATA, "inline_data"),
+            (incompat::ENCRYPT, "encrypt"),
+            (incompat::CASEFOLD, "casefold"),
+        ],
+        _ => &[
+            (ro_compat::SPARSE_SUPER, "sparse_super"),
+            (ro_compat::LARGE_FILE, "large_file"),
+            (ro_compat::BTREE_DIR, "btree_dir"),
+            (ro_compat::HUGE_FILE, "huge_file"),
+            (ro_compat::GDT_CSUM, "uninit_bg"),
+            (ro_compat::DIR_NLINK, "dir_nlink"),
+            (ro_compat::EXTRA_ISIZE, "extra_isize"),
+            (ro_compat::HAS_SNAPSHOT, "snapshot"),
+            (ro_compat::QUOTA, "quota"),
+            (ro_compat::BIGALLOC, "bigalloc"),
+            (ro_compat::METADATA_CSUM, "metadata_csum"),
+            (ro_compat::REPLICA, "replica"),
+            (ro_compat::READONLY, "read-only"),
+            (ro_compat::PROJECT, "project"),
+            (ro_compat::SHARED_BLOCKS, "shared_blocks"),
+            (ro_compat::VERITY, "verity"),
+            (ro_compat::ORPHAN_PRESENT, "orphan_present"),
+        ],
+    };
+    let mut names = Vec::new();
+    for bit in 0..32 {
+        let mask = 1u32 << bit;
+        if bits & mask != 0 {
+            match table.iter().find(|(m, _)| *m == mask) {
+                Some((_, name)) => names.push((*name).to_string()),
+                None => names.push(format!("{kind}_feature_{bit}")),
+            }
+        }
+    }
+    names
+}
+
+// Field offsets (ext2_fs.h, struct ext2_super_block).
+const S_INODES_COUNT: usize = 0x00;
+const S_BLOCKS_COUNT_LO: usize = 0x04;
+const S_R_BLOCKS_COUNT_LO: usize = 0x08;
+const S_FREE_BLOCKS_COUNT_LO: usize = 0x0C;
+const S_FREE_INODES_COUNT: usize = 0x10;
+const S_FIRST_DATA_BLOCK: usize = 0x14;
+const S_LOG_BLOCK_SIZE: usize = 0x18;
+const S_LOG_CLUSTER_SIZE: usize = 0x1C;
+const S_BLOCKS_PER_GROUP: usize = 0x20;
+const S_CLUSTERS_PER_GROUP: usize = 0x24;
+const S_INODES_PER_GROUP: usize = 0x28;
+const S_MTIME: usize = 0x2C;
+const S_WTIME: usize = 0x30;
+const S_MNT_COUNT: usize = 0x34;
+const S_MAGIC: usize = 0x38;
+const S_STATE: usize = 0x3A;
+const S_ERRORS: usize = 0x3C;
+const S_CREATOR_OS: usize = 0x48;
+const S_REV_LEVEL: usize = 0x4C;
+const S_DEF_RESUID: usize = 0x50;
+const S_DEF_RESGID: usize = 0x52;
+const S_FIRST_INO: usize = 0x54;
+const S_INODE_SIZE: usize = 0x58;
+const S_FEATURE_COMPAT: usize = 0x5C;
+const S_FEATURE_INCOMPAT: usize = 0x60;
+const S_FEATURE_RO_COMPAT: usize = 0x64;
+const S_UUID: usize = 0x68;
+const S_VOLUME_NAME: usize = 0x78;
+const S_LAST_MOUNTED: usize = 0x88;
+const S_RESERVED_GDT_BLOCKS: usize = 0xCE;
+const S_JOURNAL_UUID: usize = 0xD0;
+const S_JOURNAL_INUM: usize = 0xE0;
+const S_JOURNAL_DEV: usize = 0xE4;
+const S_LAST_ORPHAN: usize = 0xE8;
+const S_HASH_SEED: usize = 0xEC;
+const S_DEF_HASH_VERSION: usize = 0xFC;
+const S_DESC_SIZE: usize = 0xFE;
+const S_FIRST_META_BG: usize = 0x104;
+const S_JNL_BLOCKS: usize = 0x10C;
+const S_BLOCKS_COUNT_HI: usize = 0x150;
+const S_R_BLOCKS_COUNT_HI: usize = 0x154;
+const S_FREE_BLOCKS_HI: usize = 0x158;
+const S_MIN_EXTRA_ISIZE: usize = 0x15C;
+const S_WANT_EXTRA_ISIZE: usize = 0x15E;
+const S_FLAGS: usize = 0x160;
+const S_LOG_GROUPS_PER_FLEX: usize = 0x174;
+const S_CHECKSUM_TYPE: usize = 0x175;
+const S_KBYTES_WRITTEN: usize = 0x178;
+const S_BACKUP_BGS: usize = 0x24C;
+const S_CHECKSUM_SEED: usize = 0x270;
+const S_WTIME_HI: usize = 0x274;
+const S_MTIME_HI: usize = 0x275;
+const S_ORPHAN_FILE_INUM: usize = 0x280;
+const S_CHECKSUM: usize = 0x3FC;
+
+#[derive(Clone)]
+pub struct Superblock {
+    raw: Box<[u8; SUPERBLOCK_SIZE]>,
+    pub inodes_count: u32,
+    pub blocks_count: u64,
+    pub reserved_blocks_count: u64,
+    pub free_blocks_count: u64,
+    pub free_inodes_count: u32,
+    pub first_data_block: u32,
+    pub log_block_size: u32,
+    pub log_cluster_size: u32,
+    pub blocks_per_group: u32,
+    pub clusters_per_group: u32,
+    pub inodes_per_group: u32,
+    pub mount_time: i64,
+    pub write_time: i64,
+    pub mount_count: u16,
+    pub state: u16,
+    pub errors: u16,
+    pub creator_os: u32,
+    pub rev_level: u32,
+    pub def_resuid: u16,
+    pub def_resgid: u16,
+    pub first_ino: u32,
+    pub inode_size: u16,
+    pub feature_compat: u32,
+    pub feature_incompat: u32,
+    pub feature_ro_compat: u32,
+    pub uuid: [u8; 16],
+    pub volume_name: [u8; 16],
+    pub last_mounted: [u8; 64],
+    pub reserved_gdt_blocks: u16,
+    pub journal_uuid: [u8; 16],
+    pub journal_inum: u32,
+    pub journal_dev: u32,
+    pub last_orphan: u32,
+    pub hash_seed: [u32; 4],
+    pub def_hash_version: u8,
+    pub desc_size: u16,
+    pub first_meta_bg: u32,
+    pub jnl_blocks: [u32; 17],
+    pub min_extra_isize: u16,
+    pub want_extra_isize: u16,
+    pub flags: u32,
+    pub log_groups_per_flex: u8,
+    pub checksum_type: u8,
+    pub kbytes_written: u64,
+    pub backup_bgs: [u32; 2],
+    pub checksum_seed: u32,
+    pub orphan_file_inum: u32,
+}
+
+impl std::fmt::Debug for Superblock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Superblock")
+            .field("blocks_count", &self.blocks_count)
+            .field("inodes_count", &self.inodes_count)
+            .field("block_size", &self.block_size())
+            .finish_non_exhaustive()
+    }
+}
+
+fn seconds_with_hi(lo: u32, hi: u8) -> i64 {
+    lo as i64 | ((hi as i64) << 32)
+}
+
+impl Superblock {
+    /// Decode and validate the 1024 superblock bytes. Checks what must hold
+    /// before anything else can be computed from the superblock (magic,
+    /// sizes, counts that other arithmetic divides by); feature support is
+    /// judged separately by `check_features`.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let location = Location::Superblock;
+        ensure_format!(bytes.len() >= SUPERBLOCK_SIZE, location, "short superblock");
+        let raw: Box<[u8; SUPERBLOCK_SIZE]> =
+            Box::new(bytes[..SUPERBLOCK_SIZE].try_into().unwrap());
+        let magic = get_u16(&raw[..], S_MAGIC);
+        ensure_format!(
+            magic == EXT4_MAGIC,
+            location,
+            "bad magic {magic:#06x} (not an ext2/3/4 filesystem)"
+        );
+        let incompat = get_u32(&raw[..], S_FEATURE_INCOMPAT);
+        let ro_compat = get_u32(&raw[..], S_FEATURE_RO_COMPAT);
+        let bit64 = incompat & incompat::BIT64 != 0;
+        let hi = |offset: usize| {
+            if bit64 {
+                get_u32(&raw[..], offset) as u64
+            } else {
+                0
+            }
+        };
+        let rev_level = get_u32(&raw[..], S_REV_LEVEL);
+        let dynamic = rev_level >= 1;
+        let sb = Superblock {
+            inodes_count: get_u32(&raw[..], S_INODES_COUNT),
+            blocks_count: get_u32(&raw[..], S_BLOCKS_COUNT_LO) as u64 | hi(S_BLOCKS_COUNT_HI) << 32,
+            reserved_blocks_count: get_u32(&raw[..], S_R_BLOCKS_COUNT_LO) as u64
+                | hi(S_R_BLOCKS_COUNT_HI) << 32,
+            free_blocks_count: get_u32(&raw[..], S_FREE_BLOCKS_COUNT_LO) as u64
+                | hi(S_FREE_BLOCKS_HI) << 32,
+            free_inodes_count: get_u32(&raw[..], S_FREE_INODES_COUNT),
+            first_data_block: get_u32(&raw[..], S_FIRST_DATA_BLOCK),
+            log_block_size: get_u32(&raw[..], S_LOG_BLOCK_SIZE),
+            log_cluster_size: get_u32(&raw[..], S_LOG_CLUSTER_SIZE),
+            blocks_per_group: get_u32(&raw[..], S_BLOCKS_PER_GROUP),
+            clusters_per_group: get_u32(&raw[..], S_CLUSTERS_PER_GROUP),
+            inodes_per_group: get_u32(&raw[..], S_INODES_PER_GROUP),
+            mount_time: seconds_with_hi(get_u32(&raw[..], S_MTIME), get_u8(&raw[..], S_MTIME_HI)),
+            write_time: seconds_with_hi(get_u32(&raw[..], S_WTIME), get_u8(&raw[..], S_WTIME_HI)),
+            mount_count: get_u16(&raw[..], S_MNT_COUNT),
+            state: get_u16(&raw[..], S_STATE),
+            errors: get_u16(&raw[..], S_ERRORS),
+            creator_os: get_u32(&raw[..], S_CREATOR_OS),
+            rev_level,
+            def_resuid: get_u16(&raw[..], S_DEF_RESUID),
+            def_resgid: get_u16(&raw[..], S_DEF_RESGID),
+            first_ino: if dynamic {
+                get_u32(&raw[..], S_FIRST_INO)
+            } else {
+                GOOD_OLD_FIRST_INO
+            },
+            inode_size: if dynamic {
+                get_u16(&raw[..], S_INODE_SIZE)
+            } else {
+                GOOD_OLD_INODE_SIZE
+            },
+            feature_compat: if dynamic {
+                get_u32(&raw[..], S_FEATURE_COMPAT)
+            } else {
+                0
+            },
+            feature_incompat: if dynamic { incompat } else { 0 },
+            feature_ro_compat: if dynamic { ro_compat } else { 0 },
+            uuid: raw[S_UUID..S_UUID + 16].try_into().unwrap(),
+            volume_name: raw[S_VOLUME_NAME..S_VOLUME_NAME + 16].try_into().unwrap(),
+            last_mounted: raw[S_LAST_MOUNTED..S_LAST_MOUNTED + 64].try_into().unwrap(),
+            reserved_gdt_blocks: get_u16(&raw[..], S_RESERVED_GDT_BLOCKS),
+            journal_uuid: raw[S_JOURNAL_UUID..S_JOURNAL_UUID + 16].try_into().unwrap(),
+            journal_inum: get_u32(&raw[..], S_JOURNAL_INUM),
+            journal_dev: get_u32(&raw[..], S_JOURNAL_DEV),
+            last_orphan: get_u32(&raw[..], S_LAST_ORPHAN),
+            hash_seed: std::array::from_fn(|i| get_u32(&raw[..], S_HASH_SEED + 4 * i)),
+            def_hash_version: get_u8(&raw[..], S_DEF_HASH_VERSION),
+            desc_size: get_u16(&raw[..], S_DESC_SIZE),
+            first_meta_bg: get_u32(&raw[..], S_FIRST_META_BG),
+            jnl_blocks: std::array::from_fn(|i| get_u32(&raw[..], S_JNL_BLOCKS + 4 * i)),
+            min_extra_isize: get_u16(&raw[..], S_MIN_EXTRA_ISIZE),
+            want_extra_isize: get_u16(&raw[..], S_WANT_EXTRA_ISIZE),
+            flags: get_u32(&raw[..], S_FLAGS),
+            log_groups_per_flex: get_u8(&raw[..], S_LOG_GROUPS_PER_FLEX),
+            checksum_type: get_u8(&raw[..], S_CHECKSUM_TYPE),
+            kbytes_written: get_u64(&raw[..], S_KBYTES_WRITTEN),
+            backup_bgs: [
+                get_u32(&raw[..], S_BACKUP_BGS),
+                get_u32(&raw[..], S_BACKUP_BGS + 4),
+            ],
+            checksum_seed: get_u32(&raw[..], S_CHECKSUM_SEED),
+            orphan_file_inum: get_u32(&raw[..], S_ORPHAN_FILE_INUM),
+            raw,
+        };
+        sb.validate()?;
+        Ok(sb)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let location = Location::Superblock;
+        ensure_format!(
+            self.log_block_size <= 6,
+            location,
+            "block size 2^(10+{}) is out of range",
+            self.log_block_size
+        );
+        let block_size = 1024u64 << self.log_block_size;
+        ensure_format!(
+            self.blocks_per_group >= 8 && self.blocks_per_group as u64 <= 8 * block_size,
+            location,
+            "blocks per group {} does not fit one bitmap block",
+            self.blocks_per_group
+        );
+        ensure_format!(
+            self.inodes_per_group >= 1 && self.inodes_per_group as u64 <= 8 * block_size,
+            location,
+            "inodes per group {} does not fit one bitmap block",
+            self.inodes_per_group
+        );
+        ensure_format!(
+            self.inode_size >= GOOD_OLD_INODE_SIZE
+                && self.inode_size.is_power_of_two()
+                && self.inode_size as u64 <= block_size,
+            location,
+            "inode size {} is invalid",
+            self.inode_size
+        );
+        ensure_format!(
+            self.blocks_count > self.first_data_block as u64,
+            location,
+            "block count {} is too small",
+            self.blocks_count
+        );
+        let expected_first = if block_size == 1024 { 1 } else { 0 };
+        ensure_format!(
+            self.first_data_block == expected_first,
+            location,
+            "first data block {} for block size {block_size}",
+            self.first_data_block
+        );
+        let groups = (self.blocks_count - self.first_data_block as u64)
+            .div_ceil(self.blocks_per_group as u64);
+        ensure_format!(
+            groups * self.inodes_per_group as u64 == self.inodes_count as u64,
+            location,
+            "inode count {} is not {groups} groups of {}",
+            self.inodes_count,
+            self.inodes_per_group
+        );
+        ensure_format!(
+            self.first_ino >= GOOD_OLD_FIRST_INO && self.first_ino < self.inodes_count,
+            location,
+            "first inode {} out of range",
+            self.first_ino
+        );
+        if self.feature_incompat & incompat::BIT64 != 0 {
+            ensure_format!(
+                self.desc_size >= 64 && self.desc_size.is_power_of_two() && self.desc_size <= 1024,
+                location,
+                "group descriptor size {} is invalid",
+                self.desc_size
+            );
+        }
+        if self.has_ro_compat(ro_compat::METADATA_CSUM) {
+            ensure_format!(
+                self.checksum_type == 1,
+                location,
+                "unknown checksum type {}",
+                self.checksum_type
+            );
+            let stored = get_u32(&self.raw[..], S_CHECKSUM);
+            let computed = crc32c_raw(!0, &self.raw[..S_CHECKSUM]);
+            ensure_format!(
+                stored == computed,
+                location,
+                "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            );
+        }
+        Ok(())
+    }
+
+    /// Refuse features this build cannot handle. Returns `Ok(true)` if the
+    /// filesystem may be mounted read-write, `Ok(false)` if only read-only,
+    /// and an error naming the feature if not at all.
+    pub fn check_features(&self) -> Result<bool> {
+        let unknown_incompat = self.feature_incompat & !INCOMPAT_SUPPORTED;
+        if unknown_incompat != 0 {
+            let names = feature_names("incompat", unknown_incompat).join(", ");
+            let hint = if unknown_incompat & incompat::JOURNAL_DEV != 0 {
+                " (this is an external journal device, not a filesystem)"
+            } else {
+                ""
+            };
+            return Err(Error::Unsupported(format!(
+                "filesystem uses feature {names}, which jext4 does not support{hint}"
+            )));
+        }
+        if self.has_compat(compat::HAS_JOURNAL) && self.journal_inum == 0 {
+            return Err(Error::Unsupported(
+                "the journal is on an external device (journal_dev), which jext4 does not support"
+                    .into(),
+            ));
+        }
+        Ok(self.feature_ro_compat & !RO_COMPAT_SUPPORTED == 0)
+    }
+
+    /// Names of RO_COMPAT features that force a read-only mount.
+    pub fn read_only_features(&self) -> Vec<String> {
+        feature_names("ro_compat", self.feature_ro_compat & !RO_COMPAT_SUPPORTED)
+    }
+
+    pub fn has_compat(&self, mask: u32) -> bool {
+        self.feature_compat & mask != 0
+    }
+    pub fn has_incompat(&self, mask: u32) -> bool {
+        self.feature_incompat & mask != 0
+    }
+    pub fn has_ro_compat(&self, mask: u32) -> bool {
+        self.feature_ro_compat & mask != 0
+    }
+
+    pub fn block_size(&self) -> u32 {
+        1024 << self.log_block_size
+    }
+
+    pub fn group_count(&self) -> u32 {
+        (self.blocks_count - self.first_data_block as u64).div_ceil(self.blocks_per_group as u64)
+            as u32
+    }
+
+    /// Write the mutable fields back into the preserved raw bytes and
+    /// recompute the checksum. Returns the 1024 bytes to store.
+    pub fn encode(&mut self) -> &[u8; SUPERBLOCK_SIZE] {
+        let bit64 = self.has_incompat(incompat::BIT64);
+        let raw = &mut self.raw[..];
+        put_u32(raw, S_FREE_BLOCKS_COUNT_LO, self.free_blocks_count as u32);
+        if bit64 {
+            put_u32(raw, S_FREE_BLOCKS_HI, (self.free_blocks_count >> 32) as u32);
+        }
+        put_u32(raw, S_FREE_INODES_COUNT, self.free_inodes_count);
+        put_u32(raw, S_MTIME, self.mount_time as u32);
+        raw[S_MTIME_HI] = (self.mount_time >> 32) as u8;
+        put_u32(raw, S_WTIME, self.write_time as u32);
+        raw[S_WTIME_HI] = (self.write_time >> 32) as u8;
+        put_u16(raw, S_MNT_COUNT, self.mount_count);
+        put_u16(raw, S_STATE, self.state);
+        put_u32(raw, S_FEATURE_COMPAT, self.feature_compat);
+        put_u32(raw, S_FEATURE_INCOMPAT, self.feature_incompat);
+        put_u32(raw, S_FEATURE_RO_COMPAT, self.feature_ro_compat);
+        raw[S_LAST_MOUNTED..S_LAST_MOUNTED + 64].copy_from_slice(&self.last_mounted);
+        put_u32(raw, S_LAST_ORPHAN, self.last_orphan);
+        put_u64(raw, S_KBYTES_WRITTEN, self.kbytes_written);
+        if self.feature_ro_compat & ro_compat::METADATA_CSUM != 0 {
+            let checksum = crc32c_raw(!0, &raw[..S_CHECKSUM]);
+            put_u32(raw, S_CHECKSUM, checksum);
+        }
+        &self.raw
+    }
+
+    /// Group descriptor size in bytes (32 without the 64bit feature).
+    pub fn desc_size(&self) -> u32 {
+        if self.has_incompat(incompat::BIT64) {
+            self.desc_size as u32
+        } else {
+            32
+        }
+    }
+}
+
+/// The fixed shape of a mounted filesystem, derived once from the
+/// superblock. Nothing here changes while mounted.
+#[derive(Debug, Clone)]
+pub struct Geometry {
+    pub block_size: u32,
+    pub log_block_size: u32,
+    pub blocks_count: u64,
+    pub first_data_block: u32,
+    pub blocks_per_group: u32,
+    pub inodes_per_group: u32,
+    pub inodes_count: u32,
+    pub group_count: u32,
+    pub inode_size: u16,
+    pub first_ino: u32,
+    pub desc_size: u32,
+    pub descs_per_block: u32,
+    /// Blocks of the group descriptor table (without reserved GDT blocks).
+    pub gdt_blocks: u32,
+    pub reserved_gdt_blocks: u32,
+    pub inode_table_blocks: u32,
+    pub groups_per_flex: u32,
+    pub feature_compat: u32,
+    pub feature_incompat: u32,
+    pub feature_ro_compat: u32,
+    pub uuid: [u8; 16],
+    pub metadata_csum: bool,
+    pub gdt_csum: bool,
+    /// Seed for all metadata_csum checksums.
+    pub csum_seed: u32,
+    pub hash_seed: [u32; 4],
+    pub def_hash_version: u8,
+    /// Directory hashes use unsigned `char` (s_flags).
+    pub hash_unsigned: bool,
+    pub want_extra_isize: u16,
+    pub sparse_super2_backups: [u32; 2],
+    pub journal_inum: u32,
+    pub orphan_file_inum: u32,
+}
+
+impl Geometry {
+    pub fn from_superblock(sb: &Superblock) -> Self {
+        let block_size = sb.block_size();
+        let desc_size = sb.desc_size();
+        let group_count = sb.group_count();
+        let descs_per_block = block_size / desc_size;
+        let metadata_csum = sb.has_ro_compat(ro_compat::METADATA_CSUM);
+        let stored_seed = sb
+            .has_incompat(incompat::CSUM_SEED)
+            .then_some(sb.checksum_seed);
+        let want_extra_isize = if sb.inode_size > GOOD_OLD_INODE_SIZE {
+            // 32 bytes covers every field up to i_projid; honour a larger
+            // request from the superblock when the inode has room.
+            let wanted = sb.want_extra_isize.max(sb.min_extra_isize).max(32);
+            wanted.min(sb.inode_size - GOOD_OLD_INODE_SIZE)
+        } else {
+            0
+        };
+        Geometry {
+            block_size,
+            log_block_size: sb.log_block_size,
+            blocks_count: sb.blocks_count,
+            first_data_block: sb.first_data_block,
+            blocks_per_group: sb.blocks_per_group,
+            inodes_per_group: sb.inodes_per_group,
+            inodes_count: sb.inodes_count,
+            group_count,
+            inode_size: sb.inode_size,
+            first_ino: sb.first_ino,
+            desc_size,
+            descs_per_block,
+            gdt_blocks: group_count.div_ceil(descs_per_block),
+            reserved_gdt_blocks: if sb.has_compat(compat::RESIZE_INODE) {
+                sb.reserved_gdt_blocks as u32
+            } else {
+                0
+            },
+            inode_table_blocks: (sb.inodes_per_group * sb.inode_size as u32).div_ceil(block_size),
+            groups_per_flex: if sb.has_incompat(incompat::FLEX_BG) && sb.log_groups_per_flex < 31 {
+                1 << sb.log_groups_per_flex
+            } else {
+                1
+            },
+            feature_compat: sb.feature_compat,
+            feature_incompat: sb.feature_incompat,
+            feature_ro_compat: sb.feature_ro_compat,
+            uuid: sb.uuid,
+            metadata_csum,
+            gdt_csum: !metadata_csum && sb.has_ro_compat(ro_compat::GDT_CSUM),
+            csum_seed: if metadata_csum {
+                csum::fs_seed(&sb.uuid, stored_seed)
+            } else {
+                0
+            },
+            hash_seed: sb.hash_seed,
+            def_hash_version: sb.def_hash_version,
+            hash_unsigned: sb.flags & FLAGS_UNSIGNED_HASH != 0,
+            want_extra_isize,
+            sparse_super2_backups: sb.backup_bgs,
+            journal_inum: if sb.has_compat(compat::HAS_JOURNAL) {
+                sb.journal_inum
+            } else {
+                0
+            },
+            orphan_file_inum: if sb.has_compat(compat::ORPHAN_FILE) {
+                sb.orphan_file_inum
+            } else {
+                0
+            },
+        }
+    }
+
+    pub fn has_compat(&self, mask: u32) -> bool {
+        self.feature_compat & mask != 0
+    }
+    pub fn has_incompat(&self, mask: u32) -> bool {
+        self.feature_incompat & mask != 0
+    }
+    pub fn has_ro_compat(&self, mask: u32) -> bool {
+        self.feature_ro_compat & mask != 0
+    }
+
+    /// Whether group metadata checksums (either kind) are kept: this also
+    /// enables the lazy-init flags and `bg_itable_unused`.
+    pub fn has_group_csum(&self) -> bool {
+        self.metadata_csum || self.gdt_csum
+    }
+
+    pub fn group_of_block(&self, block: u64) -> u32 {
+        ((block - self.first_data_block as u64) / self.blocks_per_group as u64) as u32
+    }
+
+    pub fn group_first_block(&self, group: u32) -> u64 {
+        self.first_data_block as u64 + group as u64 * self.blocks_per_group as u64
+    }
+
+    /// Blocks in `group` (the last group may be short).
+    pub fn blocks_in_group(&self, group: u32) -> u32 {
+        let first = self.group_first_block(group);
+        (self.blocks_count - first).min(self.blocks_per_group as u64) as u32
+    }
+
+    pub fn group_of_inode(&self, ino: u32) -> u32 {
+        (ino - 1) / self.inodes_per_group
+    }
+
+    pub fn inode_index_in_group(&self, ino: u32) -> u32 {
+        (ino - 1) % self.inodes_per_group
+    }
+
+    pub fn is_valid_ino(&self, ino: u32) -> bool {
+        ino >= 1 && ino <= self.inodes_count
+    }
+
+    /// Whether `group` holds a backup of the superblock and descriptors.
+    pub fn group_has_super(&self, group: u32) -> bool {
+        if group == 0 {
+            return true;
+        }
+        if self.has_compat(compat::SPARSE_SUPER2) {
+            return self.sparse_super2_backups.contains(&group);
+        }
+        if group <= 1 || !self.has_ro_compat(ro_compat::SPARSE_SUPER) {
+            return true;
+        }
+        if group & 1 == 0 {
+            return false;
+        }
+        is_power_of(group, 3) || is_power_of(group, 5) || is_power_of(group, 7)
+    }
+
+    /// Blocks at the start of `group` used by the superblock backup, the
+    /// descriptor table and the reserved descriptor blocks.
+    pub fn group_overhead_blocks(&self, group: u32) -> u32 {
+        if self.group_has_super(group) {
+            1 + self.gdt_blocks + self.reserved_gdt_blocks
+        } else {
+            0
+        }
+    }
+
+    /// The block holding descriptor `group` in the primary table.
+    pub fn group_desc_location(&self, group: u32) -> (u64, usize) {
+        let table_start = self.first_data_block as u64 + 1;
+        let block = table_start + (group / self.descs_per_block) as u64;
+        let offset = (group % self.descs_per_block * self.desc_size) as usize;
+        (block, offset)
+    }
+
+    /// The block and byte offset holding the primary superblock.
+    pub fn superblock_location(&self) -> (u64, usize) {
+        let block = SUPERBLOCK_OFFSET / self.block_size as u64;
+        let offset = (SUPERBLOCK_OFFSET % self.block_size as u64) as usize;
+        (block, offset)
+    }
+
+    /// Bytes of the block bitmap that carry bits (and the checksum covers).
+    pub fn block_bitmap_bytes(&self) -> usize {
+        (self.blocks_per_group / 8) as usize
+    }
+
+    pub fn inode_bitmap_bytes(&self) -> usize {
+        (self.inodes_per_group / 8) as usize
+    }
+
+    /// The maximum file size in blocks addressable by extents (2^32 logical
+    /// blocks) or the ext2/3 block map.
+    pub fn max_file_blocks(&self, extents: bool) -> u64 {
+        if extents {
+            1u64 << 32
+        } else {
+            let per = self.block_size as u64 / 4;
+            (12 + per + per * per + per * per * per).min(1u64 << 32)
+        }
+    }
+}
+
+fn is_power_of(mut n: u32, base: u32) -> bool {
+    while n > 1 {
+        if n % base != 0 {
+            return false;
+        }
+        n /= base;
+    }
+    n == 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_super_groups() {
+        let mut sb = vec![0u8; 1024];
+        put_u16(&mut sb, S_MAGIC, EXT4_MAGIC);
+        put_u32(&mut sb, S_REV_LEVEL, 1);
+        put_u32(&mut sb, S_LOG_BLOCK_SIZE, 2);
+        put_u32(&mut sb, S_BLOCKS_COUNT_LO, 32768 * 100);
+        put_u32(&mut sb, S_BLOCKS_PER_GROUP, 32768);
+        put_u32(&mut sb, S_CLUSTERS_PER_GROUP, 32768);
+        put_u32(&mut sb, S_INODES_PER_GROUP, 8192);
+        put_u32(&mut sb, S_INODES_COUNT, 8192 * 100);
+        put_u32(&mut sb, S_FIRST_INO, 11);
+        put_u16(&mut sb, S_INODE_SIZE, 256);
+        put_u32(&mut sb, S_FEATURE_RO_COMPAT, ro_compat::SPARSE_SUPER);
+        let superblock = Superblock::decode(&sb).unwrap();
+        let geometry = Geometry::from_superblock(&superblock);
+        let with_super: Vec<u32> = (0..100).filter(|g| geometry.group_has_super(*g)).collect();
+        assert_eq!(with_super, vec![0, 1, 3, 5, 7, 9, 25, 27, 49, 81]);
+    }
+
+    #[test]
+    fn rejects_bad_magic_and_names_unknown_features() {
+        let sb = vec![0u8; 1024];
+        assert!(Superblock::decode(&sb).unwrap_err().is_corruption());
+        let names = feature_names("incompat", incompat::INLINE_DATA | incompat::ENCRYPT);
+        assert_eq!(names, vec!["inline_data", "encrypt"]);
+    }
+}

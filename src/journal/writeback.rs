@@ -1,0 +1,123 @@
+//! The unjournaled mode: a set of dirty buffers written home in block order
+//! by a background flusher, by `sync`, under cache pressure and at unmount.
+//!
+//! Locks: `dirty` is taken after a buffer's byte lock (a `MetaGuard` drops
+//! while holding it) and never held while taking a buffer lock or doing I/O.
+
+use super::Journal;
+use crate::cache::{Buffer, BufferCache};
+use crate::error::Result;
+use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+pub(super) struct WriteBack {
+    cache: Arc<BufferCache>,
+    dirty: Mutex<BTreeMap<u64, Arc<Buffer>>>,
+    /// Serialises write-out passes so that a block is never written by two
+    /// passes at once in an order that could put older bytes last.
+    pass: Mutex<()>,
+    flusher: Mutex<Option<JoinHandle<()>>>,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl WriteBack {
+    pub(super) fn new(cache: Arc<BufferCache>) -> Self {
+        WriteBack {
+            cache,
+            dirty: Mutex::new(BTreeMap::new()),
+            pass: Mutex::new(()),
+            flusher: Mutex::new(None),
+            stop: Arc::new((Mutex::new(false), Condvar::new())),
+        }
+    }
+
+    pub(super) fn mark_dirty(&self, buffer: &Arc<Buffer>) {
+        self.dirty
+            .lock()
+            .entry(buffer.block())
+            .or_insert_with(|| Arc::clone(buffer));
+    }
+
+    pub(super) fn forget(&self, block: u64) {
+        self.dirty.lock().remove(&block);
+    }
+
+    pub(super) fn has_dirty(&self) -> bool {
+        !self.dirty.lock().is_empty()
+    }
+
+    pub(super) fn dirty_count(&self) -> usize {
+        self.dirty.lock().len()
+    }
+
+    /// Write every dirty buffer home, in block order.
+    pub(super) fn write_all(&self) -> Result<()> {
+        let _pass = self.pass.lock();
+        let batch = std::mem::take(&mut *self.dirty.lock());
+        let mut failed = None;
+        for (block, buffer) in batch {
+            if failed.is_some() {
+                // Keep the rest dirty: a later pass retries them.
+                self.dirty.lock().entry(block).or_insert(buffer);
+                continue;
+            }
+            if let Err(error) = self.cache.write_home(&buffer) {
+                self.dirty.lock().entry(block).or_insert(buffer);
+                failed = Some(error);
+            }
+        }
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// The background flusher: a write-back pass every commit interval, so
+    /// an idle mount reaches the disk within seconds like ext2 does.
+    pub(super) fn start_flusher(journal: &Arc<Journal>) {
+        let weak: Weak<Journal> = Arc::downgrade(journal);
+        let stop = Arc::clone(&journal.mode.stop);
+        let interval = journal.config.commit_interval;
+        let thread = std::thread::Builder::new()
+            .name("jext4-flush".into())
+            .spawn(move || {
+                loop {
+                    {
+                        let (lock, condvar) = &*stop;
+                        let mut stopped = lock.lock();
+                        if !*stopped {
+                            condvar.wait_for(&mut stopped, interval);
+                        }
+                        if *stopped {
+                            return;
+                        }
+                    }
+                    let Some(journal) = weak.upgrade() else {
+                        return;
+                    };
+                    if let Err(error) = journal.mode.write_all() {
+                        tracing::error!(%error, "background write-back failed");
+                    }
+                }
+            })
+            .expect("spawning the flusher thread");
+        *journal.mode.flusher.lock() = Some(thread);
+    }
+
+    pub(super) fn stop_flusher(&self) {
+        {
+            let (lock, condvar) = &*self.stop;
+            *lock.lock() = true;
+            condvar.notify_all();
+        }
+        if let Some(thread) = self.flusher.lock().take() {
+            // The flusher may be the last holder of the journal and run this
+            // very function from its own drop; never join oneself.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! jext4: a userspace ext2/ext3/ext4 filesystem with a real JBD2 journal.
+//!
+//! Layers, bottom up (see DESIGN.md): `dev` (block devices) → `cache`
+//! (metadata buffers) → `journal` (transactions) → `format` (on-disk
+//! structures) → `fs` (filesystem operations) → front ends `fuse` and `api`.
+
+pub mod cache;
+pub mod dev;
+pub mod error;
+pub mod format;
+pub mod journal;
+
+pub use error::{Error, Result};
