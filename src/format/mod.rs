@@ -10,6 +10,7 @@
 //! they get that through [`MetaCtx`], which `fs/` builds around its allocator,
 //! so this layer stays below `fs/` in the layer picture.
 
+pub mod acl;
 pub mod bitmap;
 pub mod blockmap;
 pub mod csum;
