@@ -399,3 +399,16 @@ pub fn inode_number(path: &Path) -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(path).unwrap().ino() as u32
 }
+
+/// lremovexattr(2); the errno on failure.
+pub fn kernel_remove(path: &Path, name: &[u8]) -> std::result::Result<(), i32> {
+    let path = c_path(path);
+    let name = CString::new(name).unwrap();
+    // SAFETY: valid NUL-terminated strings.
+    let rc = unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
