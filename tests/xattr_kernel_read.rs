@@ -143,7 +143,8 @@ fn reads_what_the_kernel_wrote() {
         mount.unmount();
         common::assert_fsck_clean(&image);
 
-        let image = Image::open(&image);
+        let bytes = std::fs::read(&image).unwrap();
+        let image = Image::from_bytes(bytes.clone());
         let mut compared = 0;
         for (path, ino, attributes) in &expected {
             let names: Vec<Vec<u8>> = attributes.iter().map(|(name, _)| name.clone()).collect();
@@ -161,6 +162,7 @@ fn reads_what_the_kernel_wrote() {
             assert_eq!(image.get(*ino, b"user.absent").unwrap(), None);
         }
         check_workload_landed(&image, &expected, variant, block_size);
+        check_damage_is_reported(&image, bytes, &expected, variant);
         eprintln!("{variant}: {compared} attributes compared");
     }
 }
@@ -213,4 +215,47 @@ fn check_workload_landed(
         one.file_acl, two.file_acl,
         "{variant}: the kernel shares identical blocks"
     );
+}
+
+/// Damage to the block of "large" is reported as corruption at that
+/// inode and block, never as a value or a panic.
+fn check_damage_is_reported(
+    image: &Image,
+    bytes: Vec<u8>,
+    expected: &[(&str, u32, Attributes)],
+    variant: &str,
+) {
+    let (_, ino, attributes) = expected.iter().find(|(p, _, _)| *p == "large").unwrap();
+    let block = image.inode(*ino).file_acl;
+    let block_start = (block * image.geo.block_size as u64) as usize;
+    let first_entry = block_start + 32;
+    let value_offs = u16::from_le_bytes([bytes[first_entry + 2], bytes[first_entry + 3]]);
+    let mut damages: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut overlapping = bytes.clone();
+    overlapping[first_entry + 2..first_entry + 4].copy_from_slice(&40u16.to_le_bytes());
+    damages.push(("value offset into the entries", overlapping));
+    let mut bad_magic = bytes.clone();
+    bad_magic[block_start] ^= 0xFF;
+    damages.push(("magic", bad_magic));
+    if image.geo.metadata_csum {
+        let mut flipped = bytes;
+        flipped[block_start + value_offs as usize] ^= 0x01;
+        damages.push(("a value byte under metadata_csum", flipped));
+    }
+    for (what, damaged) in damages {
+        let damaged = Image::from_bytes(damaged);
+        let error = damaged.get(*ino, &attributes[0].0).unwrap_err();
+        match error {
+            jext4::error::Error::Corrupt { location, .. } => assert_eq!(
+                location,
+                jext4::error::Location::InodeBlock { ino: *ino, block },
+                "{variant}: {what}"
+            ),
+            other => panic!("{variant}: {what}: {other}"),
+        }
+        assert!(
+            damaged.list(*ino).unwrap_err().is_corruption(),
+            "{variant}: {what}"
+        );
+    }
 }
