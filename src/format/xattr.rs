@@ -132,6 +132,10 @@ fn resolve_name(full: &[u8]) -> Result<(u8, &[u8])> {
     if full.len() > NAME_MAX {
         return Err(Error::Range);
     }
+    if full.contains(&0) {
+        // The VFS passes C strings; a NUL would make a corrupt entry.
+        return Err(Error::Invalid("attribute name contains a NUL byte".into()));
+    }
     for &(prefix, index, exact) in NAMESPACES {
         let Some(suffix) = full.strip_prefix(prefix) else {
             continue;
@@ -1023,6 +1027,7 @@ mod tests {
             Err(Error::NotSupported)
         ));
         assert!(matches!(resolve_name(b"foo.bar"), Err(Error::NotSupported)));
+        assert!(matches!(resolve_name(b"user.a\0b"), Err(Error::Invalid(_))));
         let long = [b"user.".as_slice(), &[b'a'; 250]].concat();
         assert!(resolve_name(&long).is_ok());
         let too_long = [b"user.".as_slice(), &[b'a'; 251]].concat();
