@@ -410,15 +410,18 @@ impl<'a> Reader<'a> {
         let buffer = self.cache.read(index.child)?;
         let bytes = buffer.read();
         let capacity = block_capacity(self.geo.block_size);
-        let node = Node::decode(&bytes, capacity, self.geo, location)?;
         if self.geo.metadata_csum && !buffer.is_verified() {
+            // The checksum first: it names bit rot more precisely than
+            // whatever field it happened to hit. Its position comes from
+            // eh_max, which must fit the block to be trusted.
             ensure_format!(
-                verify_block_checksum(self.seed, &bytes),
+                get_u16(&bytes, 4) <= capacity && verify_block_checksum(self.seed, &bytes),
                 location,
                 "extent block checksum mismatch"
             );
-            buffer.set_verified();
         }
+        let node = Node::decode(&bytes, capacity, self.geo, location)?;
+        buffer.set_verified();
         ensure_format!(
             node.depth + 1 == parent_depth,
             location,
