@@ -189,6 +189,15 @@ impl TestAllocator {
         allocator
     }
 
+    /// Take over blocks already in use by a file made elsewhere (debugfs),
+    /// so that freeing them later is legitimate.
+    pub fn adopt(&mut self, blocks: impl IntoIterator<Item = u64>) {
+        for block in blocks {
+            assert!(self.used[block as usize], "adopting free block {block}");
+            assert!(self.held.insert(block), "adopting block {block} twice");
+        }
+    }
+
     pub fn is_used(&self, block: u64) -> bool {
         self.used[block as usize]
     }
