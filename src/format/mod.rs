@@ -19,6 +19,7 @@ pub mod extent;
 pub mod group_desc;
 pub mod htree;
 pub mod inode;
+pub mod mapping;
 pub mod orphan;
 pub mod superblock;
 pub mod xattr;

@@ -1,0 +1,197 @@
+//! Logical → physical block mapping of an inode: the one entry point `fs/`
+//! calls, whichever scheme the inode uses.
+//!
+//! An inode maps its logical blocks either with an ext4 extent tree
+//! (`EXT4_EXTENTS_FL` set, `extent.rs`) or with the ext2/ext3 block map of
+//! direct and indirect pointers (`blockmap.rs`). This module only dispatches
+//! on `Inode::uses_extents` and defines the shared vocabulary.
+//!
+//! Accounting contract: `inode.blocks` (`i_blocks`, 512-byte units) is
+//! updated here for every data block and every tree or indirect block that
+//! these functions allocate or free, so a caller never counts blocks itself.
+//! Data blocks are freed with `metadata = false`; tree and indirect blocks go
+//! through `MetaCtx::free_meta_block`. Data blocks never pass through the
+//! buffer cache; tree and indirect blocks are metadata, read through the
+//! cache and changed only under a journal handle.
+//!
+//! The inode itself (its `i_block` area holds the extent root or the direct
+//! pointers) is changed in memory only: the caller writes it back.
+
+use super::inode::Inode;
+use super::superblock::Geometry;
+use super::{MetaCtx, blockmap, extent};
+use crate::cache::BufferCache;
+use crate::error::Result;
+
+/// A run of logical blocks mapped to consecutive physical blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub logical: u64,
+    pub physical: u64,
+    pub len: u32,
+    /// Allocated but never written (fallocate): reads return zeros. Only
+    /// extent trees can say so (ext4_extents.h: ee_len above 32768).
+    pub unwritten: bool,
+}
+
+impl Extent {
+    /// One past the last logical block.
+    pub fn end(&self) -> u64 {
+        self.logical + self.len as u64
+    }
+
+    /// The physical block that `lblk` (inside this extent) maps to.
+    pub fn physical_of(&self, lblk: u64) -> u64 {
+        debug_assert!(lblk >= self.logical && lblk < self.end());
+        self.physical + (lblk - self.logical)
+    }
+
+    /// The part of this extent from `lblk` on.
+    pub fn trimmed_to(&self, lblk: u64) -> Extent {
+        debug_assert!(lblk >= self.logical && lblk < self.end());
+        Extent {
+            logical: lblk,
+            physical: self.physical_of(lblk),
+            len: (self.end() - lblk) as u32,
+            unwritten: self.unwritten,
+        }
+    }
+}
+
+/// What a logical block maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// `lblk` is mapped; the returned run starts AT lblk (trimmed), len >= 1.
+    Mapped(Extent),
+    /// `lblk` is a hole; `next` is the first mapped logical block after it, if any.
+    Hole { next: Option<u64> },
+}
+
+/// One block (or run) that an inode's mapping occupies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockUse {
+    /// File data.
+    Data(Extent),
+    /// An extent tree block (index or leaf) or an indirect block.
+    Meta(u64),
+}
+
+/// Map logical block `lblk` of inode `ino`.
+pub fn lookup(
+    geo: &Geometry,
+    cache: &BufferCache,
+    ino: u32,
+    inode: &Inode,
+    lblk: u64,
+) -> Result<Lookup> {
+    if inode.uses_extents() {
+        extent::lookup(geo, cache, ino, inode, lblk)
+    } else {
+        blockmap::lookup(geo, cache, ino, inode, lblk)
+    }
+}
+
+/// Allocate blocks for the hole starting at `lblk` (at most `len`, never beyond the hole's end), map them,
+/// return the new extent (may be shorter than len when free space is fragmented; caller loops).
+/// Goal: the physical block right after the mapping of lblk-1 if any (contiguity), else the caller's `goal`.
+/// `unwritten` (fallocate) is only for extent inodes; block-map inodes return Error::NotSupported.
+pub fn allocate(
+    ctx: &mut MetaCtx,
+    ino: u32,
+    inode: &mut Inode,
+    lblk: u64,
+    len: u32,
+    goal: u64,
+    unwritten: bool,
+) -> Result<Extent> {
+    debug_assert!(len > 0, "allocating nothing");
+    if inode.uses_extents() {
+        extent::allocate(ctx, ino, inode, lblk, len, goal, unwritten)
+    } else {
+        blockmap::allocate(ctx, ino, inode, lblk, len, goal, unwritten)
+    }
+}
+
+/// Convert [lblk, lblk+len) from unwritten to written (splitting extents as needed). No-op for block maps.
+pub fn mark_written(
+    ctx: &mut MetaCtx,
+    ino: u32,
+    inode: &mut Inode,
+    lblk: u64,
+    len: u64,
+) -> Result<()> {
+    if inode.uses_extents() {
+        extent::mark_written(ctx, ino, inode, lblk, len)
+    } else {
+        Ok(())
+    }
+}
+
+/// Unmap [start, end) (end None = to the end: truncate) and free the data blocks, plus tree/indirect
+/// blocks that become empty. Partial extents are split/trimmed.
+pub fn punch(
+    ctx: &mut MetaCtx,
+    ino: u32,
+    inode: &mut Inode,
+    start: u64,
+    end: Option<u64>,
+) -> Result<()> {
+    if end.is_some_and(|end| end <= start) {
+        return Ok(());
+    }
+    if inode.uses_extents() {
+        extent::punch(ctx, ino, inode, start, end)
+    } else {
+        blockmap::punch(ctx, ino, inode, start, end)
+    }
+}
+
+/// Empty mapping for a new inode: extent header in i_block (and EXTENTS flag) if `extents`, else zeros.
+pub fn init(inode: &mut Inode, extents: bool) {
+    if extents {
+        extent::init(inode);
+    } else {
+        blockmap::init(inode);
+    }
+}
+
+/// Call `f` for every block the mapping occupies: data runs and tree/indirect blocks (for walks and
+/// checks). Bounded; corrupt structures give Error::Corrupt.
+pub fn for_each_block(
+    geo: &Geometry,
+    cache: &BufferCache,
+    ino: u32,
+    inode: &Inode,
+    f: &mut dyn FnMut(BlockUse) -> Result<()>,
+) -> Result<()> {
+    if inode.uses_extents() {
+        extent::for_each_block(geo, cache, ino, inode, f)
+    } else {
+        blockmap::for_each_block(geo, cache, ino, inode, f)
+    }
+}
+
+/// Largest logical block count addressable by this inode's scheme.
+pub fn max_blocks(geo: &Geometry, inode: &Inode) -> u64 {
+    if inode.uses_extents() {
+        extent::max_blocks(geo)
+    } else {
+        blockmap::max_blocks(geo)
+    }
+}
+
+/// `i_blocks` units (512-byte sectors) per filesystem block.
+pub(super) fn sectors_per_block(geo: &Geometry) -> u64 {
+    geo.block_size as u64 / 512
+}
+
+/// The most sectors `i_blocks` can count: 32 bits without huge_file, 48
+/// with it (ext4.h i_blocks_lo + l_i_blocks_high; HUGE_FILE_FL beyond that
+/// is not produced by this crate for a single file's mapping).
+pub(super) fn max_sectors(geo: &Geometry) -> u64 {
+    if geo.has_ro_compat(super::superblock::ro_compat::HUGE_FILE) {
+        (1 << 48) - 1
+    } else {
+        (1 << 32) - 1
+    }
+}
