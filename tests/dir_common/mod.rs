@@ -382,3 +382,58 @@ pub fn can_run(tool: &str) -> bool {
     }
     found
 }
+
+/// Pairs of distinct names with equal major hash under `version` (found by
+/// brute force: among n names about n²/2^32 pairs collide in 31 bits).
+pub fn colliding_pairs(version: u8, seed: &[u32; 4], wanted: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    use jext4::format::htree::name_hash;
+    let mut pairs = Vec::new();
+    let mut start = 0u64;
+    while pairs.len() < wanted {
+        let batch = 1u64 << 21;
+        let mut hashes: Vec<(u32, u64)> = (start..start + batch)
+            .map(|i| {
+                let name = format!("c{i:x}");
+                (name_hash(version, seed, name.as_bytes()).unwrap().major, i)
+            })
+            .collect();
+        hashes.sort_unstable();
+        let mut index = 1;
+        while index < hashes.len() && pairs.len() < wanted {
+            if hashes[index].0 == hashes[index - 1].0 {
+                let a = format!("c{:x}", hashes[index - 1].1).into_bytes();
+                let b = format!("c{:x}", hashes[index].1).into_bytes();
+                pairs.push((a, b));
+                index += 2;
+            } else {
+                index += 1;
+            }
+        }
+        start += batch;
+    }
+    pairs
+}
+
+/// Index entries with the continuation bit, over all index blocks of an
+/// htree directory (read straight from the blocks, layout per namei.c).
+pub fn continuation_entries(d: &mut TestDir) -> usize {
+    let bs = d.geo.block_size as usize;
+    let mut found = 0;
+    for lblk in 0..d.map.len() as u64 {
+        let buffer = d.read_block(lblk).unwrap();
+        let block = buffer.read();
+        let rec_len = u16::from_le_bytes([block[4], block[5]]) as usize;
+        let inode = u32::from_le_bytes(block[0..4].try_into().unwrap());
+        let base = match lblk {
+            0 => 32,
+            _ if inode == 0 && rec_len == bs => 8,
+            _ => continue,
+        };
+        let count = u16::from_le_bytes([block[base + 2], block[base + 3]]) as usize;
+        for index in 1..count {
+            let at = base + index * 8;
+            found += (block[at] & 1) as usize;
+        }
+    }
+    found
+}
