@@ -192,13 +192,38 @@ pub fn read_inode(geo: &Geometry, image: &[u8], ino: u32) -> Inode {
     Inode::decode(geo, ino, &image[at..at + geo.inode_size as usize]).unwrap()
 }
 
-/// Physical blocks of an inode in logical order, from `debugfs -R blocks`.
+/// Physical blocks of an inode in logical order, from the ranges `debugfs
+/// stat` prints ("(0-11):4385-4396, (IND):4397, (12):5000"); indirect and
+/// extent-tree blocks are skipped.
 pub fn debugfs_blocks(image: &Path, ino: u32) -> Vec<u64> {
     let out = run(
         "debugfs",
-        &["-R", &format!("blocks <{ino}>"), image.to_str().unwrap()],
+        &["-R", &format!("stat <{ino}>"), image.to_str().unwrap()],
     );
-    out.split_whitespace().map(|b| b.parse().unwrap()).collect()
+    let ranges = out
+        .split_once("BLOCKS:\n")
+        .or_else(|| out.split_once("EXTENTS:\n"))
+        .map(|(_, rest)| rest.lines().next().unwrap_or(""))
+        .unwrap_or("");
+    let mut map = Vec::new();
+    for range in ranges.split(", ") {
+        let Some((logical, physical)) = range.trim().split_once("):") else {
+            continue;
+        };
+        let logical = logical.trim_start_matches('(');
+        if !logical.starts_with(|c: char| c.is_ascii_digit()) {
+            continue; // (IND), (DIND), (TIND), (ETB0)...
+        }
+        let first_logical: u64 = logical.split('-').next().unwrap().parse().unwrap();
+        assert_eq!(first_logical, map.len() as u64, "hole in inode {ino}");
+        let physical = physical.split_whitespace().next().unwrap();
+        let (start, end) = match physical.split_once('-') {
+            Some((a, b)) => (a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()),
+            None => (physical.parse().unwrap(), physical.parse().unwrap()),
+        };
+        map.extend(start..=end);
+    }
+    map
 }
 
 /// A read-only `TestDir` over a whole image file held in memory.
