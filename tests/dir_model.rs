@@ -71,7 +71,13 @@ fn run_workload(geo: &Geometry, device_blocks: u64, work: &Workload) -> Run {
                 + rng.below((work.name_len.1 - work.name_len.0 + 1) as u64) as usize;
             let name = random_name(&mut rng, len, op);
             let ino = random_ino(geo, &mut rng);
+            let blocks_before = d.map.len();
             dir::add_entry(&mut d, &handle, &name, ino, FT_REG_FILE).unwrap();
+            let appended = (d.map.len() - blocks_before) as u32;
+            assert!(
+                appended <= dir::add_entry_max_new_blocks(geo),
+                "{appended} new blocks"
+            );
             assert!(model.insert(name.clone(), ino).is_none());
             live.push(name);
         }
@@ -248,11 +254,17 @@ fn full_index_is_no_space_and_leaves_directory_intact() {
     for tag in 0..80_000u64 {
         let name = random_name(&mut rng, 255, tag);
         let handle = env.journal.start(16).unwrap();
+        let blocks_before = d.map.len();
         match dir::add_entry(&mut d, &handle, &name, 20, FT_REG_FILE) {
             Ok(()) => {
                 model.insert(name, 20);
             }
             Err(Error::NoSpace) => {
+                assert_eq!(
+                    d.map.len(),
+                    blocks_before,
+                    "a refused add grew the directory"
+                );
                 refused = Some(tag);
                 handle.stop().unwrap();
                 break;

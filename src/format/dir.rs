@@ -722,6 +722,31 @@ pub fn add_entry(
     })
 }
 
+/// The most blocks one `add_entry` appends to the directory: a leaf plus
+/// one index block per level it splits or adds (at most the level count),
+/// or two when a block becomes an htree (a leaf for the old names and one
+/// from splitting it). For the fs layer's space budget.
+pub fn add_entry_max_new_blocks(geo: &Geometry) -> u32 {
+    if geo.has_incompat(incompat::LARGEDIR) {
+        3
+    } else {
+        2
+    }
+}
+
+/// The most directory blocks one `add_entry` changes, new ones included:
+/// the leaf, every index block on its path, and the new blocks. For journal
+/// credits (the inode, its block map and the allocator's blocks are the fs
+/// layer's to count).
+pub fn add_entry_max_dirtied_blocks(geo: &Geometry) -> u32 {
+    let levels = if geo.has_incompat(incompat::LARGEDIR) {
+        3
+    } else {
+        2
+    };
+    1 + levels + add_entry_max_new_blocks(geo)
+}
+
 /// Remove an entry; returns what it pointed to. `Error::NotFound` if absent.
 pub fn remove_entry(
     d: &mut dyn DirBlocks,
