@@ -170,6 +170,22 @@ fn htree_without_filetype_or_checksums() {
     assert!(listed.iter().all(|(e, _)| e.file_type == 0));
 }
 
+/// 64 KiB blocks: a whole-block rec_len does not fit 16 bits (encoded as
+/// 65535), which empty leaves and index nodes need.
+#[test]
+fn htree_with_64k_blocks() {
+    let geo = geometry_for(&["-t", "ext2", "-b", "65536"], 64);
+    let work = Workload {
+        ops: 12_000,
+        name_len: (60, 255),
+        remove_one_in: 6,
+        seed: 11,
+    };
+    let mut run = run_workload(&geo, 256, &work);
+    let stats = verify(&mut run);
+    assert!(run.dir.indexed && stats.leaves > 4, "{stats:?}");
+}
+
 #[test]
 fn linear_directory_without_dir_index() {
     let geo = geometry_for(&["-t", "ext4", "-b", "1024", "-O", "^dir_index"], 64);

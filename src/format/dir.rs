@@ -973,3 +973,143 @@ pub fn file_type_from_mode(mode: u16) -> u8 {
         _ => FT_UNKNOWN,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn format(block_size: usize, csum: bool) -> Format {
+        Format {
+            block_size,
+            filetype: true,
+            csum,
+            seed: 7,
+            ino: 12,
+            inodes_count: 1000,
+            dir_index: true,
+            max_levels: 2,
+            hash_unsigned: false,
+            hash_seed: [0; 4],
+            def_hash_version: 1,
+        }
+    }
+
+    fn entry(name: &str, ino: u32) -> DirEntry {
+        DirEntry {
+            ino,
+            file_type: FT_REG_FILE,
+            name: name.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn rec_len_encoding_of_64k_blocks() {
+        for len in [12, 4096, 65532] {
+            assert_eq!(rec_len_from_disk(rec_len_to_disk(len, 65536), 65536), len);
+        }
+        assert_eq!(rec_len_to_disk(65536, 65536), u16::MAX);
+        assert_eq!(rec_len_from_disk(u16::MAX, 65536), 65536);
+        assert_eq!(rec_len_from_disk(0, 65536), 65536);
+        // Smaller blocks store the length itself; 0 stays invalid there.
+        assert_eq!(rec_len_from_disk(0, 4096), 0);
+        // A whole-block empty record in a 64 KiB block parses.
+        let fmt = format(65536, false);
+        let mut block = vec![0u8; 65536];
+        assert!(write_packed_leaf(&fmt, &mut block, &[]));
+        let records: Vec<_> = Records::leaf(&fmt, &block, 0)
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!((records.len(), records[0].rec_len), (1, 65536));
+    }
+
+    #[test]
+    fn insert_splits_slack_and_delete_merges_backwards() {
+        let fmt = format(1024, true);
+        let mut block = vec![0u8; 1024];
+        assert!(write_packed_leaf(
+            &fmt,
+            &mut block,
+            &[&entry("a", 20), &entry("bb", 21)]
+        ));
+        let slot = find_slot(&fmt, &block, 0, b"ccc").unwrap().unwrap();
+        assert_eq!(slot.offset, 12); // "bb" carries the slack
+        let at = insert_record(&fmt, &mut block, slot, &entry("ccc", 22));
+        assert_eq!(at, 24);
+        assert!(matches!(
+            find_slot(&fmt, &block, 0, b"bb"),
+            Err(Error::Exists)
+        ));
+        delete_record(&fmt, &mut block, 0, 12).unwrap();
+        let records: Vec<_> = Records::leaf(&fmt, &block, 0)
+            .collect::<Result<_>>()
+            .unwrap();
+        let shape: Vec<_> = records
+            .iter()
+            .map(|r| (r.offset, r.rec_len, r.ino))
+            .collect();
+        assert_eq!(shape, vec![(0, 24, 20), (24, 1024 - 12 - 24, 22)]);
+        // Deleting the first record keeps it as free space.
+        delete_record(&fmt, &mut block, 0, 0).unwrap();
+        let first = Records::leaf(&fmt, &block, 0).next().unwrap().unwrap();
+        assert_eq!((first.ino, first.rec_len, first.name_len), (0, 24, 0));
+        set_leaf_tail(&fmt, &mut block);
+        verify_leaf_csum(&fmt, &block, 0).unwrap();
+        block[30] ^= 1;
+        assert!(
+            verify_leaf_csum(&fmt, &block, 0)
+                .unwrap_err()
+                .is_corruption()
+        );
+    }
+
+    #[test]
+    fn bad_records_are_corruption() {
+        let fmt = format(1024, false);
+        let good = |block: &mut Vec<u8>| {
+            block.fill(0);
+            assert!(write_packed_leaf(
+                &fmt,
+                block,
+                &[&entry("name", 20), &entry("x", 21)]
+            ));
+        };
+        let mut block = vec![0u8; 1024];
+        type Damage = fn(&mut [u8]);
+        let cases: [(&str, Damage); 6] = [
+            ("rec_len not a multiple of 4", |b| b[4] = 14),
+            ("rec_len below 12", |b| b[4] = 8),
+            ("name longer than the record", |b| b[6] = 200),
+            ("record overruns the block", |b| put_u16(b, 16, 1020)),
+            ("inode beyond the inode count", |b| put_u32(b, 0, 5000)),
+            ("live record without a name", |b| b[6] = 0),
+        ];
+        for (what, damage) in cases {
+            good(&mut block);
+            damage(&mut block);
+            let result: Result<Vec<_>> = Records::leaf(&fmt, &block, 3).collect();
+            let error = result.expect_err(what);
+            assert!(
+                matches!(
+                    error,
+                    Error::Corrupt {
+                        location: Location::InodeBlock { ino: 12, block: 3 },
+                        ..
+                    }
+                ),
+                "{what}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn file_types_from_modes() {
+        assert_eq!(file_type_from_mode(0o100644), FT_REG_FILE);
+        assert_eq!(file_type_from_mode(0o040755), FT_DIR);
+        assert_eq!(file_type_from_mode(0o120777), FT_SYMLINK);
+        assert_eq!(file_type_from_mode(0o020600), FT_CHRDEV);
+        assert_eq!(file_type_from_mode(0o060600), FT_BLKDEV);
+        assert_eq!(file_type_from_mode(0o010600), FT_FIFO);
+        assert_eq!(file_type_from_mode(0o140600), FT_SOCK);
+        assert_eq!(file_type_from_mode(0), FT_UNKNOWN);
+    }
+}
