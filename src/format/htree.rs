@@ -35,6 +35,7 @@ use crate::cache::Buffer;
 use crate::ensure_format;
 use crate::error::{Error, Result};
 use crate::journal::Handle;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// `dx_root_info.hash_version` values (ext4.h DX_HASH_*). The stored
@@ -1191,8 +1192,8 @@ pub(crate) fn check(d: &mut dyn DirBlocks, fmt: &Format) -> Result<DirStats> {
         leaves: 0,
         levels: info.levels as u32,
     };
-    let mut referenced = vec![false; blocks as usize];
-    referenced[0] = true;
+    // A set, not a bitmap of i_size: a corrupt size must not cost memory.
+    let mut referenced = HashSet::from([0u64]);
     let mut pending = Vec::new();
     let first = Pending {
         lblk: 0,
@@ -1200,7 +1201,14 @@ pub(crate) fn check(d: &mut dyn DirBlocks, fmt: &Format) -> Result<DirStats> {
         low: 0,
         high: None,
     };
-    queue_children(fmt, &root.read(), &first, &mut referenced, &mut pending)?;
+    queue_children(
+        fmt,
+        &root.read(),
+        &first,
+        blocks,
+        &mut referenced,
+        &mut pending,
+    )?;
     while let Some(item) = pending.pop() {
         let buffer = read_dir_block(d, fmt, item.lblk)?;
         let block = buffer.read();
@@ -1210,11 +1218,11 @@ pub(crate) fn check(d: &mut dyn DirBlocks, fmt: &Format) -> Result<DirStats> {
         } else {
             check_node(fmt, &block, item.lblk)?;
             verify_dx_csum(fmt, &block, NODE_ENTRIES, item.lblk)?;
-            queue_children(fmt, &block, &item, &mut referenced, &mut pending)?;
+            queue_children(fmt, &block, &item, blocks, &mut referenced, &mut pending)?;
             stats.index_blocks += 1;
         }
     }
-    let unreferenced = referenced.iter().filter(|seen| !**seen).count();
+    let unreferenced = blocks - referenced.len() as u64;
     ensure_format!(
         unreferenced == 0,
         fmt.location(0),
@@ -1227,7 +1235,8 @@ fn queue_children(
     fmt: &Format,
     block: &[u8],
     node: &Pending,
-    referenced: &mut [bool],
+    blocks: u64,
+    referenced: &mut HashSet<u64>,
     pending: &mut Vec<Pending>,
 ) -> Result<()> {
     let base = if node.lblk == 0 {
@@ -1240,11 +1249,10 @@ fn queue_children(
     for index in 0..count {
         let child = entry_block(block, base, index);
         ensure_format!(
-            (child as usize) < referenced.len() && !referenced[child as usize],
+            child < blocks && referenced.insert(child),
             location,
             "htree entry {index} points at block {child}: outside or referenced twice"
         );
-        referenced[child as usize] = true;
         let hash = entry_hash(block, base, index);
         let low = if index == 0 { node.low } else { hash };
         ensure_format!(
