@@ -11,3 +11,4 @@ pub mod format;
 pub mod journal;
 
 pub use error::{Error, Result};
+pub mod fs;

@@ -1,0 +1,471 @@
+//! Block and inode allocation.
+//!
+//! Blocks: first fit from a goal block, scanning forward group by group and
+//! wrapping, so that a file written sequentially gets contiguous blocks
+//! after its previous ones (the goal comes from `format::mapping`), and a
+//! new file starts near its inode. Free counts in descriptors and the
+//! superblock are kept exact at every operation.
+//!
+//! Inodes: files go to their directory's group; directories are spread
+//! Orlov-style: top-level directories to the emptiest flex group (round
+//! robin among the above-average ones), others near their parent unless
+//! that flex group is crowded.
+//!
+//! Lazy-init groups (`BLOCK_UNINIT`, `INODE_UNINIT`, `bg_itable_unused`) are
+//! initialised on first allocation, the way the kernel does.
+//!
+//! All of this runs under the filesystem write lock (inside a `Tx`).
+
+use super::Tx;
+use crate::cache::Buffer;
+use crate::error::{Error, Location, Result};
+use crate::format::BlockAllocator;
+use crate::format::bitmap;
+use crate::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
+use crate::format::superblock::ROOT_INO;
+use crate::journal::Handle;
+use std::sync::Arc;
+
+impl Tx<'_, '_> {
+    /// May this caller use the blocks reserved for root?
+    fn may_use_reserved(&self) -> bool {
+        self.caller.uid == 0
+            || self.caller.uid == self.core.resuid
+            || self.caller.gid == self.core.resgid
+    }
+
+    /// Blocks this caller may still allocate.
+    pub fn available_blocks(&self) -> u64 {
+        let free = self.st.sb.free_blocks_count;
+        if self.may_use_reserved() {
+            free
+        } else {
+            free.saturating_sub(self.core.reserved_blocks)
+        }
+    }
+
+    /// The block bitmap of `group`, initialised (in the transaction) if the
+    /// group was still BLOCK_UNINIT.
+    fn block_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+        let core = self.core;
+        let geo = &core.geo;
+        let desc = &self.st.groups[group as usize];
+        if geo.has_group_csum() && desc.flags & BG_BLOCK_UNINIT != 0 {
+            let buffer = self.core.cache.get_for_overwrite(desc.block_bitmap)?;
+            {
+                let mut bytes = self.handle.get_create_access(&buffer)?;
+                bitmap::uninit_block_bitmap(geo, group, &self.st.groups, &mut bytes);
+                let desc = &mut self.st.groups[group as usize];
+                desc.flags &= !BG_BLOCK_UNINIT;
+                desc.set_block_bitmap_csum(geo, &bytes);
+            }
+            buffer.set_verified();
+            self.mark_group_dirty(group);
+            return Ok(buffer);
+        }
+        let buffer = self.core.cache.read(desc.block_bitmap)?;
+        verify_block_bitmap(self, group, &buffer)?;
+        Ok(buffer)
+    }
+
+    fn inode_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+        let core = self.core;
+        let geo = &core.geo;
+        let desc = &self.st.groups[group as usize];
+        if geo.has_group_csum() && desc.flags & BG_INODE_UNINIT != 0 {
+            let buffer = self.core.cache.get_for_overwrite(desc.inode_bitmap)?;
+            {
+                let mut bytes = self.handle.get_create_access(&buffer)?;
+                bytes.fill(0);
+                // Bits past inodes_per_group up to the block's end are set
+                // (e2fsck checks the padding).
+                for bit in geo.inodes_per_group as usize..bytes.len() * 8 {
+                    bitmap::set_bit(&mut bytes, bit);
+                }
+                let desc = &mut self.st.groups[group as usize];
+                desc.flags &= !BG_INODE_UNINIT;
+                desc.set_inode_bitmap_csum(geo, &bytes);
+            }
+            buffer.set_verified();
+            self.mark_group_dirty(group);
+            return Ok(buffer);
+        }
+        let buffer = self.core.cache.read(desc.inode_bitmap)?;
+        if !buffer.is_verified() {
+            let ok = desc.inode_bitmap_csum_ok(geo, &buffer.read());
+            if !ok {
+                return Err(Error::corrupt(
+                    Location::Block {
+                        block: desc.inode_bitmap,
+                    },
+                    format!("inode bitmap checksum mismatch for group {group}"),
+                ));
+            }
+            buffer.set_verified();
+        }
+        Ok(buffer)
+    }
+
+    /// Allocate up to `count` contiguous blocks, first fit from `goal`.
+    pub fn alloc_data_blocks(&mut self, goal: u64, count: u32) -> Result<(u64, u32)> {
+        debug_assert!(count > 0);
+        let core = self.core;
+        let geo = &core.geo;
+        if self.available_blocks() == 0 {
+            return Err(Error::NoSpace);
+        }
+        let count = count
+            .min(self.available_blocks().min(u32::MAX as u64) as u32)
+            .max(1);
+        let goal = if goal >= geo.first_data_block as u64 && goal < geo.blocks_count {
+            goal
+        } else {
+            geo.first_data_block as u64
+        };
+        let start_group = geo.group_of_block(goal);
+        let groups = geo.group_count;
+        // One pass over every group from the goal's, then the goal's group
+        // again from its start (the part before the goal).
+        for step in 0..=groups {
+            let group = (start_group + step) % groups;
+            if self.st.groups[group as usize].free_blocks == 0 {
+                continue;
+            }
+            let from = if step == 0 {
+                (goal - geo.group_first_block(group)) as usize
+            } else {
+                0
+            };
+            if let Some(found) = self.take_run_in_group(group, from, count)? {
+                return Ok(found);
+            }
+        }
+        // The counters said there was space but no bitmap had any.
+        Err(Error::corrupt(
+            Location::Superblock,
+            format!(
+                "{} free blocks counted but none found in the bitmaps",
+                self.st.sb.free_blocks_count
+            ),
+        ))
+    }
+
+    /// Find the first free bit at or after `from` in `group` and take a run
+    /// of up to `count` blocks there.
+    fn take_run_in_group(
+        &mut self,
+        group: u32,
+        from: usize,
+        count: u32,
+    ) -> Result<Option<(u64, u32)>> {
+        let core = self.core;
+        let geo = &core.geo;
+        let in_group = geo.blocks_in_group(group) as usize;
+        let buffer = self.block_bitmap(group)?;
+        let found = {
+            let bytes = buffer.read();
+            bitmap::find_zero(&bytes, from, in_group).map(|start| {
+                (
+                    start,
+                    bitmap::zero_run(&bytes, start, in_group, count as usize),
+                )
+            })
+        };
+        let Some((start, length)) = found else {
+            if from == 0 {
+                return Err(Error::corrupt(
+                    Location::Block {
+                        block: self.st.groups[group as usize].block_bitmap,
+                    },
+                    format!(
+                        "group {group} counts {} free blocks but its bitmap has none",
+                        self.st.groups[group as usize].free_blocks
+                    ),
+                ));
+            }
+            return Ok(None);
+        };
+        let first = geo.group_first_block(group) + start as u64;
+        {
+            let mut bytes = self.handle.get_write_access(&buffer)?;
+            bitmap::set_range(&mut bytes, start, length);
+            let desc = &mut self.st.groups[group as usize];
+            if desc.free_blocks < length as u32 {
+                return Err(Error::corrupt(
+                    Location::GroupDescriptor { group },
+                    "free block count below the bitmap's",
+                ));
+            }
+            desc.free_blocks -= length as u32;
+            desc.set_block_bitmap_csum(geo, &bytes);
+        }
+        self.st.sb.free_blocks_count -= length as u64;
+        self.mark_group_dirty(group);
+        Ok(Some((first, length as u32)))
+    }
+
+    /// Return blocks to the free pool. Freeing a block that is free, or one
+    /// that holds group metadata, is corruption (a double reference).
+    pub fn release_blocks(&mut self, start: u64, count: u64, metadata: bool) -> Result<()> {
+        let core = self.core;
+        let geo = &core.geo;
+        let end = start
+            .checked_add(count)
+            .filter(|&end| end <= geo.blocks_count);
+        if start < geo.first_data_block as u64 || end.is_none() {
+            return Err(Error::corrupt(
+                Location::Block { block: start },
+                format!("freeing {count} blocks outside the filesystem"),
+            ));
+        }
+        let mut block = start;
+        let end = start + count;
+        while block < end {
+            let group = geo.group_of_block(block);
+            let group_end =
+                (geo.group_first_block(group) + geo.blocks_in_group(group) as u64).min(end);
+            self.release_in_group(group, block, group_end, metadata)?;
+            block = group_end;
+        }
+        Ok(())
+    }
+
+    fn release_in_group(&mut self, group: u32, start: u64, end: u64, metadata: bool) -> Result<()> {
+        let core = self.core;
+        let geo = &core.geo;
+        self.check_not_group_metadata(start, end)?;
+        let buffer = self.block_bitmap(group)?;
+        let base = geo.group_first_block(group);
+        {
+            let mut bytes = self.handle.get_write_access(&buffer)?;
+            for block in start..end {
+                let bit = (block - base) as usize;
+                if !bitmap::test_bit(&bytes, bit) {
+                    return Err(Error::corrupt(
+                        Location::Block { block },
+                        "freeing a block that is already free",
+                    ));
+                }
+                bitmap::clear_bit(&mut bytes, bit);
+            }
+            let desc = &mut self.st.groups[group as usize];
+            desc.free_blocks += (end - start) as u32;
+            desc.set_block_bitmap_csum(geo, &bytes);
+        }
+        self.st.sb.free_blocks_count += end - start;
+        self.mark_group_dirty(group);
+        if metadata {
+            for block in start..end {
+                self.handle.forget(block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuse to free superblock copies, descriptor tables, bitmaps and
+    /// inode tables: an extent pointing there is corruption.
+    fn check_not_group_metadata(&self, start: u64, end: u64) -> Result<()> {
+        let core = self.core;
+        let geo = &core.geo;
+        let group = geo.group_of_block(start);
+        let base = geo.group_first_block(group);
+        let overhead_end = base + geo.group_overhead_blocks(group) as u64;
+        let overlaps = |first: u64, count: u64| start < first + count && first < end;
+        let bad = overlaps(base, overhead_end - base)
+            || self.st.groups.iter().any(|desc| {
+                overlaps(desc.block_bitmap, 1)
+                    || overlaps(desc.inode_bitmap, 1)
+                    || overlaps(desc.inode_table, geo.inode_table_blocks as u64)
+            });
+        if bad {
+            return Err(Error::corrupt(
+                Location::Block { block: start },
+                "a file claims blocks that hold group metadata",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Allocate an inode for a new object in directory `parent`.
+    pub fn alloc_inode(&mut self, parent: u32, is_dir: bool) -> Result<u32> {
+        if self.st.sb.free_inodes_count == 0 {
+            return Err(Error::NoSpace);
+        }
+        let group = self.choose_inode_group(parent, is_dir)?;
+        let core = self.core;
+        let geo = &core.geo;
+        let buffer = self.inode_bitmap(group)?;
+        // Reserved inodes (below s_first_ino) live in group 0 and are never
+        // handed out even when their bits are clear.
+        let first = if group == 0 {
+            geo.first_ino as usize - 1
+        } else {
+            0
+        };
+        let found = bitmap::find_zero(&buffer.read(), first, geo.inodes_per_group as usize);
+        let Some(index) = found else {
+            return Err(Error::corrupt(
+                Location::Block {
+                    block: self.st.groups[group as usize].inode_bitmap,
+                },
+                format!("group {group} counts free inodes but its bitmap has none"),
+            ));
+        };
+        if self.st.groups[group as usize].flags & BG_BLOCK_UNINIT != 0 && geo.has_group_csum() {
+            // As the kernel does: a group in use gets a real block bitmap.
+            self.block_bitmap(group)?;
+        }
+        {
+            let mut bytes = self.handle.get_write_access(&buffer)?;
+            bitmap::set_bit(&mut bytes, index);
+            let ipg = geo.inodes_per_group;
+            let desc = &mut self.st.groups[group as usize];
+            desc.free_inodes = desc.free_inodes.checked_sub(1).ok_or_else(|| {
+                Error::corrupt(
+                    Location::GroupDescriptor { group },
+                    "free inode count underflow",
+                )
+            })?;
+            if is_dir {
+                desc.used_dirs += 1;
+            }
+            if geo.has_group_csum() && index as u32 >= ipg - desc.itable_unused {
+                desc.itable_unused = ipg - index as u32 - 1;
+            }
+            desc.set_inode_bitmap_csum(geo, &bytes);
+        }
+        self.st.sb.free_inodes_count -= 1;
+        self.mark_group_dirty(group);
+        Ok(group * geo.inodes_per_group + index as u32 + 1)
+    }
+
+    pub fn release_inode(&mut self, ino: u32, is_dir: bool) -> Result<()> {
+        let core = self.core;
+        let geo = &core.geo;
+        if ino < geo.first_ino || !geo.is_valid_ino(ino) {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "freeing a reserved or invalid inode",
+            ));
+        }
+        let group = geo.group_of_inode(ino);
+        let index = geo.inode_index_in_group(ino) as usize;
+        let buffer = self.inode_bitmap(group)?;
+        {
+            let mut bytes = self.handle.get_write_access(&buffer)?;
+            if !bitmap::test_bit(&bytes, index) {
+                return Err(Error::corrupt(
+                    Location::Inode { ino },
+                    "freeing an inode that is already free",
+                ));
+            }
+            bitmap::clear_bit(&mut bytes, index);
+            let desc = &mut self.st.groups[group as usize];
+            desc.free_inodes += 1;
+            if is_dir {
+                desc.used_dirs = desc.used_dirs.saturating_sub(1);
+            }
+            desc.set_inode_bitmap_csum(geo, &bytes);
+        }
+        self.st.sb.free_inodes_count += 1;
+        self.mark_group_dirty(group);
+        Ok(())
+    }
+
+    fn choose_inode_group(&mut self, parent: u32, is_dir: bool) -> Result<u32> {
+        let core = self.core;
+        let geo = &core.geo;
+        let parent_group = geo.group_of_inode(parent.max(1));
+        if is_dir && parent == ROOT_INO {
+            if let Some(group) = self.orlov_top_level() {
+                return Ok(group);
+            }
+        }
+        // Files, and directories below the top: the parent's flex group
+        // first, then onward.
+        let per_flex = geo.groups_per_flex;
+        let start = parent_group / per_flex * per_flex;
+        let groups = geo.group_count;
+        for step in 0..groups {
+            let group = (start + step) % groups;
+            let desc = &self.st.groups[group as usize];
+            if desc.free_inodes > 0 && (desc.free_blocks > 0 || step + 1 >= groups || !is_dir) {
+                return Ok(group);
+            }
+        }
+        for (group, desc) in self.st.groups.iter().enumerate() {
+            if desc.free_inodes > 0 {
+                return Ok(group as u32);
+            }
+        }
+        Err(Error::NoSpace)
+    }
+
+    /// A flex group with at least average free inodes and blocks, chosen
+    /// round robin, and its first group with a free inode.
+    fn orlov_top_level(&mut self) -> Option<u32> {
+        let core = self.core;
+        let geo = &core.geo;
+        let per_flex = geo.groups_per_flex;
+        let flex_count = geo.group_count.div_ceil(per_flex);
+        let average_inodes = self.st.sb.free_inodes_count as u64 / flex_count as u64;
+        let average_blocks = self.st.sb.free_blocks_count / flex_count as u64;
+        let start = self.st.next_topdir_group % flex_count;
+        for step in 0..flex_count {
+            let flex = (start + step) % flex_count;
+            let members = flex * per_flex..((flex + 1) * per_flex).min(geo.group_count);
+            let (inodes, blocks) = members.clone().fold((0u64, 0u64), |(i, b), g| {
+                let desc = &self.st.groups[g as usize];
+                (i + desc.free_inodes as u64, b + desc.free_blocks as u64)
+            });
+            if inodes >= average_inodes.max(1) && blocks >= average_blocks {
+                self.st.next_topdir_group = flex + 1;
+                return members
+                    .into_iter()
+                    .find(|&g| self.st.groups[g as usize].free_inodes > 0);
+            }
+        }
+        None
+    }
+}
+
+fn verify_block_bitmap(tx: &Tx<'_, '_>, group: u32, buffer: &Buffer) -> Result<()> {
+    if buffer.is_verified() {
+        return Ok(());
+    }
+    let desc = &tx.st.groups[group as usize];
+    if !desc.block_bitmap_csum_ok(&tx.core.geo, &buffer.read()) {
+        return Err(Error::corrupt(
+            Location::Block {
+                block: desc.block_bitmap,
+            },
+            format!("block bitmap checksum mismatch for group {group}"),
+        ));
+    }
+    buffer.set_verified();
+    Ok(())
+}
+
+impl BlockAllocator for Tx<'_, '_> {
+    fn alloc_blocks(&mut self, handle: &Handle<'_>, goal: u64, count: u32) -> Result<(u64, u32)> {
+        debug_assert!(std::ptr::eq(
+            handle as *const _ as *const u8,
+            self.handle as *const _ as *const u8
+        ));
+        self.alloc_data_blocks(goal, count)
+    }
+
+    fn free_blocks(
+        &mut self,
+        handle: &Handle<'_>,
+        start: u64,
+        count: u64,
+        metadata: bool,
+    ) -> Result<()> {
+        debug_assert!(std::ptr::eq(
+            handle as *const _ as *const u8,
+            self.handle as *const _ as *const u8
+        ));
+        self.release_blocks(start, count, metadata)
+    }
+}

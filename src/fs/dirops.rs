@@ -1,0 +1,228 @@
+//! Directories as `format::dir` sees them: logical blocks of a directory
+//! inode, mapped to physical blocks through `format::mapping` and read
+//! through the cache. `DirReader` serves lookups and listings under the
+//! shared lock; `DirWriter` also grows the directory, inside a `Tx`.
+
+use super::inode::{FileKind, check_live, read_inode};
+use super::{Core, Fs, Tx};
+use crate::cache::{Buffer, BufferCache};
+use crate::error::{Error, Location, Result};
+use crate::format::dir::{self, DirBlocks, DirEntry};
+use crate::format::inode::{Inode, flags};
+use crate::format::mapping::{self, Lookup};
+use crate::format::superblock::Geometry;
+use crate::journal::Handle;
+use std::sync::Arc;
+
+fn dir_block(core: &Core, ino: u32, inode: &Inode, lblk: u64) -> Result<Arc<Buffer>> {
+    if lblk >= inode.size / core.geo.block_size as u64 {
+        return Err(Error::corrupt(
+            Location::Inode { ino },
+            format!("directory block {lblk} beyond the directory's size"),
+        ));
+    }
+    match mapping::lookup(&core.geo, &core.cache, ino, inode, lblk)? {
+        Lookup::Mapped(extent) if !extent.unwritten => core.cache.read(extent.physical),
+        _ => Err(Error::corrupt(
+            Location::Inode { ino },
+            format!("directory has a hole at block {lblk}"),
+        )),
+    }
+}
+
+pub(crate) struct DirReader<'a> {
+    core: &'a Core,
+    ino: u32,
+    inode: &'a Inode,
+    seed: u32,
+}
+
+impl<'a> DirReader<'a> {
+    pub fn new(core: &'a Core, ino: u32, inode: &'a Inode) -> Self {
+        DirReader {
+            core,
+            ino,
+            inode,
+            seed: inode.csum_seed(&core.geo, ino),
+        }
+    }
+}
+
+impl DirBlocks for DirReader<'_> {
+    fn geo(&self) -> &Geometry {
+        &self.core.geo
+    }
+    fn cache(&self) -> &BufferCache {
+        &self.core.cache
+    }
+    fn dir_ino(&self) -> u32 {
+        self.ino
+    }
+    fn csum_seed(&self) -> u32 {
+        self.seed
+    }
+    fn block_count(&self) -> u64 {
+        self.inode.size / self.core.geo.block_size as u64
+    }
+    fn read_block(&mut self, lblk: u64) -> Result<Arc<Buffer>> {
+        dir_block(self.core, self.ino, self.inode, lblk)
+    }
+    fn append_block(&mut self, _handle: &Handle<'_>) -> Result<(u64, Arc<Buffer>)> {
+        debug_assert!(false, "a DirReader never grows a directory");
+        Err(Error::ReadOnly)
+    }
+    fn is_indexed(&self) -> bool {
+        self.inode.has_flag(flags::INDEX)
+    }
+    fn set_indexed(&mut self, _indexed: bool) {
+        debug_assert!(false, "a DirReader never changes a directory");
+    }
+}
+
+pub(crate) struct DirWriter<'t, 'a, 'j> {
+    tx: &'t mut Tx<'a, 'j>,
+    ino: u32,
+    inode: &'t mut Inode,
+    seed: u32,
+}
+
+impl<'t, 'a, 'j> DirWriter<'t, 'a, 'j> {
+    pub fn new(tx: &'t mut Tx<'a, 'j>, ino: u32, inode: &'t mut Inode) -> Self {
+        let seed = inode.csum_seed(&tx.core.geo, ino);
+        DirWriter {
+            tx,
+            ino,
+            inode,
+            seed,
+        }
+    }
+}
+
+impl DirBlocks for DirWriter<'_, '_, '_> {
+    fn geo(&self) -> &Geometry {
+        &self.tx.core.geo
+    }
+    fn cache(&self) -> &BufferCache {
+        &self.tx.core.cache
+    }
+    fn dir_ino(&self) -> u32 {
+        self.ino
+    }
+    fn csum_seed(&self) -> u32 {
+        self.seed
+    }
+    fn block_count(&self) -> u64 {
+        self.inode.size / self.tx.core.geo.block_size as u64
+    }
+    fn read_block(&mut self, lblk: u64) -> Result<Arc<Buffer>> {
+        dir_block(self.tx.core, self.ino, self.inode, lblk)
+    }
+    fn append_block(&mut self, handle: &Handle<'_>) -> Result<(u64, Arc<Buffer>)> {
+        let core = self.tx.core;
+        let geo = &core.geo;
+        let lblk = self.block_count();
+        // Without large_dir, a directory's size must stay below 2 GiB
+        // (i_size_high is not trusted for directories by older readers).
+        if (lblk + 1) * geo.block_size as u64 >= 1 << 31 {
+            return Err(Error::NoSpace);
+        }
+        let goal = geo.group_first_block(geo.group_of_inode(self.ino));
+        let extent = {
+            let mut ctx = self.tx.meta_ctx();
+            mapping::allocate(&mut ctx, self.ino, self.inode, lblk, 1, goal, false)?
+        };
+        debug_assert_eq!(extent.logical, lblk);
+        self.inode.size = (lblk + 1) * geo.block_size as u64;
+        let buffer = core.cache.get_for_overwrite(extent.physical)?;
+        handle.get_create_access(&buffer)?.fill(0);
+        buffer.set_verified();
+        Ok((lblk, buffer))
+    }
+    fn is_indexed(&self) -> bool {
+        self.inode.has_flag(flags::INDEX)
+    }
+    fn set_indexed(&mut self, indexed: bool) {
+        if indexed {
+            self.inode.flags |= flags::INDEX;
+        } else {
+            self.inode.flags &= !flags::INDEX;
+        }
+    }
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dentry {
+    pub ino: u32,
+    pub name: Vec<u8>,
+    pub kind: FileKind,
+    /// Cookie to resume the listing after this entry.
+    pub next: u64,
+}
+
+/// The kind a directory entry's file type byte names (`EXT4_FT_*`).
+fn kind_of_file_type(file_type: u8) -> Option<FileKind> {
+    Some(match file_type {
+        1 => FileKind::Regular,
+        2 => FileKind::Directory,
+        3 => FileKind::CharDevice,
+        4 => FileKind::BlockDevice,
+        5 => FileKind::Fifo,
+        6 => FileKind::Socket,
+        7 => FileKind::Symlink,
+        _ => return None,
+    })
+}
+
+impl Fs {
+    /// List directory `ino` from `cookie` (0 = start), calling `emit` for
+    /// each entry until it returns false.
+    pub fn readdir(
+        &self,
+        ino: u32,
+        cookie: u64,
+        emit: &mut dyn FnMut(Dentry) -> bool,
+    ) -> Result<()> {
+        let st = self.state.read();
+        let result = (|| {
+            let inode = read_inode(&self.core, &st, ino)?;
+            check_live(ino, &inode)?;
+            if !inode.is_dir() {
+                return Err(Error::NotDirectory);
+            }
+            if inode.links_count == 0 {
+                return Ok(()); // removed while open: empty
+            }
+            let mut reader = DirReader::new(&self.core, ino, &inode);
+            let mut failure = None;
+            dir::read_entries(&mut reader, cookie, &mut |entry: &DirEntry, next: u64| {
+                let kind = match kind_of_file_type(entry.file_type) {
+                    Some(kind) => kind,
+                    None => match read_inode(&self.core, &st, entry.ino).and_then(|child| {
+                        FileKind::from_mode(child.mode).ok_or_else(|| {
+                            Error::corrupt(
+                                Location::Inode { ino: entry.ino },
+                                "entry names an unused inode",
+                            )
+                        })
+                    }) {
+                        Ok(kind) => kind,
+                        Err(error) => {
+                            failure = Some(error);
+                            return false;
+                        }
+                    },
+                };
+                emit(Dentry {
+                    ino: entry.ino,
+                    name: entry.name.clone(),
+                    kind,
+                    next,
+                })
+            })?;
+            failure.map_or(Ok(()), Err)
+        })();
+        drop(st);
+        self.note_error(result)
+    }
+}

@@ -1,0 +1,537 @@
+//! File data: read, write, truncate, fallocate, SEEK_DATA/SEEK_HOLE, fsync,
+//! and the open counts that keep unlinked files alive.
+//!
+//! Data blocks never enter the metadata cache: they are read and written
+//! directly on the device, in runs as long as the mapping is contiguous.
+//! A newly allocated block is written whole (zeros around the caller's
+//! bytes), so that nothing stale from a previous owner can ever be read
+//! back; a partial write into an existing block reads it first.
+
+use super::inode::{Attr, attr_of, check_live, read_inode};
+use super::{AtimePolicy, Caller, Fs, Tx};
+use crate::error::{Error, Result};
+use crate::format::inode::{Inode, Timestamp};
+use crate::format::mapping::{self, Extent, Lookup};
+use crate::format::superblock::Geometry;
+
+pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
+pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+
+/// Blocks one write transaction maps at most; larger writes loop.
+const WRITE_CHUNK_BLOCKS: u64 = 2048;
+
+/// `lseek` whence values that look at the mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeekWhence {
+    Data,
+    Hole,
+}
+
+fn max_file_size(geo: &Geometry, inode: &Inode) -> u64 {
+    mapping::max_blocks(geo, inode).saturating_mul(geo.block_size as u64)
+}
+
+impl Tx<'_, '_> {
+    fn regular_file(&self, ino: u32) -> Result<Inode> {
+        let inode = self.read_live_inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsDirectory);
+        }
+        if !inode.is_reg() {
+            return Err(Error::Invalid("not a regular file".into()));
+        }
+        Ok(inode)
+    }
+
+    /// Write `data` at byte `offset`; returns how much was written (all of
+    /// it, unless the file size limit cuts it short).
+    fn write_data(
+        &mut self,
+        ino: u32,
+        inode: &mut Inode,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize> {
+        let geo = &self.core.geo;
+        let block_size = geo.block_size as u64;
+        let limit = max_file_size(geo, inode);
+        if offset >= limit {
+            return Err(Error::FileTooBig);
+        }
+        let data = &data[..data.len().min((limit - offset) as usize)];
+        let end = offset + data.len() as u64;
+        let mut position = offset;
+        while position < end {
+            let lblk = position / block_size;
+            let last_lblk = (end - 1) / block_size;
+            let extent = match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
+                Lookup::Mapped(extent) => extent,
+                Lookup::Hole { next } => {
+                    let hole_end = next.unwrap_or(u64::MAX).min(last_lblk + 1);
+                    let wanted = (hole_end - lblk).min(u32::MAX as u64) as u32;
+                    let goal = geo.group_first_block(geo.group_of_inode(ino));
+                    let mut ctx = self.meta_ctx();
+                    let extent =
+                        match mapping::allocate(&mut ctx, ino, inode, lblk, wanted, goal, false) {
+                            Ok(extent) => extent,
+                            // Out of space part-way: what is written stays written.
+                            Err(Error::NoSpace) if position > offset => break,
+                            Err(error) => return Err(error),
+                        };
+                    write_run(self, &extent, position, end, data, offset, true)?;
+                    position = (extent.logical + extent.len as u64) * block_size;
+                    continue;
+                }
+            };
+            let written = write_run(self, &extent, position, end, data, offset, extent.unwritten)?;
+            if extent.unwritten {
+                let mut ctx = self.meta_ctx();
+                // Every block the run touched, partial ones included.
+                let last_touched = (position + written - 1) / block_size;
+                mapping::mark_written(&mut ctx, ino, inode, lblk, last_touched - lblk + 1)?;
+            }
+            position += written;
+        }
+        let end = end.min(position);
+        if end > inode.size {
+            inode.size = end;
+        }
+        Ok((end - offset) as usize)
+    }
+
+    /// Run `body` on a regular file's inode and write the inode back even
+    /// if `body` fails part-way: its mapping may already have changed.
+    fn with_regular_file<R>(
+        &mut self,
+        ino: u32,
+        body: impl FnOnce(&mut Self, &mut Inode) -> Result<R>,
+    ) -> Result<R> {
+        let mut inode = self.regular_file(ino)?;
+        let result = body(self, &mut inode);
+        self.write_inode(ino, &inode)?;
+        result
+    }
+
+    /// Zero bytes `from..to` of the file on disk where blocks are mapped and
+    /// written (edges of a punched range, the tail past a new EOF).
+    fn zero_range_in_place(&mut self, ino: u32, inode: &Inode, from: u64, to: u64) -> Result<()> {
+        let geo = &self.core.geo;
+        let block_size = geo.block_size as u64;
+        let mut position = from;
+        while position < to {
+            let lblk = position / block_size;
+            let block_end = ((lblk + 1) * block_size).min(to);
+            if let Lookup::Mapped(extent) =
+                mapping::lookup(geo, &self.core.cache, ino, inode, lblk)?
+                && !extent.unwritten
+            {
+                let mut block = vec![0u8; block_size as usize];
+                let address = extent.physical * block_size;
+                self.core.dev().read_at(address, &mut block)?;
+                let start = (position - lblk * block_size) as usize;
+                let stop = (block_end - lblk * block_size) as usize;
+                block[start..stop].fill(0);
+                self.core.dev().write_at(address, &block)?;
+            }
+            position = block_end;
+        }
+        Ok(())
+    }
+
+    /// Set the size: cut blocks past the new end, zero the tail of the last
+    /// partial block, or extend sparsely.
+    pub fn truncate_to(&mut self, ino: u32, inode: &mut Inode, size: u64) -> Result<()> {
+        let geo = &self.core.geo;
+        let block_size = geo.block_size as u64;
+        if size > max_file_size(geo, inode) {
+            return Err(Error::FileTooBig);
+        }
+        if size < inode.size {
+            let keep_blocks = size.div_ceil(block_size);
+            if size % block_size != 0 {
+                let tail_end = (keep_blocks * block_size).min(inode.size);
+                self.zero_range_in_place(ino, inode, size, tail_end)?;
+            }
+            let mut ctx = self.meta_ctx();
+            mapping::punch(&mut ctx, ino, inode, keep_blocks, None)?;
+        }
+        inode.size = size;
+        Ok(())
+    }
+}
+
+/// Write the part of `data` (which starts at file byte `data_offset`) that
+/// falls in `extent`, from file byte `position` up to `end`. With `fresh`,
+/// the blocks hold nothing worth keeping: partial blocks are padded with
+/// zeros instead of read. Returns the bytes of the file covered (position
+/// up to the end of the write or of the extent).
+fn write_run(
+    tx: &Tx<'_, '_>,
+    extent: &Extent,
+    position: u64,
+    end: u64,
+    data: &[u8],
+    data_offset: u64,
+    fresh: bool,
+) -> Result<u64> {
+    let geo = &tx.core.geo;
+    let block_size = geo.block_size as u64;
+    let extent_end = (extent.logical + extent.len as u64) * block_size;
+    let run_end = end.min(extent_end);
+    let first_block = position / block_size;
+    let last_block = (run_end - 1) / block_size;
+    let buffer_len = ((last_block - first_block + 1) * block_size) as usize;
+    let mut buffer = vec![0u8; buffer_len];
+    let physical = extent.physical + (first_block - extent.logical);
+    let head = (position - first_block * block_size) as usize;
+    let tail = ((last_block + 1) * block_size - run_end) as usize;
+    if !fresh {
+        // Keep the bytes of partially overwritten edge blocks.
+        if head > 0 {
+            tx.core
+                .dev()
+                .read_at(physical * block_size, &mut buffer[..block_size as usize])?;
+        }
+        if tail > 0 {
+            let at = buffer_len - block_size as usize;
+            tx.core.dev().read_at(
+                (physical + last_block - first_block) * block_size,
+                &mut buffer[at..],
+            )?;
+        }
+    }
+    let source = &data[(position - data_offset) as usize..(run_end - data_offset) as usize];
+    buffer[head..head + source.len()].copy_from_slice(source);
+    tx.core.dev().write_at(physical * block_size, &buffer)?;
+    Ok(run_end - position)
+}
+
+impl Fs {
+    /// A file or directory was opened: it stays until released even if its
+    /// last name goes.
+    pub fn open_file(&self, ino: u32) -> Result<Attr> {
+        let attr = self.getattr(ino)?;
+        *self.open_files.lock().entry(ino).or_insert(0) += 1;
+        Ok(attr)
+    }
+
+    /// The matching release of `open_file`; frees the inode if it was unlinked.
+    pub fn release_file(&self, ino: u32) -> Result<()> {
+        let last = {
+            let mut open = self.open_files.lock();
+            match open.get_mut(&ino) {
+                Some(count) if *count > 1 => {
+                    *count -= 1;
+                    false
+                }
+                Some(_) => {
+                    open.remove(&ino);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last && !self.is_read_only() {
+            return self.note_error(self.evict_if_unlinked(ino));
+        }
+        Ok(())
+    }
+
+    /// Read up to `size` bytes at `offset`.
+    pub fn read(&self, ino: u32, offset: u64, size: usize) -> Result<Vec<u8>> {
+        let st = self.state.read();
+        let result = (|| {
+            let inode = read_inode(&self.core, &st, ino)?;
+            check_live(ino, &inode)?;
+            if inode.is_dir() {
+                return Err(Error::IsDirectory);
+            }
+            if offset >= inode.size || size == 0 {
+                return Ok((Vec::new(), inode));
+            }
+            let end = inode.size.min(offset.saturating_add(size as u64));
+            let data = self.read_range(ino, &inode, offset, end)?;
+            Ok((data, inode))
+        })();
+        drop(st);
+        let (data, inode) = self.note_error(result)?;
+        self.touch_atime(ino, &inode);
+        Ok(data)
+    }
+
+    fn read_range(&self, ino: u32, inode: &Inode, offset: u64, end: u64) -> Result<Vec<u8>> {
+        let geo = &self.core.geo;
+        let block_size = geo.block_size as u64;
+        let first_block = offset / block_size;
+        let last_block = (end - 1) / block_size;
+        let mut buffer = vec![0u8; ((last_block - first_block + 1) * block_size) as usize];
+        let mut lblk = first_block;
+        while lblk <= last_block {
+            match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
+                Lookup::Mapped(extent) => {
+                    let count = (extent.len as u64).min(last_block + 1 - lblk);
+                    if !extent.unwritten {
+                        let at = ((lblk - first_block) * block_size) as usize;
+                        let span = &mut buffer[at..at + (count * block_size) as usize];
+                        self.core
+                            .dev()
+                            .read_at(extent.physical * block_size, span)?;
+                    }
+                    lblk += count;
+                }
+                Lookup::Hole { next } => {
+                    lblk = next.unwrap_or(u64::MAX).min(last_block + 1);
+                }
+            }
+        }
+        let start = (offset - first_block * block_size) as usize;
+        buffer.drain(..start);
+        buffer.truncate((end - offset) as usize);
+        Ok(buffer)
+    }
+
+    /// relatime: record an access when the old atime predates the last
+    /// change or is a day old. Best effort: a read never fails for it.
+    fn touch_atime(&self, ino: u32, inode: &Inode) {
+        let now = Timestamp::now();
+        let wanted = match self.core.options.atime {
+            AtimePolicy::Never => false,
+            AtimePolicy::Strict => true,
+            AtimePolicy::Relatime => {
+                inode.atime <= inode.mtime
+                    || inode.atime <= inode.ctime
+                    || now.sec - inode.atime.sec >= 24 * 3600
+            }
+        };
+        if !wanted || self.is_read_only() || inode.has_flag(crate::format::inode::flags::NOATIME) {
+            return;
+        }
+        let _ = self.transact(1, Caller::ROOT, |tx| {
+            let mut inode = tx.read_live_inode(ino)?;
+            inode.atime = now;
+            tx.write_inode(ino, &inode)
+        });
+    }
+
+    /// Write `data` at `offset`; returns the number of bytes written.
+    pub fn write(&self, ino: u32, offset: u64, data: &[u8], caller: Caller) -> Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let block_size = self.core.geo.block_size as u64;
+        let mut done = 0usize;
+        // Large writes are cut into chunks, one transaction each, so that a
+        // transaction's size stays bounded.
+        while done < data.len() {
+            let chunk_len = (data.len() - done).min((WRITE_CHUNK_BLOCKS * block_size) as usize);
+            let chunk = &data[done..done + chunk_len];
+            let position = offset + done as u64;
+            let written = self.transact(WRITE_CHUNK_BLOCKS as u32 / 4 + 16, caller, |tx| {
+                tx.with_regular_file(ino, |tx, inode| {
+                    let written = tx.write_data(ino, inode, position, chunk)?;
+                    let now = Timestamp::now();
+                    inode.mtime = now;
+                    inode.ctime = now;
+                    if inode.has_flag(crate::format::inode::flags::SYNC) {
+                        tx.handle.set_sync();
+                    }
+                    Ok(written)
+                })
+            });
+            match written {
+                Ok(written) => {
+                    done += written;
+                    if written < chunk_len {
+                        break;
+                    }
+                }
+                // A short write is a success for what was written.
+                Err(Error::NoSpace | Error::FileTooBig) if done > 0 => break,
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Change the size of a regular file.
+    pub fn truncate(&self, ino: u32, size: u64, caller: Caller) -> Result<()> {
+        self.transact(64, caller, |tx| {
+            tx.with_regular_file(ino, |tx, inode| {
+                if inode.size != size {
+                    tx.truncate_to(ino, inode, size)?;
+                    let now = Timestamp::now();
+                    inode.mtime = now;
+                    inode.ctime = now;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// fallocate(2): preallocate (optionally keeping the size), punch a
+    /// hole, or zero a range.
+    pub fn fallocate(
+        &self,
+        ino: u32,
+        offset: u64,
+        length: u64,
+        mode: u32,
+        caller: Caller,
+    ) -> Result<()> {
+        let supported = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        if mode & !supported != 0 {
+            return Err(Error::NotSupported);
+        }
+        if mode & FALLOC_FL_PUNCH_HOLE != 0
+            && (mode & FALLOC_FL_KEEP_SIZE == 0 || mode & FALLOC_FL_ZERO_RANGE != 0)
+        {
+            return Err(Error::Invalid("PUNCH_HOLE needs KEEP_SIZE".into()));
+        }
+        if length == 0 {
+            return Err(Error::Invalid("zero-length fallocate".into()));
+        }
+        let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
+        self.transact(64, caller, |tx| {
+            tx.with_regular_file(ino, |tx, inode| {
+                tx.fallocate_inode(ino, inode, offset, end, mode)
+            })
+        })
+    }
+}
+
+impl Tx<'_, '_> {
+    fn fallocate_inode(
+        &mut self,
+        ino: u32,
+        inode: &mut Inode,
+        offset: u64,
+        end: u64,
+        mode: u32,
+    ) -> Result<()> {
+        {
+            let tx = self;
+            if !inode.uses_extents() {
+                return Err(Error::NotSupported); // as the kernel on block-mapped files
+            }
+            let geo = &tx.core.geo;
+            if end > max_file_size(geo, inode) {
+                return Err(Error::FileTooBig);
+            }
+            let block_size = geo.block_size as u64;
+            let now = Timestamp::now();
+            if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+                let first_full = offset.div_ceil(block_size);
+                let end_full = end / block_size;
+                if first_full > end_full {
+                    // Inside one block: only bytes to zero.
+                    tx.zero_range_in_place(ino, inode, offset, end)?;
+                } else {
+                    tx.zero_range_in_place(ino, inode, offset, first_full * block_size)?;
+                    tx.zero_range_in_place(ino, inode, end_full * block_size, end)?;
+                    let mut ctx = tx.meta_ctx();
+                    mapping::punch(&mut ctx, ino, inode, first_full, Some(end_full))?;
+                }
+                if mode & FALLOC_FL_ZERO_RANGE != 0 {
+                    tx.preallocate(ino, inode, first_full * block_size, end_full * block_size)?;
+                }
+                inode.mtime = now;
+                inode.ctime = now;
+            } else {
+                tx.preallocate(ino, inode, offset, end)?;
+                inode.ctime = now;
+            }
+            if mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size {
+                inode.size = end;
+                inode.mtime = now;
+            }
+            Ok(())
+        }
+    }
+}
+
+impl Fs {
+    /// SEEK_DATA / SEEK_HOLE from `offset`.
+    pub fn seek(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
+        let st = self.state.read();
+        let result = (|| {
+            let inode = read_inode(&self.core, &st, ino)?;
+            check_live(ino, &inode)?;
+            if offset >= inode.size {
+                return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO)));
+            }
+            let geo = &self.core.geo;
+            let block_size = geo.block_size as u64;
+            let mut lblk = offset / block_size;
+            let last = inode.size.div_ceil(block_size);
+            while lblk < last {
+                match mapping::lookup(geo, &self.core.cache, ino, &inode, lblk)? {
+                    // Unwritten extents read as zeros: they count as holes.
+                    Lookup::Mapped(extent) if !extent.unwritten => {
+                        if whence == SeekWhence::Data {
+                            return Ok((lblk * block_size).max(offset));
+                        }
+                        lblk += extent.len as u64;
+                    }
+                    Lookup::Mapped(extent) => {
+                        if whence == SeekWhence::Hole {
+                            return Ok((lblk * block_size).max(offset));
+                        }
+                        lblk += extent.len as u64;
+                    }
+                    Lookup::Hole { next } => {
+                        if whence == SeekWhence::Hole {
+                            return Ok((lblk * block_size).max(offset));
+                        }
+                        lblk = next.unwrap_or(last);
+                    }
+                }
+            }
+            match whence {
+                SeekWhence::Hole => Ok(inode.size),
+                SeekWhence::Data => Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO))),
+            }
+        })();
+        drop(st);
+        self.note_error(result)
+    }
+
+    /// fsync / fdatasync: everything of this file (and, unjournaled,
+    /// everything else too) is durable when this returns.
+    pub fn fsync(&self, _ino: u32, _datasync: bool) -> Result<()> {
+        self.core.journal.sync()
+    }
+
+    /// Attributes after a change made through a file handle.
+    pub fn attr_after_write(&self, ino: u32) -> Result<Attr> {
+        let st = self.state.read();
+        let result =
+            read_inode(&self.core, &st, ino).and_then(|inode| attr_of(&self.core, ino, &inode));
+        drop(st);
+        self.note_error(result)
+    }
+}
+
+impl Tx<'_, '_> {
+    /// Allocate unwritten extents over the holes of bytes `from..to`.
+    fn preallocate(&mut self, ino: u32, inode: &mut Inode, from: u64, to: u64) -> Result<()> {
+        let geo = &self.core.geo;
+        let block_size = geo.block_size as u64;
+        let mut lblk = from / block_size;
+        let end = to.div_ceil(block_size);
+        while lblk < end {
+            match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
+                Lookup::Mapped(extent) => lblk += extent.len as u64,
+                Lookup::Hole { next } => {
+                    let hole_end = next.unwrap_or(u64::MAX).min(end);
+                    let wanted = (hole_end - lblk).min(u32::MAX as u64) as u32;
+                    let goal = geo.group_first_block(geo.group_of_inode(ino));
+                    let mut ctx = self.meta_ctx();
+                    let extent = mapping::allocate(&mut ctx, ino, inode, lblk, wanted, goal, true)?;
+                    lblk = extent.logical + extent.len as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+}

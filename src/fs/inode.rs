@@ -1,0 +1,300 @@
+//! Inodes as the engine sees them: reading and writing them in the inode
+//! table, their attributes, `setattr`, and freeing them when the last link
+//! and the last open reference are gone.
+
+use super::{Caller, Core, Fs, State, Tx};
+use crate::error::{Error, Location, Result};
+use crate::format::group_desc::BG_INODE_UNINIT;
+use crate::format::inode::{self as fmt, Inode, Timestamp};
+use crate::format::{mapping, xattr};
+
+/// The kind of an inode, from the file-type bits of its mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Regular,
+    Directory,
+    Symlink,
+    CharDevice,
+    BlockDevice,
+    Fifo,
+    Socket,
+}
+
+impl FileKind {
+    pub fn from_mode(mode: u16) -> Option<FileKind> {
+        Some(match mode & fmt::S_IFMT {
+            fmt::S_IFREG => FileKind::Regular,
+            fmt::S_IFDIR => FileKind::Directory,
+            fmt::S_IFLNK => FileKind::Symlink,
+            fmt::S_IFCHR => FileKind::CharDevice,
+            fmt::S_IFBLK => FileKind::BlockDevice,
+            fmt::S_IFIFO => FileKind::Fifo,
+            fmt::S_IFSOCK => FileKind::Socket,
+            _ => return None,
+        })
+    }
+}
+
+/// Attributes as `stat` reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u32,
+    pub kind: FileKind,
+    /// Permission bits including setuid, setgid and sticky.
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Allocated space in 512-byte units.
+    pub blocks: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+    pub rdev: u32,
+    pub blksize: u32,
+    pub generation: u32,
+    pub flags: u32,
+}
+
+/// A timestamp to set: the current time or a given one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSet {
+    Now,
+    At(Timestamp),
+}
+
+/// The changes of one `setattr` call; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    /// Permission bits (the file type cannot change).
+    pub mode: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    pub ctime: Option<Timestamp>,
+}
+
+pub(crate) fn now_seconds() -> i64 {
+    Timestamp::now().sec
+}
+
+/// Read inode `ino` from its table block. An inode in a never-initialised
+/// part of the table reads as all zeros (mode 0: not in use).
+pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
+    let geo = &core.geo;
+    if !geo.is_valid_ino(ino) {
+        return Err(Error::corrupt(
+            Location::Inode { ino },
+            "inode number out of range",
+        ));
+    }
+    let group = geo.group_of_inode(ino);
+    let index = geo.inode_index_in_group(ino);
+    let desc = &st.groups[group as usize];
+    if geo.has_group_csum()
+        && (desc.flags & BG_INODE_UNINIT != 0 || index >= geo.inodes_per_group - desc.itable_unused)
+    {
+        return Ok(Inode::new(geo));
+    }
+    let (block, offset) = inode_location(core, st, ino);
+    let buffer = core.cache.read(block)?;
+    let bytes = buffer.read();
+    Inode::decode(geo, ino, &bytes[offset..offset + geo.inode_size as usize])
+}
+
+fn inode_location(core: &Core, st: &State, ino: u32) -> (u64, usize) {
+    let geo = &core.geo;
+    let group = geo.group_of_inode(ino);
+    let byte = geo.inode_index_in_group(ino) as u64 * geo.inode_size as u64;
+    let block = st.groups[group as usize].inode_table + byte / geo.block_size as u64;
+    (block, (byte % geo.block_size as u64) as usize)
+}
+
+impl Tx<'_, '_> {
+    pub fn read_inode(&self, ino: u32) -> Result<Inode> {
+        read_inode(self.core, self.st, ino)
+    }
+
+    /// Read an inode that a directory entry or the caller says is in use.
+    pub fn read_live_inode(&self, ino: u32) -> Result<Inode> {
+        let inode = self.read_inode(ino)?;
+        check_live(ino, &inode)?;
+        Ok(inode)
+    }
+
+    pub fn write_inode(&mut self, ino: u32, inode: &Inode) -> Result<()> {
+        let (block, offset) = inode_location(self.core, self.st, ino);
+        let buffer = self.core.cache.read(block)?;
+        let mut bytes = self.handle.get_write_access(&buffer)?;
+        inode.encode(
+            &self.core.geo,
+            ino,
+            &mut bytes[offset..offset + self.core.geo.inode_size as usize],
+        );
+        Ok(())
+    }
+
+    pub fn next_generation(&mut self) -> u32 {
+        self.st.next_generation = self
+            .st
+            .next_generation
+            .wrapping_mul(1_103_515_245)
+            .wrapping_add(12_345);
+        self.st.next_generation
+    }
+
+    /// Free everything an unlinked, unopened inode holds, then the inode.
+    pub fn evict_inode(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
+        debug_assert_eq!(inode.links_count, 0);
+        self.orphan_remove(ino, &mut inode)?;
+        if inode.has_data_blocks(&self.core.geo) {
+            let mut ctx = self.meta_ctx();
+            mapping::punch(&mut ctx, ino, &mut inode, 0, None)?;
+        }
+        if inode.file_acl != 0 {
+            let mut ctx = self.meta_ctx();
+            xattr::release_block(&mut ctx, ino, &mut inode)?;
+        }
+        let is_dir = inode.is_dir();
+        inode.dtime = now_seconds() as u32;
+        inode.size = 0;
+        self.write_inode(ino, &inode)?;
+        self.release_inode(ino, is_dir)
+    }
+
+    pub fn meta_ctx(&mut self) -> crate::format::MetaCtx<'_, '_> {
+        let core = self.core;
+        let handle = self.handle;
+        crate::format::MetaCtx {
+            geo: &core.geo,
+            cache: &core.cache,
+            handle,
+            alloc: self,
+        }
+    }
+}
+
+/// An inode reached through a name must be in use.
+pub(crate) fn check_live(ino: u32, inode: &Inode) -> Result<()> {
+    if inode.mode == 0 || FileKind::from_mode(inode.mode).is_none() {
+        return Err(Error::corrupt(
+            Location::Inode { ino },
+            format!(
+                "directory entry points to an unused inode (mode {:o})",
+                inode.mode
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
+    let kind = FileKind::from_mode(inode.mode).ok_or_else(|| {
+        Error::corrupt(
+            Location::Inode { ino },
+            format!("bad file type in mode {:o}", inode.mode),
+        )
+    })?;
+    let rdev = match kind {
+        FileKind::CharDevice | FileKind::BlockDevice => inode.device_number(),
+        _ => 0,
+    };
+    Ok(Attr {
+        ino,
+        kind,
+        perm: inode.mode & 0o7777,
+        nlink: inode.links_count as u32,
+        uid: inode.uid,
+        gid: inode.gid,
+        size: inode.size,
+        blocks: inode.blocks,
+        atime: inode.atime,
+        mtime: inode.mtime,
+        ctime: inode.ctime,
+        crtime: inode.crtime,
+        rdev,
+        blksize: core.geo.block_size,
+        generation: inode.generation,
+        flags: inode.flags,
+    })
+}
+
+impl Fs {
+    /// Attributes of inode `ino` (getattr).
+    pub fn getattr(&self, ino: u32) -> Result<Attr> {
+        let st = self.state.read();
+        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+            if inode.mode == 0 {
+                return Err(Error::Stale);
+            }
+            attr_of(&self.core, ino, &inode)
+        });
+        drop(st);
+        self.note_error(result)
+    }
+
+    /// Change attributes (chmod, chown, truncate, utimes).
+    pub fn setattr(&self, ino: u32, changes: &SetAttr, caller: Caller) -> Result<Attr> {
+        if let Some(size) = changes.size {
+            self.truncate(ino, size, caller)?;
+        }
+        self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
+            let mut inode = tx.read_live_inode(ino)?;
+            let now = Timestamp::now();
+            let mut changed = false;
+            if let Some(mode) = changes.mode {
+                inode.mode = (inode.mode & fmt::S_IFMT) | (mode & 0o7777);
+                changed = true;
+                if inode.file_acl != 0 || !inode.inline_xattr_area().is_empty() {
+                    let mut ctx = tx.meta_ctx();
+                    super::xattr::chmod_access_acl(&mut ctx, ino, &mut inode)?;
+                }
+            }
+            if let Some(uid) = changes.uid {
+                inode.uid = uid;
+                changed = true;
+            }
+            if let Some(gid) = changes.gid {
+                inode.gid = gid;
+                changed = true;
+            }
+            if changes.uid.is_some() || changes.gid.is_some() {
+                // chown clears setuid, and setgid when group-executable
+                // (the kernel's should_remove_suid), unless the caller set
+                // the mode in the same call.
+                if changes.mode.is_none() && inode.file_type() != fmt::S_IFDIR {
+                    inode.mode &= !0o4000;
+                    if inode.mode & 0o0010 != 0 {
+                        inode.mode &= !0o2000;
+                    }
+                }
+            }
+            if let Some(time) = changes.atime {
+                inode.atime = resolve(time, now);
+                changed = true;
+            }
+            if let Some(time) = changes.mtime {
+                inode.mtime = resolve(time, now);
+                changed = true;
+            }
+            if let Some(ctime) = changes.ctime {
+                inode.ctime = ctime;
+            } else if changed || changes.size.is_some() {
+                inode.ctime = now;
+            }
+            tx.write_inode(ino, &inode)?;
+            attr_of(tx.core, ino, &inode)
+        })
+    }
+}
+
+fn resolve(time: TimeSet, now: Timestamp) -> Timestamp {
+    match time {
+        TimeSet::Now => now,
+        TimeSet::At(at) => at,
+    }
+}

@@ -1,0 +1,769 @@
+//! Namespace operations: lookup, create/mknod/mkdir/symlink, link,
+//! unlink/rmdir, rename (plain, NOREPLACE, EXCHANGE), readlink.
+//!
+//! Each operation orders its steps so that an error part-way leaves a
+//! consistent filesystem: the new inode is complete before a name points to
+//! it, a name is removed before the link count drops, and an inode is freed
+//! only when no name and no open file refer to it.
+
+use super::dirops::{DirReader, DirWriter};
+use super::inode::{Attr, attr_of, check_live, read_inode};
+use super::{Caller, Fs, Tx};
+use crate::error::{Error, Location, Result};
+use crate::format::dir::{self, EntryLocation};
+use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
+use crate::format::mapping;
+use crate::format::superblock::{incompat, ro_compat};
+
+/// ext4's EXT4_LINK_MAX: beyond it, a directory with dir_nlink reports 1.
+const LINK_MAX: u16 = 65000;
+const NAME_MAX: usize = 255;
+
+/// Journal credits by operation (blocks an operation may dirty). Generous
+/// upper bounds: inode, bitmap, descriptor, superblock, directory blocks
+/// through two htree levels with splits, and the mapping blocks behind them.
+pub(crate) const CREDITS_CREATE: u32 = 32;
+pub(crate) const CREDITS_UNLINK: u32 = 24;
+pub(crate) const CREDITS_RENAME: u32 = 48;
+
+/// rename(2) flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::NotFound);
+    }
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::Invalid("file name contains '/' or NUL".into()));
+    }
+    Ok(())
+}
+
+fn is_dot_or_dotdot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+/// What kind of object `create_node` makes.
+enum NewNode<'a> {
+    File { mode: u16 },
+    Special { mode: u16, rdev: u64 },
+    Directory { mode: u16 },
+    Symlink { target: &'a [u8] },
+}
+
+impl Tx<'_, '_> {
+    /// A directory inode that can take a new entry.
+    fn writable_dir(&self, ino: u32) -> Result<Inode> {
+        let inode = self.read_live_inode(ino)?;
+        if !inode.is_dir() {
+            return Err(Error::NotDirectory);
+        }
+        if inode.links_count == 0 {
+            return Err(Error::NotFound); // removed while open
+        }
+        Ok(inode)
+    }
+
+    pub fn find_entry(
+        &self,
+        dir_ino: u32,
+        dir_inode: &Inode,
+        name: &[u8],
+    ) -> Result<Option<EntryLocation>> {
+        dir::lookup(&mut DirReader::new(self.core, dir_ino, dir_inode), name)
+    }
+
+    fn dir_sync_wanted(&self, dir_inode: &Inode) {
+        if self.core.options.dirsync || dir_inode.has_flag(flags::DIRSYNC) {
+            self.handle.set_sync();
+        }
+    }
+
+    /// The directory gains a subdirectory: one more link, or "many" (1)
+    /// past the limit with dir_nlink.
+    fn inc_dir_links(&self, dir: &mut Inode) -> Result<()> {
+        if dir.links_count >= LINK_MAX || dir.links_count == 1 {
+            if !self.core.geo.has_ro_compat(ro_compat::DIR_NLINK) {
+                return Err(Error::TooManyLinks);
+            }
+            dir.links_count = 1;
+        } else {
+            dir.links_count += 1;
+        }
+        Ok(())
+    }
+
+    fn dec_dir_links(dir: &mut Inode) {
+        // 1 means "many" (dir_nlink): stays 1. Never below 2 otherwise.
+        if dir.links_count > 2 {
+            dir.links_count -= 1;
+        }
+    }
+
+    fn new_inode(&mut self, parent: &Inode, mode: u16) -> Inode {
+        let geo = &self.core.geo;
+        let now = Timestamp::now();
+        let mut inode = Inode::new(geo);
+        inode.mode = mode;
+        inode.uid = self.caller.uid;
+        inode.gid = self.caller.gid;
+        if parent.mode & 0o2000 != 0 {
+            // BSD group semantics under a setgid directory.
+            inode.gid = parent.gid;
+            if mode & fmt::S_IFMT == fmt::S_IFDIR {
+                inode.mode |= 0o2000;
+            }
+        }
+        inode.atime = now;
+        inode.mtime = now;
+        inode.ctime = now;
+        inode.crtime = now;
+        inode.generation = self.next_generation();
+        inode.projid = if parent.has_flag(flags::PROJINHERIT) {
+            parent.projid
+        } else {
+            0
+        };
+        // ext4_mask_flags: what a child inherits depends on its type.
+        let inherited = parent.flags & flags::INHERITED;
+        inode.flags = match mode & fmt::S_IFMT {
+            fmt::S_IFDIR => inherited,
+            fmt::S_IFREG => inherited & !(flags::DIRSYNC | flags::PROJINHERIT | flags::CASEFOLD),
+            _ => inherited & (0x0000_0040 | flags::NOATIME),
+        };
+        inode
+    }
+
+    fn create_node(&mut self, parent: u32, name: &[u8], node: NewNode<'_>) -> Result<(u32, Inode)> {
+        check_name(name)?;
+        let mut parent_inode = self.writable_dir(parent)?;
+        if self.find_entry(parent, &parent_inode, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        let (mode, is_dir) = match node {
+            NewNode::File { mode } => (fmt::S_IFREG | (mode & 0o7777), false),
+            NewNode::Special { mode, .. } => (mode, false),
+            NewNode::Directory { mode } => (fmt::S_IFDIR | (mode & 0o7777), true),
+            NewNode::Symlink { .. } => (fmt::S_IFLNK | 0o777, false),
+        };
+        if is_dir {
+            // Check before allocating anything.
+            let mut probe = parent_inode.clone();
+            self.inc_dir_links(&mut probe)?;
+        }
+        let ino = self.alloc_inode(parent, is_dir)?;
+        let mut inode = self.new_inode(&parent_inode, mode);
+        let extents = self.core.geo.has_incompat(incompat::EXTENTS);
+        let built = self.fill_new_node(ino, &mut inode, &node, parent, extents);
+        if let Err(error) = built {
+            // Undo: nothing points at the inode yet.
+            self.discard_new_inode(ino, inode, is_dir)?;
+            return Err(error);
+        }
+        self.write_inode(ino, &inode)?;
+        let file_type = dir::file_type_from_mode(inode.mode);
+        let handle = self.handle;
+        let added = dir::add_entry(
+            &mut DirWriter::new(self, parent, &mut parent_inode),
+            handle,
+            name,
+            ino,
+            file_type,
+        );
+        if let Err(error) = added {
+            self.write_inode(parent, &parent_inode)?; // the dir may have grown
+            inode.links_count = 0;
+            self.discard_new_inode(ino, inode, is_dir)?;
+            return Err(error);
+        }
+        if is_dir {
+            self.inc_dir_links(&mut parent_inode)?;
+        }
+        let now = Timestamp::now();
+        parent_inode.mtime = now;
+        parent_inode.ctime = now;
+        self.write_inode(parent, &parent_inode)?;
+        self.dir_sync_wanted(&parent_inode);
+        Ok((ino, inode))
+    }
+
+    /// Set up the type-specific content of a new inode.
+    fn fill_new_node(
+        &mut self,
+        ino: u32,
+        inode: &mut Inode,
+        node: &NewNode<'_>,
+        parent: u32,
+        extents: bool,
+    ) -> Result<()> {
+        match node {
+            NewNode::File { .. } => {
+                inode.links_count = 1;
+                mapping::init(inode, extents);
+            }
+            NewNode::Special { rdev, .. } => {
+                inode.links_count = 1;
+                inode.set_device_number(*rdev);
+            }
+            NewNode::Directory { .. } => {
+                inode.links_count = 2;
+                mapping::init(inode, extents);
+                self.write_inode(ino, inode)?;
+                let handle = self.handle;
+                dir::init_dir(&mut DirWriter::new(self, ino, inode), handle, ino, parent)?;
+            }
+            NewNode::Symlink { target } => {
+                inode.links_count = 1;
+                self.write_symlink_target(ino, inode, target, extents)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_symlink_target(
+        &mut self,
+        ino: u32,
+        inode: &mut Inode,
+        target: &[u8],
+        extents: bool,
+    ) -> Result<()> {
+        let geo = &self.core.geo;
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() >= geo.block_size as usize || target.len() >= 4096 {
+            return Err(Error::NameTooLong);
+        }
+        inode.size = target.len() as u64;
+        if target.len() < fmt::I_BLOCK_SIZE {
+            // A fast symlink: the target lives in i_block, no extents flag.
+            inode.block = [0; fmt::I_BLOCK_SIZE];
+            inode.block[..target.len()].copy_from_slice(target);
+            return Ok(());
+        }
+        mapping::init(inode, extents);
+        let goal = geo.group_first_block(geo.group_of_inode(ino));
+        let extent = {
+            let mut ctx = self.meta_ctx();
+            mapping::allocate(&mut ctx, ino, inode, 0, 1, goal, false)?
+        };
+        let mut block = vec![0u8; geo.block_size as usize];
+        block[..target.len()].copy_from_slice(target);
+        self.core
+            .dev()
+            .write_at(extent.physical * geo.block_size as u64, &block)
+            .map_err(Error::Io)
+    }
+
+    /// Free an inode that no name ever pointed to (a failed create).
+    fn discard_new_inode(&mut self, ino: u32, mut inode: Inode, is_dir: bool) -> Result<()> {
+        if inode.has_data_blocks(&self.core.geo) && inode.blocks > 0 {
+            let mut ctx = self.meta_ctx();
+            mapping::punch(&mut ctx, ino, &mut inode, 0, None)?;
+        }
+        inode.links_count = 0;
+        inode.dtime = super::inode::now_seconds() as u32;
+        self.write_inode(ino, &inode)?;
+        self.release_inode(ino, is_dir)
+    }
+
+    /// Drop one link of `ino` after its name was removed; free it or make it
+    /// an orphan when that was the last.
+    fn drop_link(&mut self, ino: u32, inode: &mut Inode, open: bool) -> Result<()> {
+        inode.ctime = Timestamp::now();
+        if inode.is_dir() {
+            inode.links_count = 0;
+        } else {
+            inode.links_count = inode.links_count.saturating_sub(1);
+        }
+        if inode.links_count > 0 {
+            return self.write_inode(ino, inode);
+        }
+        if open {
+            self.orphan_add(ino, inode)?;
+            return self.write_inode(ino, inode);
+        }
+        self.write_inode(ino, inode)?;
+        self.evict_inode(ino, inode.clone())
+    }
+}
+
+impl Fs {
+    fn is_open(&self, ino: u32) -> bool {
+        self.open_files
+            .lock()
+            .get(&ino)
+            .is_some_and(|&count| count > 0)
+    }
+
+    /// Find `name` in directory `parent`.
+    pub fn lookup(&self, parent: u32, name: &[u8]) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let st = self.state.read();
+        let result = (|| {
+            let dir_inode = read_inode(&self.core, &st, parent)?;
+            check_live(parent, &dir_inode)?;
+            if !dir_inode.is_dir() {
+                return Err(Error::NotDirectory);
+            }
+            let entry = dir::lookup(&mut DirReader::new(&self.core, parent, &dir_inode), name)?
+                .ok_or(Error::NotFound)?;
+            let inode = read_inode(&self.core, &st, entry.ino)?;
+            check_live(entry.ino, &inode)?;
+            attr_of(&self.core, entry.ino, &inode)
+        })();
+        drop(st);
+        self.note_error(result)
+    }
+
+    /// Create a regular file.
+    pub fn create(&self, parent: u32, name: &[u8], mode: u16, caller: Caller) -> Result<Attr> {
+        self.transact(CREDITS_CREATE, caller, |tx| {
+            let (ino, inode) = tx.create_node(parent, name, NewNode::File { mode })?;
+            attr_of(tx.core, ino, &inode)
+        })
+    }
+
+    /// Create a regular file, fifo, socket or device node; `mode` carries
+    /// the file type bits.
+    pub fn mknod(
+        &self,
+        parent: u32,
+        name: &[u8],
+        mode: u16,
+        rdev: u64,
+        caller: Caller,
+    ) -> Result<Attr> {
+        let node = match mode & fmt::S_IFMT {
+            fmt::S_IFREG | 0 => NewNode::File { mode },
+            fmt::S_IFIFO | fmt::S_IFSOCK | fmt::S_IFCHR | fmt::S_IFBLK => {
+                NewNode::Special { mode, rdev }
+            }
+            _ => return Err(Error::Invalid(format!("mknod of mode {mode:o}"))),
+        };
+        self.transact(CREDITS_CREATE, caller, |tx| {
+            let (ino, inode) = tx.create_node(parent, name, node)?;
+            attr_of(tx.core, ino, &inode)
+        })
+    }
+
+    pub fn mkdir(&self, parent: u32, name: &[u8], mode: u16, caller: Caller) -> Result<Attr> {
+        self.transact(CREDITS_CREATE, caller, |tx| {
+            let (ino, inode) = tx.create_node(parent, name, NewNode::Directory { mode })?;
+            attr_of(tx.core, ino, &inode)
+        })
+    }
+
+    pub fn symlink(&self, parent: u32, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
+        self.transact(CREDITS_CREATE, caller, |tx| {
+            let (ino, inode) = tx.create_node(parent, name, NewNode::Symlink { target })?;
+            attr_of(tx.core, ino, &inode)
+        })
+    }
+
+    pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
+        let st = self.state.read();
+        let result = (|| {
+            let inode = read_inode(&self.core, &st, ino)?;
+            check_live(ino, &inode)?;
+            if !inode.is_symlink() {
+                return Err(Error::Invalid("not a symbolic link".into()));
+            }
+            let geo = &self.core.geo;
+            let len = inode.size as usize;
+            if inode.is_fast_symlink(geo) {
+                if len >= fmt::I_BLOCK_SIZE {
+                    return Err(Error::corrupt(
+                        Location::Inode { ino },
+                        "fast symlink longer than i_block",
+                    ));
+                }
+                return Ok(inode.block[..len].to_vec());
+            }
+            if len == 0 || len >= geo.block_size as usize {
+                return Err(Error::corrupt(
+                    Location::Inode { ino },
+                    format!("symlink size {len}"),
+                ));
+            }
+            let mut block = vec![0u8; geo.block_size as usize];
+            match mapping::lookup(geo, &self.core.cache, ino, &inode, 0)? {
+                mapping::Lookup::Mapped(extent) if !extent.unwritten => {
+                    self.core
+                        .dev()
+                        .read_at(extent.physical * geo.block_size as u64, &mut block)?;
+                }
+                _ => {
+                    return Err(Error::corrupt(
+                        Location::Inode { ino },
+                        "symlink without a data block",
+                    ));
+                }
+            }
+            block.truncate(len);
+            Ok(block)
+        })();
+        drop(st);
+        self.note_error(result)
+    }
+
+    /// Add a hard link `new_parent/new_name` to `ino`.
+    pub fn link(&self, ino: u32, new_parent: u32, new_name: &[u8], caller: Caller) -> Result<Attr> {
+        self.transact(CREDITS_CREATE, caller, |tx| {
+            check_name(new_name)?;
+            let mut inode = tx.read_live_inode(ino)?;
+            if inode.is_dir() {
+                return Err(Error::NotPermitted);
+            }
+            if inode.links_count >= LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
+            if inode.links_count == 0 {
+                return Err(Error::NotFound); // unlinked while open
+            }
+            let mut parent_inode = tx.writable_dir(new_parent)?;
+            if tx
+                .find_entry(new_parent, &parent_inode, new_name)?
+                .is_some()
+            {
+                return Err(Error::Exists);
+            }
+            let file_type = dir::file_type_from_mode(inode.mode);
+            let handle = tx.handle;
+            let added = dir::add_entry(
+                &mut DirWriter::new(tx, new_parent, &mut parent_inode),
+                handle,
+                new_name,
+                ino,
+                file_type,
+            );
+            let now = Timestamp::now();
+            parent_inode.mtime = now;
+            parent_inode.ctime = now;
+            tx.write_inode(new_parent, &parent_inode)?;
+            added?;
+            inode.links_count += 1;
+            inode.ctime = now;
+            tx.write_inode(ino, &inode)?;
+            tx.dir_sync_wanted(&parent_inode);
+            attr_of(tx.core, ino, &inode)
+        })
+    }
+
+    pub fn unlink(&self, parent: u32, name: &[u8], caller: Caller) -> Result<()> {
+        self.remove(parent, name, false, caller)
+    }
+
+    pub fn rmdir(&self, parent: u32, name: &[u8], caller: Caller) -> Result<()> {
+        self.remove(parent, name, true, caller)
+    }
+
+    fn remove(&self, parent: u32, name: &[u8], want_dir: bool, caller: Caller) -> Result<()> {
+        if want_dir && name == b"." {
+            return Err(Error::Invalid("rmdir of \".\"".into()));
+        }
+        if want_dir && name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        check_name(name)?;
+        self.transact(CREDITS_UNLINK, caller, |tx| {
+            let mut parent_inode = tx.writable_dir(parent)?;
+            let entry = tx
+                .find_entry(parent, &parent_inode, name)?
+                .ok_or(Error::NotFound)?;
+            let mut inode = tx.read_live_inode(entry.ino)?;
+            if want_dir {
+                if !inode.is_dir() {
+                    return Err(Error::NotDirectory);
+                }
+                if !dir::is_empty(&mut DirReader::new(tx.core, entry.ino, &inode))? {
+                    return Err(Error::NotEmpty);
+                }
+            } else if inode.is_dir() {
+                return Err(Error::IsDirectory);
+            }
+            let handle = tx.handle;
+            dir::remove_entry(
+                &mut DirWriter::new(tx, parent, &mut parent_inode),
+                handle,
+                name,
+            )?;
+            if want_dir {
+                Tx::dec_dir_links(&mut parent_inode);
+            }
+            let now = Timestamp::now();
+            parent_inode.mtime = now;
+            parent_inode.ctime = now;
+            tx.write_inode(parent, &parent_inode)?;
+            let open = self.is_open(entry.ino);
+            tx.drop_link(entry.ino, &mut inode, open)?;
+            tx.dir_sync_wanted(&parent_inode);
+            Ok(())
+        })
+    }
+}
+
+/// Walk up from `start` through ".." entries; error if `ancestor` is on the
+/// way (a directory cannot move into its own subtree).
+fn check_not_inside(tx: &Tx<'_, '_>, start: u32, ancestor: u32) -> Result<()> {
+    let mut ino = start;
+    // A path is at most as deep as there are directories; bound the walk.
+    for _ in 0..tx.core.geo.inodes_count.min(1 << 20) {
+        if ino == ancestor {
+            return Err(Error::InvalidMove);
+        }
+        if ino == crate::format::superblock::ROOT_INO {
+            return Ok(());
+        }
+        let inode = tx.read_live_inode(ino)?;
+        let parent = dir::parent(&mut DirReader::new(tx.core, ino, &inode))?;
+        if parent == ino {
+            break;
+        }
+        ino = parent;
+    }
+    Err(Error::corrupt(
+        Location::Inode { ino: start },
+        "directory is not connected to the root",
+    ))
+}
+
+/// The two directories of a rename, which may be one.
+struct RenameDirs {
+    old_parent: u32,
+    new_parent: u32,
+    old_dir: Inode,
+    new_dir: Option<Inode>,
+}
+
+impl RenameDirs {
+    fn new_dir(&mut self) -> &mut Inode {
+        self.new_dir.as_mut().unwrap_or(&mut self.old_dir)
+    }
+    fn same(&self) -> bool {
+        self.old_parent == self.new_parent
+    }
+}
+
+impl Tx<'_, '_> {
+    fn rename_entries(
+        &mut self,
+        dirs: &mut RenameDirs,
+        old_name: &[u8],
+        new_name: &[u8],
+        flags: RenameFlags,
+        open_target: &dyn Fn(u32) -> bool,
+    ) -> Result<()> {
+        let handle = self.handle;
+        let src = self
+            .find_entry(dirs.old_parent, &dirs.old_dir, old_name)?
+            .ok_or(Error::NotFound)?;
+        let mut src_inode = self.read_live_inode(src.ino)?;
+        let new_parent = dirs.new_parent;
+        let dst = self.find_entry(new_parent, dirs.new_dir_ref(), new_name)?;
+        if dst.as_ref().is_some_and(|dst| dst.ino == src.ino) {
+            return Ok(()); // two names of one inode: rename does nothing
+        }
+        if src_inode.is_dir() && !dirs.same() {
+            check_not_inside(self, new_parent, src.ino)?;
+        }
+        if flags.exchange {
+            let dst = dst.ok_or(Error::NotFound)?;
+            return self.exchange_entries(dirs, old_name, new_name, &src, &dst, src_inode);
+        }
+        let src_type = dir::file_type_from_mode(src_inode.mode);
+        match dst {
+            Some(_) if flags.noreplace => return Err(Error::Exists),
+            Some(dst) => {
+                let mut dst_inode = self.read_live_inode(dst.ino)?;
+                if src_inode.is_dir() {
+                    if !dst_inode.is_dir() {
+                        return Err(Error::NotDirectory);
+                    }
+                    if !dir::is_empty(&mut DirReader::new(self.core, dst.ino, &dst_inode))? {
+                        return Err(Error::NotEmpty);
+                    }
+                } else if dst_inode.is_dir() {
+                    return Err(Error::IsDirectory);
+                }
+                dir::replace_entry(
+                    &mut DirWriter::new(self, new_parent, dirs.new_dir()),
+                    handle,
+                    new_name,
+                    src.ino,
+                    src_type,
+                )?;
+                if dst_inode.is_dir() {
+                    Tx::dec_dir_links(dirs.new_dir());
+                }
+                self.drop_link(dst.ino, &mut dst_inode, open_target(dst.ino))?;
+            }
+            None => {
+                if src_inode.is_dir() && !dirs.same() {
+                    let mut probe = dirs.new_dir().clone();
+                    self.inc_dir_links(&mut probe)?;
+                }
+                dir::add_entry(
+                    &mut DirWriter::new(self, new_parent, dirs.new_dir()),
+                    handle,
+                    new_name,
+                    src.ino,
+                    src_type,
+                )?;
+            }
+        }
+        let old_parent = dirs.old_parent;
+        dir::remove_entry(
+            &mut DirWriter::new(self, old_parent, &mut dirs.old_dir),
+            handle,
+            old_name,
+        )?;
+        if src_inode.is_dir() && !dirs.same() {
+            dir::set_parent(
+                &mut DirWriter::new(self, src.ino, &mut src_inode),
+                handle,
+                new_parent,
+            )?;
+            Tx::dec_dir_links(&mut dirs.old_dir);
+            self.inc_dir_links(dirs.new_dir())?;
+        }
+        src_inode.ctime = Timestamp::now();
+        self.write_inode(src.ino, &src_inode)
+    }
+
+    fn exchange_entries(
+        &mut self,
+        dirs: &mut RenameDirs,
+        old_name: &[u8],
+        new_name: &[u8],
+        src: &EntryLocation,
+        dst: &EntryLocation,
+        mut src_inode: Inode,
+    ) -> Result<()> {
+        let handle = self.handle;
+        let mut dst_inode = self.read_live_inode(dst.ino)?;
+        if dst_inode.is_dir() && !dirs.same() {
+            check_not_inside(self, dirs.old_parent, dst.ino)?;
+        }
+        let src_type = dir::file_type_from_mode(src_inode.mode);
+        let dst_type = dir::file_type_from_mode(dst_inode.mode);
+        let (old_parent, new_parent) = (dirs.old_parent, dirs.new_parent);
+        dir::replace_entry(
+            &mut DirWriter::new(self, new_parent, dirs.new_dir()),
+            handle,
+            new_name,
+            src.ino,
+            src_type,
+        )?;
+        dir::replace_entry(
+            &mut DirWriter::new(self, old_parent, &mut dirs.old_dir),
+            handle,
+            old_name,
+            dst.ino,
+            dst_type,
+        )?;
+        if !dirs.same() {
+            if src_inode.is_dir() {
+                dir::set_parent(
+                    &mut DirWriter::new(self, src.ino, &mut src_inode),
+                    handle,
+                    new_parent,
+                )?;
+            }
+            if dst_inode.is_dir() {
+                dir::set_parent(
+                    &mut DirWriter::new(self, dst.ino, &mut dst_inode),
+                    handle,
+                    old_parent,
+                )?;
+            }
+            match (src_inode.is_dir(), dst_inode.is_dir()) {
+                (true, false) => {
+                    Tx::dec_dir_links(&mut dirs.old_dir);
+                    self.inc_dir_links(dirs.new_dir())?;
+                }
+                (false, true) => {
+                    Tx::dec_dir_links(dirs.new_dir());
+                    self.inc_dir_links(&mut dirs.old_dir)?;
+                }
+                _ => {}
+            }
+        }
+        let now = Timestamp::now();
+        src_inode.ctime = now;
+        dst_inode.ctime = now;
+        self.write_inode(src.ino, &src_inode)?;
+        self.write_inode(dst.ino, &dst_inode)
+    }
+}
+
+impl RenameDirs {
+    fn new_dir_ref(&self) -> &Inode {
+        self.new_dir.as_ref().unwrap_or(&self.old_dir)
+    }
+}
+
+impl Fs {
+    /// rename(2) with the Linux renameat2 flags NOREPLACE and EXCHANGE.
+    pub fn rename(
+        &self,
+        old_parent: u32,
+        old_name: &[u8],
+        new_parent: u32,
+        new_name: &[u8],
+        flags: RenameFlags,
+        caller: Caller,
+    ) -> Result<()> {
+        if flags.noreplace && flags.exchange {
+            return Err(Error::Invalid(
+                "RENAME_NOREPLACE with RENAME_EXCHANGE".into(),
+            ));
+        }
+        check_name(old_name)?;
+        check_name(new_name)?;
+        if is_dot_or_dotdot(old_name) || is_dot_or_dotdot(new_name) {
+            return Err(Error::Invalid("rename of \".\" or \"..\"".into()));
+        }
+        self.transact(CREDITS_RENAME, caller, |tx| {
+            let old_dir = tx.writable_dir(old_parent)?;
+            let new_dir = if old_parent == new_parent {
+                None
+            } else {
+                Some(tx.writable_dir(new_parent)?)
+            };
+            let mut dirs = RenameDirs {
+                old_parent,
+                new_parent,
+                old_dir,
+                new_dir,
+            };
+            let result = tx.rename_entries(&mut dirs, old_name, new_name, flags, &|ino| {
+                self.is_open(ino)
+            });
+            // Directory inodes are written even after an error: their blocks
+            // may have grown before it.
+            let now = Timestamp::now();
+            if result.is_ok() {
+                dirs.old_dir.mtime = now;
+                dirs.old_dir.ctime = now;
+                dirs.new_dir().mtime = now;
+                dirs.new_dir().ctime = now;
+            }
+            tx.write_inode(old_parent, &dirs.old_dir)?;
+            if let Some(new_dir) = &dirs.new_dir {
+                tx.write_inode(new_parent, new_dir)?;
+            }
+            tx.dir_sync_wanted(&dirs.old_dir);
+            result
+        })
+    }
+}

@@ -1,0 +1,240 @@
+//! Orphans: inodes whose last link is gone while they are still open (or,
+//! after a crash, that were being deleted). They are recorded on disk so
+//! that whoever mounts next — jext4, the kernel or e2fsck — frees them.
+//!
+//! With the `orphan_file` feature the inode number goes into a free slot of
+//! the orphan file (and `orphan_present` is set); otherwise, or when the
+//! orphan file is full, into the classic list: `s_last_orphan` → inode →
+//! `i_dtime` → next inode.
+
+use super::{Caller, Fs, Tx};
+use crate::error::{Error, Location, Result};
+use crate::format::inode::Inode;
+use crate::format::mapping::{self, Lookup};
+use crate::format::orphan as fmt;
+use crate::format::superblock::ro_compat;
+
+/// Upper bound on orphan-list walks: a cycle in a corrupt list must end.
+const MAX_ORPHAN_CHAIN: u32 = 1 << 20;
+
+impl Tx<'_, '_> {
+    /// Record `ino` (about to lose its last link while open) as an orphan.
+    pub fn orphan_add(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        if self.orphan_file_slot_add(ino)? {
+            return Ok(());
+        }
+        inode.dtime = self.st.sb.last_orphan;
+        self.st.sb.last_orphan = ino;
+        self.st.sb_dirty = true;
+        Ok(())
+    }
+
+    /// Take `ino` off whichever orphan record holds it (no-op if none).
+    pub fn orphan_remove(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        if self.orphan_file_slot_remove(ino)? {
+            return Ok(());
+        }
+        let next = inode.dtime;
+        if self.st.sb.last_orphan == ino {
+            self.st.sb.last_orphan = next;
+            self.st.sb_dirty = true;
+            inode.dtime = 0;
+            return Ok(());
+        }
+        // Find the predecessor in the list.
+        let mut current = self.st.sb.last_orphan;
+        for _ in 0..MAX_ORPHAN_CHAIN {
+            if current == 0 {
+                return Ok(()); // not on the list
+            }
+            let mut previous = self.read_inode(current)?;
+            if previous.dtime == ino {
+                previous.dtime = next;
+                self.write_inode(current, &previous)?;
+                inode.dtime = 0;
+                return Ok(());
+            }
+            current = previous.dtime;
+            if !self.core.geo.is_valid_ino(current) && current != 0 {
+                return Err(Error::corrupt(
+                    Location::Superblock,
+                    "orphan list points outside the inode table",
+                ));
+            }
+        }
+        Err(Error::corrupt(
+            Location::Superblock,
+            "orphan list does not end",
+        ))
+    }
+
+    /// Physical blocks of the orphan file, in order (empty if the feature
+    /// is off).
+    fn orphan_file_blocks(&self) -> Result<(Vec<u64>, Option<u32>)> {
+        let ino = self.core.geo.orphan_file_inum;
+        if ino == 0 {
+            return Ok((Vec::new(), None));
+        }
+        let inode = self.read_live_inode(ino)?;
+        let geo = &self.core.geo;
+        let count = inode.size / geo.block_size as u64;
+        if count > 1 << 16 {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "orphan file is implausibly large",
+            ));
+        }
+        let mut blocks = Vec::with_capacity(count as usize);
+        for lblk in 0..count {
+            match mapping::lookup(geo, &self.core.cache, ino, &inode, lblk)? {
+                Lookup::Mapped(extent) => blocks.push(extent.physical),
+                Lookup::Hole { .. } => {
+                    return Err(Error::corrupt(
+                        Location::Inode { ino },
+                        "orphan file has a hole",
+                    ));
+                }
+            }
+        }
+        let seed = geo.metadata_csum.then(|| inode.csum_seed(geo, ino));
+        Ok((blocks, seed))
+    }
+
+    fn orphan_file_slot_add(&mut self, ino: u32) -> Result<bool> {
+        let (blocks, seed) = self.orphan_file_blocks()?;
+        let slots = fmt::slots_per_block(self.core.geo.block_size as usize);
+        for physical in blocks {
+            let buffer = self.core.cache.read(physical)?;
+            fmt::verify(&buffer.read(), physical, seed)?;
+            let free = (0..slots).find(|&i| fmt::slot(&buffer.read(), i) == 0);
+            if let Some(index) = free {
+                let mut bytes = self.handle.get_write_access(&buffer)?;
+                fmt::set_slot(&mut bytes, index, ino);
+                fmt::set_tail(&mut bytes, physical, seed);
+                drop(bytes);
+                if !self.st.sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
+                    self.st.sb.feature_ro_compat |= ro_compat::ORPHAN_PRESENT;
+                    self.st.sb_dirty = true;
+                }
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn orphan_file_slot_remove(&mut self, ino: u32) -> Result<bool> {
+        let (blocks, seed) = self.orphan_file_blocks()?;
+        let slots = fmt::slots_per_block(self.core.geo.block_size as usize);
+        for physical in blocks {
+            let buffer = self.core.cache.read(physical)?;
+            fmt::verify(&buffer.read(), physical, seed)?;
+            let found = (0..slots).find(|&i| fmt::slot(&buffer.read(), i) == ino);
+            if let Some(index) = found {
+                let mut bytes = self.handle.get_write_access(&buffer)?;
+                fmt::set_slot(&mut bytes, index, 0);
+                fmt::set_tail(&mut bytes, physical, seed);
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Every inode number recorded in the orphan file.
+    fn orphan_file_entries(&self) -> Result<Vec<u32>> {
+        let (blocks, seed) = self.orphan_file_blocks()?;
+        let slots = fmt::slots_per_block(self.core.geo.block_size as usize);
+        let mut entries = Vec::new();
+        for physical in blocks {
+            let buffer = self.core.cache.read(physical)?;
+            let bytes = buffer.read();
+            fmt::verify(&bytes, physical, seed)?;
+            entries.extend(
+                (0..slots)
+                    .map(|i| fmt::slot(&bytes, i))
+                    .filter(|&ino| ino != 0),
+            );
+        }
+        Ok(entries)
+    }
+
+    /// Finish what a crash interrupted for one orphan: delete it if it has
+    /// no links, else cut its blocks beyond i_size (an interrupted
+    /// truncate), and take it off the record.
+    fn resolve_orphan(&mut self, ino: u32) -> Result<()> {
+        let geo = &self.core.geo;
+        if ino < geo.first_ino || !geo.is_valid_ino(ino) {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "orphan record names a reserved inode",
+            ));
+        }
+        let mut inode = self.read_live_inode(ino)?;
+        if inode.links_count == 0 {
+            return self.evict_inode(ino, inode);
+        }
+        self.orphan_remove(ino, &mut inode)?;
+        if inode.has_data_blocks(&self.core.geo) {
+            let first_unused = inode.size.div_ceil(self.core.geo.block_size as u64);
+            let mut ctx = self.meta_ctx();
+            mapping::punch(&mut ctx, ino, &mut inode, first_unused, None)?;
+        }
+        self.write_inode(ino, &inode)
+    }
+}
+
+impl Fs {
+    /// At mount: free the orphans a crash left behind.
+    pub(crate) fn recover_orphans(&self) -> Result<()> {
+        let resolved = self.transact(64, Caller::ROOT, |tx| {
+            let mut pending = tx.orphan_file_entries()?;
+            let mut ino = tx.st.sb.last_orphan;
+            let mut steps = 0;
+            while ino != 0 {
+                pending.push(ino);
+                steps += 1;
+                if steps > MAX_ORPHAN_CHAIN {
+                    return Err(Error::corrupt(
+                        Location::Superblock,
+                        "orphan list does not end",
+                    ));
+                }
+                ino = tx.read_inode(ino)?.dtime;
+            }
+            for &ino in &pending {
+                tx.resolve_orphan(ino)?;
+            }
+            if tx.st.sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
+                tx.st.sb.feature_ro_compat &= !ro_compat::ORPHAN_PRESENT;
+                tx.st.sb_dirty = true;
+            }
+            Ok(pending.len())
+        })?;
+        if resolved > 0 {
+            tracing::info!(
+                count = resolved,
+                "released orphan inodes left by an earlier mount"
+            );
+        }
+        Ok(())
+    }
+
+    /// Called when an inode's last open reference goes: free it if it has
+    /// no links left.
+    pub(crate) fn evict_if_unlinked(&self, ino: u32) -> Result<()> {
+        {
+            let st = self.state.read();
+            let inode = super::inode::read_inode(&self.core, &st, ino)?;
+            if inode.links_count > 0 || inode.mode == 0 {
+                return Ok(());
+            }
+        }
+        self.transact(16, Caller::ROOT, |tx| {
+            let inode = tx.read_inode(ino)?;
+            // Re-check under the write lock: a link may have raced in.
+            if inode.links_count > 0 || inode.mode == 0 {
+                return Ok(());
+            }
+            tx.evict_inode(ino, inode)
+        })
+    }
+}
