@@ -12,3 +12,4 @@ pub mod journal;
 
 pub use error::{Error, Result};
 pub mod fs;
+pub mod fuse;

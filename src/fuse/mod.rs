@@ -1,0 +1,690 @@
+//! The FUSE front end: translates kernel requests into `fs::Fs` calls and
+//! results into replies. No filesystem logic lives here, so that the FUSE
+//! mount and the library API behave identically.
+//!
+//! Inode numbers: FUSE calls the root 1, ext4 calls it 2; ext4's inode 1
+//! (bad blocks) is never reachable by name, so the two are simply swapped.
+//! Permission checks are the kernel's (`default_permissions`).
+
+mod options;
+pub mod serve;
+
+pub use options::{FuseOptions, parse_mount_options};
+
+use crate::error::Error;
+use crate::format::inode::Timestamp;
+use crate::format::superblock::ROOT_INO;
+use crate::fs::{Attr, Caller, FileKind, Fs, RenameFlags, SeekWhence, SetAttr, TimeSet, XattrMode};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel may cache names and attributes. We are the only
+/// writer of the image, and every change goes through the kernel, which
+/// invalidates what the change affects.
+const TTL: Duration = Duration::from_secs(1);
+
+/// Entries listed per readdirplus request before reading their attributes;
+/// more than a reply buffer holds, so a reply is always full or final.
+const READDIRPLUS_BATCH: usize = 512;
+
+pub struct FuseAdapter {
+    fs: Arc<Fs>,
+    /// Set once the session exists: lets a handler tell the kernel that
+    /// attributes it caches changed behind its back (an ACL changing the
+    /// mode).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+}
+
+impl FuseAdapter {
+    pub fn new(fs: Arc<Fs>, notifier: Arc<OnceLock<fuser::Notifier>>) -> Self {
+        FuseAdapter { fs, notifier }
+    }
+
+    /// Setting or removing an access ACL may change the mode: drop the
+    /// kernel's cached attributes (a negative offset: attributes only).
+    fn acl_changed(&self, ino: INodeNo, name: &OsStr) {
+        if name.as_bytes().starts_with(b"system.posix_acl")
+            && let Some(notifier) = self.notifier.get()
+            && let Err(error) = notifier.inval_inode(ino, -1, 0)
+        {
+            tracing::debug!(%error, "attribute invalidation not delivered");
+        }
+    }
+}
+
+fn to_ext4(ino: INodeNo) -> u32 {
+    match ino.0 {
+        1 => ROOT_INO,
+        n if n == ROOT_INO as u64 => 1,
+        n => n as u32,
+    }
+}
+
+fn to_fuse(ino: u32) -> INodeNo {
+    match ino {
+        ROOT_INO => INodeNo(1),
+        1 => INodeNo(ROOT_INO as u64),
+        n => INodeNo(n as u64),
+    }
+}
+
+fn errno(error: &Error) -> Errno {
+    Errno::from_i32(error.errno())
+}
+
+fn caller(request: &Request) -> Caller {
+    Caller {
+        uid: request.uid(),
+        gid: request.gid(),
+    }
+}
+
+fn system_time(time: Timestamp) -> SystemTime {
+    if time.sec >= 0 {
+        UNIX_EPOCH + Duration::new(time.sec as u64, time.nsec)
+    } else {
+        // Before 1970: subtract whole seconds, then add the nanoseconds.
+        UNIX_EPOCH - Duration::from_secs(time.sec.unsigned_abs())
+            + Duration::from_nanos(time.nsec as u64)
+    }
+}
+
+fn timestamp(time: SystemTime) -> Timestamp {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => Timestamp {
+            sec: after.as_secs() as i64,
+            nsec: after.subsec_nanos(),
+        },
+        Err(before) => {
+            let before = before.duration();
+            let mut sec = -(before.as_secs() as i64);
+            let mut nsec = before.subsec_nanos();
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Timestamp { sec, nsec }
+        }
+    }
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::Regular => FileType::RegularFile,
+        FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+    }
+}
+
+fn file_attr(attr: &Attr) -> FileAttr {
+    FileAttr {
+        ino: to_fuse(attr.ino),
+        size: attr.size,
+        blocks: attr.blocks,
+        atime: system_time(attr.atime),
+        mtime: system_time(attr.mtime),
+        ctime: system_time(attr.ctime),
+        crtime: system_time(attr.crtime),
+        kind: file_type(attr.kind),
+        perm: attr.perm,
+        nlink: attr.nlink,
+        uid: attr.uid,
+        gid: attr.gid,
+        rdev: attr.rdev,
+        blksize: attr.blksize,
+        flags: 0,
+    }
+}
+
+fn reply_entry(reply: ReplyEntry, result: crate::Result<Attr>) {
+    match result {
+        Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(attr.generation as u64)),
+        Err(error) => reply.error(errno(&error)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, result: crate::Result<()>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(error) => reply.error(errno(&error)),
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, result: crate::Result<Vec<u8>>, size: u32) {
+    match result {
+        Ok(data) if size == 0 => reply.size(data.len() as u32),
+        Ok(data) if data.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
+        Ok(data) => reply.data(&data),
+        Err(error) => reply.error(errno(&error)),
+    }
+}
+
+fn time_set(time: TimeOrNow) -> TimeSet {
+    match time {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(at) => TimeSet::At(timestamp(at)),
+    }
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Optional capabilities: take each one the kernel offers.
+        for wanted in [
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_WRITEBACK_CACHE,
+        ] {
+            let _ = config.add_capabilities(wanted);
+        }
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        reply_entry(reply, self.fs.lookup(to_ext4(parent), name.as_bytes()));
+    }
+
+    fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(to_ext4(ino)) {
+            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        request: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let changes = SetAttr {
+            mode: mode.map(|mode| (mode & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+            ctime: ctime.map(timestamp),
+        };
+        match self.fs.setattr(to_ext4(ino), &changes, caller(request)) {
+            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn readlink(&self, _request: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(to_ext4(ino)) {
+            Ok(target) => reply.data(&target),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let result = self.fs.mknod(
+            to_ext4(parent),
+            name.as_bytes(),
+            mode as u16,
+            rdev as u64,
+            caller(request),
+        );
+        reply_entry(reply, result);
+    }
+
+    fn mkdir(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply_entry(
+            reply,
+            self.fs.mkdir(
+                to_ext4(parent),
+                name.as_bytes(),
+                mode as u16,
+                caller(request),
+            ),
+        );
+    }
+
+    fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(
+            reply,
+            self.fs
+                .unlink(to_ext4(parent), name.as_bytes(), caller(request)),
+        );
+    }
+
+    fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(
+            reply,
+            self.fs
+                .rmdir(to_ext4(parent), name.as_bytes(), caller(request)),
+        );
+    }
+
+    fn symlink(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let result = self.fs.symlink(
+            to_ext4(parent),
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            caller(request),
+        );
+        reply_entry(reply, result);
+    }
+
+    fn rename(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+            return reply.error(Errno::from_i32(libc::EINVAL));
+        }
+        let flags = RenameFlags {
+            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        let result = self.fs.rename(
+            to_ext4(parent),
+            name.as_bytes(),
+            to_ext4(newparent),
+            newname.as_bytes(),
+            flags,
+            caller(request),
+        );
+        reply_empty(reply, result);
+    }
+
+    fn link(
+        &self,
+        request: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let result = self.fs.link(
+            to_ext4(ino),
+            to_ext4(newparent),
+            newname.as_bytes(),
+            caller(request),
+        );
+        reply_entry(reply, result);
+    }
+
+    fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open_file(to_ext4(ino)) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn read(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(to_ext4(ino), offset, size as usize) {
+            Ok(data) => reply.data(&data),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn write(
+        &self,
+        request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(to_ext4(ino), offset, data, caller(request)) {
+            Ok(written) => reply.written(written as u32),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _request: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+    }
+
+    fn fsync(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+    }
+
+    fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open_file(to_ext4(ino)) {
+            Ok(attr) if attr.kind != FileKind::Directory => {
+                let _ = self.fs.release_file(to_ext4(ino));
+                reply.error(Errno::from_i32(libc::ENOTDIR));
+            }
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let result = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+            let full = reply.add(
+                to_fuse(entry.ino),
+                entry.next,
+                file_type(entry.kind),
+                OsStr::from_bytes(&entry.name),
+            );
+            !full
+        });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // Collect a batch first: the attributes are read after the listing
+        // has released the filesystem lock (its read lock is not re-entrant
+        // once a writer waits).
+        let mut entries = Vec::new();
+        // Returning false means "not taken": the listing offers that entry
+        // again from the previous cookie on the next call.
+        let listed = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+            if entries.len() >= READDIRPLUS_BATCH {
+                return false;
+            }
+            entries.push(entry);
+            true
+        });
+        if let Err(error) = listed {
+            return reply.error(errno(&error));
+        }
+        for entry in entries {
+            let attr = match self.fs.getattr(entry.ino) {
+                Ok(attr) => attr,
+                Err(error) => return reply.error(errno(&error)),
+            };
+            let full = reply.add(
+                to_fuse(entry.ino),
+                entry.next,
+                OsStr::from_bytes(&entry.name),
+                &TTL,
+                &file_attr(&attr),
+                Generation(attr.generation as u64),
+            );
+            if full {
+                break; // the kernel resumes from the last entry's cookie
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+    }
+
+    fn fsyncdir(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+    }
+
+    fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let stat = self.fs.statfs();
+        reply.statfs(
+            stat.blocks,
+            stat.free_blocks,
+            stat.available_blocks,
+            stat.files,
+            stat.free_files,
+            stat.block_size,
+            stat.name_max,
+            stat.block_size,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        request: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+        };
+        let result = self
+            .fs
+            .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request));
+        if result.is_ok() {
+            self.acl_changed(ino, name);
+        }
+        reply_empty(reply, result);
+    }
+
+    fn getxattr(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply_xattr(reply, self.fs.getxattr(to_ext4(ino), name.as_bytes()), size);
+    }
+
+    fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let result = self.fs.listxattr(to_ext4(ino)).map(|names| {
+            let mut list = Vec::new();
+            for name in names {
+                list.extend_from_slice(&name);
+                list.push(0);
+            }
+            list
+        });
+        reply_xattr(reply, result, size);
+    }
+
+    fn removexattr(&self, request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self
+            .fs
+            .removexattr(to_ext4(ino), name.as_bytes(), caller(request));
+        if result.is_ok() {
+            self.acl_changed(ino, name);
+        }
+        reply_empty(reply, result);
+    }
+
+    fn access(&self, _request: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // The kernel checks permissions (default_permissions); we only
+        // confirm the inode exists.
+        reply_empty(reply, self.fs.getattr(to_ext4(ino)).map(|_| ()));
+    }
+
+    fn create(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let result = self
+            .fs
+            .create(
+                to_ext4(parent),
+                name.as_bytes(),
+                mode as u16,
+                caller(request),
+            )
+            .and_then(|attr| self.fs.open_file(attr.ino));
+        match result {
+            Ok(attr) => reply.created(
+                &TTL,
+                &file_attr(&attr),
+                Generation(attr.generation as u64),
+                FileHandle(0),
+                FopenFlags::empty(),
+            ),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(
+            reply,
+            self.fs
+                .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request)),
+        );
+    }
+
+    fn lseek(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let whence = match whence {
+            libc::SEEK_DATA => SeekWhence::Data,
+            libc::SEEK_HOLE => SeekWhence::Hole,
+            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+        };
+        if offset < 0 {
+            return reply.error(Errno::from_i32(libc::ENXIO));
+        }
+        match self.fs.seek(to_ext4(ino), offset as u64, whence) {
+            Ok(position) => reply.offset(position as i64),
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! `-o` mount options: the engine's (`fs::MountOptions`) and FUSE's own.
+//! Every option is either understood or refused by name: a typo must not
+//! silently mount with defaults.
+
+use crate::error::{Error, Result};
+use crate::fs::{AtimePolicy, MountOptions};
+use std::time::Duration;
+
+/// Options that concern the FUSE mount rather than the engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FuseOptions {
+    pub allow_other: bool,
+    pub allow_root: bool,
+    /// Devices and setuid bits are honoured only when asked for, as with
+    /// any FUSE mount.
+    pub dev: bool,
+    pub suid: bool,
+    pub noexec: bool,
+    pub fsname: Option<String>,
+    pub subtype: Option<String>,
+    /// FUSE worker threads.
+    pub threads: usize,
+}
+
+/// Parse a size with an optional K, M, G or T suffix (powers of 1024).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&text[..text.len() - 1], 10),
+        Some('M') => (&text[..text.len() - 1], 20),
+        Some('G') => (&text[..text.len() - 1], 30),
+        Some('T') => (&text[..text.len() - 1], 40),
+        _ => (text, 0),
+    };
+    let value: u64 = digits.parse().map_err(|_| {
+        Error::Invalid(format!("'{text}' is not a size (examples: 65536, 64M, 1G)"))
+    })?;
+    value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| Error::Invalid(format!("size '{text}' is too large")))
+}
+
+fn parse_number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+    value
+        .parse()
+        .map_err(|_| Error::Invalid(format!("mount option {name}={value}: not a number")))
+}
+
+/// Parse the comma-separated lists given with `-o` (possibly several).
+pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOptions)> {
+    let mut engine = MountOptions::default();
+    let mut fuse = FuseOptions {
+        threads: 4,
+        ..FuseOptions::default()
+    };
+    for option in lists.iter().flat_map(|list| list.split(',')).map(str::trim) {
+        if option.is_empty() {
+            continue;
+        }
+        let (name, value) = match option.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (option, None),
+        };
+        fn needs_value<'v>(name: &str, value: Option<&'v str>) -> Result<&'v str> {
+            value.ok_or_else(|| {
+                Error::Invalid(format!("mount option {name} needs a value ({name}=...)"))
+            })
+        }
+        match (name, value) {
+            ("ro", None) => engine.read_only = true,
+            ("rw", None) => engine.read_only = false,
+            ("sync", None) => engine.sync = true,
+            ("async", None) => engine.sync = false,
+            ("dirsync", None) => engine.dirsync = true,
+            ("noatime", None) | ("nodiratime", None) => engine.atime = AtimePolicy::Never,
+            ("relatime", None) => engine.atime = AtimePolicy::Relatime,
+            ("strictatime", None) | ("atime", None) => engine.atime = AtimePolicy::Strict,
+            ("cache_size", value) => {
+                engine.cache_size = parse_size(needs_value(name, value)?)?;
+                if engine.cache_size < 1 << 20 {
+                    return Err(Error::Invalid("cache_size must be at least 1M".into()));
+                }
+            }
+            ("commit", value) => {
+                let seconds: u64 = parse_number(name, needs_value(name, value)?)?;
+                engine.commit_interval =
+                    Duration::from_secs(if seconds == 0 { 5 } else { seconds });
+            }
+            ("errors", Some("remount-ro")) => {}
+            ("errors", Some(other)) => {
+                return Err(Error::Invalid(format!(
+                    "errors={other} is not supported (jext4 always turns read-only on errors: errors=remount-ro)"
+                )));
+            }
+            ("data", Some("ordered")) => {}
+            ("data", Some(other)) => {
+                return Err(Error::Invalid(format!(
+                    "data={other} is not supported yet (only data=ordered)"
+                )));
+            }
+            ("allow_other", None) => fuse.allow_other = true,
+            ("allow_root", None) => fuse.allow_root = true,
+            ("default_permissions", None) => {} // always on
+            ("dev", None) => fuse.dev = true,
+            ("nodev", None) => fuse.dev = false,
+            ("suid", None) => fuse.suid = true,
+            ("nosuid", None) => fuse.suid = false,
+            ("exec", None) => fuse.noexec = false,
+            ("noexec", None) => fuse.noexec = true,
+            ("fsname", value) => fuse.fsname = Some(needs_value(name, value)?.to_string()),
+            ("subtype", value) => fuse.subtype = Some(needs_value(name, value)?.to_string()),
+            ("threads", value) => {
+                fuse.threads = parse_number(name, needs_value(name, value)?)?;
+                if !(1..=64).contains(&fuse.threads) {
+                    return Err(Error::Invalid("threads must be between 1 and 64".into()));
+                }
+            }
+            (_, Some(_)) if is_flag_option(name) => {
+                return Err(Error::Invalid(format!(
+                    "mount option {name} takes no value"
+                )));
+            }
+            _ => return Err(Error::Invalid(format!("unknown mount option '{option}'"))),
+        }
+    }
+    if fuse.allow_other && fuse.allow_root {
+        return Err(Error::Invalid(
+            "allow_other and allow_root exclude each other".into(),
+        ));
+    }
+    Ok((engine, fuse))
+}
+
+fn is_flag_option(name: &str) -> bool {
+    matches!(
+        name,
+        "ro" | "rw"
+            | "sync"
+            | "async"
+            | "dirsync"
+            | "noatime"
+            | "relatime"
+            | "strictatime"
+            | "atime"
+            | "allow_other"
+            | "allow_root"
+            | "dev"
+            | "nodev"
+            | "suid"
+            | "nosuid"
+            | "exec"
+            | "noexec"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lists_and_refuses_unknown_options() {
+        let (engine, fuse) =
+            parse_mount_options(&["ro,cache_size=64M".into(), "allow_other,commit=10".into()])
+                .unwrap();
+        assert!(engine.read_only);
+        assert_eq!(engine.cache_size, 64 << 20);
+        assert_eq!(engine.commit_interval, Duration::from_secs(10));
+        assert!(fuse.allow_other);
+        let error = parse_mount_options(&["rw,nosuchthing".into()]).unwrap_err();
+        assert!(error.to_string().contains("nosuchthing"), "{error}");
+        assert!(parse_mount_options(&["cache_size=lots".into()]).is_err());
+        assert!(parse_mount_options(&["cache_size".into()]).is_err());
+        assert!(parse_mount_options(&["ro=1".into()]).is_err());
+        assert!(parse_mount_options(&["data=journal".into()]).is_err());
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+    }
+}
