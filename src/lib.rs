@@ -11,5 +11,6 @@ pub mod format;
 pub mod journal;
 
 pub use error::{Error, Result};
+pub mod api;
 pub mod fs;
 pub mod fuse;
