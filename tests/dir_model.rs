@@ -490,3 +490,82 @@ fn exercise(env: &MemEnv, d: &mut TestDir, names: &[Vec<u8>]) -> bool {
     handle.stop().unwrap();
     corrupt
 }
+
+/// Damage to the htree index itself is reported as corruption of the
+/// directory block that holds it (checksums off, so the structure checks
+/// alone must catch it).
+#[test]
+fn bad_index_fields_are_corruption_at_their_block() {
+    use jext4::error::Location;
+    let geo = geometry_for(&["-t", "ext2", "-b", "1024"], 64);
+    let work = Workload {
+        ops: 30_000,
+        name_len: (100, 200),
+        remove_one_in: 50,
+        seed: 12,
+    };
+    let mut run = run_workload(&geo, 40_000, &work);
+    assert_eq!(dir::check(&mut run.dir).unwrap().levels, 2);
+    run.env.journal.sync().unwrap();
+    let image = run.env.dev.snapshot();
+    let bs = geo.block_size as usize;
+    let root = run.dir.map[0] as usize * bs;
+    // The first interior node: the root's entry 0 points at it.
+    let node_lblk = u32::from_le_bytes(image[root + 36..root + 40].try_into().unwrap()) as usize;
+    let node = run.dir.map[node_lblk] as usize * bs;
+    type Damage = Box<dyn Fn(&mut [u8])>;
+    let cases: Vec<(&str, usize, Damage)> = vec![
+        ("hash version", 0, Box::new(move |b| b[root + 28] = 7)),
+        ("info length", 0, Box::new(move |b| b[root + 29] = 12)),
+        ("indirect levels", 0, Box::new(move |b| b[root + 30] = 2)),
+        (
+            "root count above limit",
+            0,
+            Box::new(move |b| b[root + 34] = 200),
+        ),
+        (
+            "root count zero",
+            0,
+            Box::new(move |b| b[root + 34..root + 36].fill(0)),
+        ),
+        ("root limit", 0, Box::new(move |b| b[root + 32] ^= 1)),
+        (
+            "pointer past i_size",
+            0,
+            Box::new(move |b| b[root + 39] = 0x0f),
+        ),
+        (
+            "node count above limit",
+            node_lblk,
+            Box::new(move |b| b[node + 10..node + 12].fill(0xff)),
+        ),
+        (
+            "node fake record",
+            node_lblk,
+            Box::new(move |b| b[node + 4] = 12),
+        ),
+    ];
+    for (what, lblk, damage) in cases {
+        let mut bytes = image.clone();
+        damage(&mut bytes);
+        let env = MemEnv::new(&geo, (bytes.len() / bs) as u64);
+        jext4::dev::BlockDevice::write_at(&*env.dev, 0, &bytes).unwrap();
+        let mut d = env.dir(&geo, DIR_INO, run.dir.seed, 0);
+        d.map = run.dir.map.clone();
+        d.indexed = true;
+        // Every name: some paths avoid the damaged node, but not all.
+        let error = run
+            .model
+            .keys()
+            .find_map(|name| dir::lookup(&mut d, name).err())
+            .unwrap_or_else(|| panic!("{what}: damage not noticed"));
+        let expected = Location::InodeBlock {
+            ino: DIR_INO,
+            block: lblk as u64,
+        };
+        assert!(
+            matches!(error, Error::Corrupt { location, .. } if location == expected),
+            "{what}: {error}"
+        );
+    }
+}
