@@ -586,3 +586,109 @@ fn kernel_made_extent_tree_is_read_and_punched() {
     );
     kernel_reads(&path, &content, size, bs);
 }
+
+/// One random step for the e2fsck property below.
+#[derive(Debug, Clone)]
+enum Step {
+    Allocate {
+        lblk: u64,
+        len: u64,
+        unwritten: bool,
+    },
+    Punch {
+        lblk: u64,
+        len: u64,
+    },
+    MarkWritten {
+        lblk: u64,
+        len: u64,
+    },
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let lblk = prop_oneof![4 => 0u64..3000, 1 => 100_000u64..100_100];
+    prop_oneof![
+        4 => (lblk.clone(), 1u64..64, any::<bool>())
+            .prop_map(|(lblk, len, unwritten)| Step::Allocate { lblk, len, unwritten }),
+        2 => (lblk.clone(), 1u64..400).prop_map(|(lblk, len)| Step::Punch { lblk, len }),
+        1 => (lblk, 1u64..200).prop_map(|(lblk, len)| Step::MarkWritten { lblk, len }),
+    ]
+}
+
+/// Random trees of either scheme, written into a real image, pass e2fsck
+/// (whose only tolerated remarks are its tree-shape suggestions, printed
+/// here when they occur) and read back through debugfs as we see them.
+fn random_steps_pass_e2fsck(extents: bool, scatter: bool, steps: Vec<Step>) {
+    let dir = tempfile::tempdir().unwrap();
+    let args: &[&str] = if extents {
+        &["-t", "ext4", "-b", "1024"]
+    } else {
+        &["-t", "ext3", "-b", "1024"]
+    };
+    let path = image_with_file(dir.path(), "random", args);
+    let mut session = Session::open(&path);
+    session.alloc.scatter = scatter;
+    for step in &steps {
+        match *step {
+            Step::Allocate {
+                lblk,
+                len,
+                unwritten,
+            } => session.allocate(lblk, len, unwritten && extents),
+            Step::Punch { lblk, len } => session.punch(lblk, Some(lblk + len)),
+            Step::MarkWritten { lblk, len } => session.mark_written(lblk, len),
+        }
+    }
+    let walk = check_invariants(&session.image, &session.alloc, session.ino, &session.inode);
+    let last_written = walk
+        .data
+        .iter()
+        .filter(|(_, (_, u))| !u)
+        .map(|(l, _)| *l)
+        .max();
+    let size = last_written.map_or(0, |l| (l + 1) * session.bs());
+    let (path, walk, _) = session.finish(size);
+    if extents {
+        let (leaves, tree_blocks) = parse_ex(&debugfs(&path, "ex f", false));
+        assert_eq!(leaves.len(), walk.runs.len());
+        assert_eq!(tree_blocks, walk.meta.iter().copied().collect());
+    } else {
+        let (data, indirect) = parse_blocks(&debugfs(&path, "stat f", false));
+        assert_eq!(data.len(), walk.data.len());
+        assert_eq!(indirect, walk.meta.iter().copied().collect());
+    }
+    let (_, text) = common::fsck(&path);
+    for hint in text.lines().filter(|l| l.contains("could be")) {
+        eprintln!("e2fsck hint after {} steps: {hint}", steps.len());
+    }
+    assert_fsck_clean_but(
+        &path,
+        "after random steps",
+        &["could be narrower", "could be shallower"],
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 12, ..Default::default() })]
+
+    #[test]
+    fn random_extent_trees_pass_e2fsck(
+        scatter in proptest::bool::ANY,
+        steps in proptest::collection::vec(step(), 1..80),
+    ) {
+        if common::require_tool("debugfs") && common::require_tool("e2fsck") {
+            random_steps_pass_e2fsck(true, scatter, steps);
+        }
+    }
+
+    #[test]
+    fn random_block_maps_pass_e2fsck(
+        scatter in proptest::bool::ANY,
+        steps in proptest::collection::vec(step(), 1..80),
+    ) {
+        if common::require_tool("debugfs") && common::require_tool("e2fsck") {
+            random_steps_pass_e2fsck(false, scatter, steps);
+        }
+    }
+}
