@@ -280,7 +280,10 @@ where
     }
     area.dev.flush()?;
     if report.problem.is_none() {
-        report.fast_commit = find_fast_commits(&log, report.end_tid)?;
+        // The kernel looks at fast commits only after scanning a log: with
+        // s_start = 0 it returns before its fast-commit pass.
+        let scanned = journal_superblock.start != 0;
+        report.fast_commit = find_fast_commits(&log, report.end_tid, scanned)?;
         if let Some(fast_commit) = report.fast_commit.filter(|area| area.has_records) {
             replay_fast_commits(area, &fast_commit)?;
             area.dev.flush()?;
@@ -770,11 +773,15 @@ impl Walk<'_, '_> {
 
 /// Look at the fast-commit area: the kernel replays its records only when
 /// the first block opens with a HEAD for the tid after the log.
-fn find_fast_commits(log: &Log, expected_tid: u32) -> Result<Option<FastCommitArea>> {
+fn find_fast_commits(
+    log: &Log,
+    expected_tid: u32,
+    scanned: bool,
+) -> Result<Option<FastCommitArea>> {
     let Some((first_block, end_block)) = log.layout.fast_commit else {
         return Ok(None);
     };
-    let has_records = if first_block < end_block {
+    let has_records = if scanned && first_block < end_block {
         let block = log.area.read_block(first_block as u64)?;
         fast_commit_head_tid(&block) == Some(expected_tid)
     } else {

@@ -472,3 +472,47 @@ pub fn log_wraps(image: &Path, blocks: &[u64]) -> bool {
         .map(|report| report.log_wrapped)
         .unwrap_or(false)
 }
+
+/// Every file and directory under `root`: (relative path, kind, size,
+/// CRC32C of the content). Symbolic links are listed by target.
+pub fn tree(root: &Path) -> Vec<(String, char, u64, u32)> {
+    let mut entries = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if name == "lost+found" {
+                continue;
+            }
+            let (kind, content) = if meta.is_dir() {
+                pending.push(path.clone());
+                ('d', Vec::new())
+            } else if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                ('l', target.to_string_lossy().as_bytes().to_vec())
+            } else {
+                ('f', std::fs::read(&path).unwrap())
+            };
+            let checksum = jext4::format::csum::crc32c_raw(!0, &content);
+            entries.push((name, kind, meta.len(), checksum));
+        }
+    }
+    entries.sort();
+    entries
+}
+
+/// The tree of an image, seen through a kernel mount with `options`
+/// (mounting replays the journal if it needs it).
+pub fn kernel_tree(image: &Path, options: &str) -> Vec<(String, char, u64, u32)> {
+    let mount = Mount::new(image, options)
+        .unwrap_or_else(|text| panic!("mount -o {options} {}: {text}", image.display()));
+    let listing = tree(&mount.point);
+    mount.unmount();
+    listing
+}
