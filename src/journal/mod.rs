@@ -17,6 +17,9 @@
 //!   by `sync`, on cache pressure and at unmount. Same promise as ext2: a
 //!   crash may leave the image needing `e2fsck`.
 
+pub mod format;
+pub mod logdump;
+pub mod recovery;
 mod writeback;
 
 use crate::cache::{Buffer, BufferCache};
