@@ -239,7 +239,7 @@ fn kernel_log_that_wraps_replays_like_e2fsck() {
             let crash =
                 kernel_crash_image(&image, "commit=1", Duration::from_millis(1200), |root| {
                     for round in 0..80 {
-                        metadata_workload(root, round, 40);
+                        metadata_workload(root, round, 100);
                         std::thread::sleep(Duration::from_millis(1100));
                         if round >= 3 && log_wraps(&image, &blocks) {
                             break;
