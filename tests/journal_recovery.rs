@@ -239,7 +239,7 @@ fn kernel_log_that_wraps_replays_like_e2fsck() {
             let crash =
                 kernel_crash_image(&image, "commit=1", Duration::from_millis(1200), |root| {
                     for round in 0..80 {
-                        metadata_workload(root, round, 40);
+                        metadata_workload(root, round, 100);
                         std::thread::sleep(Duration::from_millis(1100));
                         if round >= 3 && log_wraps(&image, &blocks) {
                             break;
@@ -332,4 +332,35 @@ fn report_names_the_problem_of_a_torn_data_block() {
     );
     // The other blocks of the log were still replayed.
     assert!(report.blocks_replayed >= 70, "{report:?}");
+}
+
+#[test]
+fn an_aborted_journal_marks_the_filesystem_with_errors_like_e2fsck() {
+    if !common::require_tool("debugfs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::mkfs(dir.path(), "errno", 16, &["-t", "ext4", "-b", "1024"]);
+    debugfs_journal(&image, "jo -c");
+    {
+        let area = file_area(&image);
+        let block = area.read_block(0).unwrap();
+        let mut superblock = jext4::journal::format::JournalSuperblock::decode(&block).unwrap();
+        superblock.errno = -5; // -EIO, as jbd2_journal_abort records it
+        area.dev
+            .write_at(area.blocks[0] * 1024, superblock.encode())
+            .unwrap();
+    }
+    let (report, ours) = recover_both(&image);
+    assert_eq!(report.problem, None);
+    let state = fs_superblock(&ours).state;
+    assert_ne!(
+        state & jext4::format::superblock::STATE_ERROR,
+        0,
+        "state {state:#x}"
+    );
+    let area = file_area(&ours);
+    let journal =
+        jext4::journal::format::JournalSuperblock::decode(&area.read_block(0).unwrap()).unwrap();
+    assert_eq!((journal.errno, journal.start), (0, 0));
 }

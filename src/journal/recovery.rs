@@ -323,6 +323,9 @@ fn refuse_external_journal(fs_superblock: &Superblock) -> Result<()> {
             "this is an external journal device, not a filesystem".into(),
         ));
     }
+    if !fs_superblock.has_compat(superblock::compat::HAS_JOURNAL) {
+        return Err(Error::Invalid("the filesystem has no journal".into()));
+    }
     let external = fs_superblock.journal_uuid != [0; 16] || fs_superblock.journal_inum == 0;
     if external {
         return Err(Error::Unsupported(
@@ -340,6 +343,10 @@ fn finish(
     mut journal_superblock: JournalSuperblock,
     report: &mut RecoveryReport,
 ) -> Result<()> {
+    debug_assert!(
+        report.needed,
+        "only a journal that needed recovery is reset"
+    );
     let failed = report.problem.is_some();
     // e2fsck: an aborted journal (s_errno) or a failed commit marks the
     // filesystem with errors; a failed recovery marks it not clean.
@@ -438,6 +445,10 @@ impl Cursor {
     }
 
     fn skip(&mut self, log: &Log, blocks: usize) {
+        debug_assert!(
+            blocks <= log.format.block_size,
+            "more tags than a block holds"
+        );
         let (index, wrapped) = log.wrap(self.next_index + blocks as u64);
         self.next_index = index;
         self.wrapped |= wrapped;
@@ -465,6 +476,10 @@ fn replay_log(
         Ok(scan) => scan,
         Err(problem) => return Ok(Err(problem)),
     };
+    debug_assert!(
+        tid_geq(scan.end_tid, superblock.sequence),
+        "the log ends before it starts"
+    );
     report.end_tid = scan.end_tid;
     report.failed_commit = scan.failed_commit;
     report.log_wrapped = scan.wrapped;
@@ -641,6 +656,7 @@ impl RevokeTable {
         if tid_gt(tid, *entry) {
             *entry = tid;
         }
+        debug_assert!(self.is_revoked(fs_block, tid));
     }
 
     fn is_revoked(&self, fs_block: u64, tid: u32) -> bool {
@@ -760,6 +776,7 @@ impl Walk<'_, '_> {
     fn write_home(&self, fs_block: u64, data: &[u8]) -> Result<bool> {
         let area = self.log.area;
         let block_size = area.fs_block_size as u64;
+        debug_assert_eq!(data.len() as u64, block_size);
         let fits = fs_block
             .checked_add(1)
             .and_then(|end| end.checked_mul(block_size))

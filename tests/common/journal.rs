@@ -165,6 +165,29 @@ pub fn recover_both_with(crash: &Path, expect_clean: bool) -> (RecoveryReport, P
         &differing[..differing.len().min(20)]
     );
     assert!(!dumpe2fs_needs_recovery(&ours), "needs_recovery still set");
+    // The primary superblock differs in counters and times, but its state
+    // (clean, errors) and features must be what e2fsck leaves.
+    let (their_super, our_super) = (fs_superblock(&theirs), fs_superblock(&ours));
+    assert_eq!(
+        their_super.state,
+        our_super.state,
+        "{}: s_state",
+        crash.display()
+    );
+    assert_eq!(
+        (
+            their_super.feature_compat,
+            their_super.feature_incompat,
+            their_super.feature_ro_compat
+        ),
+        (
+            our_super.feature_compat,
+            our_super.feature_incompat,
+            our_super.feature_ro_compat
+        ),
+        "{}: features",
+        crash.display()
+    );
     if expect_clean {
         let (code, text) = run("e2fsck", &["-fn", path_str(&ours)]);
         assert_eq!(code, 0, "e2fsck -fn after jext4 recovery:\n{text}");
