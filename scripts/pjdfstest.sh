@@ -31,7 +31,7 @@ mkfs.ext4 -q -F "$work/pjdfstest.img"
 # allow_other: the suite switches to unprivileged users.
 "$jext4" mount -o allow_other "$work/pjdfstest.img" "$mnt"
 chmod 777 "$mnt"
-(cd "$mnt" && "$tools/bin/pjdfstest" -c "$OLDPWD/tests/pjdfstest/jext4.toml" -p "$mnt") | tee "$work/pjdfstest.log" | grep -E "FAILED|Summary" || true
+(cd "$mnt" && "$tools/bin/pjdfstest" -c "$OLDPWD/tests/pjdfstest/jext4.toml" -p "$mnt") 2>&1 | tee "$work/pjdfstest.log" | grep -E "FAILED|Summary" || true
 "$jext4" umount "$mnt"
 summary=$(grep "^Summary" "$work/pjdfstest.log" || echo "Summary: missing")
 echo "pjdfstest: $summary"

@@ -21,6 +21,11 @@ pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 /// Blocks one write transaction maps at most; larger writes loop.
 const WRITE_CHUNK_BLOCKS: u64 = 2048;
 
+/// Journal credits of one write chunk: the inode, the extent path with
+/// splits (depth up to 5, two blocks per level), block bitmaps and
+/// descriptors of the few groups 2048 blocks can span, the superblock.
+const CREDITS_WRITE: u32 = 32;
+
 /// `lseek` whence values that look at the mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SeekWhence {
@@ -86,6 +91,7 @@ impl Tx<'_, '_> {
             };
             let written = write_run(self, &extent, position, end, data, offset, extent.unwritten)?;
             if extent.unwritten {
+                self.mapping_changed = true;
                 let mut ctx = self.meta_ctx();
                 // Every block the run touched, partial ones included.
                 let last_touched = (position + written - 1) / block_size;
@@ -108,8 +114,14 @@ impl Tx<'_, '_> {
         body: impl FnOnce(&mut Self, &mut Inode) -> Result<R>,
     ) -> Result<R> {
         let mut inode = self.regular_file(ino)?;
+        let before = (inode.size, inode.blocks, inode.block);
+        self.mapping_changed = false;
         let result = body(self, &mut inode);
-        self.write_inode(ino, &inode)?;
+        if !self.mapping_changed && before == (inode.size, inode.blocks, inode.block) {
+            self.write_inode_timestamps(ino, &inode)?;
+        } else {
+            self.write_inode(ino, &inode)?;
+        }
         result
     }
 
@@ -212,6 +224,11 @@ impl Fs {
     /// last name goes.
     pub fn open_file(&self, ino: u32) -> Result<Attr> {
         let attr = self.getattr(ino)?;
+        if attr.nlink == 0 && !self.core.open_orphans.lock().contains(&ino) {
+            // Reached through a stale handle (say, a directory removed while
+            // it was a process's working directory): the inode is gone.
+            return Err(Error::Stale);
+        }
         *self.open_files.lock().entry(ino).or_insert(0) += 1;
         Ok(attr)
     }
@@ -310,7 +327,7 @@ impl Fs {
         let _ = self.transact(1, Caller::ROOT, |tx| {
             let mut inode = tx.read_live_inode(ino)?;
             inode.atime = now;
-            tx.write_inode(ino, &inode)
+            tx.write_inode_timestamps(ino, &inode)
         });
     }
 
@@ -327,7 +344,7 @@ impl Fs {
             let chunk_len = (data.len() - done).min((WRITE_CHUNK_BLOCKS * block_size) as usize);
             let chunk = &data[done..done + chunk_len];
             let position = offset + done as u64;
-            let written = self.transact(WRITE_CHUNK_BLOCKS as u32 / 4 + 16, caller, |tx| {
+            let written = self.transact(CREDITS_WRITE, caller, |tx| {
                 tx.with_regular_file(ino, |tx, inode| {
                     let written = tx.write_data(ino, inode, position, chunk)?;
                     let now = Timestamp::now();
@@ -496,10 +513,25 @@ impl Fs {
         self.note_error(result)
     }
 
-    /// fsync / fdatasync: everything of this file (and, unjournaled,
-    /// everything else too) is durable when this returns.
-    pub fn fsync(&self, _ino: u32, _datasync: bool) -> Result<()> {
-        self.core.journal.sync()
+    /// fsync / fdatasync: the file's data and (for fsync, all of; for
+    /// fdatasync, what reading the data needs of) its metadata are durable
+    /// when this returns. Data is already on the device; it needs a flush,
+    /// and a commit only if the transaction holding the inode's change is
+    /// not durable yet — an overwrite of allocated blocks commits nothing.
+    pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
+        if !self.core.journal.is_journaled() {
+            return self.core.journal.sync();
+        }
+        let pending = self
+            .core
+            .inode_tids
+            .lock()
+            .get(&ino)
+            .map(|tids| if datasync { tids.datasync } else { tids.sync });
+        if let Some(tid) = pending {
+            self.note_error(self.core.journal.commit_and_wait(tid))?;
+        }
+        self.core.journal.flush_data()
     }
 
     /// Attributes after a change made through a file handle.

@@ -3,10 +3,16 @@
 //! and the last open reference are gone.
 
 use super::{Caller, Core, Fs, State, Tx};
+use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::BG_INODE_UNINIT;
+use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
+use crate::format::superblock::Geometry;
 use crate::format::{mapping, xattr};
+
+/// Inodes whose transaction ids are remembered for fsync before old
+/// entries are dropped.
+const MAX_TRACKED_INODES: usize = 1 << 16;
 
 /// The kind of an inode, from the file-type bits of its mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +91,17 @@ pub(crate) fn now_seconds() -> i64 {
 /// Read inode `ino` from its table block. An inode in a never-initialised
 /// part of the table reads as all zeros (mode 0: not in use).
 pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
-    let geo = &core.geo;
+    read_inode_with(&core.geo, &core.cache, &st.groups, ino)
+}
+
+/// `read_inode` from its parts, for callers without a mounted `Fs` (the
+/// journal inode is read before the journal is set up).
+pub(crate) fn read_inode_with(
+    geo: &Geometry,
+    cache: &BufferCache,
+    groups: &[GroupDesc],
+    ino: u32,
+) -> Result<Inode> {
     if !geo.is_valid_ino(ino) {
         return Err(Error::corrupt(
             Location::Inode { ino },
@@ -94,23 +110,22 @@ pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
     }
     let group = geo.group_of_inode(ino);
     let index = geo.inode_index_in_group(ino);
-    let desc = &st.groups[group as usize];
+    let desc = &groups[group as usize];
     if geo.has_group_csum()
         && (desc.flags & BG_INODE_UNINIT != 0 || index >= geo.inodes_per_group - desc.itable_unused)
     {
         return Ok(Inode::new(geo));
     }
-    let (block, offset) = inode_location(core, st, ino);
-    let buffer = core.cache.read(block)?;
+    let (block, offset) = inode_location(geo, groups, ino);
+    let buffer = cache.read(block)?;
     let bytes = buffer.read();
     Inode::decode(geo, ino, &bytes[offset..offset + geo.inode_size as usize])
 }
 
-fn inode_location(core: &Core, st: &State, ino: u32) -> (u64, usize) {
-    let geo = &core.geo;
+fn inode_location(geo: &Geometry, groups: &[GroupDesc], ino: u32) -> (u64, usize) {
     let group = geo.group_of_inode(ino);
     let byte = geo.inode_index_in_group(ino) as u64 * geo.inode_size as u64;
-    let block = st.groups[group as usize].inode_table + byte / geo.block_size as u64;
+    let block = groups[group as usize].inode_table + byte / geo.block_size as u64;
     (block, (byte % geo.block_size as u64) as usize)
 }
 
@@ -126,16 +141,49 @@ impl Tx<'_, '_> {
         Ok(inode)
     }
 
+    /// Write an inode back; fdatasync of it will wait for this transaction.
     pub fn write_inode(&mut self, ino: u32, inode: &Inode) -> Result<()> {
-        let (block, offset) = inode_location(self.core, self.st, ino);
+        self.store_inode(ino, inode, false)
+    }
+
+    /// Write an inode whose only changes are timestamps: fsync waits for
+    /// this transaction, fdatasync does not (the kernel's I_DIRTY_SYNC
+    /// without I_DIRTY_DATASYNC).
+    pub fn write_inode_timestamps(&mut self, ino: u32, inode: &Inode) -> Result<()> {
+        self.store_inode(ino, inode, true)
+    }
+
+    fn store_inode(&mut self, ino: u32, inode: &Inode, timestamps_only: bool) -> Result<()> {
+        let geo = &self.core.geo;
+        let (block, offset) = inode_location(geo, &self.st.groups, ino);
         let buffer = self.core.cache.read(block)?;
-        let mut bytes = self.handle.get_write_access(&buffer)?;
-        inode.encode(
-            &self.core.geo,
-            ino,
-            &mut bytes[offset..offset + self.core.geo.inode_size as usize],
-        );
+        {
+            let mut bytes = self.handle.get_write_access(&buffer)?;
+            inode.encode(
+                geo,
+                ino,
+                &mut bytes[offset..offset + geo.inode_size as usize],
+            );
+        }
+        self.note_tid(ino, timestamps_only);
         Ok(())
+    }
+
+    /// Remember which transaction holds the inode's latest change (fsync).
+    fn note_tid(&self, ino: u32, timestamps_only: bool) {
+        let tid = self.handle.tid();
+        let mut tids = self.core.inode_tids.lock();
+        if tids.len() >= MAX_TRACKED_INODES {
+            // Entries of transactions before the committing one (tid - 1)
+            // are durable: fsync of those inodes needs no commit.
+            let committing = tid.wrapping_sub(1);
+            tids.retain(|_, entry| entry.sync == tid || entry.sync == committing);
+        }
+        let entry = tids.entry(ino).or_default();
+        entry.sync = tid;
+        if !timestamps_only {
+            entry.datasync = tid;
+        }
     }
 
     pub fn next_generation(&mut self) -> u32 {

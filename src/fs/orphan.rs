@@ -221,16 +221,16 @@ impl Fs {
     /// Called when an inode's last open reference goes: free it if it has
     /// no links left.
     pub(crate) fn evict_if_unlinked(&self, ino: u32) -> Result<()> {
-        {
-            let st = self.state.read();
-            let inode = super::inode::read_inode(&self.core, &st, ino)?;
-            if inode.links_count > 0 || inode.mode == 0 {
-                return Ok(());
-            }
+        // Only an inode unlinked while open waits for its release; any other
+        // inode without links was freed already (evicting it again would
+        // free it twice).
+        if !self.core.open_orphans.lock().remove(&ino) {
+            return Ok(());
         }
         self.transact(16, Caller::ROOT, |tx| {
             let inode = tx.read_inode(ino)?;
-            // Re-check under the write lock: a link may have raced in.
+            // A link cannot come back to an inode with none (link() refuses
+            // it), but stay safe against a corrupt count.
             if inode.links_count > 0 || inode.mode == 0 {
                 return Ok(());
             }

@@ -117,6 +117,11 @@ impl JournalArea {
         Ok(())
     }
 
+    /// Encode and store a journal superblock (not flushed).
+    pub fn store_superblock(&self, superblock: &mut JournalSuperblock) -> Result<()> {
+        self.write_superblock(superblock.encode())
+    }
+
     /// Store the journal superblock (its first 1024 bytes; the fields that
     /// change all lie in the first sector, so a torn write cannot mix them).
     fn write_superblock(&self, bytes: &[u8; SUPERBLOCK_SIZE]) -> Result<()> {
