@@ -105,3 +105,43 @@ pub(crate) fn write_superblock_direct(dev: &dyn BlockDevice, sb: &mut Superblock
     dev.flush()?;
     Ok(())
 }
+
+/// Open `path` and read what the journal commands need: the device, the
+/// superblock and the geometry. Refuses images without an internal journal.
+fn open_journaled(
+    path: &std::path::Path,
+    read_only: bool,
+) -> Result<(Arc<dyn BlockDevice>, Superblock, Geometry)> {
+    let device = crate::dev::FileDevice::open(path, read_only).map_err(|error| {
+        Error::Io(std::io::Error::new(
+            error.kind(),
+            format!("cannot open {}: {error}", path.display()),
+        ))
+    })?;
+    let dev: Arc<dyn BlockDevice> = Arc::new(device);
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
+    let sb = Superblock::decode(&bytes)?;
+    sb.check_features()?;
+    if !sb.has_compat(crate::format::superblock::compat::HAS_JOURNAL) {
+        return Err(Error::Invalid(format!("{} has no journal", path.display())));
+    }
+    let geo = Geometry::from_superblock(&sb);
+    Ok((dev, sb, geo))
+}
+
+/// `jext4 recover IMAGE`: replay the journal in place without mounting,
+/// like `e2fsck -E journal_only`. Returns the report, or None when the
+/// journal needed nothing.
+pub fn recover_image(path: &std::path::Path) -> Result<Option<RecoveryReport>> {
+    let (dev, sb, geo) = open_journaled(path, false)?;
+    recover_if_needed(&geo, &sb, &dev)
+}
+
+/// `jext4 logdump IMAGE`: print the journal superblock and every
+/// transaction still in the log.
+pub fn logdump_image(path: &std::path::Path, out: &mut dyn std::io::Write) -> Result<()> {
+    let (dev, _, geo) = open_journaled(path, true)?;
+    let area = journal_area(&geo, &dev)?;
+    crate::journal::logdump::logdump(&area, out)
+}
