@@ -7,6 +7,7 @@
 //! bytes), so that nothing stale from a previous owner can ever be read
 //! back; a partial write into an existing block reads it first.
 
+use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::inode::{Attr, attr_of, check_live, read_inode};
 use super::{AtimePolicy, Caller, Fs, Tx};
 use crate::error::{Error, Result};
@@ -25,6 +26,11 @@ const WRITE_CHUNK_BLOCKS: u64 = 2048;
 /// splits (depth up to 5, two blocks per level), block bitmaps and
 /// descriptors of the few groups 2048 blocks can span, the superblock.
 const CREDITS_WRITE: u32 = 32;
+
+/// A small truncate: at most `PUNCH_CHUNK_BLOCKS` blocks freed (bitmaps and
+/// descriptors of the groups they span, extent leaves), the tail block's
+/// path, the inode, the orphan records, the superblock.
+const CREDITS_TRUNCATE: u32 = 160;
 
 /// `lseek` whence values that look at the mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,17 +379,43 @@ impl Fs {
 
     /// Change the size of a regular file.
     pub fn truncate(&self, ino: u32, size: u64, caller: Caller) -> Result<()> {
-        self.transact(64, caller, |tx| {
+        let block_size = self.core.geo.block_size as u64;
+        let keep_blocks = size.div_ceil(block_size);
+        // A small cut happens in one transaction; a large one sets the size
+        // with the inode on the orphan records, frees the blocks in chunks,
+        // then takes it off (a crash midway: the next mount finishes it).
+        let chunked = self.transact(CREDITS_TRUNCATE, caller, |tx| {
             tx.with_regular_file(ino, |tx, inode| {
-                if inode.size != size {
-                    tx.truncate_to(ino, inode, size)?;
-                    let now = Timestamp::now();
-                    inode.mtime = now;
-                    inode.ctime = now;
+                if inode.size == size {
+                    return Ok(false);
                 }
-                Ok(())
+                let large =
+                    size < inode.size && inode.blocks / (block_size / 512) > PUNCH_CHUNK_BLOCKS;
+                if large {
+                    if size % block_size != 0 {
+                        let tail_end = (keep_blocks * block_size).min(inode.size);
+                        tx.zero_range_in_place(ino, inode, size, tail_end)?;
+                    }
+                    inode.size = size;
+                    tx.orphan_add(ino, inode)?;
+                } else {
+                    tx.truncate_to(ino, inode, size)?;
+                }
+                let now = Timestamp::now();
+                inode.mtime = now;
+                inode.ctime = now;
+                Ok(large)
             })
-        })
+        })?;
+        if chunked {
+            self.punch_in_chunks(ino, keep_blocks)?;
+            self.transact(CREDITS_TRUNCATE, caller, |tx| {
+                let mut inode = tx.read_live_inode(ino)?;
+                tx.orphan_remove(ino, &mut inode)?;
+                tx.write_inode(ino, &inode)
+            })?;
+        }
+        Ok(())
     }
 
     /// fallocate(2): preallocate (optionally keeping the size), punch a

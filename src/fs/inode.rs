@@ -10,6 +10,10 @@ use crate::format::inode::{self as fmt, Inode, Timestamp};
 use crate::format::superblock::Geometry;
 use crate::format::{mapping, xattr};
 
+/// Logical blocks freed per transaction when a large file is truncated or
+/// deleted (see `Fs::punch_in_chunks`).
+pub(crate) const PUNCH_CHUNK_BLOCKS: u64 = 1024;
+
 /// Inodes whose transaction ids are remembered for fsync before old
 /// entries are dropped.
 const MAX_TRACKED_INODES: usize = 1 << 16;
@@ -196,8 +200,26 @@ impl Tx<'_, '_> {
     }
 
     /// Free everything an unlinked, unopened inode holds, then the inode.
+    /// A large mapping is freed in chunks, one transaction each, after the
+    /// current operation (`Fs::finish_deferred_evictions`); meanwhile the
+    /// inode sits on the orphan list, so a crash midway is finished by the
+    /// next mount.
     pub fn evict_inode(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
         debug_assert_eq!(inode.links_count, 0);
+        let block_sectors = (self.core.geo.block_size / 512) as u64;
+        if inode.has_data_blocks(&self.core.geo)
+            && inode.blocks / block_sectors > PUNCH_CHUNK_BLOCKS
+        {
+            self.orphan_add(ino, &mut inode)?;
+            self.write_inode(ino, &inode)?;
+            self.st.deferred_evictions.push(ino);
+            return Ok(());
+        }
+        self.evict_inode_now(ino, inode)
+    }
+
+    /// Free the inode and all it holds in this transaction.
+    pub fn evict_inode_now(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
         self.orphan_remove(ino, &mut inode)?;
         if inode.has_data_blocks(&self.core.geo) {
             let mut ctx = self.meta_ctx();

@@ -124,6 +124,10 @@ pub(crate) struct Core {
     /// with no links that is not here is gone, whatever a stale handle
     /// says (a leaf lock).
     pub open_orphans: Mutex<HashSet<u32>>,
+    /// Inodes currently on the on-disk orphan records (list or orphan
+    /// file), so that recording and unrecording are idempotent when
+    /// operations on one inode overlap (a leaf lock).
+    pub orphans: Mutex<HashSet<u32>>,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -152,6 +156,9 @@ pub(crate) struct State {
     pub next_topdir_group: u32,
     /// Rotates inode generations.
     pub next_generation: u32,
+    /// Large inodes to free in chunks once the current operation's
+    /// transaction handle is stopped (they are on the orphan records).
+    pub deferred_evictions: Vec<u32>,
 }
 
 pub struct Fs {
@@ -282,6 +289,7 @@ impl Fs {
             overhead_blocks,
             inode_tids: Mutex::new(HashMap::new()),
             open_orphans: Mutex::new(HashSet::new()),
+            orphans: Mutex::new(HashSet::new()),
             reserved_blocks: sb.reserved_blocks_count,
             resuid: sb.def_resuid as u32,
             resgid: sb.def_resgid as u32,
@@ -302,6 +310,7 @@ impl Fs {
                 sb_dirty: false,
                 next_topdir_group: generation_seed % core.geo.group_count.max(1),
                 next_generation: generation_seed,
+                deferred_evictions: Vec::new(),
             }),
             core,
             open_files: Mutex::new(HashMap::new()),
@@ -415,6 +424,7 @@ impl Fs {
                 continue;
             }
             let result = result.and_then(|value| stopped.map(|()| value));
+            let result = result.and_then(|value| self.finish_deferred_evictions().map(|()| value));
             return self.note_error(result);
         }
     }

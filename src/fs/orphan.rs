@@ -7,6 +7,7 @@
 //! orphan file is full, into the classic list: `s_last_orphan` → inode →
 //! `i_dtime` → next inode.
 
+use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::{Caller, Fs, Tx};
 use crate::error::{Error, Location, Result};
 use crate::format::inode::Inode;
@@ -18,8 +19,13 @@ use crate::format::superblock::ro_compat;
 const MAX_ORPHAN_CHAIN: u32 = 1 << 20;
 
 impl Tx<'_, '_> {
-    /// Record `ino` (about to lose its last link while open) as an orphan.
+    /// Record `ino` as an orphan: its last link is gone while it is open,
+    /// or a truncate or deletion is under way in several transactions.
+    /// Recording an inode twice records it once.
     pub fn orphan_add(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        if !self.core.orphans.lock().insert(ino) {
+            return Ok(());
+        }
         if self.orphan_file_slot_add(ino)? {
             return Ok(());
         }
@@ -31,6 +37,9 @@ impl Tx<'_, '_> {
 
     /// Take `ino` off whichever orphan record holds it (no-op if none).
     pub fn orphan_remove(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        if !self.core.orphans.lock().remove(&ino) {
+            return Ok(());
+        }
         if self.orphan_file_slot_remove(ino)? {
             return Ok(());
         }
@@ -200,6 +209,7 @@ impl Fs {
                 }
                 ino = tx.read_inode(ino)?.dtime;
             }
+            tx.core.orphans.lock().extend(pending.iter().copied());
             for &ino in &pending {
                 tx.resolve_orphan(ino)?;
             }
@@ -236,5 +246,67 @@ impl Fs {
             }
             tx.evict_inode(ino, inode)
         })
+    }
+}
+
+impl Fs {
+    /// Journal credits of one punch chunk: block bitmaps and descriptors of
+    /// every group the chunk's blocks may lie in, the extent leaves holding
+    /// the chunk's extents, the path above them, the inode, the superblock.
+    fn punch_chunk_credits(&self) -> u32 {
+        let geo = &self.core.geo;
+        let groups = (geo.group_count as u64).min(PUNCH_CHUNK_BLOCKS) as u32;
+        let descriptor_blocks = groups.div_ceil(geo.descs_per_block);
+        let leaf_entries = (geo.block_size - 12) / 12;
+        let leaves = (PUNCH_CHUNK_BLOCKS as u32).div_ceil(leaf_entries) + 1;
+        groups + descriptor_blocks + leaves + 16
+    }
+
+    /// Free every mapped block of `ino` at or after logical block `from`,
+    /// `PUNCH_CHUNK_BLOCKS` at a time, one transaction each, skipping holes.
+    /// The caller keeps the inode on the orphan records meanwhile.
+    pub(crate) fn punch_in_chunks(&self, ino: u32, from: u64) -> Result<()> {
+        let credits = self.punch_chunk_credits();
+        let mut position = from;
+        loop {
+            let next = self.transact(credits, Caller::ROOT, |tx| {
+                let mut inode = tx.read_live_inode(ino)?;
+                let geo = &tx.core.geo;
+                if position >= mapping::max_blocks(geo, &inode) {
+                    return Ok(None);
+                }
+                let start = match mapping::lookup(geo, &tx.core.cache, ino, &inode, position)? {
+                    Lookup::Mapped(_) => position,
+                    Lookup::Hole { next: Some(next) } => next,
+                    Lookup::Hole { next: None } => return Ok(None),
+                };
+                let end = start.saturating_add(PUNCH_CHUNK_BLOCKS);
+                let result = {
+                    let mut ctx = tx.meta_ctx();
+                    mapping::punch(&mut ctx, ino, &mut inode, start, Some(end))
+                };
+                tx.write_inode(ino, &inode)?;
+                result.map(|()| Some(end))
+            })?;
+            match next {
+                // Strictly increasing and bounded by max_blocks: ends.
+                Some(end) => position = end,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Free the large inodes whose eviction an operation deferred.
+    pub(crate) fn finish_deferred_evictions(&self) -> Result<()> {
+        loop {
+            let Some(ino) = self.state.write().deferred_evictions.pop() else {
+                return Ok(());
+            };
+            self.punch_in_chunks(ino, 0)?;
+            self.transact(16, Caller::ROOT, |tx| {
+                let inode = tx.read_inode(ino)?;
+                tx.evict_inode_now(ino, inode)
+            })?;
+        }
     }
 }
