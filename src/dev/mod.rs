@@ -11,9 +11,11 @@
 mod file;
 pub mod guard;
 mod memory;
+pub mod recording;
 
 pub use file::FileDevice;
 pub use memory::MemoryDevice;
+pub use recording::{Record, RecordingDevice};
 
 use std::io;
 
