@@ -19,6 +19,7 @@
 //! I/O.
 
 use super::BlockDevice;
+use crate::journal::faults::{self, Fault};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
@@ -30,6 +31,9 @@ struct GuardState {
     pinned: HashMap<u64, u32>,
     /// Writes held back, by block: (pinning transaction, byte offset, data).
     lifeboat: Vec<(u32, u64, Vec<u8>)>,
+    /// File data held back until the next commit is durable: only under
+    /// `Fault::DeferOrderedData` (crash tests), always empty otherwise.
+    deferred: Vec<(u64, Vec<u8>)>,
 }
 
 pub struct GuardedDevice {
@@ -54,6 +58,7 @@ impl GuardedDevice {
             state: Mutex::new(GuardState {
                 pinned: HashMap::new(),
                 lifeboat: Vec::new(),
+                deferred: Vec::new(),
             }),
             durable_tid: AtomicU64::new(u64::MAX),
             violations: AtomicU64::new(0),
@@ -86,7 +91,32 @@ impl GuardedDevice {
         for (_, offset, data) in released {
             self.inner.write_at(offset, &data)?;
         }
+        let deferred = std::mem::take(&mut self.state.lock().deferred);
+        for (offset, data) in deferred {
+            self.inner.write_at(offset, &data)?;
+        }
         Ok(())
+    }
+
+    /// `Fault::DeferOrderedData`: hold a data write back until the next
+    /// commit is durable (breaking data=ordered on purpose).
+    fn defer(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.state.lock().deferred.push((offset, buf.to_vec()));
+        Ok(())
+    }
+
+    /// Reads see held-back data writes, oldest first, as the page cache
+    /// would show them.
+    fn read_deferred(&self, offset: u64, buf: &mut [u8]) {
+        let state = self.state.lock();
+        let end = offset + buf.len() as u64;
+        for (at, data) in &state.deferred {
+            let (from, to) = ((*at).max(offset), (*at + data.len() as u64).min(end));
+            if from < to {
+                let source = &data[(from - at) as usize..(to - at) as usize];
+                buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(source);
+            }
+        }
     }
 
     fn is_durable(&self, tid: u32) -> bool {
@@ -130,12 +160,19 @@ impl GuardedDevice {
 
 impl BlockDevice for GuardedDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
+        self.inner.read_at(offset, buf)?;
+        if faults::active(Fault::DeferOrderedData) {
+            self.read_deferred(offset, buf);
+        }
+        Ok(())
     }
 
     /// File data and other home writes: refused while a block in the range
     /// is pinned by a transaction that is not durable.
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if faults::active(Fault::DeferOrderedData) {
+            return self.defer(offset, buf);
+        }
         if let Some(tid) = self.pinned_by(offset, buf.len()) {
             debug_assert!(
                 false,

@@ -10,6 +10,7 @@
 //! first flush is skipped (recovery rejects a commit whose blocks did not
 //! all arrive).
 
+use super::faults::{self, Fault};
 use super::format::{DescriptorBuilder, encode_commit_block, encode_revoke_blocks};
 use super::jbd2::{Checkpoint, Jbd2, Transaction};
 use crate::cache::Buffer;
@@ -118,7 +119,12 @@ impl Jbd2 {
     fn write_transaction(&self, locked: &LockedDown) -> Result<u32> {
         let tid = locked.transaction.tid;
         let mut writer = LogWriter::new(self, locked.start);
-        for block in encode_revoke_blocks(&self.format, tid, &locked.revokes) {
+        let revokes: &[u64] = if faults::active(Fault::DropRevoke) {
+            &[]
+        } else {
+            &locked.revokes
+        };
+        for block in encode_revoke_blocks(&self.format, tid, revokes) {
             writer.push(block)?;
         }
         let mut pending = locked.log.iter().peekable();
@@ -130,6 +136,9 @@ impl Jbd2 {
                     break;
                 };
                 let mut copy = capture(tid, buffer);
+                if faults::active(Fault::WriteHomeBeforeCommit) {
+                    self.write_home_early(buffer.block(), &copy)?;
+                }
                 descriptor.add(buffer.block(), &mut copy);
                 copies.push(copy);
             }
@@ -139,7 +148,7 @@ impl Jbd2 {
             }
         }
         writer.write_out()?;
-        if !self.async_commit {
+        if !self.async_commit && !faults::active(Fault::SkipPreCommitFlush) {
             self.area.dev.flush()?;
         }
         let now = std::time::SystemTime::now()
@@ -159,6 +168,15 @@ impl Jbd2 {
         self.revokes_logged
             .fetch_add(locked.revokes.len() as u64, Ordering::Relaxed);
         Ok(writer.position)
+    }
+
+    /// `Fault::WriteHomeBeforeCommit`: the block goes home now, around the
+    /// write-ahead guard (which would refuse it).
+    fn write_home_early(&self, block: u64, bytes: &[u8]) -> Result<()> {
+        debug_assert!(faults::active(Fault::WriteHomeBeforeCommit));
+        let offset = block * self.area.fs_block_size as u64;
+        self.guard.raw().write_at(offset, bytes)?;
+        Ok(())
     }
 
     /// The commit block is durable: buffers go to the checkpoint, freed

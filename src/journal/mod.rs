@@ -22,6 +22,8 @@
 
 mod checkpoint;
 mod commit;
+#[doc(hidden)]
+pub mod faults;
 pub mod format;
 mod jbd2;
 pub mod logdump;

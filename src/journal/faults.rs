@@ -1,0 +1,97 @@
+//! Fault injection for the crash-state tests: switches that break the
+//! journal's ordering rules on purpose, so that a test can show that the
+//! crash-state oracle (`crate::crash`) notices each kind of breakage. A
+//! harness that passes a broken journal is worse than none.
+//!
+//! The switches are compiled into every build (the hooks are one atomic
+//! load each, at the site of the rule they break) but only tests set them.
+//! They are process-wide: a test that sets one must not share its process
+//! with tests that expect a correct journal running at the same time.
+//!
+//! What each one breaks (the rule, then the fault):
+//! - [`Fault::SkipPreCommitFlush`]: the log blocks (and the ordered data
+//!   written before them) are flushed before the commit block is written;
+//!   skipped, a commit block can reach the disk without its transaction.
+//! - [`Fault::WriteHomeBeforeCommit`]: no metadata block goes home before
+//!   the commit block of its transaction is durable; broken, every logged
+//!   block is also written home (around the write-ahead guard) before the
+//!   commit block.
+//! - [`Fault::DropRevoke`]: a freed metadata block is revoked, so replay
+//!   never writes an older logged copy over its next owner; broken, no
+//!   revoke record is written.
+//! - [`Fault::EarlyTailAdvance`]: checkpoint flushes the home writes before
+//!   the journal superblock moves the tail past them; broken, the home
+//!   writes and the new tail share one flush epoch.
+//! - [`Fault::DeferOrderedData`]: data=ordered writes file data before the
+//!   commit of the metadata that points at it; broken, data writes are held
+//!   back (reads still see them) until the next commit is durable.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// One way of breaking the journal (a bit in the active set).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Fault {
+    SkipPreCommitFlush = 1 << 0,
+    WriteHomeBeforeCommit = 1 << 1,
+    DropRevoke = 1 << 2,
+    EarlyTailAdvance = 1 << 3,
+    DeferOrderedData = 1 << 4,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 5] = [
+        Fault::SkipPreCommitFlush,
+        Fault::WriteHomeBeforeCommit,
+        Fault::DropRevoke,
+        Fault::EarlyTailAdvance,
+        Fault::DeferOrderedData,
+    ];
+}
+
+/// The active faults, one bit per `Fault`.
+static ACTIVE: AtomicU32 = AtomicU32::new(0);
+
+/// Turn `fault` on for the whole process.
+#[doc(hidden)]
+pub fn set(fault: Fault) {
+    ACTIVE.fetch_or(fault as u32, Ordering::SeqCst);
+}
+
+/// Turn every fault off.
+#[doc(hidden)]
+pub fn clear_all() {
+    ACTIVE.store(0, Ordering::SeqCst);
+}
+
+/// Whether `fault` is on (the hook at each fault site).
+#[doc(hidden)]
+#[inline]
+pub fn active(fault: Fault) -> bool {
+    ACTIVE.load(Ordering::Relaxed) & fault as u32 != 0
+}
+
+/// Whether any fault is on.
+#[doc(hidden)]
+pub fn any_active() -> bool {
+    ACTIVE.load(Ordering::SeqCst) != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_are_distinct_bits() {
+        let mut seen = 0u32;
+        for fault in Fault::ALL {
+            assert_eq!((fault as u32).count_ones(), 1);
+            assert_eq!(seen & fault as u32, 0, "{fault:?} shares a bit");
+            seen |= fault as u32;
+        }
+        // No unit test sets a fault: the switches are process-wide and the
+        // journal's own tests share this process.
+        assert!(!any_active());
+    }
+}
