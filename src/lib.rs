@@ -5,6 +5,7 @@
 //! structures) → `fs` (filesystem operations) → front ends `fuse` and `api`.
 
 pub mod cache;
+pub mod crash;
 pub mod dev;
 pub mod error;
 pub mod format;

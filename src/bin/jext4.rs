@@ -1,4 +1,5 @@
-//! The `jext4` command: mount and unmount images through FUSE.
+//! The `jext4` command: mount and unmount images through FUSE; replay and
+//! print journals; try every crash state of the crash-test workloads.
 
 use clap::{Parser, Subcommand};
 use jext4::fs::Fs;
@@ -40,6 +41,9 @@ enum Command {
     Recover { image: PathBuf },
     /// Print the journal's transactions, descriptor tags, revokes and commits.
     Logdump { image: PathBuf },
+    /// Try the crash states of workloads: each must recover clean and lose
+    /// nothing acknowledged (see README "Crash states").
+    Crashtest(CrashtestArgs),
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -49,9 +53,45 @@ enum Command {
     },
 }
 
+#[derive(clap::Args)]
+struct CrashtestArgs {
+    /// A workload (see --list), or `all`.
+    #[arg(long, default_value = "all")]
+    workload: String,
+    /// Crash states to check, shared between the workloads.
+    #[arg(long, default_value_t = 2000)]
+    states: usize,
+    /// Seed of the workloads' choices and of the crash states.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Filesystem block size: 1024 or 4096.
+    #[arg(long, default_value_t = 4096)]
+    block_size: u32,
+    /// Check only this state of each workload (as a failure names it).
+    #[arg(long)]
+    state: Option<usize>,
+    /// Keep each failing state's disk, the base image and the log
+    /// (dm-log-writes format) in this directory.
+    #[arg(long, value_name = "DIR")]
+    keep: Option<PathBuf>,
+    /// Run e2fsck -fn after jext4's recovery on every N-th state (0: never).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    fsck_every: usize,
+    /// Replay with e2fsck -E journal_only, then check, every N-th state.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    replay_every: usize,
+    /// Replay with a kernel loop mount, then check, every N-th state (needs root).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    kernel_every: usize,
+    /// List the workloads and exit.
+    #[arg(long)]
+    list: bool,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Crashtest(args) => return crashtest(&args),
         Command::Mount {
             options,
             foreground,
@@ -79,6 +119,110 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("jext4: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String> {
+    use jext4::crash::{Config, Sampling, WORKLOADS, workloads};
+    if args.block_size != 1024 && args.block_size != 4096 {
+        return Err(format!(
+            "--block-size {}: use 1024 or 4096",
+            args.block_size
+        ));
+    }
+    let chosen = if args.workload == "all" {
+        WORKLOADS.iter().collect()
+    } else {
+        let names: Vec<&str> = WORKLOADS.iter().map(|w| w.name).collect();
+        let workload = workloads::find(&args.workload).ok_or_else(|| {
+            format!(
+                "no workload {}; there are: all, {}",
+                args.workload,
+                names.join(", ")
+            )
+        })?;
+        vec![workload]
+    };
+    let mut config = Config::new(chosen, args.block_size, args.states.max(1), args.seed);
+    config.sampling = Sampling {
+        fsck_every: args.fsck_every,
+        replay_every: args.replay_every,
+        kernel_every: args.kernel_every,
+    };
+    config.only_state = args.state;
+    config.keep = args.keep.clone();
+    Ok(config)
+}
+
+/// `jext4 crashtest`: progress on the terminal, failures as they come, and
+/// one last line `crashtest: N states, F failures`; exit 1 on any failure.
+fn crashtest(args: &CrashtestArgs) -> ExitCode {
+    if args.list {
+        for workload in jext4::crash::WORKLOADS {
+            println!("{:<14}{}", workload.name, workload.about);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let config = match crashtest_config(args) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("jext4: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let bar = indicatif::ProgressBar::new(config.states as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} states, {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    let mut failures = 0usize;
+    let result = jext4::crash::run(&config, &mut |progress| match progress {
+        jext4::crash::Progress::Scenario {
+            workload, scenario, ..
+        } => bar.set_message(format!("{workload}: {scenario}, {failures} failures")),
+        jext4::crash::Progress::State => bar.inc(1),
+        jext4::crash::Progress::Failure(failure) => {
+            failures += 1;
+            // Shown even when the bar is hidden (output is not a terminal).
+            bar.suspend(|| eprintln!("{failure}\n"));
+        }
+    });
+    bar.finish_and_clear();
+    match result {
+        Ok(summary) => {
+            println!(
+                "block size {}, seed {}: jext4 recovery and model check on every state; \
+                 e2fsck -fn on {}, e2fsck replay on {}, kernel replay on {}{} ({:.1?})",
+                config.block_size,
+                config.seed,
+                summary.fsck_runs,
+                summary.replay_runs,
+                summary.kernel_runs,
+                summary
+                    .kernel_skipped
+                    .as_ref()
+                    .map_or(String::new(), |why| format!(" (kernel skipped: {why})")),
+                summary.elapsed
+            );
+            println!(
+                "crashtest: {} states, {} failures",
+                summary.states,
+                summary.failures.len()
+            );
+            if summary.failures.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(message) => {
+            eprintln!("jext4: crashtest: {message}");
+            println!("crashtest: 0 states, 1 failures");
             ExitCode::FAILURE
         }
     }

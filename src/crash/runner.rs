@@ -1,0 +1,644 @@
+//! The crash test: record each scenario, plan its crash states, and put
+//! every state through the oracles.
+//!
+//! Per state (all in this process unless said):
+//! - **every state**: jext4 recovery — `Fs::mount` on a copy-on-write copy
+//!   replays the journal and releases orphans — then the model check of
+//!   every lane (prefix of namespace and metadata, data per sector), a
+//!   clean unmount, and no write-ahead guard event;
+//! - **every `fsck_every`-th state** (default: every one): `e2fsck -fn` on
+//!   the image jext4 left;
+//! - **every `replay_every`-th state**: `e2fsck -p -E journal_only` on
+//!   another copy of the crashed disk, `e2fsck -fn` clean, then the model
+//!   check on that replay (through jext4, read-only use);
+//! - **every `kernel_every`-th state** (root with loop devices): a kernel
+//!   loop mount of a third copy replays it; the model check through the
+//!   kernel's tree; unmount; `e2fsck -fn` clean.
+
+use super::driver::{FsSource, Lane};
+use super::logwrites;
+use super::model::{LaneModel, TreeSource, read_subtree};
+use super::oracle::{Marks, check_lane};
+use super::overlay::{Base, ImageFile, OverlayDevice};
+use super::states::{self, CrashState};
+use super::tools::{self, KernelMount, Scratch, StdSource};
+use super::workloads::{Scenario, Workload};
+use crate::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice};
+use crate::fs::{AtimePolicy, Caller, Fs, MountOptions};
+use crate::journal::faults::{self, Fault};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Image size of every crash test: small enough that e2fsck takes
+/// milliseconds, large enough for two block groups at 1 KiB blocks.
+pub const IMAGE_MIB: u64 = 16;
+
+/// What is checked on which states (`n`: every n-th; 0: never).
+#[derive(Debug, Clone, Copy)]
+pub struct Sampling {
+    pub fsck_every: usize,
+    pub replay_every: usize,
+    pub kernel_every: usize,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            fsck_every: 1,
+            replay_every: 4,
+            kernel_every: 100,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub block_size: u32,
+    /// States over all workloads.
+    pub states: usize,
+    pub seed: u64,
+    pub workloads: Vec<&'static Workload>,
+    pub sampling: Sampling,
+    /// Check only this state of each workload (reproduction).
+    pub only_state: Option<usize>,
+    /// Save failing states' images and logs here.
+    pub keep: Option<PathBuf>,
+    /// Break the journal while recording (fault-injection tests).
+    pub faults: Vec<Fault>,
+    /// Stop a workload at its first failure.
+    pub stop_at_first_failure: bool,
+}
+
+impl Config {
+    pub fn new(
+        workloads: Vec<&'static Workload>,
+        block_size: u32,
+        states: usize,
+        seed: u64,
+    ) -> Self {
+        Config {
+            block_size,
+            states,
+            seed,
+            workloads,
+            sampling: Sampling::default(),
+            only_state: None,
+            keep: None,
+            faults: Vec::new(),
+            stop_at_first_failure: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub workload: String,
+    pub scenario: String,
+    pub block_size: u32,
+    pub seed: u64,
+    pub state: usize,
+    pub description: String,
+    pub message: String,
+    pub saved: Vec<PathBuf>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "FAILED {} [{}], state {}: {}",
+            self.workload, self.scenario, self.state, self.description
+        )?;
+        writeln!(f, "{}", self.message)?;
+        write!(
+            f,
+            "reproduce: jext4 crashtest --workload {} --block-size {} --seed {} --state {}",
+            self.workload, self.block_size, self.seed, self.state
+        )?;
+        for path in &self.saved {
+            write!(f, "\nsaved: {}", path.display())?;
+        }
+        Ok(())
+    }
+}
+
+/// Progress reports for a front end.
+pub enum Progress<'a> {
+    /// A scenario was recorded and will be checked in `states` states.
+    Scenario {
+        workload: &'a str,
+        scenario: &'a str,
+        states: usize,
+    },
+    State,
+    Failure(&'a Failure),
+}
+
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub states: usize,
+    pub failures: Vec<Failure>,
+    pub fsck_runs: usize,
+    pub replay_runs: usize,
+    pub kernel_runs: usize,
+    /// Why kernel mounts were skipped, if they were.
+    pub kernel_skipped: Option<String>,
+    pub elapsed: Duration,
+}
+
+/// One recorded scenario.
+pub struct Recorded {
+    /// The disk when the log starts (after setup and a sync).
+    pub base: Vec<u8>,
+    pub log: Vec<Record>,
+    pub lanes: Vec<LaneModel>,
+}
+
+fn mount_options() -> MountOptions {
+    MountOptions {
+        // Commits happen when the workload asks (fsync, sync) or the
+        // transaction fills up, never on a timer: the recording is
+        // reproducible.
+        commit_interval: Duration::from_secs(3600),
+        atime: AtimePolicy::Never,
+        ..MountOptions::default()
+    }
+}
+
+/// Clears the fault switches however recording ends.
+struct FaultsOn;
+
+impl FaultsOn {
+    fn set(list: &[Fault]) -> FaultsOn {
+        for fault in list {
+            faults::set(*fault);
+        }
+        FaultsOn
+    }
+}
+
+impl Drop for FaultsOn {
+    fn drop(&mut self) {
+        faults::clear_all();
+    }
+}
+
+/// Run `scenario` on a fresh copy of `template` over a recording device.
+pub fn record(
+    template: &[u8],
+    scenario: &Scenario,
+    seed: u64,
+    fault_list: &[Fault],
+) -> Result<Recorded, String> {
+    let memory = Arc::new(MemoryDevice::from_bytes(template.to_vec()));
+    let device = Arc::new(RecordingDevice::new(memory));
+    let fs = Fs::mount(device.clone(), mount_options()).map_err(|e| format!("mount: {e}"))?;
+    let mut lanes: Vec<Lane> = scenario
+        .lanes
+        .iter()
+        .enumerate()
+        .map(|(id, root)| Lane::new(id as u32, root, seed, Arc::clone(&fs), Arc::clone(&device)))
+        .collect();
+    let mut exclude: Vec<String> = scenario.lanes[1..]
+        .iter()
+        .map(|root| root.trim_start_matches('/').to_string())
+        .collect();
+    if let Some(bytes) = scenario.fill_leaving_bytes {
+        fill(&fs, bytes).map_err(|e| format!("filling the filesystem: {e}"))?;
+        exclude.push(FILLER.to_string());
+    }
+    (scenario.setup)(&mut lanes);
+    fs.sync().map_err(|e| format!("sync after setup: {e}"))?;
+    let (_, base) = device.take_log_with(|inner| {
+        let mut bytes = vec![0u8; inner.size_bytes() as usize];
+        inner.read_at(0, &mut bytes).map(|()| bytes)
+    });
+    let base = base.map_err(|e| e.to_string())?;
+    for lane in lanes.iter_mut() {
+        let lane_exclude = if lane.id == 0 {
+            exclude.clone()
+        } else {
+            Vec::new()
+        };
+        lane.start_model(lane_exclude)?;
+    }
+    let faults_on = FaultsOn::set(fault_list);
+    (scenario.run)(&mut lanes);
+    let unmounted = fs.unmount();
+    drop(faults_on);
+    let log = device.take_log();
+    let violations = fs
+        .journal_stats()
+        .jbd2
+        .map_or(0, |stats| stats.guard_violations);
+    unmounted.map_err(|e| format!("unmount after the workload: {e}"))?;
+    if let Some(fatal) = lanes.iter().find_map(|lane| lane.fatal.clone()) {
+        return Err(format!("the workload failed: {fatal}"));
+    }
+    if violations > 0 && fault_list.is_empty() {
+        return Err(format!(
+            "{violations} write-ahead guard events during the workload"
+        ));
+    }
+    let lanes = lanes.into_iter().filter_map(Lane::into_model).collect();
+    Ok(Recorded { base, log, lanes })
+}
+
+/// Name of the file that nearly fills the filesystem (outside every lane's
+/// checks: it never changes).
+const FILLER: &str = ".filler";
+
+/// Preallocate a file so that about `leave_bytes` of space stays free.
+fn fill(fs: &Fs, leave_bytes: u64) -> crate::Result<()> {
+    let statfs = fs.statfs();
+    let leave = leave_bytes / statfs.block_size as u64;
+    let blocks = statfs.available_blocks.saturating_sub(leave);
+    let attr = fs.create(
+        crate::format::superblock::ROOT_INO,
+        FILLER.as_bytes(),
+        0o600,
+        Caller::ROOT,
+    )?;
+    // In pieces: one transaction's extent changes stay small.
+    let piece = 1024 * statfs.block_size as u64;
+    let total = blocks * statfs.block_size as u64;
+    let mut done = 0;
+    while done < total {
+        let len = piece.min(total - done);
+        fs.fallocate(attr.ino, done, len, 0, Caller::ROOT)?;
+        done += len;
+    }
+    Ok(())
+}
+
+/// The image files e2fsck and the kernel read, kept between states so
+/// that only changed pages are written.
+struct Files {
+    jext4: ImageFile,
+    replay: ImageFile,
+    kernel: ImageFile,
+}
+
+impl Files {
+    fn new(scratch: &Scratch) -> Result<Files, String> {
+        let open =
+            |name: &str| ImageFile::new(scratch.path(name)).map_err(|e| format!("{name}: {e}"));
+        Ok(Files {
+            jext4: open("jext4.img")?,
+            replay: open("e2fsck.img")?,
+            kernel: open("kernel.img")?,
+        })
+    }
+}
+
+/// Everything one check of one state needs.
+struct Checker<'a> {
+    config: &'a Config,
+    scratch: &'a Scratch,
+    recorded: &'a Recorded,
+    marks: Marks,
+    kernel: bool,
+    files: &'a mut Files,
+}
+
+#[derive(Default)]
+struct Ran {
+    fsck: bool,
+    replay: bool,
+    kernel: bool,
+}
+
+fn every(n: usize, number: usize) -> bool {
+    n != 0 && number % n == 0
+}
+
+fn io_text(error: std::io::Error) -> String {
+    error.to_string()
+}
+
+impl Checker<'_> {
+    fn check(&mut self, state: &CrashState, base: &Base) -> Result<Ran, String> {
+        let raw = OverlayDevice::new(Arc::clone(&base.bytes));
+        states::apply(&self.recorded.log, state, &mut |offset, data| {
+            raw.write_at(offset, data)
+        })
+        .map_err(io_text)?;
+        let sampling = self.config.sampling;
+        let mut ran = Ran::default();
+        let recovered = Arc::new(raw.fork());
+        self.check_jext4(recovered.clone(), "jext4 recovery", state)?;
+        if every(sampling.fsck_every, state.number) {
+            self.files.jext4.show(base, &recovered).map_err(io_text)?;
+            tools::fsck_clean(&self.files.jext4.path, "after jext4 recovery")?;
+            ran.fsck = true;
+        }
+        if every(sampling.replay_every, state.number) {
+            self.check_e2fsck_replay(base, &raw, state)?;
+            ran.replay = true;
+        }
+        if self.kernel && every(sampling.kernel_every, state.number) {
+            self.check_kernel(base, &raw, state)?;
+            ran.kernel = true;
+        }
+        Ok(ran)
+    }
+
+    /// Mount (replaying), compare every lane, unmount.
+    fn check_jext4(
+        &self,
+        device: Arc<dyn BlockDevice>,
+        how: &str,
+        state: &CrashState,
+    ) -> Result<(), String> {
+        let fs = Fs::mount(device, mount_options()).map_err(|e| format!("{how}: mount: {e}"))?;
+        let compared = self.compare(&FsSource(&fs), how, state);
+        let unmounted = fs.unmount();
+        let violations = fs
+            .journal_stats()
+            .jbd2
+            .map_or(0, |stats| stats.guard_violations);
+        compared?;
+        unmounted.map_err(|e| format!("{how}: unmount: {e}"))?;
+        if violations > 0 {
+            return Err(format!("{how}: {violations} write-ahead guard events"));
+        }
+        Ok(())
+    }
+
+    fn compare(
+        &self,
+        source: &dyn TreeSource,
+        how: &str,
+        state: &CrashState,
+    ) -> Result<(), String> {
+        for lane in &self.recorded.lanes {
+            let actual = read_subtree(source, &lane.root, "", &lane.exclude)
+                .map_err(|e| format!("{how}: reading lane {}: {e}", lane.lane))?;
+            let window = self.marks.window(lane, state);
+            check_lane(lane, &window, &actual).map_err(|e| format!("{how}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// e2fsck replays a copy of the crashed disk; it must be clean, and
+    /// agree with the model.
+    fn check_e2fsck_replay(
+        &mut self,
+        base: &Base,
+        raw: &OverlayDevice,
+        state: &CrashState,
+    ) -> Result<(), String> {
+        let file = &mut self.files.replay;
+        file.show(base, raw).map_err(io_text)?;
+        file.invalidate();
+        tools::e2fsck_replay(&file.path)?;
+        tools::fsck_clean(&file.path, "after e2fsck's journal replay")?;
+        let bytes = std::fs::read(&file.path).map_err(io_text)?;
+        let device = Arc::new(MemoryDevice::from_bytes(bytes));
+        self.check_jext4(device, "e2fsck replay", state)
+    }
+
+    /// The kernel replays a copy on a loop mount; its tree must agree with
+    /// the model, and its unmount leave a clean filesystem.
+    fn check_kernel(
+        &mut self,
+        base: &Base,
+        raw: &OverlayDevice,
+        state: &CrashState,
+    ) -> Result<(), String> {
+        let file = &mut self.files.kernel;
+        file.show(base, raw).map_err(io_text)?;
+        file.invalidate();
+        let path = file.path.clone();
+        let mount = KernelMount::new(&path, &self.scratch.path("kernel.mnt"))
+            .map_err(|e| format!("kernel replay: {e}"))?;
+        let compared = self.compare(&StdSource(&mount.point), "kernel replay", state);
+        mount.unmount()?;
+        compared?;
+        tools::fsck_clean(&path, "after the kernel's replay and unmount")
+    }
+}
+
+/// Run the crash test over `config.workloads`, splitting the state budget
+/// evenly between them.
+pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Summary, String> {
+    let started = Instant::now();
+    let scratch = Scratch::new()?;
+    let template = tools::make_template(&scratch, config.block_size, IMAGE_MIB)?;
+    let mut summary = Summary::default();
+    let kernel = config.sampling.kernel_every > 0
+        && match tools::kernel_available(&scratch, &template) {
+            Ok(()) => true,
+            Err(error) => {
+                summary.kernel_skipped = Some(error);
+                false
+            }
+        };
+    let budget = (config.states / config.workloads.len().max(1)).max(1);
+    let mut files = Files::new(&scratch)?;
+    let context = Context {
+        config,
+        scratch: &scratch,
+        template: &template,
+        kernel,
+    };
+    for workload in &config.workloads {
+        context.run_workload(workload, budget, &mut files, &mut summary, progress)?;
+    }
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+struct Context<'a> {
+    config: &'a Config,
+    scratch: &'a Scratch,
+    template: &'a [u8],
+    kernel: bool,
+}
+
+impl Context<'_> {
+    fn failure(&self, workload: &Workload, scenario: &Scenario, state: usize) -> Failure {
+        Failure {
+            workload: workload.name.to_string(),
+            scenario: scenario.name.clone(),
+            block_size: self.config.block_size,
+            seed: self.config.seed,
+            state,
+            description: String::new(),
+            message: String::new(),
+            saved: Vec::new(),
+        }
+    }
+
+    fn run_workload(
+        &self,
+        workload: &Workload,
+        budget: usize,
+        files: &mut Files,
+        summary: &mut Summary,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<(), String> {
+        let scenarios = (workload.scenarios)(self.config.seed, budget);
+        let per_scenario = (budget / scenarios.len().max(1)).max(1);
+        let mut first_number = 0;
+        for scenario in &scenarios {
+            let recorded = match record(
+                self.template,
+                scenario,
+                self.config.seed,
+                &self.config.faults,
+            ) {
+                Ok(recorded) => recorded,
+                Err(message) => {
+                    let mut failure = self.failure(workload, scenario, first_number);
+                    failure.description = "recording the workload".into();
+                    failure.message = message;
+                    progress(Progress::Failure(&failure));
+                    summary.failures.push(failure);
+                    continue;
+                }
+            };
+            let plan_seed = super::rng::Rng::derive(self.config.seed, &scenario.name).next_u64();
+            let plan = states::plan(&recorded.log, per_scenario, plan_seed, workload.tear);
+            progress(Progress::Scenario {
+                workload: workload.name,
+                scenario: &scenario.name,
+                states: plan.len(),
+            });
+            let failed = self.check_plan(
+                (workload, scenario, &recorded),
+                (&plan, first_number),
+                files,
+                summary,
+                progress,
+            )?;
+            first_number += plan.len();
+            if failed && self.config.stop_at_first_failure {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Check the planned states of one recording in epoch order, keeping the
+    /// image of the current epoch's start up to date. Returns whether a
+    /// state failed.
+    fn check_plan(
+        &self,
+        (workload, scenario, recorded): (&Workload, &Scenario, &Recorded),
+        (plan, first_number): (&[CrashState], usize),
+        files: &mut Files,
+        summary: &mut Summary,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<bool, String> {
+        let epochs = states::epochs(&recorded.log);
+        let mut checker = Checker {
+            config: self.config,
+            scratch: self.scratch,
+            recorded,
+            marks: Marks::new(&recorded.log),
+            kernel: self.kernel,
+            files,
+        };
+        let mut base = Base::new(recorded.base.clone());
+        let mut applied = 0;
+        let mut failed = false;
+        for state in plan {
+            let number = first_number + state.number;
+            if self.config.only_state.is_some_and(|only| only != number) {
+                continue;
+            }
+            let start = epochs[state.epoch].start;
+            debug_assert!(start >= applied, "plan not in epoch order");
+            for record in &recorded.log[applied..start] {
+                if let Record::Write { offset, data } = record {
+                    base.write(*offset, data);
+                }
+            }
+            applied = start;
+            let numbered = CrashState {
+                number,
+                ..state.clone()
+            };
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                checker.check(&numbered, &base)
+            }))
+            .unwrap_or_else(|panic| Err(format!("panic: {}", panic_text(&panic))));
+            summary.states += 1;
+            progress(Progress::State);
+            match outcome {
+                Ok(ran) => {
+                    summary.fsck_runs += ran.fsck as usize;
+                    summary.replay_runs += ran.replay as usize;
+                    summary.kernel_runs += ran.kernel as usize;
+                }
+                Err(message) => {
+                    failed = true;
+                    // A panic may have left a file half written.
+                    checker.files.jext4.invalidate();
+                    let mut failure = self.failure(workload, scenario, number);
+                    failure.description = state.describe();
+                    failure.message = message;
+                    failure.saved = self.save(&failure, recorded, state, &base);
+                    progress(Progress::Failure(&failure));
+                    summary.failures.push(failure);
+                    if self.config.stop_at_first_failure {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Keep a failing state's disk, the run's base image and its log in
+    /// dm-log-writes format (`replay-log --log LOG --replay BASE` rebuilds
+    /// any prefix).
+    fn save(
+        &self,
+        failure: &Failure,
+        recorded: &Recorded,
+        state: &CrashState,
+        base: &Base,
+    ) -> Vec<PathBuf> {
+        let Some(dir) = &self.config.keep else {
+            return Vec::new();
+        };
+        let name = format!(
+            "{}-{}-seed{}-state{}",
+            failure.workload, failure.block_size, failure.seed, failure.state
+        );
+        let crashed = OverlayDevice::new(Arc::clone(&base.bytes));
+        let _ = states::apply(&recorded.log, state, &mut |offset, data| {
+            crashed.write_at(offset, data)
+        });
+        let paths = [
+            dir.join(format!("{name}.crashed.img")),
+            dir.join(format!("{name}.base.img")),
+            dir.join(format!("{name}.log")),
+        ];
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&paths[0], crashed.to_vec()))
+            .and_then(|()| std::fs::write(&paths[1], &recorded.base))
+            .and_then(|()| {
+                let mut file = std::io::BufWriter::new(std::fs::File::create(&paths[2])?);
+                logwrites::write_log(&mut file, &recorded.log)
+            });
+        match written {
+            Ok(()) => paths.to_vec(),
+            Err(error) => {
+                tracing::warn!(%error, "saving a failing crash state");
+                Vec::new()
+            }
+        }
+    }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}

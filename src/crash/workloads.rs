@@ -1,0 +1,670 @@
+//! The workloads: short deterministic programs in the shape of real
+//! applications' I/O, run through the engine in-process on the recording
+//! device. Each workload yields one or more scenarios (a fresh filesystem,
+//! a setup that is not crash-tested, then the recorded run).
+//!
+//! Writes stay below the engine's write chunk (2048 blocks), so that every
+//! operation is one transaction, as the oracle's prefix check assumes.
+//! Errors a workload may provoke (no space, a name that is gone) are
+//! ignored: the model records whatever the filesystem did.
+
+use super::driver::Lane;
+use super::rng::Rng;
+use crate::fs::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+
+type Setup = Box<dyn Fn(&mut [Lane]) + Send + Sync>;
+type Run = Box<dyn Fn(&mut [Lane]) + Send + Sync>;
+
+/// One recorded run on a fresh filesystem.
+pub struct Scenario {
+    pub name: String,
+    /// Lane roots: lane 0 is "/" and excludes the other lanes' subtrees.
+    pub lanes: Vec<String>,
+    pub setup: Setup,
+    pub run: Run,
+    /// Nearly fill the filesystem before setup, leaving about this many
+    /// bytes free.
+    pub fill_leaving_bytes: Option<u64>,
+}
+
+impl Scenario {
+    fn single(name: &str, setup: Setup, run: Run) -> Scenario {
+        Scenario {
+            name: name.to_string(),
+            lanes: vec!["/".into()],
+            setup,
+            run,
+            fill_leaving_bytes: None,
+        }
+    }
+}
+
+pub struct Workload {
+    /// Its name on the command line.
+    pub name: &'static str,
+    pub about: &'static str,
+    /// The device may tear this workload's multi-sector writes.
+    pub tear: bool,
+    /// Scenarios for a run with `budget` states (most workloads have one).
+    pub scenarios: fn(seed: u64, budget: usize) -> Vec<Scenario>,
+}
+
+pub const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "mailspool",
+        about: "Exim spool: data file, fsync; header tmp, fsync, rename over; deliveries",
+        tear: true,
+        scenarios: mailspool,
+    },
+    Workload {
+        name: "lsm",
+        about: "RocksDB: WAL fdatasync; sst files, fsync each, fsync dir; MANIFEST; CURRENT rename",
+        tear: true,
+        scenarios: lsm,
+    },
+    Workload {
+        name: "varmail",
+        about: "filebench varmail: 4 threads create/append/fsync/read/delete",
+        tear: true,
+        scenarios: varmail,
+    },
+    Workload {
+        name: "msgjournal",
+        about: "LMAX: 1 KiB appends + fdatasync to a preallocated and to a growing file",
+        tear: true,
+        scenarios: msgjournal,
+    },
+    Workload {
+        name: "untar",
+        about: "a small source tree unpacked (modes, links, xattrs), then sync",
+        tear: true,
+        scenarios: untar,
+    },
+    Workload {
+        name: "smallwriters",
+        about: "1000 tasks writing files 1 KiB at a time on a nearly full filesystem",
+        tear: false,
+        scenarios: smallwriters,
+    },
+    Workload {
+        name: "random",
+        about: "random namespace and data operations with fsync, fdatasync and sync",
+        tear: true,
+        scenarios: random,
+    },
+    Workload {
+        name: "ace2",
+        about: "every sequence of up to 2 operations, each made durable (B3/Ace)",
+        tear: false,
+        scenarios: ace2,
+    },
+    Workload {
+        name: "ace3",
+        about: "sequences of 3 operations, each made durable (sampled unless the budget is large)",
+        tear: false,
+        scenarios: ace3,
+    },
+];
+
+impl std::fmt::Debug for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+pub fn find(name: &str) -> Option<&'static Workload> {
+    WORKLOADS.iter().find(|workload| workload.name == name)
+}
+
+fn mailspool(seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario::single(
+        "mailspool",
+        Box::new(|lanes| {
+            let _ = lanes[0].mkdir("input");
+            let _ = lanes[0].mkdir("mail");
+        }),
+        Box::new(move |lanes| mailspool_run(&mut lanes[0], seed)),
+    )]
+}
+
+fn mailspool_run(lane: &mut Lane, seed: u64) {
+    let mut pending = Vec::new();
+    let mut rng = Rng::derive(seed, "mailspool");
+    for message in 0..20 {
+        let id = format!("1t{message:04}");
+        let data = format!("input/{id}-D");
+        let header = format!("input/{id}-H");
+        let temp = format!("input/hdr.{message}");
+        let _ = lane.create(&data);
+        let _ = lane.append(&data, rng.range(300, 12_000) as usize);
+        let _ = lane.fsync(&data);
+        let _ = lane.create(&temp);
+        let _ = lane.append(&temp, rng.range(400, 2_000) as usize);
+        let _ = lane.fsync(&temp);
+        let _ = lane.rename(&temp, &header);
+        pending.push((id, data, header));
+        if message % 3 == 2 {
+            // Deliver the oldest message: append to a mailbox, then the
+            // spool files go.
+            let (id, data, header) = pending.remove(0);
+            let mailbox = format!("mail/user{}", rng.below(3));
+            if !lane.exists(&mailbox) {
+                let _ = lane.create(&mailbox);
+            }
+            let _ = lane.append(&mailbox, rng.range(500, 6_000) as usize);
+            let _ = lane.fsync(&mailbox);
+            let _ = lane.unlink(&data);
+            let _ = lane.unlink(&header);
+            let _ = id;
+        }
+    }
+}
+
+fn lsm(seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario::single(
+        "lsm",
+        Box::new(|lanes| {
+            let lane = &mut lanes[0];
+            let _ = lane.mkdir("db");
+            let _ = lane.create("db/MANIFEST-000001");
+            let _ = lane.append("db/MANIFEST-000001", 300);
+            let _ = lane.create("db/CURRENT");
+            let _ = lane.append("db/CURRENT", 16);
+            let _ = lane.create("db/000002.log");
+        }),
+        Box::new(move |lanes| lsm_run(&mut lanes[0], seed)),
+    )]
+}
+
+fn lsm_run(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, "lsm");
+    let mut live: Vec<String> = Vec::new();
+    let mut next = 3u32;
+    let mut manifest = "db/MANIFEST-000001".to_string();
+    let mut log = "db/000002.log".to_string();
+    for round in 0..10 {
+        // Writes go to the WAL, each synced (RocksDB sync=true).
+        for _ in 0..rng.range(2, 5) {
+            let _ = lane.append(&log, rng.range(100, 1_500) as usize);
+            let _ = lane.fdatasync(&log);
+        }
+        // Memtable flush: a new sst, a new WAL, the old WAL deleted.
+        let sst = format!("db/{next:06}.sst");
+        next += 1;
+        lsm_write_table(lane, &sst, &mut rng);
+        let _ = lane.fsync("db");
+        let _ = lane.append(&manifest, rng.range(100, 600) as usize);
+        let _ = lane.fsync(&manifest);
+        live.push(sst);
+        let old_log = std::mem::replace(&mut log, format!("db/{next:06}.log"));
+        next += 1;
+        let _ = lane.create(&log);
+        let _ = lane.unlink(&old_log);
+        if round % 3 == 2 && live.len() >= 2 {
+            // Compaction: merged tables, manifest edit, then the inputs go.
+            let inputs: Vec<String> = live.drain(..2).collect();
+            let output = format!("db/{next:06}.sst");
+            next += 1;
+            lsm_write_table(lane, &output, &mut rng);
+            let _ = lane.fsync("db");
+            let _ = lane.append(&manifest, rng.range(100, 600) as usize);
+            let _ = lane.fsync(&manifest);
+            live.push(output);
+            for input in inputs {
+                let _ = lane.unlink(&input);
+            }
+        }
+        if round == 5 {
+            // Manifest roll: new manifest, CURRENT replaced by rename.
+            let new_manifest = format!("db/MANIFEST-{next:06}");
+            next += 1;
+            let _ = lane.create(&new_manifest);
+            let _ = lane.append(&new_manifest, rng.range(500, 2_000) as usize);
+            let _ = lane.fsync(&new_manifest);
+            let _ = lane.create("db/CURRENT.dbtmp");
+            let _ = lane.append("db/CURRENT.dbtmp", 16);
+            let _ = lane.fsync("db/CURRENT.dbtmp");
+            let _ = lane.rename("db/CURRENT.dbtmp", "db/CURRENT");
+            let _ = lane.fsync("db");
+            let _ = lane.unlink(&manifest);
+            manifest = new_manifest;
+        }
+    }
+}
+
+fn lsm_write_table(lane: &mut Lane, path: &str, rng: &mut Rng) {
+    let _ = lane.create(path);
+    for _ in 0..rng.range(2, 4) {
+        let _ = lane.append(path, rng.range(4_000, 20_000) as usize);
+    }
+    let _ = lane.fsync(path);
+}
+
+const VARMAIL_THREADS: u32 = 4;
+
+fn varmail(seed: u64, _budget: usize) -> Vec<Scenario> {
+    let mut lanes = vec!["/".to_string()];
+    lanes.extend((0..VARMAIL_THREADS).map(|t| format!("/t{t}")));
+    vec![Scenario {
+        name: "varmail".into(),
+        lanes,
+        setup: Box::new(|lanes| {
+            for t in 0..VARMAIL_THREADS {
+                let _ = lanes[0].mkdir(&format!("t{t}"));
+            }
+            for lane in lanes.iter_mut().skip(1) {
+                for file in 0..4 {
+                    let name = format!("m{file}");
+                    let _ = lane.create(&name);
+                    let _ = lane.append(&name, 3_000);
+                }
+            }
+        }),
+        run: Box::new(move |lanes| {
+            std::thread::scope(|scope| {
+                for lane in lanes.iter_mut().skip(1) {
+                    scope.spawn(move || varmail_thread(lane, seed));
+                }
+            });
+        }),
+        fill_leaving_bytes: None,
+    }]
+}
+
+/// One varmail thread: the filebench flowops delete, create+append+fsync,
+/// open+append+fsync, open+read, on the thread's own files.
+fn varmail_thread(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, &format!("varmail {}", lane.id));
+    let mut files: Vec<String> = (0..4).map(|file| format!("m{file}")).collect();
+    for next in 4..16 {
+        if files.len() > 2 {
+            let victim = files.remove(rng.below(files.len() as u64) as usize);
+            let _ = lane.unlink(&victim);
+        }
+        let name = format!("m{next}");
+        let _ = lane.create(&name);
+        let _ = lane.append(&name, rng.range(1_000, 16_000) as usize);
+        let _ = lane.fsync(&name);
+        files.push(name);
+        let target = rng.pick(&files).clone();
+        let _ = lane.append(&target, rng.range(1_000, 16_000) as usize);
+        let _ = lane.fsync(&target);
+        let read = rng.pick(&files).clone();
+        let _ = lane.read(&read);
+    }
+}
+
+const JOURNAL_RECORD: usize = 1024;
+const JOURNAL_RECORDS: u64 = 80;
+
+fn msgjournal(_seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario::single(
+        "msgjournal",
+        Box::new(|lanes| {
+            let lane = &mut lanes[0];
+            let _ = lane.mkdir("journal");
+            let _ = lane.create("journal/prealloc");
+            let size = JOURNAL_RECORDS * JOURNAL_RECORD as u64;
+            let _ = lane.fallocate("journal/prealloc", 0, size, 0);
+            let _ = lane.create("journal/growing");
+        }),
+        Box::new(|lanes| {
+            let lane = &mut lanes[0];
+            for record in 0..JOURNAL_RECORDS {
+                let offset = record * JOURNAL_RECORD as u64;
+                let _ = lane.write("journal/prealloc", offset, JOURNAL_RECORD);
+                let _ = lane.fdatasync("journal/prealloc");
+                let _ = lane.append("journal/growing", JOURNAL_RECORD);
+                let _ = lane.fdatasync("journal/growing");
+            }
+        }),
+    )]
+}
+
+fn untar(seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario::single(
+        "untar",
+        Box::new(|_| {}),
+        Box::new(move |lanes| untar_run(&mut lanes[0], seed)),
+    )]
+}
+
+/// A tree shaped like a small source release: directories three deep,
+/// files from empty to 48 KiB with tar's mode changes, fast and slow
+/// symlinks, a hard link and a few xattrs, unpacked in tar order.
+fn untar_run(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, "untar");
+    let top = "pkg-1.0";
+    let _ = lane.mkdir(top);
+    let dirs = ["src", "src/fs", "src/journal", "doc", "tests", "tests/data"];
+    for dir in dirs {
+        let path = format!("{top}/{dir}");
+        let _ = lane.mkdir(&path);
+        for file in 0..rng.range(3, 8) {
+            let name = format!("{path}/file{file}.{}", rng.pick(&["rs", "c", "h", "md"]));
+            let _ = lane.create(&name);
+            let size = match rng.below(4) {
+                0 => rng.below(200),
+                1 | 2 => rng.range(200, 6_000),
+                _ => rng.range(6_000, 48_000),
+            };
+            if size > 0 {
+                let _ = lane.write(&name, 0, size as usize);
+            }
+            let _ = lane.chmod(&name, *rng.pick(&[0o644, 0o755, 0o600]));
+            if rng.chance(1, 8) {
+                let _ = lane.set_xattr(&name, "user.origin", rng.range(8, 300) as usize);
+            }
+        }
+        let _ = lane.chmod(&path, 0o755);
+    }
+    let _ = lane.symlink("src/fs/file0.rs", &format!("{top}/MAIN"));
+    let long = format!("{}/{}", "../".repeat(10), "x".repeat(80));
+    let _ = lane.symlink(&long, &format!("{top}/doc/LONG"));
+    let _ = lane.link(
+        &format!("{top}/src/file0.rs"),
+        &format!("{top}/tests/LINKED"),
+    );
+    let _ = lane.sync();
+}
+
+const WRITER_TASKS: usize = 1000;
+
+fn smallwriters(seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario {
+        name: "smallwriters".into(),
+        lanes: vec!["/".into()],
+        setup: Box::new(|lanes| {
+            let _ = lanes[0].mkdir("w");
+        }),
+        run: Box::new(move |lanes| smallwriters_run(&mut lanes[0], seed)),
+        // About 1.3 KiB per task: the later rounds (at 4 KiB blocks, the
+        // first) run out of space.
+        fill_leaving_bytes: Some(1_300_000),
+    }]
+}
+
+/// A thousand tasks, served round-robin: each creates its file and writes
+/// 1 KiB at a time; every tenth task fsyncs its file, every 200 steps a
+/// sync; after the second round a third of the files are deleted.
+fn smallwriters_run(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, "smallwriters");
+    let mut steps = 0;
+    for round in 0..3 {
+        for task in 0..WRITER_TASKS {
+            let path = format!("w/{task:04}");
+            if round == 0 {
+                let _ = lane.create(&path);
+            }
+            if !lane.exists(&path) {
+                continue;
+            }
+            let _ = lane.append(&path, 1024);
+            if task % 10 == round {
+                let _ = lane.fsync(&path);
+            }
+            steps += 1;
+            if steps % 200 == 0 {
+                let _ = lane.sync();
+            }
+        }
+        if round == 1 {
+            for task in (0..WRITER_TASKS).filter(|t| t % 3 == rng.below(3) as usize) {
+                let _ = lane.unlink(&format!("w/{task:04}"));
+            }
+            let _ = lane.fsync("w");
+        }
+    }
+}
+
+fn random(seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario::single(
+        "random",
+        Box::new(|lanes| {
+            let _ = lanes[0].mkdir("d0");
+            let _ = lanes[0].mkdir("d1");
+        }),
+        Box::new(move |lanes| random_run(&mut lanes[0], seed, 160)),
+    )]
+}
+
+const RANDOM_FILES: &[&str] = &[
+    "f0", "f1", "f2", "d0/f3", "d0/f4", "d1/f5", "d0/e0/f6", "d2/f7",
+];
+const RANDOM_DIRS: &[&str] = &["d0", "d1", "d0/e0", "d2"];
+
+/// Random operations over a small namespace, a persistence call about every
+/// fourth step. Now and then a directory is filled past one block and
+/// emptied again, and files are written sparsely past four extents, so
+/// that metadata blocks are freed and reused (revoke records matter).
+fn random_run(lane: &mut Lane, seed: u64, steps: usize) {
+    let mut rng = Rng::derive(seed, "random");
+    for step in 0..steps {
+        let file = *rng.pick(RANDOM_FILES);
+        let other = *rng.pick(RANDOM_FILES);
+        let dir = *rng.pick(RANDOM_DIRS);
+        let other_dir = *rng.pick(RANDOM_DIRS);
+        let xattr = *rng.pick(&["user.a", "user.b"]);
+        let _ = match rng.below(18) {
+            0 | 1 => lane.create(file),
+            2 => lane.mkdir(dir),
+            3 | 4 => lane.write(file, rng.below(40_000), rng.range(1, 9_000) as usize),
+            5 => lane.append(file, rng.range(1, 5_000) as usize),
+            6 => sparse_writes(lane, file, &mut rng),
+            7 => lane.truncate(file, rng.below(30_000)),
+            8 => lane.fallocate(
+                file,
+                rng.below(20_000),
+                rng.range(1, 20_000),
+                random_falloc(&mut rng),
+            ),
+            9 => lane.link(file, other),
+            10 => lane.unlink(file),
+            11 => lane.rmdir(dir),
+            12 => lane.rename(file, other),
+            13 => lane.rename(dir, other_dir),
+            14 => lane.set_xattr(file, xattr, rng.range(1, 1_500) as usize),
+            15 => lane.symlink(&"t".repeat(rng.range(1, 200) as usize), other),
+            16 => churn_directory(lane, &mut rng),
+            _ => lane.chmod(file, *rng.pick(&[0o600, 0o644, 0o755])),
+        };
+        if step % 4 == 3 {
+            let _ = persist(lane, &mut rng, file, dir);
+        }
+    }
+    let _ = lane.sync();
+}
+
+fn random_falloc(rng: &mut Rng) -> u32 {
+    *rng.pick(&[
+        0,
+        FALLOC_FL_KEEP_SIZE,
+        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+    ])
+}
+
+fn persist(lane: &mut Lane, rng: &mut Rng, file: &str, dir: &str) -> crate::Result<()> {
+    match rng.below(4) {
+        0 => lane.fsync(file),
+        1 => lane.fdatasync(file),
+        2 => lane.fsync(dir),
+        _ => lane.sync(),
+    }
+}
+
+/// Several small writes far apart: more extents than the inode holds.
+fn sparse_writes(lane: &mut Lane, file: &str, rng: &mut Rng) -> crate::Result<()> {
+    let _ = lane.create(file);
+    for extent in 0..6u64 {
+        lane.write(file, extent * 24_576 + rng.below(4_096), 1_000)?;
+    }
+    Ok(())
+}
+
+/// Fill `d2` past one directory block, then empty and remove it.
+fn churn_directory(lane: &mut Lane, rng: &mut Rng) -> crate::Result<()> {
+    let _ = lane.mkdir("d2");
+    let count = rng.range(20, 50);
+    for entry in 0..count {
+        let _ = lane.create(&format!("d2/a-rather-long-file-name-{entry:03}"));
+    }
+    let _ = persist(lane, rng, "d2", "d2");
+    for entry in 0..count {
+        let _ = lane.unlink(&format!("d2/a-rather-long-file-name-{entry:03}"));
+    }
+    let _ = lane.unlink("d2/f7");
+    lane.rmdir("d2")
+}
+
+/// The Ace operation alphabet: each with fixed arguments over the setup
+/// tree (`foo`, `A/`, `A/bar`).
+const ACE_OPS: &[&str] = &[
+    "creat A/new",
+    "creat new",
+    "mkdir B",
+    "mkdir A/C",
+    "link foo A/foo2",
+    "link A/bar bar2",
+    "unlink foo",
+    "unlink A/bar",
+    "rename foo A/foo3",
+    "rename A/bar foo",
+    "rename A B2",
+    "write foo append",
+    "write A/bar overwrite",
+    "truncate foo shrink",
+    "truncate A/bar grow",
+    "fallocate foo keep_size",
+    "fallocate A/bar extend",
+    "setxattr foo",
+    "setxattr A",
+];
+
+/// How each Ace step is made durable.
+const ACE_PERSIST: &[&str] = &["fsync", "fdatasync", "sync"];
+
+fn ace2(seed: u64, budget: usize) -> Vec<Scenario> {
+    ace_scenarios(seed, budget, 2)
+}
+
+fn ace3(seed: u64, budget: usize) -> Vec<Scenario> {
+    ace_scenarios(seed, budget, 3)
+}
+
+/// States one Ace scenario gets (its log has a few flush epochs).
+pub const ACE_STATES_PER_SCENARIO: usize = 8;
+
+/// Every sequence of 1..=`length` steps (of exactly `length` steps for
+/// length 3), in a seeded order, as many as the budget pays for.
+fn ace_scenarios(seed: u64, budget: usize, length: usize) -> Vec<Scenario> {
+    let steps = ACE_OPS.len() * ACE_PERSIST.len();
+    let mut sequences: Vec<Vec<usize>> = Vec::new();
+    let shortest = if length == 3 { 3 } else { 1 };
+    for len in shortest..=length {
+        let total = steps.pow(len as u32);
+        sequences.extend((0..total).map(|mut code| {
+            (0..len)
+                .map(|_| {
+                    let step = code % steps;
+                    code /= steps;
+                    step
+                })
+                .collect()
+        }));
+    }
+    let wanted = (budget / ACE_STATES_PER_SCENARIO).max(1);
+    if wanted < sequences.len() {
+        Rng::derive(seed, "ace").shuffle(&mut sequences);
+        sequences.truncate(wanted);
+    }
+    sequences.into_iter().map(ace_scenario).collect()
+}
+
+fn ace_scenario(sequence: Vec<usize>) -> Scenario {
+    let name = sequence
+        .iter()
+        .map(|&step| {
+            let (op, persist) = (step / ACE_PERSIST.len(), step % ACE_PERSIST.len());
+            format!("{}; {}", ACE_OPS[op], ACE_PERSIST[persist])
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Scenario::single(
+        &format!("ace: {name}"),
+        Box::new(|lanes| {
+            let lane = &mut lanes[0];
+            let _ = lane.create("foo");
+            let _ = lane.write("foo", 0, 4_096);
+            let _ = lane.mkdir("A");
+            let _ = lane.create("A/bar");
+            let _ = lane.write("A/bar", 0, 8_192);
+        }),
+        Box::new(move |lanes| {
+            for &step in &sequence {
+                let (op, persist) = (step / ACE_PERSIST.len(), step % ACE_PERSIST.len());
+                let target = ace_step(&mut lanes[0], ACE_OPS[op]);
+                let _ = match ACE_PERSIST[persist] {
+                    "fsync" => lanes[0].fsync(target),
+                    "fdatasync" => lanes[0].fdatasync(target),
+                    _ => lanes[0].sync(),
+                };
+            }
+        }),
+    )
+}
+
+/// Run one Ace operation; returns the path to make durable.
+fn ace_step(lane: &mut Lane, op: &str) -> &'static str {
+    let (result, target) = match op {
+        "creat A/new" => (lane.create("A/new"), "A/new"),
+        "creat new" => (lane.create("new"), "new"),
+        "mkdir B" => (lane.mkdir("B"), "B"),
+        "mkdir A/C" => (lane.mkdir("A/C"), "A/C"),
+        "link foo A/foo2" => (lane.link("foo", "A/foo2"), "A/foo2"),
+        "link A/bar bar2" => (lane.link("A/bar", "bar2"), "bar2"),
+        "unlink foo" => (lane.unlink("foo"), ""),
+        "unlink A/bar" => (lane.unlink("A/bar"), "A"),
+        "rename foo A/foo3" => (lane.rename("foo", "A/foo3"), "A/foo3"),
+        "rename A/bar foo" => (lane.rename("A/bar", "foo"), "foo"),
+        "rename A B2" => (lane.rename("A", "B2"), "B2"),
+        "write foo append" => (lane.append("foo", 5_000), "foo"),
+        "write A/bar overwrite" => (lane.write("A/bar", 2_000, 3_000), "A/bar"),
+        "truncate foo shrink" => (lane.truncate("foo", 1_000), "foo"),
+        "truncate A/bar grow" => (lane.truncate("A/bar", 20_000), "A/bar"),
+        "fallocate foo keep_size" => (lane.fallocate("foo", 0, 16_384, FALLOC_FL_KEEP_SIZE), "foo"),
+        "fallocate A/bar extend" => (lane.fallocate("A/bar", 8_192, 8_192, 0), "A/bar"),
+        "setxattr foo" => (lane.set_xattr("foo", "user.ace", 64), "foo"),
+        "setxattr A" => (lane.set_xattr("A", "user.ace", 64), "A"),
+        other => unreachable!("unknown Ace operation {other}"),
+    };
+    let _ = result;
+    target
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_ace_enumerates() {
+        let mut names: Vec<&str> = WORKLOADS.iter().map(|w| w.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), WORKLOADS.len());
+        let steps = ACE_OPS.len() * ACE_PERSIST.len();
+        let everything = ace_scenarios(1, usize::MAX / 2, 2);
+        assert_eq!(everything.len(), steps + steps * steps);
+        let sampled = ace_scenarios(1, 80, 2);
+        assert_eq!(sampled.len(), 10);
+        assert_eq!(
+            sampled.iter().map(|s| &s.name).collect::<Vec<_>>(),
+            ace_scenarios(1, 80, 2)
+                .iter()
+                .map(|s| &s.name)
+                .collect::<Vec<_>>()
+        );
+        // Every Ace operation name is one `ace_step` knows (it panics
+        // otherwise) — checked by the crash tests that run them.
+        assert!(ACE_OPS.iter().all(|op| !op.is_empty()));
+    }
+}
