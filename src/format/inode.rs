@@ -346,6 +346,14 @@ impl Inode {
     pub fn is_symlink(&self) -> bool {
         self.file_type() == S_IFLNK
     }
+    /// The blocks this inode maps are metadata: directory blocks are
+    /// journaled, so freeing them must revoke them and drop their cached
+    /// and checkpoint copies, or a replay or checkpoint writes them over
+    /// the block's next owner. The kernel's rule (extents.c
+    /// `get_default_free_blocks_flags`): directories and symlinks.
+    pub fn blocks_are_metadata(&self) -> bool {
+        self.is_dir() || self.is_symlink()
+    }
     pub fn uses_extents(&self) -> bool {
         self.flags & flags::EXTENTS != 0
     }
