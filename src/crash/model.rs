@@ -14,13 +14,18 @@
 //!
 //! Acknowledgements (`Persist`) become lower bounds:
 //! - `sync` at op j: every op up to j is durable, with every inode's data;
-//! - `fsync` of inode i at op j: the last op before j that changed i or a
-//!   name of i is durable (hence, journaled in order, every op before it),
-//!   with i's data as of j;
-//! - `fdatasync` of i: the last op before j that changed i's size or bytes
-//!   or created it; i's data as of j;
+//! - `fsync` of inode i at op j: the last op before j that changed i's
+//!   metadata or a name of i is durable (hence, journaled in order, every op
+//!   before it), and i's bytes as of j;
+//! - `fdatasync` of i: the last op before j that changed i's size or
+//!   created it; i's bytes as of j;
 //! - `fsync` of directory d: the last op before j that changed an entry
 //!   of d.
+//!
+//! A change of bytes alone bounds nothing but those bytes: an overwrite in
+//! place needs no commit, so the ops before it need not be durable. (When
+//! it filled a hole, the allocation must be committed — the data bound
+//! catches that: the hole would read as zeros, not the acknowledged bytes.)
 
 use crate::fs::FileKind;
 use std::collections::{BTreeMap, HashMap};
@@ -320,11 +325,13 @@ struct NameChange {
     new: Option<u32>,
 }
 
-/// An inode changed; `data` when its size or bytes did.
+/// An inode changed: its metadata (`size` when its size did), or else
+/// only its bytes.
 #[derive(Debug, Clone)]
 struct InodeChange {
     ino: u32,
-    data: bool,
+    meta: bool,
+    size: bool,
     created: bool,
 }
 
@@ -473,22 +480,29 @@ impl LaneModel {
 
     fn update_inode(&mut self, op: u32, ino: u32, mut version: InodeVersion) {
         let history = self.inodes.entry(ino).or_default();
-        let (data, created) = match history.latest() {
+        let change = match history.latest() {
             Some(old) => {
                 version.content = Content::new(&version.content.bytes(), Some(&old.content));
-                let data =
-                    old.meta.size != version.meta.size || !old.content.same_as(&version.content);
-                if !data && old.meta == version.meta {
+                let meta = old.meta != version.meta;
+                if !meta && old.content.same_as(&version.content) {
                     return;
                 }
-                (data, false)
+                InodeChange {
+                    ino,
+                    meta,
+                    size: old.meta.size != version.meta.size,
+                    created: false,
+                }
             }
-            None => (true, true),
+            None => InodeChange {
+                ino,
+                meta: true,
+                size: true,
+                created: true,
+            },
         };
         history.set(op, Some(Arc::new(version)));
-        self.ops[op as usize]
-            .inodes
-            .push(InodeChange { ino, data, created });
+        self.ops[op as usize].inodes.push(change);
     }
 
     /// Op `op` returned and promised `persist`.
@@ -503,7 +517,7 @@ impl LaneModel {
             Persist::Sync => (op, Durable::Everything),
             Persist::Fsync(ino) => (
                 last(&|info| {
-                    info.inodes.iter().any(|c| c.ino == ino)
+                    info.inodes.iter().any(|c| c.ino == ino && c.meta)
                         || info
                             .names
                             .iter()
@@ -515,7 +529,7 @@ impl LaneModel {
                 last(&|info| {
                     info.inodes
                         .iter()
-                        .any(|c| c.ino == ino && (c.data || c.created))
+                        .any(|c| c.ino == ino && (c.size || c.created))
                 }),
                 Durable::Inode(ino),
             ),
@@ -588,8 +602,8 @@ mod tests {
     #[test]
     fn acknowledgements_bound_the_right_ops() {
         let mut model = LaneModel::new(0, "/", Vec::new(), snapshot(&[("a", 12, b"x")]));
-        // 1: create b; 2: write a; 3: rename b -> c; 4: fdatasync a;
-        // 5: fsync c; 6: fdatasync c.
+        // 1: create b; 2: write a; 3: rename b -> c; then persistence
+        // calls, each bounded by the last change that needs a commit.
         let op = model.begin("create b".into());
         model.finish(op, vec![("b".into(), snapshot(&[("b", 13, b"")]))]);
         let op = model.begin("write a".into());
@@ -602,8 +616,12 @@ mod tests {
                 ("c".into(), snapshot(&[("c", 13, b"")])),
             ],
         );
+        // 4: overwrite a in place: bytes only, no commit needed.
+        let op = model.begin("overwrite a".into());
+        model.finish(op, vec![("a".into(), snapshot(&[("a", 12, b"zy")]))]);
         for (persist, bound) in [
             (Persist::Fdatasync(12), 2),
+            (Persist::Fsync(12), 2),
             (Persist::Fsync(13), 3),
             (Persist::Fdatasync(13), 1),
         ] {

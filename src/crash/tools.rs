@@ -15,6 +15,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Bytes of e2fsck output kept in a failure report.
 const OUTPUT_KEPT: usize = 1500;
 
+/// Tries of an unmount that finds the filesystem busy (about 2 s in all).
+const UMOUNT_ATTEMPTS: u32 = 8;
+
 /// A directory removed (with its content) on drop.
 pub struct Scratch {
     pub dir: PathBuf,
@@ -178,13 +181,20 @@ impl KernelMount {
         })
     }
 
+    /// Unmount. "Busy" is retried for a while: a process forked by another
+    /// thread holds this process's open files until it execs.
     pub fn unmount(mut self) -> Result<(), String> {
         self.mounted = false;
-        let (code, text) = run("umount", &[path_str(&self.point)?], &[])?;
-        if code != 0 {
-            return Err(format!("umount failed: {}", shorten(&text)));
+        let mut last = String::new();
+        for attempt in 0..UMOUNT_ATTEMPTS {
+            let (code, text) = run("umount", &[path_str(&self.point)?], &[])?;
+            if code == 0 {
+                return Ok(());
+            }
+            last = text;
+            std::thread::sleep(std::time::Duration::from_millis(20 << attempt.min(4)));
         }
-        Ok(())
+        Err(format!("umount failed: {}", shorten(&last)))
     }
 }
 
