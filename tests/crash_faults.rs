@@ -1,0 +1,106 @@
+//! The crash-state oracle can fail: each fault switch breaks one rule of
+//! the journal on purpose, and a crash-state run must catch it.
+//!
+//! The switches are process-wide, so these tests run one at a time and
+//! nothing else runs in this test binary.
+
+mod common;
+
+use jext4::crash::workloads::{Workload, find};
+use jext4::crash::{Config, Sampling, run};
+use jext4::journal::faults::Fault;
+use std::sync::Mutex;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Run `workloads` with `fault` on; return the first failure's report.
+fn first_failure(
+    fault: Fault,
+    workloads: &[&str],
+    block_size: u32,
+    states: usize,
+) -> Option<String> {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let chosen: Vec<&'static Workload> = workloads.iter().map(|name| find(name).unwrap()).collect();
+    let mut config = Config::new(chosen, block_size, states, 11);
+    config.faults = vec![fault];
+    config.stop_at_first_failure = true;
+    config.sampling = Sampling {
+        fsck_every: 1,
+        replay_every: 0,
+        kernel_every: 0,
+    };
+    let summary = run(&config, &mut |_| {}).unwrap();
+    assert!(
+        !jext4::journal::faults::any_active(),
+        "a fault outlived its run"
+    );
+    summary.failures.first().map(|failure| failure.to_string())
+}
+
+fn assert_caught(fault: Fault, workloads: &[&str], states: usize) {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    for block_size in [1024, 4096] {
+        match first_failure(fault, workloads, block_size, states) {
+            Some(report) => eprintln!("{fault:?} at {block_size}-byte blocks caught:\n{report}\n"),
+            None => panic!("{fault:?} at {block_size}-byte blocks was not caught by {workloads:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_commit_block_written_without_the_flush_before_it_is_caught() {
+    assert_caught(Fault::SkipPreCommitFlush, &["mailspool", "random"], 400);
+}
+
+/// A block written home early is harmless while an older committed copy of
+/// it is still in the log (replay puts that back): the workloads that catch
+/// it write blocks never logged before (untar's new directories and inode
+/// table blocks) or run long enough for checkpoints to empty the log
+/// (smallwriters).
+#[test]
+fn metadata_written_home_before_its_commit_is_caught() {
+    assert_caught(
+        Fault::WriteHomeBeforeCommit,
+        &["untar", "smallwriters"],
+        400,
+    );
+}
+
+#[test]
+fn a_dropped_revoke_record_is_caught() {
+    assert_caught(Fault::DropRevoke, &["random", "lsm"], 600);
+}
+
+#[test]
+fn a_tail_moved_before_the_checkpoint_is_durable_is_caught() {
+    assert_caught(Fault::EarlyTailAdvance, &["untar", "lsm"], 600);
+}
+
+#[test]
+fn file_data_written_after_its_commit_is_caught() {
+    assert_caught(Fault::DeferOrderedData, &["msgjournal", "mailspool"], 400);
+}
+
+/// Without a fault the same runs pass: what the tests above catch is the
+/// fault, not the harness.
+#[test]
+fn the_same_runs_pass_without_faults() {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let names = ["mailspool", "random", "lsm", "untar", "msgjournal"];
+    let chosen: Vec<&'static Workload> = names.iter().map(|name| find(name).unwrap()).collect();
+    let mut config = Config::new(chosen, 1024, 500, 11);
+    config.sampling.kernel_every = 0;
+    let summary = run(&config, &mut |_| {}).unwrap();
+    let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

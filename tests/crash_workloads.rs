@@ -1,0 +1,65 @@
+//! Every crash-test workload at 1 KiB and 4 KiB blocks: each planned crash
+//! state recovers (jext4, and e2fsck and the kernel on samples) to a clean
+//! filesystem that keeps everything acknowledged.
+//!
+//! The CI budget: `STATES` states per workload and block size (about 3,500
+//! in all); `jext4 crashtest --workload all --states 10000` is the long run
+//! (README, "Crash states").
+
+mod common;
+
+use jext4::crash::workloads::find;
+use jext4::crash::{Config, run};
+
+const STATES: usize = 200;
+
+fn check(workload: &str, block_size: u32) {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    let config = Config::new(vec![find(workload).unwrap()], block_size, STATES, 1);
+    let summary = run(&config, &mut |_| {}).unwrap();
+    let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // Enough states were really tried, and e2fsck saw every one.
+    assert!(
+        summary.states >= STATES / 2,
+        "only {} states",
+        summary.states
+    );
+    assert_eq!(summary.fsck_runs, summary.states);
+    assert!(summary.replay_runs > 0);
+    eprintln!(
+        "{workload} {block_size}: {} states, {} e2fsck replays, {} kernel replays{} in {:.1?}",
+        summary.states,
+        summary.replay_runs,
+        summary.kernel_runs,
+        summary
+            .kernel_skipped
+            .map_or(String::new(), |why| format!(" (kernel skipped: {why})")),
+        summary.elapsed
+    );
+}
+
+macro_rules! workload_tests {
+    ($($name:ident: $workload:literal,)*) => {
+        mod at_1k {
+            $(#[test] fn $name() { super::check($workload, 1024) })*
+        }
+        mod at_4k {
+            $(#[test] fn $name() { super::check($workload, 4096) })*
+        }
+    };
+}
+
+workload_tests! {
+    mailspool: "mailspool",
+    lsm: "lsm",
+    varmail: "varmail",
+    msgjournal: "msgjournal",
+    untar: "untar",
+    smallwriters: "smallwriters",
+    random: "random",
+    ace2: "ace2",
+    ace3: "ace3",
+}
