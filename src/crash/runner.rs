@@ -10,7 +10,9 @@
 //!   the image jext4 left;
 //! - **every `replay_every`-th state**: `e2fsck -p -E journal_only` on
 //!   another copy of the crashed disk, `e2fsck -fn` clean, then the model
-//!   check on that replay (through jext4, read-only use);
+//!   check on that replay (read through jext4); and `jext4 recover` on a
+//!   third copy: `e2fsck -fn` clean and byte-identical to e2fsck's replay
+//!   outside the primary superblock;
 //! - **every `kernel_every`-th state** (root with loop devices): a kernel
 //!   loop mount of a third copy replays it; the model check through the
 //!   kernel's tree; unmount; `e2fsck -fn` clean.
@@ -277,6 +279,7 @@ fn fill(fs: &Fs, leave_bytes: u64) -> crate::Result<()> {
 struct Files {
     jext4: ImageFile,
     replay: ImageFile,
+    recover: ImageFile,
     kernel: ImageFile,
 }
 
@@ -287,6 +290,7 @@ impl Files {
         Ok(Files {
             jext4: open("jext4.img")?,
             replay: open("e2fsck.img")?,
+            recover: open("recover.img")?,
             kernel: open("kernel.img")?,
         })
     }
@@ -382,20 +386,29 @@ impl Checker<'_> {
     }
 
     /// e2fsck replays a copy of the crashed disk; it must be clean, and
-    /// agree with the model.
+    /// agree with the model. `jext4 recover` replays another copy: the
+    /// same bytes outside the primary superblock (whose counters and times
+    /// e2fsck rewrites), and clean too.
     fn check_e2fsck_replay(
         &mut self,
         base: &Base,
         raw: &OverlayDevice,
         state: &CrashState,
     ) -> Result<(), String> {
-        let file = &mut self.files.replay;
-        file.show(base, raw).map_err(io_text)?;
-        file.invalidate();
-        tools::e2fsck_replay(&file.path)?;
-        tools::fsck_clean(&file.path, "after e2fsck's journal replay")?;
-        let bytes = std::fs::read(&file.path).map_err(io_text)?;
-        let device = Arc::new(MemoryDevice::from_bytes(bytes));
+        let replay = &mut self.files.replay;
+        replay.show(base, raw).map_err(io_text)?;
+        replay.invalidate();
+        tools::e2fsck_replay(&replay.path)?;
+        tools::fsck_clean(&replay.path, "after e2fsck's journal replay")?;
+        let replayed = std::fs::read(&replay.path).map_err(io_text)?;
+        let recover = &mut self.files.recover;
+        recover.show(base, raw).map_err(io_text)?;
+        recover.invalidate();
+        crate::fs::recover_image(&recover.path).map_err(|e| format!("jext4 recover: {e}"))?;
+        tools::fsck_clean(&recover.path, "after jext4 recover")?;
+        let recovered = std::fs::read(&recover.path).map_err(io_text)?;
+        compare_replays(&recovered, &replayed, self.config.block_size)?;
+        let device = Arc::new(MemoryDevice::from_bytes(replayed));
         self.check_jext4(device, "e2fsck replay", state)
     }
 
@@ -435,7 +448,6 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
                 false
             }
         };
-    let budget = (config.states / config.workloads.len().max(1)).max(1);
     let mut files = Files::new(&scratch)?;
     let context = Context {
         config,
@@ -443,7 +455,11 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
         template: &template,
         kernel,
     };
-    for workload in &config.workloads {
+    // The budget is shared evenly; what a workload cannot use (its log has
+    // fewer distinct states) goes to those after it.
+    for (index, workload) in config.workloads.iter().enumerate() {
+        let left = config.states.saturating_sub(summary.states);
+        let budget = (left / (config.workloads.len() - index)).max(1);
         context.run_workload(workload, budget, &mut files, &mut summary, progress)?;
     }
     summary.elapsed = started.elapsed();
@@ -480,9 +496,12 @@ impl Context<'_> {
         progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<(), String> {
         let scenarios = (workload.scenarios)(self.config.seed, budget);
-        let per_scenario = (budget / scenarios.len().max(1)).max(1);
         let mut first_number = 0;
-        for scenario in &scenarios {
+        for (index, scenario) in scenarios.iter().enumerate() {
+            // Shared like the workloads' budget (`first_number` counts the
+            // states planned so far).
+            let left = budget.saturating_sub(first_number);
+            let per_scenario = (left / (scenarios.len() - index)).max(1);
             let recorded = match record(
                 self.template,
                 scenario,
@@ -633,6 +652,36 @@ impl Context<'_> {
             }
         }
     }
+}
+
+/// Blocks that differ between jext4's and e2fsck's replay of one disk,
+/// outside the primary superblock.
+fn compare_replays(jext4: &[u8], e2fsck: &[u8], block_size: u32) -> Result<(), String> {
+    const SUPERBLOCK: std::ops::Range<usize> = 1024..2048;
+    if jext4.len() != e2fsck.len() {
+        return Err("jext4 recover changed the image size".into());
+    }
+    let differing: Vec<usize> = jext4
+        .chunks(block_size as usize)
+        .zip(e2fsck.chunks(block_size as usize))
+        .enumerate()
+        .filter(|(index, (ours, theirs))| {
+            let start = index * block_size as usize;
+            ours.iter()
+                .zip(theirs.iter())
+                .enumerate()
+                .any(|(at, (a, b))| a != b && !SUPERBLOCK.contains(&(start + at)))
+        })
+        .map(|(index, _)| index)
+        .collect();
+    if differing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "jext4 recover and e2fsck -E journal_only replayed differently: blocks {:?}{}",
+        &differing[..differing.len().min(8)],
+        if differing.len() > 8 { " …" } else { "" }
+    ))
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -269,30 +269,32 @@ pub fn plan(log: &[Record], budget: usize, seed: u64, tear: bool) -> Vec<CrashSt
         .map(|index| with_writes[index])
         .collect();
     let mut seen: HashSet<(usize, Vec<usize>, Option<TornWrite>)> = HashSet::new();
+    // Each pass over the epochs draws one kind: in-order, subset, torn,
+    // subset, and again.
     let kinds = [
         StateKind::InOrder,
         StateKind::Subset,
         StateKind::Torn,
         StateKind::Subset,
     ];
-    let mut attempts = 0;
-    let mut round = 0usize;
-    while states.len() < budget && !with_writes.is_empty() && attempts < wanted * DRAW_ATTEMPTS {
-        attempts += 1;
-        let epoch_index = with_writes[round % with_writes.len()];
-        let kind = kinds[(round / with_writes.len() + attempts) % kinds.len()];
-        round += 1;
+    for attempt in 0..wanted * DRAW_ATTEMPTS {
+        if states.len() >= budget || with_writes.is_empty() {
+            break;
+        }
+        let epoch_index = with_writes[attempt % with_writes.len()];
+        let kind = kinds[(attempt / with_writes.len()) % kinds.len()];
         let Some(state) = drawer.draw(epoch_index, &epochs[epoch_index], kind) else {
             continue;
         };
-        let key = (state.epoch, state.writes.clone(), state.torn.clone());
         let complete =
             state.torn.is_none() && state.writes.len() == epochs[epoch_index].writes.len();
         // All of an epoch's writes is the next epoch's AtFlush state.
-        if complete && epoch_index + 1 < epochs.len() || !seen.insert(key) {
+        if complete && epoch_index + 1 < epochs.len() {
             continue;
         }
-        states.push(state);
+        if seen.insert((state.epoch, state.writes.clone(), state.torn.clone())) {
+            states.push(state);
+        }
     }
     states.sort_by_key(|state| (state.epoch, state.kind != StateKind::AtFlush));
     for (number, state) in states.iter_mut().enumerate() {
