@@ -501,6 +501,9 @@ impl Context<'_> {
             // Shared like the workloads' budget (`first_number` counts the
             // states planned so far).
             let left = budget.saturating_sub(first_number);
+            if left == 0 {
+                break;
+            }
             let per_scenario = (left / (scenarios.len() - index)).max(1);
             let recorded = match record(
                 self.template,
