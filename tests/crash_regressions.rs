@@ -56,6 +56,7 @@ static FREED_DIRECTORY_BLOCK: Workload = Workload {
     name: "freed-directory-block",
     about: "a directory block freed, then reused by a slow symlink",
     tear: false,
+    states_per_scenario: 0,
     scenarios: |_, _| {
         single(
             "mkdir/rmdir/symlink",

@@ -195,6 +195,12 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
     bar.finish_and_clear();
     match result {
         Ok(summary) => {
+            let counts: Vec<String> = summary
+                .per_workload
+                .iter()
+                .map(|(name, states)| format!("{name} {states}"))
+                .collect();
+            println!("states per workload: {}", counts.join(", "));
             println!(
                 "block size {}, seed {}: jext4 recovery and model check on every state; \
                  e2fsck -fn on {}, e2fsck replay on {}, kernel replay on {}{} ({:.1?})",

@@ -146,6 +146,8 @@ pub struct Summary {
     pub kernel_runs: usize,
     /// Why kernel mounts were skipped, if they were.
     pub kernel_skipped: Option<String>,
+    /// States checked per workload, in order.
+    pub per_workload: Vec<(String, usize)>,
     pub elapsed: Duration,
 }
 
@@ -460,7 +462,12 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
     for (index, workload) in config.workloads.iter().enumerate() {
         let left = config.states.saturating_sub(summary.states);
         let budget = (left / (config.workloads.len() - index)).max(1);
+        let before = summary.states;
         context.run_workload(workload, budget, &mut files, &mut summary, progress)?;
+        let checked = summary.states - before;
+        summary
+            .per_workload
+            .push((workload.name.to_string(), checked));
     }
     summary.elapsed = started.elapsed();
     Ok(summary)
@@ -504,7 +511,10 @@ impl Context<'_> {
             if left == 0 {
                 break;
             }
-            let per_scenario = (left / (scenarios.len() - index)).max(1);
+            let per_scenario = match workload.states_per_scenario {
+                0 => (left / (scenarios.len() - index)).max(1),
+                each => each.min(left),
+            };
             let recorded = match record(
                 self.template,
                 scenario,

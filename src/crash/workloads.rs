@@ -47,6 +47,8 @@ pub struct Workload {
     pub tear: bool,
     /// Scenarios for a run with `budget` states (most workloads have one).
     pub scenarios: fn(seed: u64, budget: usize) -> Vec<Scenario>,
+    /// States each scenario gets; 0: the scenarios share the budget.
+    pub states_per_scenario: usize,
 }
 
 pub const WORKLOADS: &[Workload] = &[
@@ -55,54 +57,63 @@ pub const WORKLOADS: &[Workload] = &[
         about: "Exim spool: data file, fsync; header tmp, fsync, rename over; deliveries",
         tear: true,
         scenarios: mailspool,
+        states_per_scenario: 0,
     },
     Workload {
         name: "lsm",
         about: "RocksDB: WAL fdatasync; sst files, fsync each, fsync dir; MANIFEST; CURRENT rename",
         tear: true,
         scenarios: lsm,
+        states_per_scenario: 0,
     },
     Workload {
         name: "varmail",
         about: "filebench varmail: 4 threads create/append/fsync/read/delete",
         tear: true,
         scenarios: varmail,
+        states_per_scenario: 0,
     },
     Workload {
         name: "msgjournal",
         about: "LMAX: 1 KiB appends + fdatasync to a preallocated and to a growing file",
         tear: true,
         scenarios: msgjournal,
+        states_per_scenario: 0,
     },
     Workload {
         name: "untar",
         about: "a small source tree unpacked (modes, links, xattrs), then sync",
         tear: true,
         scenarios: untar,
+        states_per_scenario: 0,
     },
     Workload {
         name: "smallwriters",
         about: "1000 tasks writing files 1 KiB at a time on a nearly full filesystem",
         tear: false,
         scenarios: smallwriters,
+        states_per_scenario: 0,
     },
     Workload {
         name: "random",
         about: "random namespace and data operations with fsync, fdatasync and sync",
         tear: true,
         scenarios: random,
+        states_per_scenario: 0,
     },
     Workload {
         name: "ace2",
         about: "every sequence of up to 2 operations, each made durable (B3/Ace)",
         tear: false,
         scenarios: ace2,
+        states_per_scenario: ACE_STATES_PER_SCENARIO,
     },
     Workload {
         name: "ace3",
         about: "sequences of 3 operations, each made durable (sampled unless the budget is large)",
         tear: false,
         scenarios: ace3,
+        states_per_scenario: ACE_STATES_PER_SCENARIO,
     },
 ];
 
@@ -573,9 +584,9 @@ fn ace_scenarios(seed: u64, budget: usize, length: usize) -> Vec<Scenario> {
                 .collect()
         }));
     }
-    // A quarter more than the budget pays for: some logs yield fewer
-    // states, and the runner stops when the budget is spent.
-    let wanted = (budget / ACE_STATES_PER_SCENARIO * 5 / 4).max(1);
+    // Twice what the budget pays for: some logs yield fewer states, and
+    // the runner stops when the budget is spent.
+    let wanted = (budget / ACE_STATES_PER_SCENARIO * 2).max(1);
     if wanted < sequences.len() {
         Rng::derive(seed, "ace").shuffle(&mut sequences);
         sequences.truncate(wanted);
@@ -664,9 +675,9 @@ mod tests {
                 .map(|scenario| scenario.name)
                 .collect()
         };
-        let sampled = names(40);
+        let sampled = names(25);
         assert_eq!(sampled.len(), 10);
-        assert_eq!(sampled, names(40));
+        assert_eq!(sampled, names(25));
         assert_eq!(sampled[..], names(80)[..10]);
         // Every Ace operation name is one `ace_step` knows (it panics
         // otherwise) — checked by the crash tests that run them.
