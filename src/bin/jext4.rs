@@ -40,6 +40,8 @@ enum Command {
     Recover { image: PathBuf },
     /// Print the journal's transactions, descriptor tags, revokes and commits.
     Logdump { image: PathBuf },
+    /// Print a mounted filesystem's statistics (cache, journal, write-ahead guard).
+    Stats { mountpoint: PathBuf },
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -64,6 +66,7 @@ fn main() -> ExitCode {
             timeout,
         } => umount(&mountpoint, Duration::from_secs(timeout)),
         Command::Recover { image } => recover(&image),
+        Command::Stats { mountpoint } => stats(&mountpoint),
         Command::Logdump { image } => {
             let stdout = std::io::stdout();
             match jext4::fs::logdump_image(&image, &mut stdout.lock()) {
@@ -82,6 +85,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn stats(mountpoint: &Path) -> Result<(), String> {
+    let mountpoint = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let path = serve::runtime_file(&mountpoint, "stats");
+    let report = std::fs::read_to_string(&path).map_err(|_| {
+        format!(
+            "{}: no statistics (not a jext4 mount?)",
+            mountpoint.display()
+        )
+    })?;
+    print!("{report}");
+    Ok(())
 }
 
 fn recover(image: &Path) -> Result<(), String> {

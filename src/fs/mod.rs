@@ -497,6 +497,39 @@ impl Fs {
         self.core.journal.stats()
     }
 
+    /// Everything worth reporting about a mounted filesystem, one
+    /// `name value` pair per line (what `jext4 stats` prints).
+    pub fn stats_report(&self) -> String {
+        let cache = self.cache_stats();
+        let statfs = self.statfs();
+        let journal = self.journal_stats();
+        let mut lines = vec![
+            format!("blocks_total {}", statfs.blocks),
+            format!("blocks_free {}", statfs.free_blocks),
+            format!("inodes_free {}", statfs.free_files),
+            format!("read_only {}", self.is_read_only()),
+            format!("cache_resident_blocks {}", cache.resident),
+            format!("cache_capacity_blocks {}", cache.capacity),
+            format!("cache_hits {}", cache.hits),
+            format!("cache_misses {}", cache.misses),
+            format!("cache_evictions {}", cache.evictions),
+            format!("journaled {}", journal.jbd2.is_some()),
+        ];
+        match journal.jbd2 {
+            Some(jbd2) => lines.extend([
+                format!("journal_commits {}", jbd2.commits),
+                format!("journal_blocks_logged {}", jbd2.blocks_logged),
+                format!("journal_revokes_logged {}", jbd2.revokes_logged),
+                format!("journal_frozen_copies {}", jbd2.frozen_copies),
+                format!("journal_checkpoints {}", jbd2.checkpoints),
+                format!("journal_blocks_checkpointed {}", jbd2.blocks_checkpointed),
+                format!("write_ahead_guard_events {}", jbd2.guard_violations),
+            ]),
+            None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),
+        }
+        lines.join("\n") + "\n"
+    }
+
     pub fn cache_stats(&self) -> crate::cache::CacheStats {
         self.core.cache.stats()
     }
