@@ -73,6 +73,20 @@ def find_server(image, mountpoint):
     return None
 
 
+def find_by_executable(binary):
+    """The pid of a running process of this executable (fallback for servers
+    that re-execute themselves with a command line not naming the mount)."""
+    target = os.path.realpath(binary)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.path.realpath(f"/proc/{entry}/exe") == target and pid_alive(int(entry)):
+                    return int(entry)
+            except OSError:
+                continue
+    return None
+
+
 def abort_fuse_connection(mountpoint):
     """Aborts the FUSE connection of a mount whose server hangs, so that lazy
     unmount and the processes blocked on it can finish."""
@@ -298,6 +312,7 @@ class Jext4(FuseFs):
             raise Unavailable(f"jext4 mount exited {result.returncode}: {detail}")
         if not mounted_at(mount.mountpoint):
             raise Unavailable(f"jext4 mount exited 0 but {mount.mountpoint} is not mounted")
+        mount.pid = find_server(mount.image, mount.mountpoint) or find_by_executable(self.binary)
         self._watch(mount)
 
     def _umount(self, mount):

@@ -50,8 +50,12 @@ def aggregate(records, workloads, filesystems):
                 if case not in cases:
                     cases.append(case)
                 if not result["values"]:
-                    reason = result["extra"].get("unsupported", "no figures")
-                    notes.setdefault((case, fs), f"not supported: {reason}")
+                    extra = result["extra"]
+                    reason = (
+                        f"not supported: {extra['unsupported']}" if "unsupported" in extra
+                        else f"failed: {extra.get('failed', 'no figures')}"
+                    )
+                    notes.setdefault((case, fs), reason)
                     continue
                 cell = cells.setdefault((case, fs), {"runs": {}, "params": result["params"], "extras": []})
                 for key, value in result["values"].items():
@@ -133,8 +137,9 @@ def headline(workloads, aggregated, filesystems):
         metric = next(
             (m for m in workload.metrics if m.key == "p99_99_us"), workload.metrics[0]
         )
-        unit = metric.unit or "see case"
-        columns.append((workload, data, case, metric, f"{workload.name}: {case} ({metric.label}, {unit})"))
+        what = f"{metric.label} {metric.unit}" if len(workload.metrics) > 1 else metric.unit
+        title = f"{workload.name}: {case}" + (f" ({what})" if what else "")
+        columns.append((workload, data, case, metric, title))
     lines = [
         "| filesystem | " + " | ".join(title for *_, title in columns) + " |",
         "|---|" + "---|" * len(columns),
@@ -169,9 +174,16 @@ def integrity_table(records, filesystems, workloads):
                 continue
             verdicts = []
             for record in mine:
-                verdict = record.get("fsck") or record["status"]
-                verdicts.append("clean" if verdict == "clean" else f"**{verdict}**" if record.get("fsck") else verdict)
-            summary = "all clean" if all(v == "clean" for v in verdicts) else "; ".join(sorted(set(verdicts)))
+                if record["status"] == "unavailable":
+                    verdicts.append("unavailable")
+                elif record.get("fsck") is None:
+                    verdicts.append(f"not checked ({record['status']})")
+                elif record["fsck"] == "clean":
+                    verdicts.append("clean")
+                else:
+                    verdicts.append(f"**{record['fsck']}**")
+            distinct = list(dict.fromkeys(verdicts))
+            summary = "all clean" if distinct == ["clean"] else "; ".join(distinct)
             rss = [r["peak_rss_kib"] for r in mine if r.get("peak_rss_kib")]
             walls = [r["wall_seconds"] for r in mine if r.get("wall_seconds") and r["status"] == "ok"]
             lines.append(

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from util import Failure, last_line, log, run
+from util import Failure, fail_line, last_line, log, run
 
 SIZES = {
     "quick": {
@@ -349,7 +349,28 @@ class Apps(Workload):
     tools = ["db_bench", "fs_mark", "dbench"]
 
     def run(self, ctx, directory):
-        return [self.db_bench(ctx, directory), self.fs_mark(ctx, directory), self.dbench(ctx, directory)]
+        """Runs the three tools independently: one failing does not hide the others."""
+        sizes = ctx.sizes
+        tools = [
+            (f"db_bench fillsync, {sizes['dbbench_num']} synced puts (ops/s)", "db_bench", self.db_bench),
+            (f"fs_mark -S 1, {sizes['fsmark_files']} × 4 KiB files (files/s)", "fs_mark", self.fs_mark),
+            (
+                f"dbench NetBench, {sizes['dbench_clients']} clients, {sizes['dbench_seconds']} s (MB/s)",
+                "dbench",
+                self.dbench,
+            ),
+        ]
+        results = []
+        for case, name, tool in tools:
+            result = {"case": case, "params": {"tool": name}, "values": {}, "extra": {}}
+            try:
+                figure, extra = tool(ctx, directory)
+                result["values"], result["extra"] = {"figure": figure}, extra
+            except Failure as error:
+                fail_line(f"{directory.name} apps {name}: {error}")
+                result["extra"] = {"failed": str(error)}
+            results.append(result)
+        return results
 
     def db_bench(self, ctx, directory):
         num = ctx.sizes["dbbench_num"]
@@ -358,12 +379,7 @@ class Apps(Workload):
         match = re.search(r"^fillsync\s*:\s*([\d.]+) micros/op\s+([\d.]+) ops/sec", output, re.M)
         if not match:
             raise Failure(f"db_bench: no fillsync result line: {last_line(output)}")
-        return {
-            "case": f"db_bench fillsync, {num} synced puts (ops/s)",
-            "params": {"tool": "db_bench"},
-            "values": {"figure": float(match.group(2))},
-            "extra": {"micros_per_op": float(match.group(1))},
-        }
+        return float(match.group(2)), {"micros_per_op": float(match.group(1))}
 
     def fs_mark(self, ctx, directory):
         files = ctx.sizes["fsmark_files"]
@@ -376,12 +392,7 @@ class Apps(Workload):
         rows = [line.split() for line in output.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\d+\s+[\d.]+", line)]
         if not rows:
             raise Failure(f"fs_mark: no result row: {last_line(output)}")
-        return {
-            "case": f"fs_mark -S 1, {files} × 4 KiB files (files/s)",
-            "params": {"tool": "fs_mark"},
-            "values": {"figure": float(rows[-1][3])},
-            "extra": {},
-        }
+        return float(rows[-1][3]), {}
 
     def dbench(self, ctx, directory):
         seconds, clients = ctx.sizes["dbench_seconds"], ctx.sizes["dbench_clients"]
@@ -392,12 +403,7 @@ class Apps(Workload):
         match = re.search(r"Throughput ([\d.]+) MB/sec", output)
         if not match:
             raise Failure(f"dbench: no throughput line: {last_line(output)}")
-        return {
-            "case": f"dbench NetBench, {clients} clients, {seconds} s (MB/s)",
-            "params": {"tool": "dbench"},
-            "values": {"figure": float(match.group(1))},
-            "extra": {},
-        }
+        return float(match.group(1)), {}
 
 
 ALL = [Untar(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps()]
