@@ -228,6 +228,23 @@ def markdown(context, workloads, filesystems, records, aggregated):
     return "\n".join(parts)
 
 
+def _significant(value):
+    """Latencies come from HdrHistogram at 3 significant digits: keep 4, drop the noise digits."""
+    if not isinstance(value, float) or value == 0:
+        return value
+    return float(f"{value:.4g}")
+
+
+def _compact(records):
+    """Rounds the CDF points, the bulk of the file."""
+    for record in records:
+        for result in record.get("results", []):
+            cdf = result.get("extra", {}).get("cdf")
+            if cdf:
+                result["extra"]["cdf"] = [[q, _significant(us)] for q, us in cdf]
+    return records
+
+
 def json_document(context, workloads, records, aggregated):
     medians = {}
     for workload in workloads:
@@ -242,17 +259,19 @@ def json_document(context, workloads, records, aggregated):
         medians[workload.name]["_notes"] = {
             " / ".join(key) if isinstance(key, tuple) else key: note for key, note in data["notes"].items()
         }
-    return json.dumps(
-        {
-            **context,
-            "workloads": {
-                w.name: {"title": w.title, "origin": w.origin,
-                         "metrics": [vars(m) for m in w.metrics]}
-                for w in workloads
-            },
-            "medians": medians,
-            "records": records,
+    document = {
+        **context,
+        "workloads": {
+            w.name: {"title": w.title, "origin": w.origin, "metrics": [vars(m) for m in w.metrics]}
+            for w in workloads
         },
-        indent=1,
-        ensure_ascii=False,
+        "medians": medians,
+        "records": "@records@",
+    }
+    # Indented for reading, except the records: one line each, or the CDF
+    # points alone would take a hundred thousand lines.
+    lines = ",\n".join(
+        "  " + json.dumps(record, ensure_ascii=False, separators=(",", ":")) for record in _compact(records)
     )
+    text = json.dumps(document, indent=1, ensure_ascii=False)
+    return text.replace('"@records@"', "[\n" + lines + "\n ]") + "\n"
