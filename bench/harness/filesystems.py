@@ -87,15 +87,34 @@ def find_by_executable(binary):
     return None
 
 
+def device_of(mountpoint):
+    """The "major:minor" of the mount at mountpoint, read from mountinfo: a
+    stat() of a hung FUSE mount would block."""
+    target = str(mountpoint)
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            if fields[4].replace("\\040", " ") == target:
+                return fields[2]
+    return None
+
+
 def abort_fuse_connection(mountpoint):
-    """Aborts the FUSE connection of a mount whose server hangs, so that lazy
-    unmount and the processes blocked on it can finish."""
+    """Aborts the FUSE connection of a mount whose server hangs (fusectl: the
+    connection is named by the mount's device minor), so that the unmount and
+    every process blocked on the mount can finish."""
+    device = device_of(mountpoint)
+    if device is None:
+        return
+    connections = Path("/sys/fs/fuse/connections")
+    if connections.is_dir() and not any(connections.iterdir()):
+        _try(["mount", "-t", "fusectl", "none", connections], timeout=10)
     try:
-        minor = os.minor(os.stat(mountpoint).st_dev)
-        with open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as abort:
+        with open(connections / device.split(":")[1] / "abort", "w") as abort:
             abort.write("1")
-    except OSError:
-        pass
+        log(f"aborted the FUSE connection of {mountpoint}")
+    except OSError as error:
+        log(f"could not abort the FUSE connection of {mountpoint}: {error}")
 
 
 class RssSampler(threading.Thread):
@@ -162,9 +181,9 @@ class Filesystem:
         run(self.mkfs + [image], timeout=120)
 
     def mount(self, image, mountpoint):
-        mountpoint.mkdir(parents=True, exist_ok=True)
         if mounted_at(mountpoint):
             raise Failure(f"{mountpoint} is already mounted")
+        mountpoint.mkdir(parents=True, exist_ok=True)
         mount = Mount(self, image, mountpoint)
         ACTIVE.append(mount)
         try:
@@ -273,7 +292,9 @@ class Fuse2fs(FuseFs):
 
     def _umount(self, mount):
         if mounted_at(mount.mountpoint):
-            run(["umount", mount.mountpoint], timeout=UMOUNT_TIMEOUT)
+            # umount(8) itself is quick for FUSE; the server's final writes
+            # come after, and _wait_server_exit waits for those.
+            run(["umount", mount.mountpoint], timeout=60)
         self._wait_server_exit(mount)
         if mount.process is not None:
             mount.process.wait(timeout=UMOUNT_TIMEOUT)
@@ -349,7 +370,8 @@ def cleanup_mount(mount, reason=""):
         mount.sampler.halt.set()
     if mounted_at(point):
         log(f"cleanup{reason}: unmounting {point}")
-        if not _try(["umount", point]):
+        # A hung FUSE server blocks even umount(8): give it a short while only.
+        if not _try(["umount", point], timeout=10 if mount.fs.fuse else 60):
             if mount.fs.fuse:
                 abort_fuse_connection(point)
             _try(["umount", "-l", point])
@@ -373,10 +395,10 @@ def cleanup_mount(mount, reason=""):
         ACTIVE.remove(mount)
 
 
-def _try(argv):
+def _try(argv, timeout=60):
     """Runs a cleanup command; True if it succeeded. Never raises."""
     try:
-        return run(argv, timeout=60, check=False).returncode == 0
+        return run(argv, timeout=timeout, check=False).returncode == 0
     except Failure:
         return False
 
