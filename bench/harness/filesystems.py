@@ -15,6 +15,9 @@ from util import Failure, Unavailable, last_line, log, run
 
 MKFS_EXT4 = ["mkfs.ext4", "-F", "-q"]
 MKFS_EXT2 = ["mkfs.ext2", "-F", "-q"]
+# ext4 with every default feature but the journal: jext4-nojournal differs
+# from jext4 in the journal alone.
+MKFS_EXT4_NOJOURNAL = ["mkfs.ext4", "-F", "-q", "-O", "^has_journal"]
 MKFS_XFS = ["mkfs.xfs", "-f", "-q"]
 
 UMOUNT_TIMEOUT = 300
@@ -352,7 +355,7 @@ def catalogue(repo):
         KernelFs("xfs", MKFS_XFS, "xfs", "kernel xfs, loop device, defaults"),
         Fuse2fs("fuse2fs", MKFS_EXT4, "fuse2fs -o fakeroot (e2fsprogs), ext4 image as for kernel ext4"),
         Jext4("jext4", MKFS_EXT4, "jext4 FUSE server, default options, ext4 image as for kernel ext4", binary),
-        Jext4("jext4-nojournal", MKFS_EXT2, "jext4 on an ext2 image: same engine, no journal", binary),
+        Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary),
     ]
 
 
