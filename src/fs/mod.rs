@@ -356,6 +356,10 @@ impl Fs {
                 let sb = &mut tx.st.sb;
                 if !self.errored.load(Ordering::Acquire) {
                     sb.state |= STATE_VALID;
+                    // Every orphan was released just above: the orphan file
+                    // is empty, and e2fsck insists that orphan_present then
+                    // be clear (the kernel clears it at unmount too).
+                    sb.feature_ro_compat &= !superblock::ro_compat::ORPHAN_PRESENT;
                 } else {
                     sb.state |= STATE_ERROR;
                 }
