@@ -2,6 +2,8 @@
 //! the e2fsck oracle.
 #![allow(dead_code)]
 
+pub mod e2e;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
