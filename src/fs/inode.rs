@@ -152,8 +152,7 @@ impl Tx<'_, '_> {
         debug_assert_eq!(inode.links_count, 0);
         self.orphan_remove(ino, &mut inode)?;
         if inode.has_data_blocks(&self.core.geo) {
-            let mut ctx = self.meta_ctx();
-            mapping::punch(&mut ctx, ino, &mut inode, 0, None)?;
+            self.release_all_blocks(ino, &mut inode)?;
         }
         if inode.file_acl != 0 {
             let mut ctx = self.meta_ctx();
@@ -164,6 +163,47 @@ impl Tx<'_, '_> {
         inode.size = 0;
         self.write_inode(ino, &inode)?;
         self.release_inode(ino, is_dir)
+    }
+
+    /// Free every block `inode` maps. A directory's blocks live in the
+    /// metadata cache, possibly dirty from the entries just removed from
+    /// them: they are forgotten there too, or the stale copy would later be
+    /// written over whatever the blocks hold next (file data bypasses the
+    /// cache, so nothing else would stop it).
+    pub fn release_all_blocks(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        let directory_blocks = if inode.is_dir() {
+            self.mapped_blocks(ino, inode)?
+        } else {
+            Vec::new()
+        };
+        let mut ctx = self.meta_ctx();
+        mapping::punch(&mut ctx, ino, inode, 0, None)?;
+        for block in directory_blocks {
+            self.handle.forget(block);
+        }
+        Ok(())
+    }
+
+    /// Physical blocks behind logical blocks 0..ceil(i_size / block size).
+    fn mapped_blocks(&self, ino: u32, inode: &Inode) -> Result<Vec<u64>> {
+        let geo = &self.core.geo;
+        let count = inode.size.div_ceil(geo.block_size as u64);
+        let mut blocks = Vec::new();
+        let mut lblk = 0;
+        // Each step advances by at least one block: bounded by `count`.
+        while lblk < count {
+            match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
+                mapping::Lookup::Mapped(extent) => {
+                    let run = (extent.len as u64).clamp(1, count - lblk);
+                    blocks.extend(extent.physical..extent.physical + run);
+                    lblk += run;
+                }
+                mapping::Lookup::Hole { next } => {
+                    lblk = next.filter(|&next| next > lblk).unwrap_or(count);
+                }
+            }
+        }
+        Ok(blocks)
     }
 
     pub fn meta_ctx(&mut self) -> crate::format::MetaCtx<'_, '_> {
