@@ -958,7 +958,21 @@ pub fn workload(root: &Path, params: &Params) -> Outcome {
     if root.join("tree").is_dir() {
         real_tree_changes(&root.join("tree"));
     }
+    reuse_freed_space(&ops, &mut outcome.expect);
     outcome
+}
+
+/// New files right after deletions take the blocks just freed (first fit
+/// near their inode): nothing stale may land on them later.
+fn reuse_freed_space(ops: &Path, expect: &mut Vec<Expect>) {
+    let dir = ops.join("after-rm");
+    fs::create_dir(&dir).unwrap();
+    for i in 0..300u64 {
+        let path = dir.join(format!("f{i}"));
+        let data = pattern(2000 + i, 500 + (37 * i as usize) % 3000);
+        write_file(&path, &data);
+        expect_exact(expect, ops, &path, data);
+    }
 }
 
 fn write_file(path: &Path, data: &[u8]) {
