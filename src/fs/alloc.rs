@@ -372,6 +372,27 @@ impl Tx<'_, '_> {
         Ok(())
     }
 
+    /// Whether `ino` is allocated in its group's inode bitmap (an inode of a
+    /// never-initialised group is not).
+    pub fn inode_is_allocated(&mut self, ino: u32) -> Result<bool> {
+        let core = self.core;
+        let geo = &core.geo;
+        if !geo.is_valid_ino(ino) {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "inode number out of range",
+            ));
+        }
+        let group = geo.group_of_inode(ino);
+        if geo.has_group_csum() && self.st.groups[group as usize].flags & BG_INODE_UNINIT != 0 {
+            return Ok(false);
+        }
+        let buffer = self.inode_bitmap(group)?;
+        let index = geo.inode_index_in_group(ino) as usize;
+        let allocated = bitmap::test_bit(&buffer.read(), index);
+        Ok(allocated)
+    }
+
     fn choose_inode_group(&mut self, parent: u32, is_dir: bool) -> Result<u32> {
         let core = self.core;
         let geo = &core.geo;

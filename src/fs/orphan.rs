@@ -230,8 +230,11 @@ impl Fs {
         }
         self.transact(16, Caller::ROOT, |tx| {
             let inode = tx.read_inode(ino)?;
-            // Re-check under the write lock: a link may have raced in.
-            if inode.links_count > 0 || inode.mode == 0 {
+            // Re-check under the write lock: a link may have raced in. And an
+            // unlink that found no opener (this release had already dropped
+            // the count) has freed the inode itself; a freed inode keeps its
+            // mode and a zero link count on disk, so only the bitmap tells.
+            if inode.links_count > 0 || inode.mode == 0 || !tx.inode_is_allocated(ino)? {
                 return Ok(());
             }
             tx.evict_inode(ino, inode)
