@@ -295,7 +295,7 @@ impl Tx<'_, '_> {
 }
 
 impl Fs {
-    fn is_open(&self, ino: u32) -> bool {
+    pub(crate) fn is_open(&self, ino: u32) -> bool {
         self.open_files
             .lock()
             .get(&ino)

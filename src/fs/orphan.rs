@@ -234,7 +234,13 @@ impl Fs {
             // unlink that found no opener (this release had already dropped
             // the count) has freed the inode itself; a freed inode keeps its
             // mode and a zero link count on disk, so only the bitmap tells.
-            if inode.links_count > 0 || inode.mode == 0 || !tx.inode_is_allocated(ino)? {
+            // Reopened meanwhile (possibly as a new file with the same
+            // number): the last release of that opener decides.
+            if inode.links_count > 0
+                || inode.mode == 0
+                || self.is_open(ino)
+                || !tx.inode_is_allocated(ino)?
+            {
                 return Ok(());
             }
             tx.evict_inode(ino, inode)
