@@ -186,11 +186,31 @@ fn real_tree_changes(tree: &Path) {
 }
 
 #[test]
-fn e2e_reverse_ext4_1k() {
-    reverse("ext4-1k");
+fn e2e_reverse_ext2_1k() {
+    reverse("ext2-1k");
 }
 
 #[test]
 fn e2e_reverse_ext3_4k() {
     reverse("ext3-4k");
+}
+
+#[test]
+fn e2e_reverse_ext4_1k() {
+    reverse("ext4-1k");
+}
+
+#[test]
+fn e2e_reverse_ext4_4k() {
+    reverse("ext4-4k");
+}
+
+#[test]
+fn e2e_reverse_ext4_orphan_seed() {
+    reverse("ext4-orphan-seed");
+}
+
+#[test]
+fn e2e_reverse_ext4_fast_commit() {
+    reverse("ext4-fast-commit");
 }

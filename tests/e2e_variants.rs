@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Real-tree size per variant: thousands of files, moderate bytes.
-const TREE_ENTRIES: usize = 2500;
-const TREE_BYTES: u64 = 40 << 20;
+const TREE_ENTRIES: usize = 4000;
+const TREE_BYTES: u64 = 60 << 20;
 const BIG_DIR_ENTRIES: usize = 3000;
 
 fn variant(name: &str) {
