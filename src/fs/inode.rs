@@ -284,6 +284,7 @@ impl Fs {
         }
         self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
             let mut inode = tx.read_live_inode(ino)?;
+            self.check_not_freed(ino, &inode)?;
             let now = Timestamp::now();
             let mut changed = false;
             if let Some(mode) = changes.mode {
