@@ -165,45 +165,27 @@ impl Tx<'_, '_> {
         self.release_inode(ino, is_dir)
     }
 
-    /// Free every block `inode` maps. A directory's blocks live in the
-    /// metadata cache, possibly dirty from the entries just removed from
-    /// them: they are forgotten there too, or the stale copy would later be
-    /// written over whatever the blocks hold next (file data bypasses the
-    /// cache, so nothing else would stop it).
+    /// Free every block `inode` maps. A directory's blocks are metadata:
+    /// read and changed through the cache (and journaled), so they are
+    /// freed as metadata, which forgets them there. Freed as data, a copy
+    /// still dirty from the entries just removed would later be written
+    /// over whatever the blocks hold next (file data bypasses the cache).
+    /// The kernel frees directory blocks with EXT4_FREE_BLOCKS_METADATA |
+    /// EXT4_FREE_BLOCKS_FORGET for the same reason.
     pub fn release_all_blocks(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
-        let directory_blocks = if inode.is_dir() {
-            self.mapped_blocks(ino, inode)?
-        } else {
-            Vec::new()
-        };
+        let core = self.core;
+        let handle = self.handle;
+        if inode.is_dir() {
+            let mut ctx = crate::format::MetaCtx {
+                geo: &core.geo,
+                cache: &core.cache,
+                handle,
+                alloc: &mut FreeAsMetadata(self),
+            };
+            return mapping::punch(&mut ctx, ino, inode, 0, None);
+        }
         let mut ctx = self.meta_ctx();
-        mapping::punch(&mut ctx, ino, inode, 0, None)?;
-        for block in directory_blocks {
-            self.handle.forget(block);
-        }
-        Ok(())
-    }
-
-    /// Physical blocks behind logical blocks 0..ceil(i_size / block size).
-    fn mapped_blocks(&self, ino: u32, inode: &Inode) -> Result<Vec<u64>> {
-        let geo = &self.core.geo;
-        let count = inode.size.div_ceil(geo.block_size as u64);
-        let mut blocks = Vec::new();
-        let mut lblk = 0;
-        // Each step advances by at least one block: bounded by `count`.
-        while lblk < count {
-            match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
-                mapping::Lookup::Mapped(extent) => {
-                    let run = (extent.len as u64).clamp(1, count - lblk);
-                    blocks.extend(extent.physical..extent.physical + run);
-                    lblk += run;
-                }
-                mapping::Lookup::Hole { next } => {
-                    lblk = next.filter(|&next| next > lblk).unwrap_or(count);
-                }
-            }
-        }
-        Ok(blocks)
+        mapping::punch(&mut ctx, ino, inode, 0, None)
     }
 
     pub fn meta_ctx(&mut self) -> crate::format::MetaCtx<'_, '_> {
@@ -337,5 +319,30 @@ fn resolve(time: TimeSet, now: Timestamp) -> Timestamp {
     match time {
         TimeSet::Now => now,
         TimeSet::At(at) => at,
+    }
+}
+
+/// The allocator a directory's punch sees: every block it frees is freed
+/// as metadata (see `Tx::release_all_blocks`).
+struct FreeAsMetadata<'t, 'a, 'j>(&'t mut Tx<'a, 'j>);
+
+impl crate::format::BlockAllocator for FreeAsMetadata<'_, '_, '_> {
+    fn alloc_blocks(
+        &mut self,
+        _handle: &crate::journal::Handle<'_>,
+        goal: u64,
+        count: u32,
+    ) -> Result<(u64, u32)> {
+        self.0.alloc_data_blocks(goal, count)
+    }
+
+    fn free_blocks(
+        &mut self,
+        _handle: &crate::journal::Handle<'_>,
+        start: u64,
+        count: u64,
+        _metadata: bool,
+    ) -> Result<()> {
+        self.0.release_blocks(start, count, true)
     }
 }
