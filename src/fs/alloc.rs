@@ -140,7 +140,12 @@ impl Tx<'_, '_> {
                 return Ok(found);
             }
         }
-        // The counters said there was space but no bitmap had any.
+        // The counters said there was space but no bitmap had any: either
+        // the space is freed by transactions not yet durable (ENOSPC now,
+        // retried after a commit by `Fs::transact`), or the counters lie.
+        if self.core.journal.has_pending_frees() {
+            return Err(Error::NoSpace);
+        }
         Err(Error::corrupt(
             Location::Superblock,
             format!(
@@ -162,17 +167,13 @@ impl Tx<'_, '_> {
         let geo = &core.geo;
         let in_group = geo.blocks_in_group(group) as usize;
         let buffer = self.block_bitmap(group)?;
+        let base = geo.group_first_block(group);
         let found = {
             let bytes = buffer.read();
-            bitmap::find_zero(&bytes, from, in_group).map(|start| {
-                (
-                    start,
-                    bitmap::zero_run(&bytes, start, in_group, count as usize),
-                )
-            })
+            self.find_allocatable(&bytes, base, from, in_group, count as usize)
         };
         let Some((start, length)) = found else {
-            if from == 0 {
+            if from == 0 && !self.core.journal.has_pending_frees() {
                 return Err(Error::corrupt(
                     Location::Block {
                         block: self.st.groups[group as usize].block_bitmap,
@@ -202,6 +203,45 @@ impl Tx<'_, '_> {
         self.st.sb.free_blocks_count -= length as u64;
         self.mark_group_dirty(group);
         Ok(Some((first, length as u32)))
+    }
+
+    /// The first run of clear bits at or after `from` (bits `..end`) that
+    /// contains no block freed by a transaction that is not durable yet:
+    /// reusing such a block before the commit could put its old owner,
+    /// restored by a crash, on top of its new owner's bytes.
+    fn find_allocatable(
+        &self,
+        bytes: &[u8],
+        base: u64,
+        from: usize,
+        end: usize,
+        count: usize,
+    ) -> Option<(usize, usize)> {
+        let mut from = from;
+        // Each round skips one pending range or succeeds; a group has at
+        // most `end` bits.
+        for _ in 0..=end {
+            let start = bitmap::find_zero(bytes, from, end)?;
+            let length = bitmap::zero_run(bytes, start, end, count);
+            match self
+                .core
+                .journal
+                .pending_free_overlap(base + start as u64, length as u64)
+            {
+                None => return Some((start, length)),
+                Some((pending_start, pending_end)) => {
+                    let pending_start = pending_start.saturating_sub(base) as usize;
+                    if pending_start > start {
+                        return Some((start, pending_start - start));
+                    }
+                    from = (pending_end - base) as usize;
+                    if from >= end {
+                        return None;
+                    }
+                }
+            }
+        }
+        None
     }
 
     /// Return blocks to the free pool. Freeing a block that is free, or one
@@ -254,11 +294,7 @@ impl Tx<'_, '_> {
         }
         self.st.sb.free_blocks_count += end - start;
         self.mark_group_dirty(group);
-        if metadata {
-            for block in start..end {
-                self.handle.forget(block);
-            }
-        }
+        self.handle.free_blocks(start, end - start, metadata);
         Ok(())
     }
 
@@ -370,27 +406,6 @@ impl Tx<'_, '_> {
         self.st.sb.free_inodes_count += 1;
         self.mark_group_dirty(group);
         Ok(())
-    }
-
-    /// Whether `ino` is allocated in its group's inode bitmap (an inode of a
-    /// never-initialised group is not).
-    pub fn inode_is_allocated(&mut self, ino: u32) -> Result<bool> {
-        let core = self.core;
-        let geo = &core.geo;
-        if !geo.is_valid_ino(ino) {
-            return Err(Error::corrupt(
-                Location::Inode { ino },
-                "inode number out of range",
-            ));
-        }
-        let group = geo.group_of_inode(ino);
-        if geo.has_group_csum() && self.st.groups[group as usize].flags & BG_INODE_UNINIT != 0 {
-            return Ok(false);
-        }
-        let buffer = self.inode_bitmap(group)?;
-        let index = geo.inode_index_in_group(ino) as usize;
-        let allocated = bitmap::test_bit(&buffer.read(), index);
-        Ok(allocated)
     }
 
     fn choose_inode_group(&mut self, parent: u32, is_dir: bool) -> Result<u32> {

@@ -51,6 +51,7 @@ fn is_dot_or_dotdot(name: &[u8]) -> bool {
 }
 
 /// What kind of object `create_node` makes.
+#[derive(Clone, Copy)]
 enum NewNode<'a> {
     File { mode: u16 },
     Special { mode: u16, rdev: u64 },
@@ -287,6 +288,7 @@ impl Tx<'_, '_> {
         }
         if open {
             self.orphan_add(ino, inode)?;
+            self.core.open_orphans.lock().insert(ino);
             return self.write_inode(ino, inode);
         }
         self.write_inode(ino, inode)?;

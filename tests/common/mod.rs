@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod e2e;
+pub mod journal;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
