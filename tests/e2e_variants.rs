@@ -120,3 +120,17 @@ fn e2e_variants_ext4_orphan_seed() {
 fn e2e_variants_ext4_fast_commit() {
     variant("ext4-fast-commit");
 }
+
+/// One test above per entry of `common::VARIANTS`: a variant added there
+/// must get its test here.
+#[test]
+fn every_variant_has_a_test() {
+    let source = include_str!("e2e_variants.rs");
+    for (name, _) in common::VARIANTS {
+        let test_name = name.replace('-', "_");
+        assert!(
+            source.contains(&format!("(\"{name}\");")) && source.contains(&test_name),
+            "no test for the variant {name}"
+        );
+    }
+}
