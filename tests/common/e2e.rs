@@ -32,6 +32,9 @@ const TOOLS: &[&str] = &[
     "umount",
     "losetup",
     "fusermount3",
+    "dumpe2fs",
+    "setfacl",
+    "setpriv",
 ];
 
 /// Why end-to-end tests cannot run here, if they cannot.
@@ -65,7 +68,7 @@ pub fn require_e2e() -> bool {
     for tool in TOOLS {
         assert!(
             super::require_tool(tool),
-            "{tool} is needed by the end-to-end tests (apt-get install e2fsprogs fuse3 mount)"
+            "{tool} is needed by the end-to-end tests (apt-get install e2fsprogs fuse3 acl util-linux)"
         );
     }
     true
