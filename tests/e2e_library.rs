@@ -89,9 +89,12 @@ fn check_tree(root: &Path, owner: u32) {
     assert!(data[chunk.len()..10 << 20].iter().all(|&b| b == 0));
     assert_eq!(data[10 << 20..], chunk[..]);
     let link = fs::read_link(root.join("var/lib/app/config")).unwrap();
-    // The link text as the example writes it (from /var/lib/app it names
-    // /var/etc/app/app.conf: the example needs one more "../").
-    assert_eq!(link, Path::new("../../etc/app/app.conf"));
+    assert_eq!(link, Path::new("../../../etc/app/app.conf"));
+    // The relative link resolves, through the kernel, to the config file.
+    assert_eq!(
+        fs::read(root.join("var/lib/app/config")).unwrap(),
+        fs::read(root.join("etc/app/app.conf")).unwrap()
+    );
 }
 
 #[test]
