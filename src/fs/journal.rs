@@ -74,13 +74,7 @@ pub(crate) fn recover_if_needed(
     if !recovery::needs_recovery(&area)? && !sb.has_incompat(incompat::RECOVER) {
         return Ok(None);
     }
-    let report = recovery::recover_with(&area, |_, fast_commit| {
-        Err(Error::Unsupported(format!(
-            "the journal holds fast-commit records for transaction {}, which this version of \
-             jext4 cannot replay yet; mount the image once with the kernel (mount -o loop) to replay them",
-            fast_commit.expected_tid
-        )))
-    })?;
+    let report = recovery::recover_with(&area, super::fast_commit::replay)?;
     if let Some(problem) = &report.problem {
         return Err(Error::corrupt(
             Location::Journal { block: 0 },
