@@ -16,9 +16,11 @@
 //! was: the next recovery replays the fast commits again from the same
 //! state. A crash after it: every recovery — jext4's, the kernel's,
 //! e2fsck's — replays the new transaction like any other, and then finds
-//! no fast commits for the tid after it. A zeroed block follows the commit
-//! block, so that nothing left further on in the log (transactions written
-//! after a failed async commit) can extend the log past it.
+//! no fast commits for the tid after it. The commit block's place is
+//! zeroed before anything else is written, so that a scan of a half-written
+//! transaction stops there whatever the old log held; a zeroed block also
+//! follows the commit block, so that nothing further on in the old log
+//! (transactions written after a failed async commit) can extend the log.
 //!
 //! The new transaction goes only into free log space, between the end of
 //! the valid log and its start: the old log must stay readable until the
@@ -170,23 +172,29 @@ fn build_transaction(
     log
 }
 
-/// Write the transaction from `position`: everything but the commit block,
-/// flush, the commit block, flush.
+/// Write the transaction from `position`: first a zeroed block where the
+/// commit block goes, so that a scan of a half-written transaction stops
+/// there whatever the old log held; then everything but the commit block;
+/// then the commit block. A flush after each step.
 fn write_log(area: &JournalArea, layout: &LogLayout, position: u32, log: &[Vec<u8>]) -> Result<()> {
     debug_assert!(log.len() >= 3, "a descriptor, a commit block, a terminator");
     let commit_at = log.len() - 2;
-    let mut index = position;
-    let mut commit_index = position;
-    for (at, block) in log.iter().enumerate() {
-        if at == commit_at {
-            commit_index = index;
+    let next = |index: u32| {
+        if index + 1 == layout.last {
+            layout.first
         } else {
+            index + 1
+        }
+    };
+    let commit_index = (0..commit_at).fold(position, |index, _| next(index));
+    write_journal_block(area, commit_index, &log[log.len() - 1])?;
+    area.dev.flush()?;
+    let mut index = position;
+    for (at, block) in log.iter().enumerate() {
+        if at != commit_at {
             write_journal_block(area, index, block)?;
         }
-        index += 1;
-        if index == layout.last {
-            index = layout.first;
-        }
+        index = next(index);
     }
     area.dev.flush()?;
     write_journal_block(area, commit_index, &log[commit_at])?;
