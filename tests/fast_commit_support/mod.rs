@@ -380,6 +380,18 @@ pub fn has_record(records: &str, tag: &str, name: &str) -> bool {
     })
 }
 
+/// What the log holds besides the fast commits when the crash comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogBefore {
+    /// The transaction that created the base tree under `d/`.
+    BaseTree,
+    /// Only a small transaction in the root directory: the base tree was
+    /// checkpointed (`fsfreeze`), so the blocks the fast commits change are
+    /// mostly not in the log, and a replay written home piecemeal would
+    /// leave a second recovery a different starting point.
+    Unrelated,
+}
+
 /// A crash image of a fresh `mke2fs -O fast_commit` filesystem: a base
 /// tree committed in full, then `workload` under `d/`, each step fsync'd,
 /// with a 300 s commit interval so that the fsyncs are fast commits, then
@@ -390,6 +402,25 @@ pub fn fast_commit_crash_image(
     name: &str,
     block_size: u32,
     size_mib: u64,
+    workload: impl FnOnce(&mut Workload),
+) -> (PathBuf, Durable) {
+    fast_commit_crash_image_after(
+        dir,
+        name,
+        block_size,
+        size_mib,
+        LogBefore::BaseTree,
+        workload,
+    )
+}
+
+/// `fast_commit_crash_image` with a choice of what the log holds.
+pub fn fast_commit_crash_image_after(
+    dir: &Path,
+    name: &str,
+    block_size: u32,
+    size_mib: u64,
+    log: LogBefore,
     workload: impl FnOnce(&mut Workload),
 ) -> (PathBuf, Durable) {
     let block_size = block_size.to_string();
@@ -411,6 +442,13 @@ pub fn fast_commit_crash_image(
             std::fs::write(base.join(file), content).unwrap();
         }
         assert_eq!(run("sync", &[]).0, 0);
+        if log == LogBefore::Unrelated {
+            let point = root.to_str().unwrap();
+            assert_eq!(run("fsfreeze", &["-f", point]).0, 0);
+            assert_eq!(run("fsfreeze", &["-u", point]).0, 0);
+            std::fs::write(root.join("unrelated"), "x").unwrap();
+            assert_eq!(run("sync", &[]).0, 0);
+        }
         let mut work = Workload {
             root: base,
             names: BTreeMap::new(),
