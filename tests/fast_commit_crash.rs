@@ -98,6 +98,7 @@ fn fast_commit_replay_survives_a_crash_at_every_write() {
         }
     }
     assert!(checked >= 2 * total / stride);
+    replay_transaction_is_ordinary(&crash, &bytes, total, &report, &reference_path);
     // A crash in the middle, recovered: e2fsck agrees, and so does the
     // kernel's view of the tree.
     let middle = crash_then_recover(&bytes, total / 2, true);
@@ -108,4 +109,55 @@ fn fast_commit_replay_survives_a_crash_at_every_write() {
         mounted_tree(&middle_path, "ro,noload").unwrap(),
         mounted_tree(&reference_path, "ro,noload").unwrap()
     );
+}
+
+/// The first crash point at which the replay's own transaction is committed
+/// in the log and the fast commits retired (nothing written home yet): the
+/// kernel and e2fsck replay it like any transaction and reach the tree of
+/// the uninterrupted jext4 recovery.
+fn replay_transaction_is_ordinary(
+    crash: &std::path::Path,
+    bytes: &[u8],
+    total: usize,
+    report: &jext4::journal::recovery::RecoveryReport,
+    reference: &std::path::Path,
+) {
+    let tid = report
+        .fast_commit
+        .expect("a fast_commit journal")
+        .expected_tid;
+    let block_size = fs_superblock(crash).block_size();
+    let blocks = journal_blocks_from_debugfs(crash);
+    let committed = (0..total).find_map(|writes| {
+        let crashing = Arc::new(CrashingDevice::new(bytes.to_vec(), writes, false));
+        let dev: Arc<dyn BlockDevice> = crashing.clone();
+        assert!(recover_device(&dev).is_err());
+        let image = crashing.inner.snapshot();
+        let (_, area) = memory_area(image.clone(), block_size, blocks.clone());
+        let mut dump = Vec::new();
+        jext4::journal::logdump::logdump(&area, &mut dump).unwrap();
+        let dump = String::from_utf8(dump).unwrap();
+        let logged = dump.contains(&format!("commit, transaction {tid},"));
+        (logged && dump.contains("no records")).then_some(image)
+    });
+    let image = committed.expect("the replay is logged as a transaction");
+    let path = crash.with_extension("logged.img");
+    std::fs::write(&path, &image).unwrap();
+    assert!(dumpe2fs_needs_recovery(&path));
+    let expected = mounted_tree(reference, "ro,noload").unwrap();
+
+    let kernel = crash.with_extension("logged-kernel.img");
+    std::fs::copy(&path, &kernel).unwrap();
+    assert_eq!(mounted_tree(&kernel, "rw").unwrap(), expected);
+    common::assert_fsck_clean(&kernel);
+
+    let e2fsck = crash.with_extension("logged-e2fsck.img");
+    std::fs::copy(&path, &e2fsck).unwrap();
+    let (code, text) = run(
+        "e2fsck",
+        &["-E", "journal_only", "-p", e2fsck.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{text}");
+    common::assert_fsck_clean(&e2fsck);
+    assert_eq!(mounted_tree(&e2fsck, "ro,noload").unwrap(), expected);
 }

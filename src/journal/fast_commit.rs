@@ -16,11 +16,13 @@
 //! was: the next recovery replays the fast commits again from the same
 //! state. A crash after it: every recovery — jext4's, the kernel's,
 //! e2fsck's — replays the new transaction like any other, and then finds
-//! no fast commits for the tid after it. The commit block's place is
-//! zeroed before anything else is written, so that a scan of a half-written
-//! transaction stops there whatever the old log held; a zeroed block also
-//! follows the commit block, so that nothing further on in the old log
-//! (transactions written after a failed async commit) can extend the log.
+//! no fast commits for the tid after it (the area's HEAD is zeroed once
+//! the commit block is durable, for e2fsck's sake). The commit block's
+//! place is zeroed before anything else is written, so that a scan of a
+//! half-written transaction stops there whatever the old log held; a zeroed
+//! block also follows the commit block, so that nothing further on in the
+//! old log (transactions written after a failed async commit) can extend
+//! the log.
 //!
 //! The new transaction goes only into free log space, between the end of
 //! the valid log and its start: the old log must stay readable until the
@@ -32,7 +34,7 @@ use super::format::{
     BlockHeader, DescriptorBuilder, JournalSuperblock, LogLayout, block_type, crc32_be,
     descriptor_tags, encode_commit_block,
 };
-use super::recovery::JournalArea;
+use super::recovery::{FastCommitArea, JournalArea};
 use crate::error::{Error, Location, Result};
 use std::collections::BTreeMap;
 
@@ -46,14 +48,15 @@ pub enum ReplayWrite {
 }
 
 /// Make `blocks` (filesystem block → new contents) durable in their homes,
-/// atomically through the log when it has room: as transaction `tid`, the
-/// first tid the block replay did not reach. Everything is flushed when
-/// this returns.
+/// atomically through the log when it has room: as transaction
+/// `fast_commit.expected_tid`, the first tid the block replay did not
+/// reach. Everything is flushed when this returns.
 pub fn write_replayed_blocks(
     area: &JournalArea,
-    tid: u32,
+    fast_commit: &FastCommitArea,
     blocks: &BTreeMap<u64, Vec<u8>>,
 ) -> Result<ReplayWrite> {
+    let tid = fast_commit.expected_tid;
     let (superblock, layout) = area.load_superblock()?;
     debug_assert!(
         superblock.start != 0,
@@ -65,6 +68,7 @@ pub fn write_replayed_blocks(
     let used = (position as u64 + log_size - superblock.start as u64) % log_size;
     let outcome = if log.len() as u64 <= log_size - used {
         write_log(area, &layout, position, &log)?;
+        retire_fast_commits(area, fast_commit)?;
         ReplayWrite::Logged {
             tid,
             log_blocks: log.len() as u32,
@@ -198,6 +202,19 @@ fn write_log(area: &JournalArea, layout: &LogLayout, position: u32, log: &[Vec<u
     }
     area.dev.flush()?;
     write_journal_block(area, commit_index, &log[commit_at])?;
+    area.dev.flush()?;
+    Ok(())
+}
+
+/// Once the replay's transaction is durable the fast commits are spent:
+/// zero the area's first block, so that no recovery of the log finds a HEAD
+/// (for the tid just used). The kernel and jext4 would merely stop at it;
+/// e2fsck 1.47.0 fails its whole recovery ("Invalid argument") on a HEAD
+/// for another tid.
+fn retire_fast_commits(area: &JournalArea, fast_commit: &FastCommitArea) -> Result<()> {
+    debug_assert!(fast_commit.first_block < fast_commit.end_block);
+    let zero = vec![0u8; area.fs_block_size as usize];
+    write_journal_block(area, fast_commit.first_block, &zero)?;
     area.dev.flush()?;
     Ok(())
 }
