@@ -65,7 +65,11 @@ pub fn write_replayed_blocks(
     let position = log_end(area, &superblock, &layout, tid)?;
     let log = build_transaction(&superblock, tid, blocks);
     let log_size = (layout.last - layout.first) as u64;
-    let used = (position as u64 + log_size - superblock.start as u64) % log_size;
+    let used = if position == superblock.start && tid != superblock.sequence {
+        log_size // the valid log goes all the way round
+    } else {
+        (position as u64 + log_size - superblock.start as u64) % log_size
+    };
     let outcome = if log.len() as u64 <= log_size - used {
         write_log(area, &layout, position, &log)?;
         retire_fast_commits(area, fast_commit)?;
