@@ -41,9 +41,17 @@
 //! directory that is not in use is skipped (as the kernel does) but an
 //! UNLINK whose name points to another inode changes nothing (the kernel
 //! still drops a link, which only makes sense for its own half-done
-//! replays); a torn first fast commit is ignored where the kernel refuses
-//! to mount. Every loop is bounded by the records, the ranges they name or
-//! the filesystem's size.
+//! replays); an INODE record keeps the on-disk `i_dtime` of a live inode
+//! (the orphan list's link; the list itself is not in the records); a
+//! deletion's `i_dtime` is the inode's ctime, so that a second replay
+//! writes the same bytes; a torn first fast commit is ignored where the
+//! kernel refuses to mount. Every loop is bounded by the records, the
+//! ranges they name or the filesystem's size.
+//!
+//! Here: the replay's driver and its end (bitmaps and counters);
+//! `records.rs` applies each kind of record; `blocks.rs` holds the scratch
+//! overlay, block range sets, the allocator the format algorithms see and
+//! the bitmap bits of given blocks and inodes.
 
 mod blocks;
 mod records;
