@@ -141,6 +141,28 @@ pub(crate) struct InodeTids {
 }
 
 impl Core {
+    fn new(
+        geo: Geometry,
+        sb: &Superblock,
+        cache: Arc<BufferCache>,
+        journal: Arc<Journal>,
+        options: MountOptions,
+    ) -> Core {
+        Core {
+            overhead_blocks: overhead_blocks(&geo, sb),
+            inode_tids: Mutex::new(HashMap::new()),
+            open_orphans: Mutex::new(HashSet::new()),
+            orphans: Mutex::new(HashSet::new()),
+            reserved_blocks: sb.reserved_blocks_count,
+            resuid: sb.def_resuid as u32,
+            resgid: sb.def_resgid as u32,
+            geo,
+            cache,
+            journal,
+            options,
+        }
+    }
+
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
         self.cache.device()
     }
@@ -285,20 +307,7 @@ impl Fs {
             }
             None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
-        let overhead_blocks = overhead_blocks(&geo, &sb);
-        let core = Core {
-            overhead_blocks,
-            inode_tids: Mutex::new(HashMap::new()),
-            open_orphans: Mutex::new(HashSet::new()),
-            orphans: Mutex::new(HashSet::new()),
-            reserved_blocks: sb.reserved_blocks_count,
-            resuid: sb.def_resuid as u32,
-            resgid: sb.def_resgid as u32,
-            geo,
-            cache,
-            journal,
-            options,
-        };
+        let core = Core::new(geo, &sb, cache, journal, options);
         let generation_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
@@ -627,19 +636,7 @@ impl Fs {
         ));
         let groups = read_group_descs(&geo, &cache)?;
         let journal = Journal::write_back(Arc::clone(&cache), JournalConfig::default(), false);
-        let core = Core {
-            overhead_blocks: overhead_blocks(&geo, &sb),
-            inode_tids: Mutex::new(HashMap::new()),
-            open_orphans: Mutex::new(HashSet::new()),
-            orphans: Mutex::new(HashSet::new()),
-            reserved_blocks: sb.reserved_blocks_count,
-            resuid: sb.def_resuid as u32,
-            resgid: sb.def_resgid as u32,
-            geo,
-            cache,
-            journal,
-            options,
-        };
+        let core = Core::new(geo, &sb, cache, journal, options);
         let mut state = State {
             sb,
             groups,
