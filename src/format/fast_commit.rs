@@ -662,4 +662,113 @@ mod tests {
         // The zeros after the torn record are tag 0: not a record.
         assert!(matches!(log.end, ScanEnd::BadRecord { block: 1, .. }));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn record() -> impl Strategy<Value = Record> {
+            let name = proptest::collection::vec(1u8..=255, 1..=255);
+            prop_oneof![
+                (
+                    any::<u32>(),
+                    any::<u32>(),
+                    0u64..1 << 48,
+                    0u32..=32767,
+                    any::<bool>()
+                )
+                    .prop_map(|(ino, logical, physical, len, unwritten)| {
+                        Record::AddRange {
+                            ino,
+                            extent: Extent {
+                                logical: logical as u64,
+                                physical,
+                                len,
+                                unwritten,
+                            },
+                        }
+                    }),
+                (any::<u32>(), any::<u32>(), any::<u32>())
+                    .prop_map(|(ino, lblk, len)| Record::DelRange { ino, lblk, len }),
+                (any::<u32>(), any::<u32>(), name.clone())
+                    .prop_map(|(parent, ino, name)| Record::Create(Dentry { parent, ino, name })),
+                (any::<u32>(), any::<u32>(), name)
+                    .prop_map(|(parent, ino, name)| Record::Unlink(Dentry { parent, ino, name })),
+                (
+                    any::<u32>(),
+                    proptest::collection::vec(any::<u8>(), 128..=256)
+                )
+                    .prop_map(|(ino, raw)| Record::Inode { ino, raw }),
+            ]
+        }
+
+        fn area(block_size: usize, tid: u32, commits: &[Vec<Record>]) -> Vec<u8> {
+            let mut builder = AreaBuilder::new(block_size);
+            builder.add(&Record::Head { features: 0, tid });
+            for commit in commits {
+                for record in commit {
+                    builder.add(record);
+                }
+                builder.tail(tid);
+            }
+            builder.finish().concat()
+        }
+
+        fn scan_bytes(bytes: &[u8], block_size: usize, tid: u32) -> FastCommitLog {
+            let mut scanner = Scanner::new(tid, 256);
+            for block in bytes.chunks(block_size) {
+                if !scanner.scan_block(block).unwrap() {
+                    break;
+                }
+            }
+            scanner.finish()
+        }
+
+        proptest! {
+            /// What the writer lays out, the scan returns.
+            #[test]
+            fn written_commits_scan_back(
+                commits in proptest::collection::vec(proptest::collection::vec(record(), 0..8), 1..6),
+                big in any::<bool>(),
+            ) {
+                let block_size = if big { 4096 } else { 1024 };
+                let log = scan_bytes(&area(block_size, 9, &commits), block_size, 9);
+                prop_assert_eq!(log.commits as usize, commits.len());
+                prop_assert_eq!(log.records, commits.concat());
+            }
+
+            /// One damaged byte leaves a prefix of whole commits, never
+            /// part of one, and never panics.
+            #[test]
+            fn damage_leaves_a_prefix_of_commits(
+                commits in proptest::collection::vec(proptest::collection::vec(record(), 1..6), 1..6),
+                at in any::<prop::sample::Index>(),
+                flip in 1u8..=255,
+            ) {
+                let mut bytes = area(1024, 9, &commits);
+                let at = at.index(bytes.len());
+                bytes[at] ^= flip;
+                let log = scan_bytes(&bytes, 1024, 9);
+                let kept = log.commits as usize;
+                prop_assert!(kept <= commits.len());
+                prop_assert_eq!(log.records, commits[..kept].concat());
+            }
+
+            /// Noise never panics the scan.
+            #[test]
+            fn noise_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..3000)) {
+                let mut scanner = Scanner::new(1, 256);
+                let mut noisy = bytes.clone();
+                if noisy.len() >= 4 {
+                    noisy[..2].copy_from_slice(&tag::HEAD.to_le_bytes());
+                }
+                for block in noisy.chunks(512) {
+                    if !scanner.scan_block(block).unwrap_or(false) {
+                        break;
+                    }
+                }
+                let _ = scanner.finish();
+            }
+        }
+    }
 }
