@@ -22,6 +22,7 @@
 
 mod checkpoint;
 mod commit;
+pub mod fast_commit;
 pub mod format;
 mod jbd2;
 pub mod logdump;
