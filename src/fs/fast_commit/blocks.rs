@@ -4,10 +4,9 @@
 //! allocator (`fs/alloc.rs`) finds free blocks and inodes; the replay also
 //! needs to claim and release given ones.
 
-use crate::cache::Buffer;
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
+use crate::format::group_desc::BG_INODE_UNINIT;
 use crate::format::{BlockAllocator, bitmap};
 use crate::fs::Tx;
 use crate::journal::Handle;
@@ -232,39 +231,6 @@ impl BlockAllocator for ReplayAllocator<'_, '_, '_> {
 // ---------------------------------------------------------------------------
 // Bitmap bits of given blocks and inodes.
 
-/// The block bitmap of `group`, initialised in the transaction if the group
-/// is still BLOCK_UNINIT, its checksum verified otherwise.
-fn block_bitmap(tx: &mut Tx<'_, '_>, group: u32) -> Result<Arc<Buffer>> {
-    let geo = &tx.core.geo;
-    let desc = &tx.st.groups[group as usize];
-    if geo.has_group_csum() && desc.flags & BG_BLOCK_UNINIT != 0 {
-        let buffer = tx.core.cache.get_for_overwrite(desc.block_bitmap)?;
-        {
-            let mut bytes = tx.handle.get_create_access(&buffer)?;
-            bitmap::uninit_block_bitmap(geo, group, &tx.st.groups, &mut bytes);
-            let desc = &mut tx.st.groups[group as usize];
-            desc.flags &= !BG_BLOCK_UNINIT;
-            desc.set_block_bitmap_csum(geo, &bytes);
-        }
-        buffer.set_verified();
-        tx.mark_group_dirty(group);
-        return Ok(buffer);
-    }
-    let buffer = tx.core.cache.read(desc.block_bitmap)?;
-    if !buffer.is_verified() {
-        if !desc.block_bitmap_csum_ok(geo, &buffer.read()) {
-            return Err(Error::corrupt(
-                Location::Block {
-                    block: desc.block_bitmap,
-                },
-                format!("block bitmap checksum mismatch for group {group}"),
-            ));
-        }
-        buffer.set_verified();
-    }
-    Ok(buffer)
-}
-
 /// Set (`in_use`) or clear the bits of blocks `[start, end)`, keeping the
 /// free counts exact. Returns the ranges whose bits changed.
 pub(super) fn mark_blocks(
@@ -287,7 +253,7 @@ pub(super) fn mark_blocks(
         let group = geo.group_of_block(block);
         let base = geo.group_first_block(group);
         let group_end = (base + geo.blocks_in_group(group) as u64).min(end);
-        let buffer = block_bitmap(tx, group)?;
+        let buffer = tx.block_bitmap(group)?;
         let mut flipped = 0u32;
         {
             let mut bytes = tx.handle.get_write_access(&buffer)?;
@@ -349,74 +315,7 @@ pub(super) fn inode_in_use(tx: &Tx<'_, '_>, ino: u32) -> Result<bool> {
 /// Claim inode `ino` in its group (`ext4_mark_inode_used`), counting it
 /// and, for a directory, the group's directories.
 pub(super) fn mark_inode_in_use(tx: &mut Tx<'_, '_>, ino: u32, is_dir: bool) -> Result<()> {
-    let geo = &tx.core.geo;
-    let group = geo.group_of_inode(ino);
-    let index = geo.inode_index_in_group(ino);
-    let uninit = geo.has_group_csum() && tx.st.groups[group as usize].flags & BG_INODE_UNINIT != 0;
-    let buffer = inode_bitmap(tx, group, uninit)?;
-    if tx.st.groups[group as usize].flags & BG_BLOCK_UNINIT != 0 && geo.has_group_csum() {
-        block_bitmap(tx, group)?; // a group in use gets a real block bitmap
-    }
-    let mut bytes = tx.handle.get_write_access(&buffer)?;
-    if bitmap::test_bit(&bytes, index as usize) {
-        return Ok(());
-    }
-    bitmap::set_bit(&mut bytes, index as usize);
-    let desc = &mut tx.st.groups[group as usize];
-    desc.free_inodes = desc.free_inodes.checked_sub(1).ok_or_else(|| {
-        Error::corrupt(
-            Location::GroupDescriptor { group },
-            "free inode count underflow",
-        )
-    })?;
-    if is_dir {
-        desc.used_dirs += 1;
-    }
-    if geo.has_group_csum() && index >= geo.inodes_per_group - desc.itable_unused {
-        desc.itable_unused = geo.inodes_per_group - index - 1;
-    }
-    desc.set_inode_bitmap_csum(geo, &bytes);
-    drop(bytes);
-    tx.st.sb.free_inodes_count -= 1;
-    tx.mark_group_dirty(group);
-    Ok(())
-}
-
-/// The inode bitmap of `group`; a zeroed one (padding set) when the group
-/// was INODE_UNINIT, which it no longer is.
-fn inode_bitmap(tx: &mut Tx<'_, '_>, group: u32, uninit: bool) -> Result<Arc<Buffer>> {
-    let geo = &tx.core.geo;
-    let desc = &tx.st.groups[group as usize];
-    if uninit {
-        let buffer = tx.core.cache.get_for_overwrite(desc.inode_bitmap)?;
-        {
-            let mut bytes = tx.handle.get_create_access(&buffer)?;
-            bytes.fill(0);
-            for bit in geo.inodes_per_group as usize..bytes.len() * 8 {
-                bitmap::set_bit(&mut bytes, bit);
-            }
-            let desc = &mut tx.st.groups[group as usize];
-            desc.flags &= !BG_INODE_UNINIT;
-            desc.itable_unused = geo.inodes_per_group;
-            desc.set_inode_bitmap_csum(geo, &bytes);
-        }
-        buffer.set_verified();
-        tx.mark_group_dirty(group);
-        return Ok(buffer);
-    }
-    let buffer = tx.core.cache.read(desc.inode_bitmap)?;
-    if !buffer.is_verified() {
-        if !desc.inode_bitmap_csum_ok(geo, &buffer.read()) {
-            return Err(Error::corrupt(
-                Location::Block {
-                    block: desc.inode_bitmap,
-                },
-                format!("inode bitmap checksum mismatch for group {group}"),
-            ));
-        }
-        buffer.set_verified();
-    }
-    Ok(buffer)
+    tx.claim_inode(ino, is_dir).map(|_| ())
 }
 
 #[cfg(test)]
