@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod journal;
+pub mod server;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

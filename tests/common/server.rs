@@ -1,0 +1,269 @@
+//! A `jext4 mount` server run by a test: started in the foreground as a
+//! child of the test process (so the test holds its pid, exit status and
+//! standard error), killed with SIGKILL at a chosen moment or unmounted
+//! cleanly, and checked for panics — the write-ahead guard panics on a
+//! violation in builds with debug assertions (the `ci` and `dev` profiles
+//! that `cargo test` builds `CARGO_BIN_EXE_jext4` with).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `jext4` binary built for this test run (same profile as the test).
+pub const JEXT4: &str = env!("CARGO_BIN_EXE_jext4");
+
+/// How long a mount may take to appear, and an unmount to finish.
+const MOUNT_TIMEOUT: Duration = Duration::from_secs(20);
+const UNMOUNT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Whether FUSE mounts can work here (root or fusermount3, and /dev/fuse).
+pub fn fuse_available() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP: /dev/fuse is missing");
+        return false;
+    }
+    super::require_tool("fusermount3")
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// Whether `point` (canonical) is a mount point now.
+pub fn is_mounted(point: &Path) -> bool {
+    let wanted = path_str(point);
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(wanted))
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub mountpoint: PathBuf,
+    /// The server's standard error (its log, and any panic message).
+    pub log: PathBuf,
+    pub image: PathBuf,
+}
+
+/// How a server ended.
+#[derive(Debug)]
+pub struct Ending {
+    pub status: ExitStatus,
+    /// The whole log.
+    pub log: String,
+}
+
+impl Server {
+    /// Mount `image` at `<image>.mnt` with `-o options` (may be empty) and
+    /// wait until the mount is live.
+    pub fn start(image: &Path, options: &str) -> Server {
+        let mountpoint = image.with_extension("mnt");
+        std::fs::create_dir_all(&mountpoint).unwrap();
+        let mountpoint = mountpoint.canonicalize().unwrap();
+        assert!(
+            !is_mounted(&mountpoint),
+            "{} is mounted already",
+            mountpoint.display()
+        );
+        let log = image.with_extension("server.log");
+        let stderr = std::fs::File::create(&log).unwrap();
+        let mut command = Command::new(JEXT4);
+        command.arg("mount").arg("--foreground");
+        if !options.is_empty() {
+            command.args(["-o", options]);
+        }
+        let child = command
+            .arg(image)
+            .arg(&mountpoint)
+            .env("JEXT4_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {JEXT4}: {e}"));
+        let mut server = Server {
+            child: Some(child),
+            mountpoint,
+            log,
+            image: image.to_path_buf(),
+        };
+        server.wait_for_mount();
+        server
+    }
+
+    fn wait_for_mount(&mut self) {
+        let started = Instant::now();
+        while !is_mounted(&self.mountpoint) {
+            let child = self.child.as_mut().unwrap();
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                panic!(
+                    "the server exited ({status}) before mounting:\n{}",
+                    self.read_log()
+                );
+            }
+            assert!(
+                started.elapsed() < MOUNT_TIMEOUT,
+                "no mount after {MOUNT_TIMEOUT:?}:\n{}",
+                self.read_log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
+    pub fn read_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL the server, reap it and detach the dead mount
+    /// (`fusermount3 -uz`). What it wrote to the image file stays: the
+    /// page cache keeps every completed write.
+    pub fn kill9(mut self) -> Ending {
+        let mut child = self.child.take().expect("server running");
+        // SAFETY: kill(2) on the pid of our own unreaped child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        let status = child.wait().unwrap();
+        detach_lazily(&self.mountpoint);
+        Ending {
+            status,
+            log: self.read_log(),
+        }
+    }
+
+    /// `jext4 umount`: detach, wait for the server to write everything and
+    /// exit. Panics if it does not exit within the timeout (then kills it).
+    pub fn unmount(mut self) -> Ending {
+        let output = Command::new(JEXT4)
+            .arg("umount")
+            .arg(&self.mountpoint)
+            .output()
+            .unwrap();
+        let mut child = self.child.take().expect("server running");
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > UNMOUNT_TIMEOUT {
+                let _ = child.kill();
+                let _ = child.wait();
+                detach_lazily(&self.mountpoint);
+                panic!(
+                    "the server did not exit {UNMOUNT_TIMEOUT:?} after umount:\n{}",
+                    self.read_log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            output.status.success(),
+            "jext4 umount failed: {}\nserver log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.read_log()
+        );
+        Ending {
+            status,
+            log: self.read_log(),
+        }
+    }
+
+    /// The statistics file the server leaves after unmount (`jext4 stats`),
+    /// as `name value` pairs.
+    pub fn stats_file(mountpoint: &Path) -> PathBuf {
+        use std::os::unix::ffi::OsStrExt;
+        let hex: String = mountpoint
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        PathBuf::from("/run/jext4").join(format!("{hex}.stats"))
+    }
+}
+
+impl Drop for Server {
+    /// A failing test must not leave a server or a mount behind.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            detach_lazily(&self.mountpoint);
+        }
+    }
+}
+
+/// `fusermount3 -uz`: detach even if busy or if the server is dead.
+pub fn detach_lazily(mountpoint: &Path) {
+    for _ in 0..50 {
+        if !is_mounted(mountpoint) {
+            return;
+        }
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(mountpoint)
+            .stderr(Stdio::null())
+            .status();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !is_mounted(mountpoint),
+        "{} is still mounted",
+        mountpoint.display()
+    );
+}
+
+impl Ending {
+    /// The server never panicked (a write-ahead guard violation panics with
+    /// debug assertions on) and never logged an error.
+    pub fn assert_no_panic_or_error(&self) {
+        for bad in ["panicked", "write-ahead rule", "ERROR", "journal aborted"] {
+            assert!(
+                !self.log.contains(bad),
+                "the server log contains '{bad}':\n{}",
+                self.log
+            );
+        }
+    }
+
+    /// A clean unmount: exit status 0 and nothing bad in the log.
+    pub fn assert_clean_exit(&self) {
+        self.assert_no_panic_or_error();
+        assert!(
+            self.status.success(),
+            "server exit status {}:\n{}",
+            self.status,
+            self.log
+        );
+    }
+
+    /// The server died of our SIGKILL, not of anything else.
+    pub fn assert_killed(&self) {
+        use std::os::unix::process::ExitStatusExt;
+        self.assert_no_panic_or_error();
+        assert_eq!(
+            self.status.signal(),
+            Some(libc::SIGKILL),
+            "the server ended with {} before the kill:\n{}",
+            self.status,
+            self.log
+        );
+    }
+}
+
+/// `jext4 <args>`, asserting success; returns stdout.
+pub fn jext4(args: &[&str]) -> String {
+    let output = Command::new(JEXT4).args(args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "jext4 {args:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
