@@ -20,8 +20,8 @@
 
 mod common;
 
-use common::journal::{differences_outside_primary_superblock, dumpe2fs_needs_recovery, run};
-use common::server::{Server, fuse_available, jext4};
+use common::journal::dumpe2fs_needs_recovery;
+use common::server::{KeepOnPanic, Server, fuse_available, replay_both};
 use common::workload::{self, Rng};
 use std::path::Path;
 use std::sync::Mutex;
@@ -38,47 +38,6 @@ struct Config {
     options: &'static str,
 }
 
-fn path_str(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
-/// Replay with e2fsck and with jext4 on two copies, check both clean and
-/// identical; returns jext4's copy.
-fn replay_both(crash: &Path) -> std::path::PathBuf {
-    let theirs = crash.with_extension("e2fsck.img");
-    let ours = crash.with_extension("jext4.img");
-    std::fs::copy(crash, &theirs).unwrap();
-    std::fs::copy(crash, &ours).unwrap();
-    let (code, said_e2fsck) = run("e2fsck", &["-p", "-E", "journal_only", path_str(&theirs)]);
-    assert!(
-        code <= 1,
-        "e2fsck -p -E journal_only ({code}):\n{said_e2fsck}"
-    );
-    let said_jext4 = jext4(&["recover", path_str(&ours)]);
-    let block_size = common::journal::fs_superblock(crash).block_size() as usize;
-    let differing = differences_outside_primary_superblock(
-        &std::fs::read(&theirs).unwrap(),
-        &std::fs::read(&ours).unwrap(),
-        block_size,
-    );
-    assert!(
-        differing.is_empty(),
-        "e2fsck and jext4 replays differ in blocks {:?}\ne2fsck: {said_e2fsck}\njext4: {said_jext4}",
-        &differing[..differing.len().min(20)]
-    );
-    let (code, text) = run("e2fsck", &["-fn", path_str(&theirs)]);
-    assert_eq!(
-        code, 0,
-        "e2fsck -fn after e2fsck's replay ({said_e2fsck}):\n{text}"
-    );
-    let (code, text) = run("e2fsck", &["-fn", path_str(&ours)]);
-    assert_eq!(
-        code, 0,
-        "e2fsck -fn after jext4 recover ({said_jext4}):\n{text}"
-    );
-    ours
-}
-
 fn kill_round(dir: &Path, config: &Config, tarball: &Path, rng: &mut Rng, round: u64) {
     let image = common::mkfs(
         dir,
@@ -93,8 +52,8 @@ fn kill_round(dir: &Path, config: &Config, tarball: &Path, rng: &mut Rng, round:
     std::thread::sleep(delay);
     running.expect_kill();
     let ending = server.kill9();
-    let outcome = running.join();
     ending.assert_killed();
+    let outcome = running.join();
     assert!(
         dumpe2fs_needs_recovery(&image),
         "a killed server must leave needs_recovery set"
@@ -122,27 +81,11 @@ fn kill_rounds(config: &Config) {
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let seed = workload::seed_from_env("JEXT4_KILL_SEED");
     let rounds = workload::env_number("JEXT4_KILL_ROUNDS", 3);
-    let dir = tempfile::tempdir().unwrap();
-    // A failing round leaves its images for inspection.
-    let dir = KeepOnPanic(Some(dir));
-    let dir = dir.0.as_ref().unwrap();
+    let dir = KeepOnPanic::new();
     let tarball = workload::doc_tarball(dir.path());
     let mut rng = Rng::new(seed ^ config.name.len() as u64);
     for round in 0..rounds {
         kill_round(dir.path(), config, &tarball, &mut rng, round);
-    }
-}
-
-/// Keeps the directory (and says where) if the test fails.
-struct KeepOnPanic(Option<tempfile::TempDir>);
-
-impl Drop for KeepOnPanic {
-    fn drop(&mut self) {
-        if std::thread::panicking()
-            && let Some(dir) = self.0.take()
-        {
-            eprintln!("images kept in {}", dir.keep().display());
-        }
     }
 }
 

@@ -267,3 +267,66 @@ pub fn jext4(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// The crash image replayed twice, on copies: (a) `e2fsck -p -E
+/// journal_only`, (b) `jext4 recover`. They must be identical outside the
+/// primary superblock and both `e2fsck -fn` clean. Returns (b).
+pub fn replay_both(crash: &Path) -> std::path::PathBuf {
+    let theirs = crash.with_extension("e2fsck.img");
+    let ours = crash.with_extension("jext4.img");
+    std::fs::copy(crash, &theirs).unwrap();
+    std::fs::copy(crash, &ours).unwrap();
+    let (code, said_e2fsck) =
+        super::journal::run("e2fsck", &["-p", "-E", "journal_only", path_str(&theirs)]);
+    assert!(
+        code <= 1,
+        "e2fsck -p -E journal_only ({code}):\n{said_e2fsck}"
+    );
+    let said_jext4 = jext4(&["recover", path_str(&ours)]);
+    let block_size = super::journal::fs_superblock(crash).block_size() as usize;
+    let differing = super::journal::differences_outside_primary_superblock(
+        &std::fs::read(&theirs).unwrap(),
+        &std::fs::read(&ours).unwrap(),
+        block_size,
+    );
+    assert!(
+        differing.is_empty(),
+        "e2fsck and jext4 replays differ in blocks {:?}\ne2fsck: {said_e2fsck}\njext4: {said_jext4}",
+        &differing[..differing.len().min(20)]
+    );
+    let (code, text) = super::journal::run("e2fsck", &["-fn", path_str(&theirs)]);
+    assert_eq!(
+        code, 0,
+        "e2fsck -fn after e2fsck's replay ({said_e2fsck}):\n{text}"
+    );
+    let (code, text) = super::journal::run("e2fsck", &["-fn", path_str(&ours)]);
+    assert_eq!(
+        code, 0,
+        "e2fsck -fn after jext4 recover ({said_jext4}):\n{text}"
+    );
+    ours
+}
+
+/// A temporary directory that is kept (and named on stderr) when the test
+/// fails, so that its images can be inspected.
+pub struct KeepOnPanic(Option<tempfile::TempDir>);
+
+impl KeepOnPanic {
+    pub fn new() -> KeepOnPanic {
+        KeepOnPanic(Some(tempfile::tempdir().unwrap()))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.as_ref().unwrap().path()
+    }
+}
+
+impl Drop for KeepOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!("images kept in {}", dir.keep().display());
+        }
+    }
+}

@@ -183,8 +183,10 @@ impl Outcome {
     }
 }
 
-/// Start the workload on `root` (a mounted filesystem's root).
+/// Start the workload in `root`: a mounted filesystem's root, or a new
+/// directory in one (created here).
 pub fn start(root: &Path, tarball: &Path, seed: u64) -> Running {
+    std::fs::create_dir_all(root).unwrap();
     let shared = Arc::new(Shared {
         root: root.to_path_buf(),
         tarball: tarball.to_path_buf(),
@@ -367,6 +369,10 @@ impl Shared {
             self.check("mkdir", std::fs::create_dir(dir))?;
         }
         self.fsync_path(&self.root)?;
+        if let Some(parent) = self.root.parent() {
+            // `root` itself may be new.
+            self.fsync_path(parent)?;
+        }
         let mut live: Vec<String> = Vec::new();
         for serial in 0u64.. {
             self.keep_going()?;
