@@ -133,3 +133,180 @@ fn concurrent_library_workload_never_trips_the_guard() {
     image.close().unwrap();
     common::assert_fsck_clean(&path);
 }
+
+// ---------------------------------------------------------------------------
+// The journal layer alone, on a memory device whose writes can be held up.
+
+mod gated {
+    use jext4::cache::BufferCache;
+    use jext4::dev::guard::GuardedDevice;
+    use jext4::dev::{BlockDevice, MemoryDevice};
+    use jext4::journal::recovery::JournalArea;
+    use jext4::journal::{Jbd2Options, Journal, JournalConfig};
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Duration;
+
+    pub const BLOCK_SIZE: usize = 1024;
+    const JOURNAL_START: u64 = 64;
+    const JOURNAL_BLOCKS: u64 = 1024;
+
+    /// A memory device whose writes wait while the gate is closed, and
+    /// which says how many writers are waiting.
+    pub struct GatedDevice {
+        inner: MemoryDevice,
+        /// (open, writers waiting)
+        gate: Mutex<(bool, u32)>,
+        changed: Condvar,
+    }
+
+    impl GatedDevice {
+        pub fn close(&self) {
+            self.gate.lock().unwrap().0 = false;
+        }
+
+        pub fn open(&self) {
+            self.gate.lock().unwrap().0 = true;
+            self.changed.notify_all();
+        }
+
+        /// Wait until some write is held at the gate.
+        pub fn wait_for_held_write(&self) {
+            let gate = self.gate.lock().unwrap();
+            let (gate, timeout) = self
+                .changed
+                .wait_timeout_while(gate, Duration::from_secs(10), |(_, waiting)| *waiting == 0)
+                .unwrap();
+            assert!(
+                !timeout.timed_out() && gate.1 > 0,
+                "no write reached the gate"
+            );
+        }
+    }
+
+    impl BlockDevice for GatedDevice {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read_at(offset, buf)
+        }
+
+        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            let mut gate = self.gate.lock().unwrap();
+            gate.1 += 1;
+            self.changed.notify_all();
+            let mut gate = self.changed.wait_while(gate, |(open, _)| !*open).unwrap();
+            gate.1 -= 1;
+            drop(gate);
+            self.inner.write_at(offset, buf)
+        }
+
+        fn flush(&self) -> std::io::Result<()> {
+            self.inner.flush()
+        }
+
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+    }
+
+    /// An empty version 2 journal superblock (JBD2, big-endian: magic,
+    /// block type 4, s_blocksize at 12, s_maxlen at 16, s_first at 20,
+    /// s_sequence at 24, s_start 0 at 28, s_nr_users at 64).
+    fn journal_superblock() -> Vec<u8> {
+        let mut block = vec![0u8; BLOCK_SIZE];
+        let mut put = |offset: usize, value: u32| {
+            block[offset..offset + 4].copy_from_slice(&value.to_be_bytes());
+        };
+        put(0, jext4::journal::format::MAGIC);
+        put(4, jext4::journal::format::block_type::SUPERBLOCK_V2);
+        put(12, BLOCK_SIZE as u32);
+        put(16, JOURNAL_BLOCKS as u32);
+        put(20, 1);
+        put(24, 1);
+        put(64, 1);
+        block
+    }
+
+    /// A JBD2 journal over a gated memory device, wired as `Fs::mount`
+    /// wires it (cache over the write-ahead guard over the device).
+    pub fn journal() -> (Arc<GatedDevice>, Arc<BufferCache>, Arc<Journal>) {
+        let size = ((JOURNAL_START + JOURNAL_BLOCKS) as usize) * BLOCK_SIZE;
+        let inner = MemoryDevice::new(size);
+        inner
+            .write_at(JOURNAL_START * BLOCK_SIZE as u64, &journal_superblock())
+            .unwrap();
+        let device = Arc::new(GatedDevice {
+            inner,
+            gate: Mutex::new((true, 0)),
+            changed: Condvar::new(),
+        });
+        let raw: Arc<dyn BlockDevice> = device.clone();
+        let area = JournalArea::new(
+            Arc::clone(&raw),
+            BLOCK_SIZE as u32,
+            (JOURNAL_START..JOURNAL_START + JOURNAL_BLOCKS).collect(),
+        );
+        let guard = Arc::new(GuardedDevice::new(raw, BLOCK_SIZE as u32));
+        let cache = Arc::new(BufferCache::new(
+            Arc::clone(&guard) as Arc<dyn BlockDevice>,
+            BLOCK_SIZE,
+            1 << 20,
+        ));
+        let config = JournalConfig {
+            commit_interval: Duration::from_secs(3600),
+            sync_all: false,
+        };
+        let options = Jbd2Options {
+            commit_interval: config.commit_interval,
+            async_commit: false,
+            fs_64bit: false,
+            metadata_csum: true,
+        };
+        let journal = Journal::jbd2(Arc::clone(&cache), area, guard, config, &options).unwrap();
+        (device, cache, journal)
+    }
+}
+
+/// sync (syncfs) must not return while a transaction locked down before
+/// it is still on its way to the log, even when the running transaction
+/// holds nothing. It returned at once: the micro-benchmark saw rounds
+/// start while the previous commit was still capturing their buffers.
+#[test]
+fn sync_waits_for_a_commit_already_under_way() {
+    let (device, cache, journal) = gated::journal();
+    let buffer = cache.read(5).unwrap();
+    {
+        let handle = journal.start(1).unwrap();
+        handle.get_write_access(&buffer).unwrap()[0] = 0xAB;
+        handle.stop().unwrap();
+    }
+    device.close();
+    let (sent, done) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        let first = sent.clone();
+        let journal_ref = &journal;
+        scope.spawn(move || {
+            journal_ref.sync().unwrap();
+            first.send("first").unwrap();
+        });
+        // The commit thread has locked the transaction down and is held
+        // writing the log: a new, empty transaction runs.
+        device.wait_for_held_write();
+        scope.spawn(move || {
+            journal_ref.sync().unwrap();
+            sent.send("second").unwrap();
+        });
+        let early = done.recv_timeout(Duration::from_millis(300));
+        // Open before asserting: a panic here would wait forever for the
+        // thread held at the gate.
+        device.open();
+        assert!(
+            early.is_err(),
+            "sync returned ({early:?}) while the commit was held before reaching the log"
+        );
+        let mut finished = vec![done.recv().unwrap(), done.recv().unwrap()];
+        finished.sort();
+        assert_eq!(finished, ["first", "second"]);
+    });
+    let stats = journal.stats().jbd2.unwrap();
+    assert_eq!((stats.commits, stats.guard_violations), (1, 0), "{stats:?}");
+    journal.shutdown().unwrap();
+}
