@@ -2,6 +2,7 @@
 //! the e2fsck oracle.
 #![allow(dead_code)]
 
+pub mod e2e;
 pub mod journal;
 pub mod server;
 pub mod workload;
