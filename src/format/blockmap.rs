@@ -507,11 +507,10 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     }
 
     fn free_runs(&mut self, runs: Vec<Extent>) -> Result<()> {
-        let metadata = super::mapping::data_is_metadata(self.inode);
         for run in runs {
             self.ctx
                 .alloc
-                .free_blocks(self.ctx.handle, run.physical, run.len as u64, metadata)?;
+                .free_blocks(self.ctx.handle, run.physical, run.len as u64, false)?;
             let sectors = run.len as u64 * self.sectors_per_block();
             self.inode.blocks = self.inode.blocks.saturating_sub(sectors);
         }

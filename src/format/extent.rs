@@ -637,10 +637,9 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
 
     fn free_data(&mut self, physical: u64, count: u64) -> Result<()> {
         debug_assert!(count > 0);
-        let metadata = super::mapping::data_is_metadata(self.inode);
         self.ctx
             .alloc
-            .free_blocks(self.ctx.handle, physical, count, metadata)?;
+            .free_blocks(self.ctx.handle, physical, count, false)?;
         let sectors = count * self.sectors_per_block();
         self.inode.blocks = self.inode.blocks.saturating_sub(sectors);
         Ok(())

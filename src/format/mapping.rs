@@ -9,10 +9,8 @@
 //! Accounting contract: `inode.blocks` (`i_blocks`, 512-byte units) is
 //! updated here for every data block and every tree or indirect block that
 //! these functions allocate or free, so a caller never counts blocks itself.
-//! Data blocks are freed with `metadata = data_is_metadata(inode)`: false
-//! for regular files, true for directories and symlinks, whose "data" is
-//! journaled metadata; tree and indirect blocks go through
-//! `MetaCtx::free_meta_block`. Data blocks never pass through the
+//! Data blocks are freed with `metadata = false`; tree and indirect blocks go
+//! through `MetaCtx::free_meta_block`. Data blocks never pass through the
 //! buffer cache; tree and indirect blocks are metadata, read through the
 //! cache and changed only under a journal handle.
 //!
@@ -24,17 +22,6 @@ use super::superblock::Geometry;
 use super::{MetaCtx, blockmap, extent};
 use crate::cache::BufferCache;
 use crate::error::Result;
-
-/// Whether freeing the inode's data blocks must treat them as metadata:
-/// revoke them (so that replay never writes an older logged copy over the
-/// block's next owner) and drop their cached buffers (so that a pending
-/// checkpoint never writes one home). Directory blocks are journaled
-/// metadata; the kernel frees the blocks of directories and symlinks with
-/// `EXT4_FREE_BLOCKS_METADATA | EXT4_FREE_BLOCKS_FORGET`
-/// (extents.c, `get_default_free_blocks_flags`).
-pub fn data_is_metadata(inode: &Inode) -> bool {
-    inode.is_dir() || inode.is_symlink()
-}
 
 /// A run of logical blocks mapped to consecutive physical blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
