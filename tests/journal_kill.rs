@@ -47,7 +47,8 @@ fn kill_round(dir: &Path, config: &Config, tarball: &Path, rng: &mut Rng, round:
     );
     let server = Server::start(&image, config.options);
     let root = server.mountpoint.clone();
-    let running = workload::start(&root, tarball, rng.next_u64());
+    // Odd rounds leave orphans (files unlinked while open).
+    let running = workload::start(&root, tarball, rng.next_u64(), round % 2 == 1);
     let delay = Duration::from_millis(100 + rng.below(2400));
     std::thread::sleep(delay);
     running.expect_kill();
@@ -60,7 +61,7 @@ fn kill_round(dir: &Path, config: &Config, tarball: &Path, rng: &mut Rng, round:
     );
     let started = Instant::now();
     let recovered = replay_both(&image);
-    let checked = workload::verify_model(&recovered, &outcome.model);
+    let checked = workload::verify_model(&recovered, "", &outcome.model);
     println!(
         "{} round {round}: killed after {delay:?}; {}; {checked} names verified; checks took {:?}",
         config.name,

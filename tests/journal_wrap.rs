@@ -108,7 +108,7 @@ fn run_and_unmount(
 ) -> (TailMoves, std::collections::HashMap<String, u64>) {
     let server = Server::start(image, "commit=1");
     let watch = TailWatch::start(image);
-    let running = workload::start(&server.mountpoint.join("clean"), tarball, seed);
+    let running = workload::start(&server.mountpoint.join("clean"), tarball, seed, true);
     std::thread::sleep(Duration::from_secs(seconds));
     running.request_stop();
     let outcome = running.join();
@@ -165,11 +165,16 @@ fn fuse_workload_wraps_the_smallest_journal() {
     let mut wrapped_kills = 0;
     for attempt in 0..8 {
         let aim_at_wrap = attempt >= 2;
-        let crash = kill_during_workload(&image, &blocks, &tarball, &mut rng, attempt, aim_at_wrap);
+        let (crash, model) =
+            kill_during_workload(&image, &blocks, &tarball, &mut rng, attempt, aim_at_wrap);
         let wrapped = log_wraps(&crash, &blocks);
         wrapped_kills += wrapped as u32;
         let recovered = replay_both(&crash);
-        println!("kill {attempt}: the live log wrapped: {wrapped}; both replays clean and equal");
+        let checked = workload::verify_model(&recovered, &format!("kill{attempt}"), &model);
+        println!(
+            "kill {attempt}: the live log wrapped: {wrapped}; both replays clean and equal; \
+             {checked} names verified"
+        );
         // Continue from the recovered image, so the log keeps turning.
         std::fs::rename(&recovered, &image).unwrap();
         if aim_at_wrap && wrapped {
@@ -181,7 +186,8 @@ fn fuse_workload_wraps_the_smallest_journal() {
 
 /// Mount `image`, run the workload, kill the server at a random moment
 /// or (`aim_at_wrap`) as soon as a snapshot of the image shows a live log
-/// that wraps; returns a copy of the crashed image.
+/// that wraps; returns a copy of the crashed image and the workload's
+/// model of what must be there.
 fn kill_during_workload(
     image: &Path,
     blocks: &[u64],
@@ -189,10 +195,10 @@ fn kill_during_workload(
     rng: &mut Rng,
     attempt: u32,
     aim_at_wrap: bool,
-) -> PathBuf {
+) -> (PathBuf, workload::Model) {
     let server = Server::start(image, "commit=1");
     let root = server.mountpoint.join(format!("kill{attempt}"));
-    let running = workload::start(&root, tarball, rng.next_u64());
+    let running = workload::start(&root, tarball, rng.next_u64(), attempt % 2 == 1);
     let started = std::time::Instant::now();
     if aim_at_wrap {
         while started.elapsed() < Duration::from_secs(20) && !log_wraps(image, blocks) {
@@ -212,7 +218,7 @@ fn kill_during_workload(
     );
     let crash = image.with_extension(format!("crash{attempt}.img"));
     std::fs::copy(image, &crash).unwrap();
-    crash
+    (crash, outcome.model)
 }
 
 /// The same through the library: many fsyncs on the smallest journal;

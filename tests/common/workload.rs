@@ -152,6 +152,8 @@ struct Shared {
     killed: AtomicBool,
     model: Mutex<Model>,
     counts: Counts,
+    /// Hold files open after unlinking them.
+    orphans: bool,
 }
 
 /// The workload, running.
@@ -184,8 +186,9 @@ impl Outcome {
 }
 
 /// Start the workload in `root`: a mounted filesystem's root, or a new
-/// directory in one (created here).
-pub fn start(root: &Path, tarball: &Path, seed: u64) -> Running {
+/// directory in one (created here). With `orphans`, some files are
+/// unlinked while open and kept open, so that a crash leaves orphan inodes.
+pub fn start(root: &Path, tarball: &Path, seed: u64, orphans: bool) -> Running {
     std::fs::create_dir_all(root).unwrap();
     let shared = Arc::new(Shared {
         root: root.to_path_buf(),
@@ -194,6 +197,7 @@ pub fn start(root: &Path, tarball: &Path, seed: u64) -> Running {
         killed: AtomicBool::new(false),
         model: Mutex::new(Model::new()),
         counts: Counts::default(),
+        orphans,
     });
     let untar = {
         let shared = Arc::clone(&shared);
@@ -374,15 +378,22 @@ impl Shared {
             self.fsync_path(parent)?;
         }
         let mut live: Vec<String> = Vec::new();
+        let mut held: std::collections::VecDeque<std::fs::File> = Default::default();
         for serial in 0u64.. {
             self.keep_going()?;
-            let choice = if live.len() < 4 { 0 } else { rng.below(10) };
+            let choices = if self.orphans { 11 } else { 10 };
+            let choice = if live.len() < 4 {
+                0
+            } else {
+                rng.below(choices)
+            };
             match choice {
                 0..=3 => self.create_durable(&mut rng, &mut live, serial)?,
                 4 | 5 => self.overwrite_durable(&mut rng, &live)?,
                 6 => self.replace_durable(&mut rng, &mut live, serial)?,
                 7 | 8 => self.unlink_durable(&mut rng, &mut live)?,
-                _ => self.move_durable(&mut rng, &mut live)?,
+                9 => self.move_durable(&mut rng, &mut live)?,
+                _ => self.unlink_while_open(&mut rng, &mut held, serial)?,
             }
             self.counts.durable_ops.fetch_add(1, Ordering::Relaxed);
         }
@@ -451,6 +462,41 @@ impl Shared {
         Ok(())
     }
 
+    /// Create a file, unlink it durably while it stays open (an orphan
+    /// until closed, which a crash leaves to recovery), write to it after
+    /// the unlink; a few such files stay open at a time.
+    fn unlink_while_open(
+        &self,
+        rng: &mut Rng,
+        held: &mut std::collections::VecDeque<std::fs::File>,
+        serial: u64,
+    ) -> Step<()> {
+        let name = format!("s/o{serial}");
+        let path = self.root.join(&name);
+        self.set(&name, Expect::Uncertain);
+        let mut file = self.check(
+            "create",
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&path),
+        )?;
+        self.check("write", file.write_all(&Self::content(rng)))?;
+        self.check("fsync", file.sync_all())?;
+        self.check("unlink open file", std::fs::remove_file(&path))?;
+        self.fsync_path(&self.parent_of(&name))?;
+        self.set(&name, Expect::Absent);
+        self.check("write after unlink", file.write_all(&Self::content(rng)))?;
+        self.check("fsync after unlink", file.sync_all())?;
+        held.push_back(file);
+        if held.len() > 3 {
+            held.pop_front();
+        }
+        Ok(())
+    }
+
     /// Rename a live file into the other directory; fsync both.
     fn move_durable(&self, rng: &mut Rng, live: &mut [String]) -> Step<()> {
         let index = rng.below(live.len() as u64) as usize;
@@ -477,9 +523,11 @@ impl Shared {
 }
 
 /// Check a recovered image against the model through jext4's library,
-/// read-only: every certain name is as expected, and every file of the
-/// whole tree reads without error. Returns the number of names checked.
-pub fn verify_model(image: &Path, model: &Model) -> usize {
+/// read-only: every certain name (relative to the workload's root, which
+/// is `under` in the image: "" for the image's root) is as expected, and
+/// every file of the whole tree reads without error. Returns the number
+/// of names checked.
+pub fn verify_model(image: &Path, under: &str, model: &Model) -> usize {
     use jext4::api::Image;
     use jext4::fs::{FileKind, MountOptions};
     let options = MountOptions {
@@ -490,6 +538,7 @@ pub fn verify_model(image: &Path, model: &Model) -> usize {
         .unwrap_or_else(|e| panic!("read-only open of {}: {e}", image.display()));
     let mut checked = 0;
     for (name, expect) in model {
+        let name = &format!("{under}/{name}");
         let found = fs.read_file(name);
         match (expect, found) {
             (Expect::Present(content), Ok(bytes)) => {
