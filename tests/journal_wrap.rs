@@ -87,9 +87,10 @@ impl TailWatch {
     }
 }
 
-/// `name value` lines of the statistics the server leaves at unmount.
+/// `name value` lines of the statistics the server leaves at unmount
+/// (`jext4 stats MOUNTPOINT` reads them after the unmount too).
 fn server_stats(mountpoint: &Path) -> std::collections::HashMap<String, u64> {
-    let text = std::fs::read_to_string(Server::stats_file(mountpoint)).unwrap_or_default();
+    let text = common::server::jext4(&["stats", mountpoint.to_str().unwrap()]);
     text.lines()
         .filter_map(|line| {
             let (name, value) = line.split_once(' ')?;

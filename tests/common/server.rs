@@ -172,19 +172,6 @@ impl Server {
             log: self.read_log(),
         }
     }
-
-    /// The statistics file the server leaves after unmount (`jext4 stats`),
-    /// as `name value` pairs.
-    pub fn stats_file(mountpoint: &Path) -> PathBuf {
-        use std::os::unix::ffi::OsStrExt;
-        let hex: String = mountpoint
-            .as_os_str()
-            .as_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        PathBuf::from("/run/jext4").join(format!("{hex}.stats"))
-    }
 }
 
 impl Drop for Server {
