@@ -105,14 +105,23 @@ fn stats(mountpoint: &Path) -> Result<(), String> {
 fn recover(image: &Path) -> Result<(), String> {
     match jext4::fs::recover_image(image).map_err(|e| format!("{}: {e}", image.display()))? {
         None => println!("{}: the journal needs no recovery", image.display()),
-        Some(report) => println!(
-            "{}: replayed {} transactions ({} blocks, {} revoke records), journal reset at transaction {}",
-            image.display(),
-            report.transactions_replayed,
-            report.blocks_replayed,
-            report.revoke_records,
-            report.next_tid
-        ),
+        Some(recovered) => {
+            let report = &recovered.journal;
+            println!(
+                "{}: replayed {} transactions ({} blocks, {} revoke records), journal reset at transaction {}",
+                image.display(),
+                report.transactions_replayed,
+                report.blocks_replayed,
+                report.revoke_records,
+                report.next_tid
+            );
+            if recovered.orphans_released {
+                println!(
+                    "{}: released the orphan inodes the crash left",
+                    image.display()
+                );
+            }
+        }
     }
     Ok(())
 }

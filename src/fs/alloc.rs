@@ -126,6 +126,8 @@ impl Tx<'_, '_> {
         };
         let start_group = geo.group_of_block(goal);
         let groups = geo.group_count;
+        // Before the search, as in `take_run_in_group`.
+        let pending_before = self.core.journal.has_pending_frees();
         // One pass over every group from the goal's, then the goal's group
         // again from its start (the part before the goal).
         for step in 0..=groups {
@@ -145,7 +147,7 @@ impl Tx<'_, '_> {
         // The counters said there was space but no bitmap had any: either
         // the space is freed by transactions not yet durable (ENOSPC now,
         // retried after a commit by `Fs::transact`), or the counters lie.
-        if self.core.journal.has_pending_frees() {
+        if pending_before {
             return Err(Error::NoSpace);
         }
         Err(Error::corrupt(
@@ -170,12 +172,17 @@ impl Tx<'_, '_> {
         let in_group = geo.blocks_in_group(group) as usize;
         let buffer = self.block_bitmap(group)?;
         let base = geo.group_first_block(group);
+        // Sampled before the search: a commit finishing during it empties
+        // the pending set, and asking afterwards would call the blocks the
+        // search skipped as pending a corruption. Nothing adds pending
+        // frees meanwhile (freeing needs the filesystem state we hold).
+        let pending_before = self.core.journal.has_pending_frees();
         let found = {
             let bytes = buffer.read();
             self.find_allocatable(&bytes, base, from, in_group, count as usize)
         };
         let Some((start, length)) = found else {
-            if from == 0 && !self.core.journal.has_pending_frees() {
+            if from == 0 && !pending_before {
                 return Err(Error::corrupt(
                     Location::Block {
                         block: self.st.groups[group as usize].block_bitmap,

@@ -143,12 +143,47 @@ pub fn recover_device(dev: &Arc<dyn BlockDevice>) -> Result<Option<RecoveryRepor
     recover_if_needed(&geo, &sb, dev)
 }
 
+/// What `recover_image` did.
+#[derive(Debug)]
+pub struct ImageRecovery {
+    pub journal: RecoveryReport,
+    /// The crash left orphan inodes (files being deleted or truncated in
+    /// several transactions, files unlinked while open), now released.
+    pub orphans_released: bool,
+}
+
 /// `jext4 recover IMAGE`: replay the journal in place without mounting,
-/// like `e2fsck -E journal_only`. Returns the report, or None when the
+/// like `e2fsck -E journal_only`, and like it release the orphan inodes
+/// the crash left: on the orphan list they are inodes without links that
+/// `e2fsck -fn` reports ("deleted inode has zero dtime", bitmap
+/// differences) and that the kernel or e2fsck -p would free anyway.
+/// Releasing them mounts the recovered filesystem once through the engine
+/// (journaled, like any change) and unmounts it. Returns None when the
 /// journal needed nothing.
-pub fn recover_image(path: &std::path::Path) -> Result<Option<RecoveryReport>> {
+pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
     let (dev, sb, geo) = open_journaled(path, false)?;
-    recover_if_needed(&geo, &sb, &dev)
+    let Some(journal) = recover_if_needed(&geo, &sb, &dev)? else {
+        return Ok(None);
+    };
+    let orphans_released = has_orphans(&*dev)?;
+    if orphans_released {
+        let fs = super::Fs::mount(Arc::clone(&dev), super::MountOptions::default())?;
+        fs.unmount()?;
+        debug_assert!(!has_orphans(&*dev)?, "orphans left after their release");
+    }
+    Ok(Some(ImageRecovery {
+        journal,
+        orphans_released,
+    }))
+}
+
+/// The superblock names orphans: the classic list or the orphan file.
+fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
+    let sb = Superblock::decode(&bytes)?;
+    Ok(sb.last_orphan != 0
+        || sb.has_ro_compat(crate::format::superblock::ro_compat::ORPHAN_PRESENT))
 }
 
 /// `jext4 logdump IMAGE`: print the journal superblock and every

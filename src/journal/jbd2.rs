@@ -426,7 +426,10 @@ impl Jbd2 {
     }
 
     /// Wait until transaction `tid` is durable (starting its commit if it
-    /// is the running one). Returns at once if it has nothing to commit.
+    /// is the running one). If it is the running one and holds nothing,
+    /// waits for the transaction committing before it, if any: a caller
+    /// asking for the running transaction (sync, syncfs) needs everything
+    /// accepted so far, which includes a commit already under way.
     pub fn commit_and_wait(&self, tid: u32) -> Result<()> {
         let mut state = self.state.lock();
         loop {
@@ -442,7 +445,13 @@ impl Jbd2 {
                 && state.running.is_empty()
                 && state.running.updates.load(Ordering::Acquire) == 0
             {
-                return Ok(());
+                if state.committing_tid.is_none() {
+                    return Ok(());
+                }
+                debug_assert!(state.committing_tid != Some(tid));
+                // finish_commit (or an abort) wakes us.
+                self.changed.wait(&mut state);
+                continue;
             }
             if state
                 .commit_request

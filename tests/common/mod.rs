@@ -4,6 +4,8 @@
 
 pub mod e2e;
 pub mod journal;
+pub mod server;
+pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
