@@ -69,7 +69,7 @@ fn check(
     let report = jext4::fs::recover_image(&ours)
         .unwrap()
         .expect("recovery needed");
-    assert!(report.problem.is_none(), "{label}: {report:?}");
+    assert!(report.journal.problem.is_none(), "{label}: {report:?}");
     common::assert_fsck_clean(&ours);
     let our_tree = mounted_tree(&ours, "ro,noload").unwrap();
     let files = our_tree

@@ -68,7 +68,7 @@ fn replays_like_the_kernel(block_size: u32, size_mib: u64, many: usize) {
     let report = jext4::fs::recover_image(&ours)
         .unwrap()
         .expect("recovery was needed");
-    assert!(report.problem.is_none(), "{report:?}");
+    assert!(report.journal.problem.is_none(), "{report:?}");
     fsck_clean(&ours).unwrap_or_else(|text| panic!("e2fsck after jext4 recover:\n{text}"));
     let our_tree = mounted_tree(&ours, "ro,noload").unwrap();
     assert_eq!(

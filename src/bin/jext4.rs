@@ -304,9 +304,24 @@ fn stop_on_signals(mountpoint: PathBuf) {
 fn detach(mountpoint: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
-    // SAFETY: umount2 with a valid NUL-terminated path.
-    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-        return true;
+    // A file closed just before the unmount may still hold the mount: the
+    // kernel sends FUSE RELEASE asynchronously and keeps the mount busy until
+    // the server answers it. So EBUSY is retried for a short while before it
+    // is reported.
+    for _ in 0..50 {
+        // SAFETY: umount2 with a valid NUL-terminated path.
+        if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+            return true;
+        }
+        let error = std::io::Error::last_os_error().raw_os_error();
+        if error == Some(libc::EBUSY) {
+            std::thread::sleep(Duration::from_millis(40));
+            continue;
+        }
+        if error == Some(libc::EPERM) {
+            break; // not root: fusermount3 below
+        }
+        return false;
     }
     std::process::Command::new("fusermount3")
         .arg("-u")

@@ -455,8 +455,7 @@ impl Fs {
 
     /// Make everything durable (sync(2), syncfs(2)).
     pub fn sync(&self) -> Result<()> {
-        self.core.journal.sync()?;
-        self.core.journal.flush_data()
+        self.core.journal.sync()
     }
 
     /// Flush, release every orphan, mark the filesystem clean and stop.

@@ -202,21 +202,30 @@ impl Journal {
 
     /// Make transaction `tid` durable (fsync): commit it if it is running,
     /// wait for it if it is committing. Unjournaled: write everything back.
-    pub fn commit_and_wait(&self, tid: u32) -> Result<()> {
+    /// Returns whether the device was flushed after this call began (a
+    /// commit's final flush, or write-back's): then everything written
+    /// before the call is durable too, file data included.
+    pub fn commit_and_wait(&self, tid: u32) -> Result<bool> {
         match &self.mode {
-            Mode::WriteBack(_) => self.sync(),
+            Mode::WriteBack(_) => self.sync().map(|()| true),
             Mode::Jbd2(jbd2) => jbd2.commit_and_wait(tid),
         }
     }
 
-    /// Make everything accepted so far durable (sync, syncfs).
+    /// Make everything accepted so far durable, file data included (sync,
+    /// syncfs): one commit, or one flush when there is nothing to commit.
     pub fn sync(&self) -> Result<()> {
         match &self.mode {
             Mode::WriteBack(write_back) => {
                 write_back.write_all()?;
                 self.cache.flush_device()
             }
-            Mode::Jbd2(jbd2) => jbd2.commit_and_wait(jbd2.running_tid()),
+            Mode::Jbd2(jbd2) => {
+                if !jbd2.commit_and_wait(jbd2.running_tid())? {
+                    self.flush_data()?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -387,6 +396,15 @@ impl<'j> Handle<'j> {
     fn count_new_block(&self) {
         let dirtied = self.state.dirtied.get() + 1;
         self.state.dirtied.set(dirtied);
+        if dirtied <= self.state.credits
+            && let Some(transaction) = &self.state.transaction
+        {
+            // One reserved credit became a registered block: the
+            // transaction's size estimate counts it once, not twice.
+            transaction
+                .outstanding
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         if dirtied == self.state.credits + 1 {
             // The transaction's size estimate counted this handle's
             // credits; an overrun eats into the log's safety margin.
@@ -419,7 +437,9 @@ impl<'j> Handle<'j> {
         CURRENT_HANDLES.with(|handles| handles.borrow_mut().retain(|state| state.journal_id != id));
         if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
         {
-            jbd2.stop_handle(transaction, self.state.credits);
+            // Return the credits this operation reserved and did not use.
+            let unused = self.state.credits.saturating_sub(self.state.dirtied.get());
+            jbd2.stop_handle(transaction, unused);
         }
         true
     }
