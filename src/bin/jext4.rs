@@ -44,6 +44,8 @@ enum Command {
     /// Try the crash states of workloads: each must recover clean and lose
     /// nothing acknowledged (see README "Crash states").
     Crashtest(CrashtestArgs),
+    /// Print a mounted filesystem's statistics (cache, journal, write-ahead guard).
+    Stats { mountpoint: PathBuf },
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -104,6 +106,7 @@ fn main() -> ExitCode {
             timeout,
         } => umount(&mountpoint, Duration::from_secs(timeout)),
         Command::Recover { image } => recover(&image),
+        Command::Stats { mountpoint } => stats(&mountpoint),
         Command::Logdump { image } => {
             let stdout = std::io::stdout();
             match jext4::fs::logdump_image(&image, &mut stdout.lock()) {
@@ -234,17 +237,41 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
     }
 }
 
+fn stats(mountpoint: &Path) -> Result<(), String> {
+    let mountpoint = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let path = serve::runtime_file(&mountpoint, "stats");
+    let report = std::fs::read_to_string(&path).map_err(|_| {
+        format!(
+            "{}: no statistics (not a jext4 mount?)",
+            mountpoint.display()
+        )
+    })?;
+    print!("{report}");
+    Ok(())
+}
+
 fn recover(image: &Path) -> Result<(), String> {
     match jext4::fs::recover_image(image).map_err(|e| format!("{}: {e}", image.display()))? {
         None => println!("{}: the journal needs no recovery", image.display()),
-        Some(report) => println!(
-            "{}: replayed {} transactions ({} blocks, {} revoke records), journal reset at transaction {}",
-            image.display(),
-            report.transactions_replayed,
-            report.blocks_replayed,
-            report.revoke_records,
-            report.next_tid
-        ),
+        Some(recovered) => {
+            let report = &recovered.journal;
+            println!(
+                "{}: replayed {} transactions ({} blocks, {} revoke records), journal reset at transaction {}",
+                image.display(),
+                report.transactions_replayed,
+                report.blocks_replayed,
+                report.revoke_records,
+                report.next_tid
+            );
+            if recovered.orphans_released {
+                println!(
+                    "{}: released the orphan inodes the crash left",
+                    image.display()
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -427,9 +454,24 @@ fn stop_on_signals(mountpoint: PathBuf) {
 fn detach(mountpoint: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
-    // SAFETY: umount2 with a valid NUL-terminated path.
-    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-        return true;
+    // A file closed just before the unmount may still hold the mount: the
+    // kernel sends FUSE RELEASE asynchronously and keeps the mount busy until
+    // the server answers it. So EBUSY is retried for a short while before it
+    // is reported.
+    for _ in 0..50 {
+        // SAFETY: umount2 with a valid NUL-terminated path.
+        if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+            return true;
+        }
+        let error = std::io::Error::last_os_error().raw_os_error();
+        if error == Some(libc::EBUSY) {
+            std::thread::sleep(Duration::from_millis(40));
+            continue;
+        }
+        if error == Some(libc::EPERM) {
+            break; // not root: fusermount3 below
+        }
+        return false;
     }
     std::process::Command::new("fusermount3")
         .arg("-u")

@@ -46,7 +46,7 @@ impl Tx<'_, '_> {
 
     /// The block bitmap of `group`, initialised (in the transaction) if the
     /// group was still BLOCK_UNINIT.
-    fn block_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+    pub(crate) fn block_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let desc = &self.st.groups[group as usize];
@@ -68,7 +68,7 @@ impl Tx<'_, '_> {
         Ok(buffer)
     }
 
-    fn inode_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+    pub(crate) fn inode_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let desc = &self.st.groups[group as usize];
@@ -84,6 +84,8 @@ impl Tx<'_, '_> {
                 }
                 let desc = &mut self.st.groups[group as usize];
                 desc.flags &= !BG_INODE_UNINIT;
+                // Nothing of the group's inode table was in use.
+                desc.itable_unused = geo.inodes_per_group;
                 desc.set_inode_bitmap_csum(geo, &bytes);
             }
             buffer.set_verified();
@@ -124,6 +126,8 @@ impl Tx<'_, '_> {
         };
         let start_group = geo.group_of_block(goal);
         let groups = geo.group_count;
+        // Before the search, as in `take_run_in_group`.
+        let pending_before = self.core.journal.has_pending_frees();
         // One pass over every group from the goal's, then the goal's group
         // again from its start (the part before the goal).
         for step in 0..=groups {
@@ -143,7 +147,7 @@ impl Tx<'_, '_> {
         // The counters said there was space but no bitmap had any: either
         // the space is freed by transactions not yet durable (ENOSPC now,
         // retried after a commit by `Fs::transact`), or the counters lie.
-        if self.core.journal.has_pending_frees() {
+        if pending_before {
             return Err(Error::NoSpace);
         }
         Err(Error::corrupt(
@@ -168,12 +172,17 @@ impl Tx<'_, '_> {
         let in_group = geo.blocks_in_group(group) as usize;
         let buffer = self.block_bitmap(group)?;
         let base = geo.group_first_block(group);
+        // Sampled before the search: a commit finishing during it empties
+        // the pending set, and asking afterwards would call the blocks the
+        // search skipped as pending a corruption. Nothing adds pending
+        // frees meanwhile (freeing needs the filesystem state we hold).
+        let pending_before = self.core.journal.has_pending_frees();
         let found = {
             let bytes = buffer.read();
             self.find_allocatable(&bytes, base, from, in_group, count as usize)
         };
         let Some((start, length)) = found else {
-            if from == 0 && !self.core.journal.has_pending_frees() {
+            if from == 0 && !pending_before {
                 return Err(Error::corrupt(
                     Location::Block {
                         block: self.st.groups[group as usize].block_bitmap,
@@ -347,12 +356,30 @@ impl Tx<'_, '_> {
                 format!("group {group} counts free inodes but its bitmap has none"),
             ));
         };
+        let ino = group * geo.inodes_per_group + index as u32 + 1;
+        self.claim_inode(ino, is_dir)?;
+        Ok(ino)
+    }
+
+    /// Mark inode `ino` in use (bitmap, free and directory counts, the
+    /// initialised part of the inode table). Returns false if it already
+    /// was. Used by allocation and by fast-commit replay, which must claim
+    /// the inodes the log names.
+    pub(crate) fn claim_inode(&mut self, ino: u32, is_dir: bool) -> Result<bool> {
+        let core = self.core;
+        let geo = &core.geo;
+        let group = geo.group_of_inode(ino);
+        let index = geo.inode_index_in_group(ino) as usize;
+        let buffer = self.inode_bitmap(group)?;
         if self.st.groups[group as usize].flags & BG_BLOCK_UNINIT != 0 && geo.has_group_csum() {
             // As the kernel does: a group in use gets a real block bitmap.
             self.block_bitmap(group)?;
         }
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
+            if bitmap::test_bit(&bytes, index) {
+                return Ok(false);
+            }
             bitmap::set_bit(&mut bytes, index);
             let ipg = geo.inodes_per_group;
             let desc = &mut self.st.groups[group as usize];
@@ -372,7 +399,7 @@ impl Tx<'_, '_> {
         }
         self.st.sb.free_inodes_count -= 1;
         self.mark_group_dirty(group);
-        Ok(group * geo.inodes_per_group + index as u32 + 1)
+        Ok(true)
     }
 
     pub fn release_inode(&mut self, ino: u32, is_dir: bool) -> Result<()> {

@@ -228,15 +228,37 @@ fn write_run(
 impl Fs {
     /// A file or directory was opened: it stays until released even if its
     /// last name goes.
+    ///
+    /// The check and the count happen under the filesystem lock, so that an
+    /// unlink (which decides under the write lock whether the inode is
+    /// open) either sees this open and makes the inode an orphan, or has
+    /// freed it already and this open fails with ESTALE. FUSE opens by inode
+    /// number after a lookup that may predate a concurrent unlink; the
+    /// kernel then looks the name up again.
     pub fn open_file(&self, ino: u32) -> Result<Attr> {
-        let attr = self.getattr(ino)?;
-        if attr.nlink == 0 && !self.core.open_orphans.lock().contains(&ino) {
-            // Reached through a stale handle (say, a directory removed while
-            // it was a process's working directory): the inode is gone.
+        let st = self.state.read();
+        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+            self.check_not_freed(ino, &inode)?;
+            let attr = attr_of(&self.core, ino, &inode)?;
+            *self.open_files.lock().entry(ino).or_insert(0) += 1;
+            Ok(attr)
+        });
+        drop(st);
+        self.note_error(result)
+    }
+
+    /// An inode named by number (not through a directory) must not have been
+    /// freed: one without links that is not an open orphan was freed by an
+    /// unlink (say, a directory removed while it was a process's working
+    /// directory, or a name unlinked between a lookup and an open), and it
+    /// keeps its mode on disk, so the mode alone cannot tell.
+    pub(crate) fn check_not_freed(&self, ino: u32, inode: &Inode) -> Result<()> {
+        if inode.mode == 0
+            || (inode.links_count == 0 && !self.core.open_orphans.lock().contains(&ino))
+        {
             return Err(Error::Stale);
         }
-        *self.open_files.lock().entry(ino).or_insert(0) += 1;
-        Ok(attr)
+        Ok(())
     }
 
     /// The matching release of `open_file`; frees the inode if it was unlinked.
@@ -385,6 +407,7 @@ impl Fs {
         // with the inode on the orphan records, frees the blocks in chunks,
         // then takes it off (a crash midway: the next mount finishes it).
         let chunked = self.transact(CREDITS_TRUNCATE, caller, |tx| {
+            self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
             tx.with_regular_file(ino, |tx, inode| {
                 if inode.size == size {
                     return Ok(false);
@@ -560,8 +583,10 @@ impl Fs {
             .lock()
             .get(&ino)
             .map(|tids| if datasync { tids.datasync } else { tids.sync });
-        if let Some(tid) = pending {
-            self.note_error(self.core.journal.commit_and_wait(tid))?;
+        if let Some(tid) = pending
+            && self.note_error(self.core.journal.commit_and_wait(tid))?
+        {
+            return Ok(()); // the commit's final flush covered the data too
         }
         self.core.journal.flush_data()
     }

@@ -222,8 +222,7 @@ impl Tx<'_, '_> {
     pub fn evict_inode_now(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
         self.orphan_remove(ino, &mut inode)?;
         if inode.has_data_blocks(&self.core.geo) {
-            let mut ctx = self.meta_ctx();
-            mapping::punch(&mut ctx, ino, &mut inode, 0, None)?;
+            self.release_all_blocks(ino, &mut inode)?;
         }
         if inode.file_acl != 0 {
             let mut ctx = self.meta_ctx();
@@ -234,6 +233,41 @@ impl Tx<'_, '_> {
         inode.size = 0;
         self.write_inode(ino, &inode)?;
         self.release_inode(ino, is_dir)
+    }
+
+    /// Free every block `inode` maps. A directory's blocks are metadata:
+    /// read and changed through the cache (and journaled), so they are
+    /// freed as metadata, which forgets them there. Freed as data, a copy
+    /// still dirty from the entries just removed would later be written
+    /// over whatever the blocks hold next (file data bypasses the cache).
+    /// The kernel frees directory blocks with EXT4_FREE_BLOCKS_METADATA |
+    /// EXT4_FREE_BLOCKS_FORGET for the same reason.
+    pub fn release_all_blocks(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        self.punch_mapping(ino, inode, 0, None)
+    }
+
+    /// `mapping::punch` of logical blocks `from..to` (to the end: `None`),
+    /// a directory's blocks freed as metadata (see `release_all_blocks`).
+    pub fn punch_mapping(
+        &mut self,
+        ino: u32,
+        inode: &mut Inode,
+        from: u64,
+        to: Option<u64>,
+    ) -> Result<()> {
+        let core = self.core;
+        let handle = self.handle;
+        if inode.is_dir() {
+            let mut ctx = crate::format::MetaCtx {
+                geo: &core.geo,
+                cache: &core.cache,
+                handle,
+                alloc: &mut FreeAsMetadata(self),
+            };
+            return mapping::punch(&mut ctx, ino, inode, from, to);
+        }
+        let mut ctx = self.meta_ctx();
+        mapping::punch(&mut ctx, ino, inode, from, to)
     }
 
     pub fn meta_ctx(&mut self) -> crate::format::MetaCtx<'_, '_> {
@@ -314,6 +348,7 @@ impl Fs {
         }
         self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
             let mut inode = tx.read_live_inode(ino)?;
+            self.check_not_freed(ino, &inode)?;
             let now = Timestamp::now();
             let mut changed = false;
             if let Some(mode) = changes.mode {
@@ -366,5 +401,30 @@ fn resolve(time: TimeSet, now: Timestamp) -> Timestamp {
     match time {
         TimeSet::Now => now,
         TimeSet::At(at) => at,
+    }
+}
+
+/// The allocator a directory's punch sees: every block it frees is freed
+/// as metadata (see `Tx::release_all_blocks`).
+struct FreeAsMetadata<'t, 'a, 'j>(&'t mut Tx<'a, 'j>);
+
+impl crate::format::BlockAllocator for FreeAsMetadata<'_, '_, '_> {
+    fn alloc_blocks(
+        &mut self,
+        _handle: &crate::journal::Handle<'_>,
+        goal: u64,
+        count: u32,
+    ) -> Result<(u64, u32)> {
+        self.0.alloc_data_blocks(goal, count)
+    }
+
+    fn free_blocks(
+        &mut self,
+        _handle: &crate::journal::Handle<'_>,
+        start: u64,
+        count: u64,
+        _metadata: bool,
+    ) -> Result<()> {
+        self.0.release_blocks(start, count, true)
     }
 }

@@ -74,13 +74,7 @@ pub(crate) fn recover_if_needed(
     if !recovery::needs_recovery(&area)? && !sb.has_incompat(incompat::RECOVER) {
         return Ok(None);
     }
-    let report = recovery::recover_with(&area, |_, fast_commit| {
-        Err(Error::Unsupported(format!(
-            "the journal holds fast-commit records for transaction {}, which this version of \
-             jext4 cannot replay yet; mount the image once with the kernel (mount -o loop) to replay them",
-            fast_commit.expected_tid
-        )))
-    })?;
+    let report = recovery::recover_with(&area, super::fast_commit::replay)?;
     if let Some(problem) = &report.problem {
         return Err(Error::corrupt(
             Location::Journal { block: 0 },
@@ -119,23 +113,77 @@ fn open_journaled(
         ))
     })?;
     let dev: Arc<dyn BlockDevice> = Arc::new(device);
+    let (sb, geo) = journaled_superblock(&dev).map_err(|error| match error {
+        Error::Invalid(detail) => Error::Invalid(format!("{}: {detail}", path.display())),
+        error => error,
+    })?;
+    Ok((dev, sb, geo))
+}
+
+/// The superblock of the filesystem on `dev` and its geometry, refusing
+/// features jext4 does not know and filesystems without a journal.
+fn journaled_superblock(dev: &Arc<dyn BlockDevice>) -> Result<(Superblock, Geometry)> {
     let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
     let sb = Superblock::decode(&bytes)?;
     sb.check_features()?;
     if !sb.has_compat(crate::format::superblock::compat::HAS_JOURNAL) {
-        return Err(Error::Invalid(format!("{} has no journal", path.display())));
+        return Err(Error::Invalid("the filesystem has no journal".into()));
     }
     let geo = Geometry::from_superblock(&sb);
-    Ok((dev, sb, geo))
+    Ok((sb, geo))
+}
+
+/// Replay the journal of the filesystem on `dev` in place if it needs it:
+/// the block replay, then the fast commits. What `jext4 recover` and a
+/// mount do, on any device. Returns the report, or None when the journal
+/// needed nothing.
+pub fn recover_device(dev: &Arc<dyn BlockDevice>) -> Result<Option<RecoveryReport>> {
+    let (sb, geo) = journaled_superblock(dev)?;
+    recover_if_needed(&geo, &sb, dev)
+}
+
+/// What `recover_image` did.
+#[derive(Debug)]
+pub struct ImageRecovery {
+    pub journal: RecoveryReport,
+    /// The crash left orphan inodes (files being deleted or truncated in
+    /// several transactions, files unlinked while open), now released.
+    pub orphans_released: bool,
 }
 
 /// `jext4 recover IMAGE`: replay the journal in place without mounting,
-/// like `e2fsck -E journal_only`. Returns the report, or None when the
+/// like `e2fsck -E journal_only`, and like it release the orphan inodes
+/// the crash left: on the orphan list they are inodes without links that
+/// `e2fsck -fn` reports ("deleted inode has zero dtime", bitmap
+/// differences) and that the kernel or e2fsck -p would free anyway.
+/// Releasing them mounts the recovered filesystem once through the engine
+/// (journaled, like any change) and unmounts it. Returns None when the
 /// journal needed nothing.
-pub fn recover_image(path: &std::path::Path) -> Result<Option<RecoveryReport>> {
+pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
     let (dev, sb, geo) = open_journaled(path, false)?;
-    recover_if_needed(&geo, &sb, &dev)
+    let Some(journal) = recover_if_needed(&geo, &sb, &dev)? else {
+        return Ok(None);
+    };
+    let orphans_released = has_orphans(&*dev)?;
+    if orphans_released {
+        let fs = super::Fs::mount(Arc::clone(&dev), super::MountOptions::default())?;
+        fs.unmount()?;
+        debug_assert!(!has_orphans(&*dev)?, "orphans left after their release");
+    }
+    Ok(Some(ImageRecovery {
+        journal,
+        orphans_released,
+    }))
+}
+
+/// The superblock names orphans: the classic list or the orphan file.
+fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
+    let sb = Superblock::decode(&bytes)?;
+    Ok(sb.last_orphan != 0
+        || sb.has_ro_compat(crate::format::superblock::ro_compat::ORPHAN_PRESENT))
 }
 
 /// `jext4 logdump IMAGE`: print the journal superblock and every

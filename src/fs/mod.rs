@@ -17,6 +17,7 @@
 
 mod alloc;
 mod dirops;
+mod fast_commit;
 mod file;
 mod inode;
 mod journal;
@@ -28,7 +29,7 @@ pub use crate::format::xattr::SetMode as XattrMode;
 pub use dirops::Dentry;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
-pub use journal::{logdump_image, recover_image};
+pub use journal::{ImageRecovery, logdump_image, recover_device, recover_image};
 pub use namei::RenameFlags;
 
 use crate::cache::BufferCache;
@@ -140,6 +141,28 @@ pub(crate) struct InodeTids {
 }
 
 impl Core {
+    fn new(
+        geo: Geometry,
+        sb: &Superblock,
+        cache: Arc<BufferCache>,
+        journal: Arc<Journal>,
+        options: MountOptions,
+    ) -> Core {
+        Core {
+            overhead_blocks: overhead_blocks(&geo, sb),
+            inode_tids: Mutex::new(HashMap::new()),
+            open_orphans: Mutex::new(HashSet::new()),
+            orphans: Mutex::new(HashSet::new()),
+            reserved_blocks: sb.reserved_blocks_count,
+            resuid: sb.def_resuid as u32,
+            resgid: sb.def_resgid as u32,
+            geo,
+            cache,
+            journal,
+            options,
+        }
+    }
+
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
         self.cache.device()
     }
@@ -284,20 +307,7 @@ impl Fs {
             }
             None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
-        let overhead_blocks = overhead_blocks(&geo, &sb);
-        let core = Core {
-            overhead_blocks,
-            inode_tids: Mutex::new(HashMap::new()),
-            open_orphans: Mutex::new(HashSet::new()),
-            orphans: Mutex::new(HashSet::new()),
-            reserved_blocks: sb.reserved_blocks_count,
-            resuid: sb.def_resuid as u32,
-            resgid: sb.def_resgid as u32,
-            geo,
-            cache,
-            journal,
-            options,
-        };
+        let core = Core::new(geo, &sb, cache, journal, options);
         let generation_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
@@ -445,8 +455,7 @@ impl Fs {
 
     /// Make everything durable (sync(2), syncfs(2)).
     pub fn sync(&self) -> Result<()> {
-        self.core.journal.sync()?;
-        self.core.journal.flush_data()
+        self.core.journal.sync()
     }
 
     /// Flush, release every orphan, mark the filesystem clean and stop.
@@ -495,6 +504,39 @@ impl Fs {
     /// Journal statistics, including write-ahead guard events.
     pub fn journal_stats(&self) -> crate::journal::JournalStats {
         self.core.journal.stats()
+    }
+
+    /// Everything worth reporting about a mounted filesystem, one
+    /// `name value` pair per line (what `jext4 stats` prints).
+    pub fn stats_report(&self) -> String {
+        let cache = self.cache_stats();
+        let statfs = self.statfs();
+        let journal = self.journal_stats();
+        let mut lines = vec![
+            format!("blocks_total {}", statfs.blocks),
+            format!("blocks_free {}", statfs.free_blocks),
+            format!("inodes_free {}", statfs.free_files),
+            format!("read_only {}", self.is_read_only()),
+            format!("cache_resident_blocks {}", cache.resident),
+            format!("cache_capacity_blocks {}", cache.capacity),
+            format!("cache_hits {}", cache.hits),
+            format!("cache_misses {}", cache.misses),
+            format!("cache_evictions {}", cache.evictions),
+            format!("journaled {}", journal.jbd2.is_some()),
+        ];
+        match journal.jbd2 {
+            Some(jbd2) => lines.extend([
+                format!("journal_commits {}", jbd2.commits),
+                format!("journal_blocks_logged {}", jbd2.blocks_logged),
+                format!("journal_revokes_logged {}", jbd2.revokes_logged),
+                format!("journal_frozen_copies {}", jbd2.frozen_copies),
+                format!("journal_checkpoints {}", jbd2.checkpoints),
+                format!("journal_blocks_checkpointed {}", jbd2.blocks_checkpointed),
+                format!("write_ahead_guard_events {}", jbd2.guard_violations),
+            ]),
+            None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),
+        }
+        lines.join("\n") + "\n"
     }
 
     pub fn cache_stats(&self) -> crate::cache::CacheStats {
@@ -567,6 +609,62 @@ fn read_group_descs(geo: &Geometry, cache: &BufferCache) -> Result<Vec<GroupDesc
         groups.push(desc);
     }
     Ok(groups)
+}
+
+impl Fs {
+    /// Run `body` in one `Tx` over an engine on `dev` that is not mounted:
+    /// for work inside journal recovery, before `Fs::mount` may read the
+    /// filesystem (fast-commit replay). The superblock and descriptors come
+    /// from `dev`; changes go through an unjournaled write-back `Journal`
+    /// and are all written to `dev` and flushed when `body` succeeds. Any
+    /// of them may reach `dev` earlier, whatever the outcome (cache
+    /// pressure, the flusher): give it a scratch device when that matters.
+    pub(crate) fn with_unmounted_tx<R>(
+        dev: Arc<dyn BlockDevice>,
+        body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
+    ) -> Result<R> {
+        let mut sb_bytes = vec![0u8; SUPERBLOCK_SIZE];
+        dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
+        let sb = Superblock::decode(&sb_bytes)?;
+        let geo = Geometry::from_superblock(&sb);
+        let options = MountOptions::default();
+        let cache = Arc::new(BufferCache::new(
+            dev,
+            geo.block_size as usize,
+            options.cache_size,
+        ));
+        let groups = read_group_descs(&geo, &cache)?;
+        let journal = Journal::write_back(Arc::clone(&cache), JournalConfig::default(), false);
+        let core = Core::new(geo, &sb, cache, journal, options);
+        let mut state = State {
+            sb,
+            groups,
+            dirty_groups: BTreeSet::new(),
+            sb_dirty: false,
+            next_topdir_group: 0,
+            next_generation: 0,
+            deferred_evictions: Vec::new(),
+        };
+        let result = (|| {
+            // Write-back handles reserve nothing; the bound only tunes the
+            // overrun warning.
+            let handle = core.journal.start(1 << 20)?;
+            let mut tx = Tx {
+                core: &core,
+                st: &mut state,
+                handle: &handle,
+                caller: Caller::ROOT,
+                mapping_changed: false,
+            };
+            let value = body(&mut tx)?;
+            tx.finish()?;
+            handle.stop()?;
+            Ok(value)
+        })();
+        debug_assert!(state.deferred_evictions.is_empty());
+        let shut = core.journal.shutdown();
+        result.and_then(|value| shut.map(|()| value))
+    }
 }
 
 impl Tx<'_, '_> {

@@ -184,8 +184,7 @@ impl Tx<'_, '_> {
         self.orphan_remove(ino, &mut inode)?;
         if inode.has_data_blocks(&self.core.geo) {
             let first_unused = inode.size.div_ceil(self.core.geo.block_size as u64);
-            let mut ctx = self.meta_ctx();
-            mapping::punch(&mut ctx, ino, &mut inode, first_unused, None)?;
+            self.punch_mapping(ino, &mut inode, first_unused, None)?;
         }
         self.write_inode(ino, &inode)
     }
@@ -244,6 +243,13 @@ impl Fs {
             if inode.links_count > 0 || inode.mode == 0 {
                 return Ok(());
             }
+            // Opened again between the release that brought us here and
+            // this lock (open_file admits an open orphan): that opener's
+            // last release frees it.
+            if self.is_open(ino) {
+                self.core.open_orphans.lock().insert(ino);
+                return Ok(());
+            }
             tx.evict_inode(ino, inode)
         })
     }
@@ -281,10 +287,7 @@ impl Fs {
                     Lookup::Hole { next: None } => return Ok(None),
                 };
                 let end = start.saturating_add(PUNCH_CHUNK_BLOCKS);
-                let result = {
-                    let mut ctx = tx.meta_ctx();
-                    mapping::punch(&mut ctx, ino, &mut inode, start, Some(end))
-                };
+                let result = tx.punch_mapping(ino, &mut inode, start, Some(end));
                 tx.write_inode(ino, &inode)?;
                 result.map(|()| Some(end))
             })?;

@@ -426,9 +426,17 @@ impl Jbd2 {
     }
 
     /// Wait until transaction `tid` is durable (starting its commit if it
-    /// is the running one). Returns at once if it has nothing to commit.
-    pub fn commit_and_wait(&self, tid: u32) -> Result<()> {
+    /// is the running one). If it is the running one and holds nothing,
+    /// waits for the transaction committing before it, if any: a caller
+    /// asking for the running transaction (sync, syncfs) needs everything
+    /// accepted so far, which includes a commit already under way.
+    ///
+    /// Returns whether it waited for a commit: that commit's final flush
+    /// came after everything written before this call, so the caller needs
+    /// no flush of its own.
+    pub fn commit_and_wait(&self, tid: u32) -> Result<bool> {
         let mut state = self.state.lock();
+        let mut waited = false;
         loop {
             if let Some(error) = &state.error {
                 return Err(Error::Io(std::io::Error::other(format!(
@@ -436,13 +444,20 @@ impl Jbd2 {
                 ))));
             }
             if !super::format::tid_gt(tid, state.committed_tid) {
-                return Ok(());
+                return Ok(waited);
             }
             if state.running.tid == tid
                 && state.running.is_empty()
                 && state.running.updates.load(Ordering::Acquire) == 0
             {
-                return Ok(());
+                if state.committing_tid.is_none() {
+                    return Ok(waited);
+                }
+                debug_assert!(state.committing_tid != Some(tid));
+                // finish_commit (or an abort) wakes us.
+                self.changed.wait(&mut state);
+                waited = true;
+                continue;
             }
             if state
                 .commit_request
@@ -452,6 +467,7 @@ impl Jbd2 {
             }
             self.wake_commit.notify_one();
             self.changed.wait(&mut state);
+            waited = true;
         }
     }
 

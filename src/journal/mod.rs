@@ -22,6 +22,7 @@
 
 mod checkpoint;
 mod commit;
+pub mod fast_commit;
 #[doc(hidden)]
 pub mod faults;
 pub mod format;
@@ -38,8 +39,9 @@ use crate::error::{Error, Result};
 use jbd2::{Jbd2, Transaction};
 use parking_lot::RwLockWriteGuard;
 use recovery::JournalArea;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -150,8 +152,20 @@ impl Journal {
     }
 
     /// Open a handle for an operation that will dirty at most `credits`
-    /// metadata blocks.
+    /// metadata blocks. On a thread that already holds a handle of this
+    /// journal the new handle nests in it (the kernel's `h_ref`): it joins
+    /// the same transaction without reserving or waiting, and only the
+    /// outermost `stop` leaves the transaction (and commits if any level
+    /// asked for sync).
     pub fn start(&self, credits: u32) -> Result<Handle<'_>> {
+        if let Some(state) = current_handle(self) {
+            state.depth.set(state.depth.get() + 1);
+            return Ok(Handle {
+                journal: self,
+                state,
+                stopped: false,
+            });
+        }
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
@@ -160,13 +174,24 @@ impl Journal {
             Mode::WriteBack(_) => None,
             Mode::Jbd2(jbd2) => Some(jbd2.start_handle(credits)?),
         };
-        Ok(Handle {
-            journal: self,
+        let state = Rc::new(HandleState {
+            journal_id: self.id(),
             transaction,
             credits,
             dirtied: Cell::new(0),
             sync: Cell::new(self.config.sync_all),
+            depth: Cell::new(1),
+        });
+        CURRENT_HANDLES.with(|handles| handles.borrow_mut().push(Rc::clone(&state)));
+        Ok(Handle {
+            journal: self,
+            state,
+            stopped: false,
         })
+    }
+
+    fn id(&self) -> usize {
+        self as *const Journal as usize
     }
 
     /// The transaction new handles join now (0 when unjournaled).
@@ -179,21 +204,30 @@ impl Journal {
 
     /// Make transaction `tid` durable (fsync): commit it if it is running,
     /// wait for it if it is committing. Unjournaled: write everything back.
-    pub fn commit_and_wait(&self, tid: u32) -> Result<()> {
+    /// Returns whether the device was flushed after this call began (a
+    /// commit's final flush, or write-back's): then everything written
+    /// before the call is durable too, file data included.
+    pub fn commit_and_wait(&self, tid: u32) -> Result<bool> {
         match &self.mode {
-            Mode::WriteBack(_) => self.sync(),
+            Mode::WriteBack(_) => self.sync().map(|()| true),
             Mode::Jbd2(jbd2) => jbd2.commit_and_wait(tid),
         }
     }
 
-    /// Make everything accepted so far durable (sync, syncfs).
+    /// Make everything accepted so far durable, file data included (sync,
+    /// syncfs): one commit, or one flush when there is nothing to commit.
     pub fn sync(&self) -> Result<()> {
         match &self.mode {
             Mode::WriteBack(write_back) => {
                 write_back.write_all()?;
                 self.cache.flush_device()
             }
-            Mode::Jbd2(jbd2) => jbd2.commit_and_wait(jbd2.running_tid()),
+            Mode::Jbd2(jbd2) => {
+                if !jbd2.commit_and_wait(jbd2.running_tid())? {
+                    self.flush_data()?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -263,20 +297,45 @@ impl Journal {
     }
 }
 
-/// One operation's membership in the running transaction. Not `Sync`: an
-/// operation runs on one thread.
-pub struct Handle<'j> {
-    journal: &'j Journal,
+/// What the nested levels of one operation's handle share.
+struct HandleState {
+    journal_id: usize,
     transaction: Option<Arc<Transaction>>,
     credits: u32,
     dirtied: Cell<u32>,
     sync: Cell<bool>,
+    /// Levels started and not yet stopped.
+    depth: Cell<u32>,
+}
+
+thread_local! {
+    /// The outermost handle each journal has open on this thread.
+    static CURRENT_HANDLES: RefCell<Vec<Rc<HandleState>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn current_handle(journal: &Journal) -> Option<Rc<HandleState>> {
+    CURRENT_HANDLES.with(|handles| {
+        handles
+            .borrow()
+            .iter()
+            .find(|state| state.journal_id == journal.id())
+            .cloned()
+    })
+}
+
+/// One operation's membership in the running transaction. Not `Send`: an
+/// operation runs on one thread.
+pub struct Handle<'j> {
+    journal: &'j Journal,
+    state: Rc<HandleState>,
+    stopped: bool,
 }
 
 impl<'j> Handle<'j> {
     /// The transaction this handle belongs to (0 when unjournaled).
     pub fn tid(&self) -> u32 {
-        self.transaction
+        self.state
+            .transaction
             .as_ref()
             .map_or(0, |transaction| transaction.tid)
     }
@@ -285,7 +344,7 @@ impl<'j> Handle<'j> {
     /// joins the transaction now (O(1), no copy); unjournaled, it is marked
     /// dirty when the guard drops.
     pub fn get_write_access<'h>(&'h self, buffer: &'h Arc<Buffer>) -> Result<MetaGuard<'h, 'j>> {
-        if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.transaction)
+        if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
             && jbd2.register(transaction, buffer)
         {
             self.count_new_block();
@@ -308,7 +367,7 @@ impl<'j> Handle<'j> {
     /// data); no freed block is handed out again before this transaction is
     /// durable.
     pub fn free_blocks(&self, start: u64, count: u64, metadata: bool) {
-        match (&self.journal.mode, &self.transaction) {
+        match (&self.journal.mode, &self.state.transaction) {
             (Mode::Jbd2(jbd2), Some(transaction)) => {
                 jbd2.free_blocks_in(transaction, start, count, metadata)
             }
@@ -322,22 +381,37 @@ impl<'j> Handle<'j> {
         }
     }
 
-    /// The operation must be durable when its handle stops.
+    /// The operation must be durable when its outermost handle stops.
     pub fn set_sync(&self) {
-        self.sync.set(true);
+        self.state.sync.set(true);
     }
 
     pub fn is_sync(&self) -> bool {
-        self.sync.get()
+        self.state.sync.get()
+    }
+
+    /// How many handles of this operation are open (1 for the outermost).
+    pub fn depth(&self) -> u32 {
+        self.state.depth.get()
     }
 
     fn count_new_block(&self) {
-        self.dirtied.set(self.dirtied.get() + 1);
-        if self.dirtied.get() == self.credits + 1 {
+        let dirtied = self.state.dirtied.get() + 1;
+        self.state.dirtied.set(dirtied);
+        if dirtied <= self.state.credits
+            && let Some(transaction) = &self.state.transaction
+        {
+            // One reserved credit became a registered block: the
+            // transaction's size estimate counts it once, not twice.
+            transaction
+                .outstanding
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        if dirtied == self.state.credits + 1 {
             // The transaction's size estimate counted this handle's
             // credits; an overrun eats into the log's safety margin.
             tracing::debug!(
-                credits = self.credits,
+                credits = self.state.credits,
                 "handle dirtied more blocks than it reserved"
             );
         }
@@ -350,19 +424,36 @@ impl<'j> Handle<'j> {
         }
     }
 
-    /// Leave the transaction (once).
-    fn leave(&mut self) {
-        if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, self.transaction.take())
-        {
-            jbd2.stop_handle(&transaction, self.credits);
+    /// Close this level. Returns true when it was the outermost: the
+    /// operation has left its transaction.
+    fn leave(&mut self) -> bool {
+        if std::mem::replace(&mut self.stopped, true) {
+            return false;
         }
+        let depth = self.state.depth.get() - 1;
+        self.state.depth.set(depth);
+        if depth > 0 {
+            return false;
+        }
+        let id = self.state.journal_id;
+        CURRENT_HANDLES.with(|handles| handles.borrow_mut().retain(|state| state.journal_id != id));
+        if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
+        {
+            // Return the credits this operation reserved and did not use.
+            let unused = self.state.credits.saturating_sub(self.state.dirtied.get());
+            jbd2.stop_handle(transaction, unused);
+        }
+        true
     }
 
-    /// Close the handle; commit and wait if it was flagged sync.
+    /// Close the handle; the outermost one commits and waits if any level
+    /// flagged sync.
     pub fn stop(mut self) -> Result<()> {
-        let sync = self.sync.get();
+        let sync = self.state.sync.get();
         let tid = self.tid();
-        self.leave();
+        if !self.leave() {
+            return Ok(());
+        }
         if sync {
             self.journal.commit_and_wait(tid)?;
         }
@@ -407,5 +498,46 @@ impl DerefMut for MetaGuard<'_, '_> {
 impl Drop for MetaGuard<'_, '_> {
     fn drop(&mut self) {
         self.handle.dirty_metadata(self.buffer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::MemoryDevice;
+
+    #[test]
+    fn nested_handles_share_one_transaction_and_the_outermost_syncs() {
+        let cache = Arc::new(BufferCache::new(
+            Arc::new(MemoryDevice::new(1 << 20)),
+            1024,
+            1 << 20,
+        ));
+        let journal = Journal::write_back(cache, JournalConfig::default(), false);
+        let outer = journal.start(4).unwrap();
+        assert_eq!(outer.depth(), 1);
+        {
+            let inner = journal.start(2).unwrap();
+            assert_eq!(inner.depth(), 2);
+            inner.set_sync();
+            inner.stop().unwrap();
+        }
+        // The inner level's sync request belongs to the whole operation.
+        assert!(outer.is_sync());
+        assert_eq!(outer.depth(), 1);
+        outer.stop().unwrap();
+        // A new operation starts a fresh, unnested handle.
+        let next = journal.start(1).unwrap();
+        assert_eq!(next.depth(), 1);
+        assert!(!next.is_sync());
+        drop(next);
+        let after_drop = journal.start(1).unwrap();
+        assert_eq!(
+            after_drop.depth(),
+            1,
+            "a dropped handle leaves no level behind"
+        );
+        after_drop.stop().unwrap();
+        journal.shutdown().unwrap();
     }
 }

@@ -40,7 +40,11 @@ impl WriteBack {
             .or_insert_with(|| Arc::clone(buffer));
     }
 
+    /// A freed metadata block must not be written any more. A pass that
+    /// already took it into its batch could still write it after the block
+    /// holds someone's data, so wait for such a pass to end first.
     pub(super) fn forget(&self, block: u64) {
+        let _pass = self.pass.lock();
         self.dirty.lock().remove(&block);
     }
 
