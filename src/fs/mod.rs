@@ -21,6 +21,7 @@ mod file;
 mod inode;
 mod namei;
 mod orphan;
+pub mod walk;
 mod xattr;
 
 pub use crate::format::xattr::SetMode as XattrMode;
