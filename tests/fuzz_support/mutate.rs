@@ -1,0 +1,481 @@
+//! Mutations aimed at the structures of an [`ImageMap`], and the checksum
+//! recomputation that lets a damaged structure past verification so that
+//! the engine's structural validation is what has to catch it.
+//!
+//! Choices come from a [`Source`]: a seeded generator for the CI run, the
+//! fuzzer's input bytes for `cargo fuzz`.
+
+use super::map::{ImageMap, Kind, Target};
+use jext4::format::csum::{crc16, crc32c_raw, inode_seed};
+use jext4::format::{get_u16, get_u32, put_u16, put_u32};
+
+/// Where choices come from.
+pub trait Source {
+    /// A value in `0..bound` (`bound` > 0).
+    fn below(&mut self, bound: u64) -> u64;
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// splitmix64: small, fast, and the same everywhere.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+impl Source for Rng {
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next_u64() % bound
+    }
+}
+
+/// Choices read from fuzzer input, 16 bits at a time; zeros once it ends.
+pub struct Bytes<'a>(pub &'a [u8]);
+
+impl Source for Bytes<'_> {
+    fn below(&mut self, bound: u64) -> u64 {
+        let take = self.0.len().min(2);
+        let mut value = 0u64;
+        for &byte in &self.0[..take] {
+            value = value << 8 | byte as u64;
+        }
+        self.0 = &self.0[take..];
+        value % bound
+    }
+}
+
+/// What is done to a target.
+#[derive(Debug, Clone)]
+pub enum Action {
+    SetField {
+        field: usize,
+        value: u64,
+    },
+    FlipBit {
+        byte: usize,
+        bit: u8,
+    },
+    SetByte {
+        byte: usize,
+        value: u8,
+    },
+    /// Zero the whole target.
+    Zero,
+    /// Overwrite the target with the bytes of another target of the same
+    /// length (a block duplicated over another).
+    CopyFrom {
+        source: usize,
+    },
+    /// Cut the image to this many bytes.
+    Truncate {
+        len: usize,
+    },
+}
+
+/// One mutation of one target.
+#[derive(Debug, Clone)]
+pub struct Mutation {
+    pub target: usize,
+    pub action: Action,
+    /// Recompute the target's checksum afterwards.
+    pub fix_checksum: bool,
+}
+
+impl Mutation {
+    pub fn describe(&self, map: &ImageMap) -> String {
+        let target = &map.targets[self.target];
+        let action = match &self.action {
+            Action::SetField { field, value } => {
+                format!("set {} := {value:#x}", target.fields[*field].name)
+            }
+            Action::FlipBit { byte, bit } => format!("flip bit {bit} of byte {byte}"),
+            Action::SetByte { byte, value } => format!("set byte {byte} := {value:#04x}"),
+            Action::Zero => "zero it".into(),
+            Action::CopyFrom { source } => {
+                format!("copy {} over it", map.targets[*source].describe())
+            }
+            Action::Truncate { len } => format!("truncate the image to {len} bytes"),
+        };
+        let checksum = if self.fix_checksum {
+            ", checksum recomputed"
+        } else {
+            ""
+        };
+        format!("{}: {action}{checksum}", target.describe())
+    }
+
+    /// Whether the mutation changes bytes that a checksum covers, in a
+    /// structure that every walk reads, while leaving the checksum stale:
+    /// then the walk must report corruption.
+    pub fn must_be_detected(&self, map: &ImageMap, pristine: &[u8], image: &[u8]) -> bool {
+        let target = &map.targets[self.target];
+        if self.fix_checksum || !map.geo.metadata_csum {
+            return false;
+        }
+        let verified_on_every_walk = matches!(
+            target.kind,
+            Kind::Superblock
+                | Kind::GroupDesc
+                | Kind::ExtentBlock
+                | Kind::DirLeaf
+                | Kind::DxRoot
+                | Kind::XattrBlock
+        ) || (target.kind == Kind::Inode
+            && !target.owner_name.starts_with('<'));
+        // A block copied from the same owner may carry a valid checksum
+        // (leaf and tree block checksums do not cover the block number).
+        let keeps_checksum = matches!(self.action, Action::CopyFrom { .. });
+        if !verified_on_every_walk
+            || keeps_checksum
+            || matches!(self.action, Action::Truncate { .. })
+        {
+            return false;
+        }
+        let range = target.offset..target.offset + target.len;
+        let changed: Vec<usize> = range.filter(|&at| pristine[at] != image[at]).collect();
+        !changed.is_empty()
+            && changed
+                .iter()
+                .any(|&at| checksum_covers(map, target, at - target.offset, pristine))
+    }
+}
+
+/// Whether byte `at` of `target` is under its checksum (the bytes past an
+/// extent block's or leaf's tail, or unused index slots, are not).
+fn checksum_covers(map: &ImageMap, target: &Target, at: usize, pristine: &[u8]) -> bool {
+    let bytes = &pristine[target.offset..target.offset + target.len];
+    match target.kind {
+        Kind::ExtentBlock => at < 12 + get_u16(bytes, 4) as usize * 12 + 4,
+        Kind::DxRoot => {
+            let limit = get_u16(bytes, 32) as usize;
+            let count = get_u16(bytes, 34) as usize;
+            at < 32 + count * 8 || (32 + limit * 8..32 + limit * 8 + 8).contains(&at)
+        }
+        Kind::GroupDesc => map.geo.metadata_csum,
+        _ => true,
+    }
+}
+
+/// Pick `count` mutations for an image with this map.
+pub fn choose(map: &ImageMap, source: &mut dyn Source, count: usize) -> Vec<Mutation> {
+    (0..count).map(|_| choose_one(map, source)).collect()
+}
+
+/// Relative weights of the kinds of targets.
+fn weight(kind: Kind) -> u64 {
+    match kind {
+        Kind::Superblock => 6,
+        Kind::GroupDesc => 6,
+        Kind::BlockBitmap | Kind::InodeBitmap => 3,
+        Kind::Inode => 16,
+        Kind::ExtentBlock => 8,
+        Kind::IndirectBlock => 5,
+        Kind::DirLeaf => 12,
+        Kind::DxRoot => 8,
+        Kind::DxNode => 6,
+        Kind::XattrBlock => 8,
+        Kind::SymlinkBlock => 2,
+        Kind::OrphanBlock => 4,
+        Kind::FileData => 2,
+        Kind::FreeBlock | Kind::UnusedInode => 3,
+        Kind::Anywhere => 4,
+    }
+}
+
+fn choose_one(map: &ImageMap, source: &mut dyn Source) -> Mutation {
+    let kinds: Vec<Kind> = map.kinds().into_iter().collect();
+    let total: u64 = kinds.iter().map(|&kind| weight(kind)).sum();
+    let mut pick = source.below(total);
+    let mut kind = kinds[0];
+    for &candidate in &kinds {
+        if pick < weight(candidate) {
+            kind = candidate;
+            break;
+        }
+        pick -= weight(candidate);
+    }
+    let of_kind: Vec<usize> = (0..map.targets.len())
+        .filter(|&index| map.targets[index].kind == kind)
+        .collect();
+    let target = of_kind[source.below(of_kind.len() as u64) as usize];
+    let action = choose_action(map, target, source);
+    let fix_checksum = map.has_checksums && source.chance(75);
+    Mutation {
+        target,
+        action,
+        fix_checksum,
+    }
+}
+
+fn choose_action(map: &ImageMap, index: usize, source: &mut dyn Source) -> Action {
+    let target = &map.targets[index];
+    let roll = source.below(100);
+    if target.kind == Kind::Anywhere {
+        return if roll < 3 {
+            let len = target.len / 2 + source.below(target.len as u64 / 2) as usize;
+            Action::Truncate {
+                len: len / 512 * 512,
+            }
+        } else {
+            let byte = source.below(target.len as u64) as usize;
+            Action::FlipBit {
+                byte,
+                bit: source.below(8) as u8,
+            }
+        };
+    }
+    if !target.fields.is_empty() && roll < 62 {
+        let field = source.below(target.fields.len() as u64) as usize;
+        let width = target.fields[field].width;
+        let value = choose_value(map, source, width);
+        return Action::SetField { field, value };
+    }
+    let byte = source.below(target.len as u64) as usize;
+    match roll {
+        0..=79 => Action::FlipBit {
+            byte,
+            bit: source.below(8) as u8,
+        },
+        80..=87 => Action::SetByte {
+            byte,
+            value: source.below(256) as u8,
+        },
+        88..=93 => Action::Zero,
+        _ => {
+            let same_len: Vec<usize> = (0..map.targets.len())
+                .filter(|&other| other != index && map.targets[other].len == target.len)
+                .collect();
+            if same_len.is_empty() {
+                Action::Zero
+            } else {
+                let source_index = same_len[source.below(same_len.len() as u64) as usize];
+                Action::CopyFrom {
+                    source: source_index,
+                }
+            }
+        }
+    }
+}
+
+/// A value for a field of `width` bytes: boundaries, the image's own
+/// numbers, or noise. The original value's neighbours come from `apply`
+/// ("+1"/"-1" are encoded as the two top values below the maximum).
+fn choose_value(map: &ImageMap, source: &mut dyn Source, width: usize) -> u64 {
+    let max = if width >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (width * 8)) - 1
+    };
+    let value = match source.below(10) {
+        0 => 0,
+        1 => 1,
+        2 => max,
+        3 => max / 2 + 1,
+        4 => RELATIVE_PLUS_ONE,
+        5 => RELATIVE_MINUS_ONE,
+        6..=7 => map.interesting[source.below(map.interesting.len() as u64) as usize],
+        _ => source.below(max.saturating_add(1).max(2)),
+    };
+    if value == RELATIVE_PLUS_ONE || value == RELATIVE_MINUS_ONE {
+        value
+    } else {
+        value & max
+    }
+}
+
+/// Markers for "the original value plus / minus one".
+const RELATIVE_PLUS_ONE: u64 = u64::MAX - 1;
+const RELATIVE_MINUS_ONE: u64 = u64::MAX - 2;
+
+fn read_field(image: &[u8], at: usize, width: usize) -> u64 {
+    (0..width).fold(0, |value, i| value | (image[at + i] as u64) << (8 * i))
+}
+
+fn write_field(image: &mut [u8], at: usize, width: usize, value: u64) {
+    for i in 0..width {
+        image[at + i] = (value >> (8 * i)) as u8;
+    }
+}
+
+/// Apply `mutation` to `image` (which may shrink).
+pub fn apply(map: &ImageMap, image: &mut Vec<u8>, mutation: &Mutation) {
+    let target = &map.targets[mutation.target];
+    let start = target.offset;
+    match &mutation.action {
+        Action::SetField { field, value } => {
+            let field = &target.fields[*field];
+            let at = start + field.offset;
+            if at + field.width > image.len() || field.offset + field.width > target.len {
+                return;
+            }
+            let old = read_field(image, at, field.width);
+            let value = match *value {
+                RELATIVE_PLUS_ONE => old.wrapping_add(1),
+                RELATIVE_MINUS_ONE => old.wrapping_sub(1),
+                value => value,
+            };
+            write_field(image, at, field.width, value);
+        }
+        Action::FlipBit { byte, bit } => image[start + byte] ^= 1 << bit,
+        Action::SetByte { byte, value } => image[start + byte] = *value,
+        Action::Zero => image[start..start + target.len].fill(0),
+        Action::CopyFrom { source } => {
+            let from = &map.targets[*source];
+            let bytes = image[from.offset..from.offset + from.len].to_vec();
+            image[start..start + target.len].copy_from_slice(&bytes);
+        }
+        Action::Truncate { len } => image.truncate(*len),
+    }
+    if mutation.fix_checksum && !matches!(mutation.action, Action::Truncate { .. }) {
+        fix_checksum(map, image, target);
+    }
+}
+
+/// Recompute whatever checksum covers `target`, from the damaged bytes,
+/// wherever the damaged layout still says where the checksum lives.
+pub fn fix_checksum(map: &ImageMap, image: &mut [u8], target: &Target) {
+    let geo = &map.geo;
+    let seed = geo.csum_seed;
+    let start = target.offset;
+    let bytes = &mut image[start..start + target.len];
+    match target.kind {
+        Kind::Superblock if geo.metadata_csum => {
+            let sum = crc32c_raw(!0, &bytes[..0x3FC]);
+            put_u32(bytes, 0x3FC, sum);
+        }
+        Kind::GroupDesc => fix_desc(map, image, target.owner),
+        Kind::BlockBitmap | Kind::InodeBitmap => {
+            if geo.metadata_csum {
+                let sum = crc32c_raw(seed, bytes);
+                let desc = desc_offset(map, target.owner);
+                let (lo, hi) = if target.kind == Kind::BlockBitmap {
+                    (0x18, 0x38)
+                } else {
+                    (0x1A, 0x3A)
+                };
+                put_u16(image, desc + lo, sum as u16);
+                if geo.desc_size >= 64 {
+                    put_u16(image, desc + hi, (sum >> 16) as u16);
+                }
+            }
+            fix_desc(map, image, target.owner);
+        }
+        Kind::Inode | Kind::UnusedInode if geo.metadata_csum => fix_inode(map, bytes, target.owner),
+        Kind::ExtentBlock if geo.metadata_csum => {
+            let tail = 12 + get_u16(bytes, 4) as usize * 12;
+            if tail + 4 <= bytes.len() {
+                let sum = crc32c_raw(
+                    owner_seed(map, image, target.owner),
+                    &image[start..start + tail],
+                );
+                put_u32(image, start + tail, sum);
+            }
+        }
+        Kind::DirLeaf if geo.metadata_csum => {
+            let len = bytes.len();
+            if get_u32(bytes, len - 12) == 0 && get_u16(bytes, len - 8) == 12 {
+                let seed = owner_seed(map, image, target.owner);
+                let sum = crc32c_raw(seed, &image[start..start + len - 12]);
+                put_u32(image, start + len - 4, sum);
+            }
+        }
+        Kind::DxRoot | Kind::DxNode if geo.metadata_csum => {
+            let base = if target.kind == Kind::DxRoot { 32 } else { 8 };
+            let limit = get_u16(bytes, base) as usize;
+            let count = get_u16(bytes, base + 2) as usize;
+            let tail = base + limit * 8;
+            if tail + 8 <= bytes.len() && count <= limit {
+                let seed = owner_seed(map, image, target.owner);
+                let block = &image[start..start + target.len];
+                let mut sum = crc32c_raw(seed, &block[..base + count * 8]);
+                sum = crc32c_raw(sum, &block[tail..tail + 4]);
+                sum = crc32c_raw(sum, &[0; 4]);
+                put_u32(image, start + tail + 4, sum);
+            }
+        }
+        Kind::XattrBlock if geo.metadata_csum => {
+            let mut sum = crc32c_raw(seed, &target.block.to_le_bytes());
+            sum = crc32c_raw(sum, &bytes[..16]);
+            sum = crc32c_raw(sum, &[0; 4]);
+            sum = crc32c_raw(sum, &bytes[20..]);
+            put_u32(bytes, 16, sum);
+        }
+        Kind::OrphanBlock if geo.metadata_csum => {
+            let len = bytes.len();
+            let seed = owner_seed(map, image, target.owner);
+            let mut sum = crc32c_raw(seed, &target.block.to_le_bytes());
+            sum = crc32c_raw(sum, &image[start..start + len - 8]);
+            put_u32(image, start + len - 4, sum);
+        }
+        _ => {}
+    }
+}
+
+fn desc_offset(map: &ImageMap, group: u32) -> usize {
+    let (block, offset) = map.geo.group_desc_location(group);
+    block as usize * map.geo.block_size as usize + offset
+}
+
+fn fix_desc(map: &ImageMap, image: &mut [u8], group: u32) {
+    let geo = &map.geo;
+    let at = desc_offset(map, group);
+    let bytes = &mut image[at..at + geo.desc_size as usize];
+    let group_le = group.to_le_bytes();
+    let sum = if geo.metadata_csum {
+        let mut crc = crc32c_raw(geo.csum_seed, &group_le);
+        crc = crc32c_raw(crc, &bytes[..0x1E]);
+        crc = crc32c_raw(crc, &[0, 0]);
+        crc = crc32c_raw(crc, &bytes[0x20..]);
+        crc as u16
+    } else if geo.gdt_csum {
+        let mut crc = crc16(!0, &geo.uuid);
+        crc = crc16(crc, &group_le);
+        crc = crc16(crc, &bytes[..0x1E]);
+        if bytes.len() > 0x20 {
+            crc = crc16(crc, &bytes[0x20..]);
+        }
+        crc
+    } else {
+        return;
+    };
+    put_u16(bytes, 0x1E, sum);
+}
+
+/// The checksum seed of inode `ino` as its (possibly damaged) bytes say.
+fn owner_seed(map: &ImageMap, image: &[u8], ino: u32) -> u32 {
+    let at = map.inode_offset(ino);
+    inode_seed(map.geo.csum_seed, ino, get_u32(image, at + 0x64))
+}
+
+fn fix_inode(map: &ImageMap, raw: &mut [u8], ino: u32) {
+    let seed = inode_seed(map.geo.csum_seed, ino, get_u32(raw, 0x64));
+    let large = raw.len() > 128;
+    let extra_isize = if large {
+        get_u16(raw, 0x80) as usize
+    } else {
+        0
+    };
+    let has_hi = large && extra_isize >= 4;
+    put_u16(raw, 0x7C, 0);
+    if has_hi {
+        put_u16(raw, 0x82, 0);
+    }
+    let sum = crc32c_raw(seed, raw);
+    put_u16(raw, 0x7C, sum as u16);
+    if has_hi {
+        put_u16(raw, 0x82, (sum >> 16) as u16);
+    }
+}
