@@ -45,15 +45,12 @@ struct Seed {
     map: ImageMap,
     /// What a walk of the undamaged image sees.
     pristine: Stats,
+    /// The CPU time of that walk.
+    pristine_cpu: Duration,
 }
 
 fn budget() -> Budget {
-    Budget {
-        entries: 20_000,
-        read_bytes: 32 << 20,
-        read_bytes_per_file: 4 << 20,
-        changes: true,
-    }
+    Budget::default()
 }
 
 fn watchdog() -> Duration {
@@ -78,6 +75,7 @@ fn seeds() -> &'static [Seed] {
                 Some(Seed {
                     spec: *spec,
                     pristine: outcome.stats,
+                    pristine_cpu: outcome.cpu,
                     bytes,
                     map,
                 })
@@ -152,9 +150,22 @@ fn undamaged_seeds_walk_clean() {
     }
 }
 
+/// CPU time beyond which a run counts as a loop that ends too late. The
+/// walk is bounded by its budget, so damage may make it do more work than
+/// on the undamaged image, but not vastly more.
+fn slow_limit(seed: &Seed) -> Duration {
+    seed.pristine_cpu * 20 + Duration::from_millis(250)
+}
+
 /// What went wrong with one image, or `None`.
 fn judge(seed: &Seed, mutations: &[Mutation], image: &[u8], outcome: &Outcome) -> Option<String> {
     let stats = &outcome.stats;
+    if outcome.cpu > slow_limit(seed) {
+        return Some(format!(
+            "took {:?} of CPU, the undamaged image {:?}: a loop that should have stopped early",
+            outcome.cpu, seed.pristine_cpu
+        ));
+    }
     if !stats.inconsistencies.is_empty() {
         return Some(format!("inconsistent answers: {:?}", stats.inconsistencies));
     }
@@ -353,8 +364,17 @@ fn stale_checksums_are_reported_as_corruption() {
     regression(seed, Kind::DxRoot, "/htree", 0, "dx[1].hash", 0, false);
 }
 
+fn seed_named(name: &str) -> Option<&'static Seed> {
+    let seed = seeds().iter().find(|seed| seed.spec.name == name);
+    if seed.is_none() {
+        eprintln!("SKIP: seed {name} is not available here");
+    }
+    seed
+}
+
 /// Apply `field := value` to the `nth` `kind` target of `owner` in seed
-/// `seed_name`, with or without checksum repair, and run it watched.
+/// `seed_name`, with or without checksum repair, run it watched, and judge
+/// it as the run above would.
 fn regression(
     seed_name: &str,
     kind: Kind,
@@ -363,11 +383,8 @@ fn regression(
     field: &str,
     value: u64,
     fix: bool,
-) {
-    let Some(seed) = seeds().iter().find(|seed| seed.spec.name == seed_name) else {
-        eprintln!("SKIP: seed {seed_name} is not available here");
-        return;
-    };
+) -> Option<Outcome> {
+    let seed = seed_named(seed_name)?;
     let map = &seed.map;
     let target = map
         .find(kind, owner, nth)
@@ -391,4 +408,5 @@ fn regression(
     if let Some(problem) = judge(seed, std::slice::from_ref(&mutation), &image, &outcome) {
         panic!("{}: {problem}", mutation.describe(map));
     }
+    Some(outcome)
 }

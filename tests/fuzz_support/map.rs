@@ -91,6 +91,7 @@ pub struct ImageMap {
     pub interesting: Vec<u64>,
     /// The image carries checksums that mutations can recompute.
     pub has_checksums: bool,
+    pub image_len: usize,
 }
 
 /// Bounds that keep the map of a seed small.
@@ -242,6 +243,7 @@ impl ImageMap {
             descs,
             targets,
             interesting,
+            image_len: image.len(),
         }
     }
 

@@ -25,6 +25,10 @@ pub struct Outcome {
     /// Whether the filesystem had turned read-only when the walk ended.
     pub read_only_after: bool,
     pub unmount_error: Option<Error>,
+    /// CPU time the run took (its own thread only): unlike wall time it
+    /// does not grow when the machine is busy, so it can flag loops that
+    /// end but take far too long.
+    pub cpu: Duration,
 }
 
 impl Outcome {
@@ -47,6 +51,23 @@ pub fn mount_options() -> MountOptions {
 
 /// Mount `image`, walk and change it, unmount. In the calling thread.
 pub fn run_image(image: Vec<u8>, budget: Budget) -> Outcome {
+    let started = thread_cpu_time();
+    let mut outcome = mount_walk_unmount(image, budget);
+    outcome.cpu = thread_cpu_time().saturating_sub(started);
+    outcome
+}
+
+fn thread_cpu_time() -> Duration {
+    let mut spec = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut spec) };
+    Duration::new(spec.tv_sec as u64, spec.tv_nsec as u32)
+}
+
+fn mount_walk_unmount(image: Vec<u8>, budget: Budget) -> Outcome {
     let device = Arc::new(MemoryDevice::from_bytes(image));
     let fs = match Fs::mount(device, mount_options()) {
         Ok(fs) => fs,
@@ -56,6 +77,7 @@ pub fn run_image(image: Vec<u8>, budget: Budget) -> Outcome {
                 stats: Stats::default(),
                 read_only_after: true,
                 unmount_error: None,
+                cpu: Duration::ZERO,
             };
         }
     };
@@ -67,6 +89,7 @@ pub fn run_image(image: Vec<u8>, budget: Budget) -> Outcome {
         stats,
         read_only_after,
         unmount_error,
+        cpu: Duration::ZERO,
     }
 }
 

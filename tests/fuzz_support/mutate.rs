@@ -99,7 +99,15 @@ impl Mutation {
         let target = &map.targets[self.target];
         let action = match &self.action {
             Action::SetField { field, value } => {
-                format!("set {} := {value:#x}", target.fields[*field].name)
+                let name = &target.fields[*field].name;
+                match *value {
+                    RELATIVE_PLUS_ONE => format!("add one to {name}"),
+                    RELATIVE_MINUS_ONE => format!("subtract one from {name}"),
+                    marker if marker > RELATIVE_MARKERS_START => {
+                        format!("flip bit {} of {name}", RELATIVE_FLIP_BIT - marker)
+                    }
+                    value => format!("set {name} := {value:#x}"),
+                }
             }
             Action::FlipBit { byte, bit } => format!("flip bit {bit} of byte {byte}"),
             Action::SetByte { byte, value } => format!("set byte {byte} := {value:#04x}"),
@@ -170,8 +178,23 @@ fn checksum_covers(map: &ImageMap, target: &Target, at: usize, pristine: &[u8]) 
 }
 
 /// Pick `count` mutations for an image with this map.
+/// Pick `count` mutations for an image with this map; after the first,
+/// half of them hit the same structure again (fields that must agree with
+/// each other, damaged together).
 pub fn choose(map: &ImageMap, source: &mut dyn Source, count: usize) -> Vec<Mutation> {
-    (0..count).map(|_| choose_one(map, source)).collect()
+    let mut mutations: Vec<Mutation> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mutation = match mutations.first() {
+            Some(first) if source.chance(50) => Mutation {
+                target: first.target,
+                action: choose_action(map, first.target, source),
+                fix_checksum: first.fix_checksum,
+            },
+            _ => choose_one(map, source),
+        };
+        mutations.push(mutation);
+    }
+    mutations
 }
 
 /// Relative weights of the kinds of targets.
@@ -271,34 +294,45 @@ fn choose_action(map: &ImageMap, index: usize, source: &mut dyn Source) -> Actio
 }
 
 /// A value for a field of `width` bytes: boundaries, the image's own
-/// numbers, or noise. The original value's neighbours come from `apply`
-/// ("+1"/"-1" are encoded as the two top values below the maximum).
+/// numbers, small multiples of four (record lengths, offsets), or noise.
+/// Values relative to the original (plus one, minus one, one bit flipped)
+/// are markers that `apply` resolves.
 fn choose_value(map: &ImageMap, source: &mut dyn Source, width: usize) -> u64 {
     let max = if width >= 8 {
         u64::MAX
     } else {
         (1u64 << (width * 8)) - 1
     };
-    let value = match source.below(10) {
+    let value = match source.below(14) {
         0 => 0,
         1 => 1,
         2 => max,
         3 => max / 2 + 1,
-        4 => RELATIVE_PLUS_ONE,
-        5 => RELATIVE_MINUS_ONE,
-        6..=7 => map.interesting[source.below(map.interesting.len() as u64) as usize],
+        4 => return RELATIVE_PLUS_ONE,
+        5 => return RELATIVE_MINUS_ONE,
+        6 | 7 => return RELATIVE_FLIP_BIT - source.below(width as u64 * 8),
+        8 | 9 => map.interesting[source.below(map.interesting.len() as u64) as usize],
+        10 | 11 => 4 * source.below(map.geo.block_size as u64 / 4 + 4),
         _ => source.below(max.saturating_add(1).max(2)),
     };
-    if value == RELATIVE_PLUS_ONE || value == RELATIVE_MINUS_ONE {
-        value
-    } else {
-        value & max
-    }
+    value & max
 }
 
-/// Markers for "the original value plus / minus one".
-const RELATIVE_PLUS_ONE: u64 = u64::MAX - 1;
-const RELATIVE_MINUS_ONE: u64 = u64::MAX - 2;
+/// Markers for "the original value plus one / minus one / with bit n
+/// flipped" (`RELATIVE_FLIP_BIT - n`).
+const RELATIVE_PLUS_ONE: u64 = u64::MAX;
+const RELATIVE_MINUS_ONE: u64 = u64::MAX - 1;
+const RELATIVE_FLIP_BIT: u64 = u64::MAX - 2;
+const RELATIVE_MARKERS_START: u64 = RELATIVE_FLIP_BIT - 64;
+
+fn resolve_value(value: u64, old: u64) -> u64 {
+    match value {
+        RELATIVE_PLUS_ONE => old.wrapping_add(1),
+        RELATIVE_MINUS_ONE => old.wrapping_sub(1),
+        marker if marker > RELATIVE_MARKERS_START => old ^ 1 << (RELATIVE_FLIP_BIT - marker),
+        value => value,
+    }
+}
 
 fn read_field(image: &[u8], at: usize, width: usize) -> u64 {
     (0..width).fold(0, |value, i| value | (image[at + i] as u64) << (8 * i))
@@ -314,6 +348,14 @@ fn write_field(image: &mut [u8], at: usize, width: usize, value: u64) {
 pub fn apply(map: &ImageMap, image: &mut Vec<u8>, mutation: &Mutation) {
     let target = &map.targets[mutation.target];
     let start = target.offset;
+    let within = |target: &Target, image: &[u8]| target.offset + target.len <= image.len();
+    let cut_short = image.len() < map.image_len;
+    if cut_short && target.kind == Kind::Anywhere
+        || !within(target, image)
+        || matches!(&mutation.action, Action::CopyFrom { source } if !within(&map.targets[*source], image))
+    {
+        return; // an earlier mutation cut the image short
+    }
     match &mutation.action {
         Action::SetField { field, value } => {
             let field = &target.fields[*field];
@@ -322,12 +364,7 @@ pub fn apply(map: &ImageMap, image: &mut Vec<u8>, mutation: &Mutation) {
                 return;
             }
             let old = read_field(image, at, field.width);
-            let value = match *value {
-                RELATIVE_PLUS_ONE => old.wrapping_add(1),
-                RELATIVE_MINUS_ONE => old.wrapping_sub(1),
-                value => value,
-            };
-            write_field(image, at, field.width, value);
+            write_field(image, at, field.width, resolve_value(*value, old));
         }
         Action::FlipBit { byte, bit } => image[start + byte] ^= 1 << bit,
         Action::SetByte { byte, value } => image[start + byte] = *value,
@@ -339,7 +376,7 @@ pub fn apply(map: &ImageMap, image: &mut Vec<u8>, mutation: &Mutation) {
         }
         Action::Truncate { len } => image.truncate(*len),
     }
-    if mutation.fix_checksum && !matches!(mutation.action, Action::Truncate { .. }) {
+    if mutation.fix_checksum && !cut_short && !matches!(mutation.action, Action::Truncate { .. }) {
         fix_checksum(map, image, target);
     }
 }

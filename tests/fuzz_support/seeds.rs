@@ -136,12 +136,17 @@ pub const SEEDS: &[SeedSpec] = &[
     },
 ];
 
-/// Where seeds are cached: `target/fuzz-seeds` of this repository.
+/// Where seeds are cached: `$JEXT4_FUZZ_SEED_DIR`, else `target/fuzz-seeds`
+/// of the repository (also when compiled into the fuzz crate under fuzz/).
 pub fn seed_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    target.join("fuzz-seeds")
+    if let Some(dir) = std::env::var_os("JEXT4_FUZZ_SEED_DIR") {
+        return PathBuf::from(dir);
+    }
+    let mut root = Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf();
+    if root.join("fuzz_targets").is_dir() {
+        root.pop();
+    }
+    root.join("target").join("fuzz-seeds")
 }
 
 pub fn seed_path(spec: &SeedSpec) -> PathBuf {
