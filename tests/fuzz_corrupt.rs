@@ -410,3 +410,58 @@ fn regression(
     }
     Some(outcome)
 }
+/// The orphans a seed left pending, in list order from s_last_orphan.
+fn orphan_chain(seed: &Seed) -> Vec<u32> {
+    let mut chain = Vec::new();
+    let mut ino = jext4::format::get_u32(&seed.bytes, 1024 + 0xE8);
+    while ino != 0 && chain.len() < 16 {
+        chain.push(ino);
+        let at = seed.map.inode_offset(ino);
+        ino = jext4::format::get_u32(&seed.bytes, at + 0x14); // i_dtime
+    }
+    chain
+}
+
+#[test]
+fn orphan_list_cycles_are_reported_at_once() {
+    // Found while hunting unbounded loops for this fuzz: an orphan list
+    // that came back to an inode it had passed was walked to the
+    // million-step bound at mount, one inode read per step, before being
+    // reported (0.2 s in release builds, seconds in debug builds).
+    let Some(seed) = seed_named("ext4-1k-orphans-jext4") else {
+        return;
+    };
+    let chain = orphan_chain(seed);
+    assert!(
+        chain.len() >= 3,
+        "the seed should leave three orphans: {chain:?}"
+    );
+    let (first, last) = (chain[0], chain[chain.len() - 1]);
+    for (owner, points_to) in [(first, first), (last, first)] {
+        let owner = format!("<orphan {owner}>");
+        let name = seed.spec.name;
+        let outcome = regression(
+            name,
+            Kind::Inode,
+            &owner,
+            0,
+            "i_dtime",
+            points_to as u64,
+            true,
+        )
+        .expect("the seed was found above");
+        assert!(
+            outcome
+                .mount_error
+                .as_ref()
+                .is_some_and(|e| e.is_corruption()),
+            "{outcome:?}"
+        );
+        let limit = seed.pristine_cpu * 3 + Duration::from_millis(30);
+        assert!(
+            outcome.cpu < limit,
+            "took {:?} (limit {limit:?})",
+            outcome.cpu
+        );
+    }
+}
