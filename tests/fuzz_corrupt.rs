@@ -394,10 +394,17 @@ fn regression(
         .iter()
         .position(|f| f.name == field)
         .unwrap_or_else(|| panic!("no field {field} in {}", map.targets[target].describe()));
+    let action = Action::SetField { field, value };
+    Some(run_case(seed, target, action, fix))
+}
+
+/// Run one mutation of `seed` watched, and judge it as the run above would.
+fn run_case(seed: &Seed, target: usize, action: Action, fix_checksum: bool) -> Outcome {
+    let map = &seed.map;
     let mutation = Mutation {
         target,
-        action: Action::SetField { field, value },
-        fix_checksum: fix,
+        action,
+        fix_checksum,
     };
     let mut image = seed.bytes.clone();
     mutate::apply(map, &mut image, &mutation);
@@ -408,8 +415,9 @@ fn regression(
     if let Some(problem) = judge(seed, std::slice::from_ref(&mutation), &image, &outcome) {
         panic!("{}: {problem}", mutation.describe(map));
     }
-    Some(outcome)
+    outcome
 }
+
 /// The orphans a seed left pending, in list order from s_last_orphan.
 fn orphan_chain(seed: &Seed) -> Vec<u32> {
     let mut chain = Vec::new();

@@ -83,6 +83,13 @@ pub enum Action {
     Truncate {
         len: usize,
     },
+    /// Give the superblock another geometry that still passes its own
+    /// cross-checks (inode count = groups x inodes per group, first data
+    /// block for the block size, sizes in range): `(offset, width, value)`
+    /// writes into the superblock.
+    Geometry {
+        writes: Vec<(usize, usize, u64)>,
+    },
 }
 
 /// One mutation of one target.
@@ -116,6 +123,13 @@ impl Mutation {
                 format!("copy {} over it", map.targets[*source].describe())
             }
             Action::Truncate { len } => format!("truncate the image to {len} bytes"),
+            Action::Geometry { writes } => {
+                let names: Vec<String> = writes
+                    .iter()
+                    .map(|(offset, _, value)| format!("{}={value}", superblock_field_name(*offset)))
+                    .collect();
+                format!("reshape: {}", names.join(" "))
+            }
         };
         let checksum = if self.fix_checksum {
             ", checksum recomputed"
@@ -260,6 +274,9 @@ fn choose_action(map: &ImageMap, index: usize, source: &mut dyn Source) -> Actio
             }
         };
     }
+    if target.kind == Kind::Superblock && roll < 12 {
+        return reshape(map, source);
+    }
     if !target.fields.is_empty() && roll < 62 {
         let field = source.below(target.fields.len() as u64) as usize;
         let width = target.fields[field].width;
@@ -334,6 +351,76 @@ fn resolve_value(value: u64, old: u64) -> u64 {
     }
 }
 
+/// Superblock offsets (ext4.h) that `reshape` writes.
+const S_INODES_COUNT: usize = 0x00;
+const S_BLOCKS_COUNT_LO: usize = 0x04;
+const S_FIRST_DATA_BLOCK: usize = 0x14;
+const S_LOG_BLOCK_SIZE: usize = 0x18;
+const S_LOG_CLUSTER_SIZE: usize = 0x1C;
+const S_BLOCKS_PER_GROUP: usize = 0x20;
+const S_CLUSTERS_PER_GROUP: usize = 0x24;
+const S_INODES_PER_GROUP: usize = 0x28;
+const S_INODE_SIZE: usize = 0x58;
+
+fn superblock_field_name(offset: usize) -> &'static str {
+    match offset {
+        S_INODES_COUNT => "s_inodes_count",
+        S_BLOCKS_COUNT_LO => "s_blocks_count_lo",
+        S_FIRST_DATA_BLOCK => "s_first_data_block",
+        S_LOG_BLOCK_SIZE => "s_log_block_size",
+        S_LOG_CLUSTER_SIZE => "s_log_cluster_size",
+        S_BLOCKS_PER_GROUP => "s_blocks_per_group",
+        S_CLUSTERS_PER_GROUP => "s_clusters_per_group",
+        S_INODES_PER_GROUP => "s_inodes_per_group",
+        S_INODE_SIZE => "s_inode_size",
+        _ => "?",
+    }
+}
+
+/// A geometry the superblock's own checks accept: block size 1-64 KiB,
+/// groups of 8..8*block size blocks and 1..8*block size inodes, inode size
+/// a power of two up to the block size, and the inode count to match.
+fn reshape(map: &ImageMap, source: &mut dyn Source) -> Action {
+    let geo = &map.geo;
+    let log_block_size = if source.chance(30) {
+        geo.log_block_size as u64
+    } else {
+        source.below(7)
+    };
+    let block_size = 1024u64 << log_block_size;
+    let pick = |source: &mut dyn Source, original: u64, max: u64| match source.below(4) {
+        0 => original.clamp(1, max),
+        1 => max,
+        2 => 1,
+        _ => 1 + source.below(max),
+    };
+    let blocks_per_group = pick(source, geo.blocks_per_group as u64, block_size) * 8;
+    let inodes_per_group = pick(source, geo.inodes_per_group as u64, 8 * block_size);
+    let inode_size = 128u64 << source.below(log_block_size + 4);
+    let first_data_block = (block_size == 1024) as u64;
+    let blocks_count = match source.below(3) {
+        0 => geo.blocks_count,
+        1 => map.image_len as u64 / block_size,
+        _ => first_data_block + 1 + source.below(1 << 32),
+    }
+    .clamp(first_data_block + 1, u32::MAX as u64);
+    let groups = (blocks_count - first_data_block).div_ceil(blocks_per_group);
+    let inodes_count = (groups * inodes_per_group).min(u32::MAX as u64);
+    Action::Geometry {
+        writes: vec![
+            (S_LOG_BLOCK_SIZE, 4, log_block_size),
+            (S_LOG_CLUSTER_SIZE, 4, log_block_size),
+            (S_FIRST_DATA_BLOCK, 4, first_data_block),
+            (S_BLOCKS_PER_GROUP, 4, blocks_per_group),
+            (S_CLUSTERS_PER_GROUP, 4, blocks_per_group),
+            (S_INODES_PER_GROUP, 4, inodes_per_group),
+            (S_INODE_SIZE, 2, inode_size.min(block_size)),
+            (S_BLOCKS_COUNT_LO, 4, blocks_count),
+            (S_INODES_COUNT, 4, inodes_count),
+        ],
+    }
+}
+
 fn read_field(image: &[u8], at: usize, width: usize) -> u64 {
     (0..width).fold(0, |value, i| value | (image[at + i] as u64) << (8 * i))
 }
@@ -375,6 +462,11 @@ pub fn apply(map: &ImageMap, image: &mut Vec<u8>, mutation: &Mutation) {
             image[start..start + target.len].copy_from_slice(&bytes);
         }
         Action::Truncate { len } => image.truncate(*len),
+        Action::Geometry { writes } => {
+            for &(offset, width, value) in writes {
+                write_field(image, start + offset, width, value);
+            }
+        }
     }
     if mutation.fix_checksum && !cut_short && !matches!(mutation.action, Action::Truncate { .. }) {
         fix_checksum(map, image, target);
