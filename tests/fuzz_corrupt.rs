@@ -473,3 +473,38 @@ fn orphan_list_cycles_are_reported_at_once() {
         );
     }
 }
+
+#[test]
+fn large_inode_tables_do_not_overflow_the_geometry() {
+    // Found reviewing the geometry arithmetic, reproduced with the geometry
+    // reshaping mutation: 32 KiB blocks, 2^18 inodes
+    // of 32 KiB per group pass the superblock's own checks, and the inode
+    // table size (inodes per group x inode size) overflowed 32 bits (a
+    // panic in debug builds, a wrong size in release builds).
+    let Some(seed) = seed_named("ext4-1k-jext4") else {
+        return;
+    };
+    let target = seed
+        .map
+        .find(Kind::Superblock, "the filesystem", 0)
+        .unwrap();
+    let block_size: u64 = 32 << 10;
+    let blocks_count = seed.bytes.len() as u64 / block_size;
+    // (offset, width, value) in the superblock: s_log_block_size,
+    // s_log_cluster_size, s_first_data_block, s_blocks_per_group,
+    // s_clusters_per_group, s_inodes_per_group, s_inode_size,
+    // s_blocks_count_lo, s_inodes_count (one group).
+    let writes = vec![
+        (0x18, 4, 5),
+        (0x1C, 4, 5),
+        (0x14, 4, 0),
+        (0x20, 4, 8 * block_size),
+        (0x24, 4, 8 * block_size),
+        (0x28, 4, 1 << 18),
+        (0x58, 2, block_size),
+        (0x04, 4, blocks_count),
+        (0x00, 4, 1 << 18),
+    ];
+    let outcome = run_case(seed, target, Action::Geometry { writes }, true);
+    assert!(outcome.mount_error.is_some(), "{outcome:?}");
+}
