@@ -157,6 +157,19 @@ fn slow_limit(seed: &Seed) -> Duration {
     seed.pristine_cpu * 20 + Duration::from_millis(250)
 }
 
+/// Read errors other than corruption and I/O that damage may explain: an
+/// inode number reached by a name but freed (getattr by number answers
+/// ESTALE, as for a stale handle); a name whose bytes changed and whose
+/// hash no longer leads to its htree leaf; an attribute listed but whose
+/// entry is damaged in a way that hides it from a lookup by name, or that
+/// claims an EA inode (unsupported).
+const EXPLAINED_READ_ERRORS: &[&str] = &[
+    "getattr: stale file handle",
+    "lookup: no such file or directory",
+    "getxattr: no such attribute",
+    "getxattr: operation not supported",
+];
+
 /// What went wrong with one image, or `None`.
 fn judge(seed: &Seed, mutations: &[Mutation], image: &[u8], outcome: &Outcome) -> Option<String> {
     let stats = &outcome.stats;
@@ -168,6 +181,16 @@ fn judge(seed: &Seed, mutations: &[Mutation], image: &[u8], outcome: &Outcome) -
     }
     if !stats.inconsistencies.is_empty() {
         return Some(format!("inconsistent answers: {:?}", stats.inconsistencies));
+    }
+    let unexplained: Vec<&String> = stats
+        .other_read_errors
+        .iter()
+        .filter(|error| !EXPLAINED_READ_ERRORS.iter().any(|ok| error.starts_with(ok)))
+        .collect();
+    if !unexplained.is_empty() {
+        return Some(format!(
+            "reads failed with errors other than EUCLEAN/EIO: {unexplained:?}"
+        ));
     }
     if outcome.saw_corruption() && !outcome.read_only_after {
         return Some("corruption reported but the filesystem stayed writable".into());
