@@ -42,17 +42,34 @@ impl Source for Rng {
     }
 }
 
-/// Choices read from fuzzer input, 16 bits at a time; zeros once it ends.
-pub struct Bytes<'a>(pub &'a [u8]);
+/// Choices read from fuzzer input, 16 bits at a time; once the input is
+/// used up, from a generator seeded by the whole input, so that short
+/// inputs still make full mutations and longer ones steer more of them.
+pub struct Bytes<'a> {
+    input: &'a [u8],
+    rest: Rng,
+}
+
+impl<'a> Bytes<'a> {
+    pub fn new(input: &'a [u8]) -> Self {
+        // FNV-1a of the input.
+        let seed = input.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| {
+            (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3)
+        });
+        Bytes {
+            input,
+            rest: Rng::new(seed),
+        }
+    }
+}
 
 impl Source for Bytes<'_> {
     fn below(&mut self, bound: u64) -> u64 {
-        let take = self.0.len().min(2);
-        let mut value = 0u64;
-        for &byte in &self.0[..take] {
-            value = value << 8 | byte as u64;
+        if self.input.len() < 2 {
+            return self.rest.below(bound);
         }
-        self.0 = &self.0[take..];
+        let value = u16::from_le_bytes([self.input[0], self.input[1]]) as u64;
+        self.input = &self.input[2..];
         value % bound
     }
 }
