@@ -16,7 +16,8 @@
 //!
 //! Running it:
 //! - CI, bounded: `cargo test --release --test fuzz_corrupt` runs
-//!   `JEXT4_FUZZ_ITERATIONS` images (default 3000; about a minute).
+//!   `JEXT4_FUZZ_ITERATIONS` images (default 3000, about a minute on an
+//!   idle core; 500 in debug builds).
 //! - Long run: `JEXT4_FUZZ_ITERATIONS=1000000 cargo test --release --test
 //!   fuzz_corrupt -- --nocapture mutated` (progress every 1000 images);
 //!   `JEXT4_FUZZ_SEED=<n>` starts another deterministic sequence.
@@ -52,6 +53,12 @@ struct Seed {
 fn budget() -> Budget {
     Budget::default()
 }
+
+/// Images of the bounded run: 3000 in release builds (about a minute on
+/// one idle core); a debug build (overflow checks and debug assertions on,
+/// about six times slower) runs 500 so that a plain `cargo test` stays
+/// reasonable.
+const DEFAULT_ITERATIONS: u64 = if cfg!(debug_assertions) { 500 } else { 3000 };
 
 fn watchdog() -> Duration {
     if cfg!(debug_assertions) {
@@ -272,7 +279,7 @@ fn mutated_images_never_panic_or_hang() {
         return;
     }
     let base = env_u64("JEXT4_FUZZ_SEED").unwrap_or(0x006a_6578_7434);
-    let iterations = env_u64("JEXT4_FUZZ_ITERATIONS").unwrap_or(3000);
+    let iterations = env_u64("JEXT4_FUZZ_ITERATIONS").unwrap_or(DEFAULT_ITERATIONS);
     let only = env_u64("JEXT4_FUZZ_ONLY");
     let range = match only {
         Some(iteration) => iteration..iteration + 1,

@@ -468,6 +468,8 @@ impl Walk<'_> {
             let (parent, name) = (dir.parent, dir.name.clone());
             self.change_ok("rmdir", fs.rmdir(parent, &name, ROOT));
         }
+        // statfs reads the counters the changes kept; it cannot fail.
+        let _ = fs.statfs();
         self.change_ok("sync", fs.sync());
     }
 
@@ -556,6 +558,8 @@ impl Walk<'_> {
                     "write",
                     fs.write(ino, size + 8192, b"fuzz append past a hole", ROOT),
                 );
+                let zero = crate::fs::FALLOC_FL_ZERO_RANGE;
+                self.change_ok("fallocate", fs.fallocate(ino, size / 4, 10_000, zero, ROOT));
                 let punch = crate::fs::FALLOC_FL_PUNCH_HOLE | crate::fs::FALLOC_FL_KEEP_SIZE;
                 self.change_ok("fallocate", fs.fallocate(ino, 0, size.max(1), punch, ROOT));
             }
