@@ -56,8 +56,14 @@ fuzz_target!(|data: &[u8]| {
     for mutation in &mutations {
         mutate::apply(&seed.map, &mut image, mutation);
     }
-    let outcome = fuzz_support::run_image(image, budget());
     let described: Vec<String> = mutations.iter().map(|m| m.describe(&seed.map)).collect();
+    if std::env::var_os("JEXT4_FUZZ_VERBOSE").is_some() {
+        eprintln!("{described:#?}");
+    }
+    let outcome = fuzz_support::run_image(image, budget());
+    if std::env::var_os("JEXT4_FUZZ_VERBOSE").is_some() {
+        eprintln!("{outcome:#?}");
+    }
     assert!(
         !outcome.saw_corruption() || outcome.read_only_after,
         "corruption reported but the filesystem stayed writable: {described:?}"
