@@ -538,3 +538,25 @@ fn large_inode_tables_do_not_overflow_the_geometry() {
     let outcome = run_case(seed, target, Action::Geometry { writes }, true);
     assert!(outcome.mount_error.is_some(), "{outcome:?}");
 }
+
+#[test]
+fn extent_blocks_with_less_room_than_the_block_can_be_changed() {
+    // Found reviewing the extent writer's assertions, reproduced here: the
+    // kernel accepts a tree block whose eh_max is below the block's
+    // capacity (only a larger one is corrupt, __ext4_ext_check), and so
+    // does our decoder, but writing such a block back tripped a debug
+    // assertion that eh_max equals the capacity (a panic in debug builds).
+    // The change phase writes, truncates and punches /fragmented.
+    let seed = "ext4-1k-jext4";
+    for (nth, eh_max) in [(0, 80), (1, 84), (2, 83)] {
+        regression(
+            seed,
+            Kind::ExtentBlock,
+            "/fragmented",
+            nth,
+            "eh_max",
+            eh_max,
+            true,
+        );
+    }
+}
