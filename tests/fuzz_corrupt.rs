@@ -177,6 +177,33 @@ const EXPLAINED_READ_ERRORS: &[&str] = &[
     "getxattr: operation not supported",
 ];
 
+/// Whether a mutation left a stale checksum over bytes of a structure
+/// every walk reads (and no other mutation of the same structure
+/// recomputed it): then the walk must report corruption.
+fn stale_checksum_left(seed: &Seed, mutations: &[Mutation], image: &[u8]) -> bool {
+    let map = &seed.map;
+    let overlaps = |a: &Mutation, b: &Mutation| {
+        let (a, b) = (&map.targets[a.target], &map.targets[b.target]);
+        a.offset < b.offset + b.len && b.offset < a.offset + a.len
+    };
+    mutations.iter().enumerate().any(|(i, m)| {
+        m.must_be_detected(map, &seed.bytes, image)
+            && !mutations
+                .iter()
+                .enumerate()
+                .any(|(j, other)| j != i && other.fix_checksum && overlaps(m, other))
+    })
+}
+
+/// Whether every mutation hit only space nothing uses: then the walk must
+/// see exactly what it sees on the undamaged image.
+fn unused_space_only(seed: &Seed, mutations: &[Mutation]) -> bool {
+    mutations.iter().all(|m| {
+        seed.map.targets[m.target].kind.is_unused_space()
+            && !matches!(m.action, Action::CopyFrom { .. })
+    })
+}
+
 /// What went wrong with one image, or `None`.
 fn judge(seed: &Seed, mutations: &[Mutation], image: &[u8], outcome: &Outcome) -> Option<String> {
     let stats = &outcome.stats;
@@ -202,29 +229,13 @@ fn judge(seed: &Seed, mutations: &[Mutation], image: &[u8], outcome: &Outcome) -
     if outcome.saw_corruption() && !outcome.read_only_after {
         return Some("corruption reported but the filesystem stayed writable".into());
     }
-    let map = &seed.map;
-    // A stale checksum must be noticed, unless another mutation of the same
-    // structure recomputed it.
-    let overlaps = |a: &Mutation, b: &Mutation| {
-        let (a, b) = (&map.targets[a.target], &map.targets[b.target]);
-        a.offset < b.offset + b.len && b.offset < a.offset + a.len
-    };
-    let stale = mutations.iter().enumerate().any(|(i, m)| {
-        m.must_be_detected(map, &seed.bytes, image)
-            && !mutations
-                .iter()
-                .enumerate()
-                .any(|(j, other)| j != i && other.fix_checksum && overlaps(m, other))
-    });
+    let stale = stale_checksum_left(seed, mutations, image);
     if stale && !outcome.saw_corruption() {
         return Some(format!(
             "a stale checksum over a structure every walk reads went unreported ({stats:?})"
         ));
     }
-    let unused_only = mutations.iter().all(|m| {
-        map.targets[m.target].kind.is_unused_space() && !matches!(m.action, Action::CopyFrom { .. })
-    });
-    if unused_only
+    if unused_space_only(seed, mutations)
         && (outcome.mount_error.is_some()
             || stats.read_errors > 0
             || stats.digest != seed.pristine.digest)
@@ -244,12 +255,16 @@ struct Tally {
     corruption_seen: u64,
     clean_walks: u64,
     checksum_fixed: u64,
+    stale_checksums: u64,
+    unused_space: u64,
     other_read_errors: std::collections::BTreeMap<String, u64>,
 }
 
 impl Tally {
-    fn add(&mut self, mutations: &[Mutation], outcome: &Outcome) {
+    fn add(&mut self, seed: &Seed, mutations: &[Mutation], image: &[u8], outcome: &Outcome) {
         self.images += 1;
+        self.stale_checksums += stale_checksum_left(seed, mutations, image) as u64;
+        self.unused_space += unused_space_only(seed, mutations) as u64;
         self.mount_errors += outcome.mount_error.is_some() as u64;
         self.corruption_seen += outcome.saw_corruption() as u64;
         self.clean_walks +=
@@ -315,7 +330,7 @@ fn mutated_images_never_panic_or_hang() {
                 if only.is_some() {
                     eprintln!("{outcome:#?}");
                 }
-                tally.add(&mutations, &outcome);
+                tally.add(seed, &mutations, &image, &outcome);
                 if let Some(problem) = judge(seed, &mutations, &image, &outcome) {
                     failures.push(report(problem));
                 }
@@ -341,7 +356,8 @@ fn mutated_images_never_panic_or_hang() {
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
         "{} images in {seconds:.1} s ({:.1}/s) over {} seeds: {} mount errors, {} saw corruption, \
-         {} walked without error, {} with checksums recomputed",
+         {} walked without error, {} with checksums recomputed, {} with stale checksums \
+         that had to be reported, {} damaged only unused space",
         tally.images,
         tally.images as f64 / seconds,
         seeds.len(),
@@ -349,6 +365,8 @@ fn mutated_images_never_panic_or_hang() {
         tally.corruption_seen,
         tally.clean_walks,
         tally.checksum_fixed,
+        tally.stale_checksums,
+        tally.unused_space,
     );
     for (error, count) in &tally.other_read_errors {
         eprintln!("  {count:6} × {error}");
