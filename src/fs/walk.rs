@@ -163,6 +163,8 @@ struct Walk<'a> {
     symlinks: Vec<Met>,
     /// Directories that listed nothing but "." and "..".
     empty: HashSet<u32>,
+    /// Entries listed per directory, largest first once the walk ends.
+    sizes: Vec<(usize, u32)>,
 }
 
 impl<'a> Walk<'a> {
@@ -219,8 +221,10 @@ impl<'a> Walk<'a> {
             files: Vec::new(),
             symlinks: Vec::new(),
             empty: HashSet::new(),
+            sizes: Vec::new(),
         };
         walk.visit_all();
+        walk.sizes.sort_by(|a, b| b.cmp(a));
         walk.stats.digest = walk.hasher.finish();
         walk
     }
@@ -238,6 +242,7 @@ impl<'a> Walk<'a> {
             if entries.iter().all(|e| e.name == b"." || e.name == b"..") {
                 self.empty.insert(dir);
             }
+            self.sizes.push((entries.len(), dir));
             for entry in entries {
                 if self.stats.entries >= self.budget.entries {
                     self.stats.budget_exhausted = true;
@@ -428,10 +433,15 @@ const ROOT: Caller = Caller::ROOT;
 impl Walk<'_> {
     fn change_things(&mut self) {
         let fs = self.fs;
+        // The root, the largest directories (htrees: inserts there split
+        // leaves and index nodes), then the first ones met.
         let mut dirs: Vec<u32> = vec![ROOT_INO];
-        dirs.extend(self.directories.iter().map(|met| met.ino));
-        dirs.dedup();
-        dirs.truncate(CHANGE_DIRS_MAX);
+        let largest = self.sizes.iter().map(|&(_, ino)| ino).take(2);
+        for dir in largest.chain(self.directories.iter().map(|met| met.ino)) {
+            if dirs.len() < CHANGE_DIRS_MAX && !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
         let scratch = self.change_ok("mkdir", fs.mkdir(ROOT_INO, b"fuzz.dir", 0o755, ROOT));
         let scratch = scratch.map(|attr| attr.ino);
         for (index, &dir) in dirs.iter().enumerate() {
