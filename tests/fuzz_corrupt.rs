@@ -257,12 +257,15 @@ struct Tally {
     checksum_fixed: u64,
     stale_checksums: u64,
     unused_space: u64,
+    /// CPU time of the runs, which machine load does not inflate.
+    cpu: Duration,
     other_read_errors: std::collections::BTreeMap<String, u64>,
 }
 
 impl Tally {
     fn add(&mut self, seed: &Seed, mutations: &[Mutation], image: &[u8], outcome: &Outcome) {
         self.images += 1;
+        self.cpu += outcome.cpu;
         self.stale_checksums += stale_checksum_left(seed, mutations, image) as u64;
         self.unused_space += unused_space_only(seed, mutations) as u64;
         self.mount_errors += outcome.mount_error.is_some() as u64;
@@ -355,11 +358,12 @@ fn mutated_images_never_panic_or_hang() {
     }
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
-        "{} images in {seconds:.1} s ({:.1}/s) over {} seeds: {} mount errors, {} saw corruption, \
+        "{} images in {seconds:.1} s ({:.1}/s; {:.1} per CPU second) over {} seeds: {} mount errors, {} saw corruption, \
          {} walked without error, {} with checksums recomputed, {} with stale checksums \
          that had to be reported, {} damaged only unused space",
         tally.images,
         tally.images as f64 / seconds,
+        tally.images as f64 / tally.cpu.as_secs_f64(),
         seeds.len(),
         tally.mount_errors,
         tally.corruption_seen,
