@@ -582,3 +582,19 @@ fn extent_blocks_with_less_room_than_the_block_can_be_changed() {
         );
     }
 }
+
+#[test]
+fn listed_xattr_names_read_back_or_are_corruption() {
+    // Found by the long debug run (JEXT4_FUZZ_SEED=77, image 884): an
+    // entry whose name index moved from the default ACL (empty name) to
+    // trusted.* was listed as "trusted.", and getxattr of that name failed
+    // with EINVAL instead of the walk seeing EUCLEAN. Likewise a user.*
+    // entry moved to the access ACL index listed a name no getxattr takes.
+    let seed = "ext4-1k-jext4";
+    let field = "ibody.e[0].e_name_index";
+    for (owner, index) in [("/dir1", 4), ("/small", 2)] {
+        let outcome = regression(seed, Kind::Inode, owner, 0, field, index, true)
+            .expect("the seed exists when regression() returns");
+        assert!(outcome.stats.corruption_errors > 0, "{outcome:?}");
+    }
+}
