@@ -17,7 +17,7 @@
 //! directories already listed.
 
 use super::{Caller, Dentry, FileKind, Fs, RenameFlags, SeekWhence, XattrMode};
-use crate::error::Error;
+use crate::error::{Error, Location};
 use crate::format::superblock::ROOT_INO;
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -64,6 +64,8 @@ pub struct Stats {
     pub changes_done: u64,
     /// Failures that reported corruption (`Error::Corrupt`), both phases.
     pub corruption_errors: u64,
+    /// Where the first of them was found.
+    pub first_corruption: Option<Location>,
     /// Read-phase failures other than corruption and I/O errors, as
     /// "operation: error" (the first few): on a damaged image these are
     /// the suspicious ones.
@@ -116,6 +118,9 @@ pub fn exercise(fs: &Fs, budget: Budget) -> Stats {
             },
         );
         walk.stats.corruption_errors += after.stats.corruption_errors;
+        if walk.stats.first_corruption.is_none() {
+            walk.stats.first_corruption = after.stats.first_corruption;
+        }
         walk.stats.change_errors += after.stats.read_errors;
         walk.stats
             .inconsistencies
@@ -179,7 +184,7 @@ impl<'a> Walk<'a> {
             Err(error) => {
                 self.stats.read_errors += 1;
                 match &error {
-                    Error::Corrupt { .. } => self.stats.corruption_errors += 1,
+                    Error::Corrupt { location, .. } => self.note_corruption(*location),
                     Error::Io(_) => {}
                     _ if self.stats.other_read_errors.len() < OTHER_ERRORS_KEPT => self
                         .stats
@@ -193,6 +198,11 @@ impl<'a> Walk<'a> {
         }
     }
 
+    fn note_corruption(&mut self, location: Location) {
+        self.stats.corruption_errors += 1;
+        self.stats.first_corruption.get_or_insert(location);
+    }
+
     /// Note a change-phase result; `Some` on success.
     fn change_ok<T>(&mut self, operation: &str, result: Result<T, Error>) -> Option<T> {
         match result {
@@ -202,8 +212,8 @@ impl<'a> Walk<'a> {
             }
             Err(error) => {
                 self.stats.change_errors += 1;
-                if error.is_corruption() {
-                    self.stats.corruption_errors += 1;
+                if let Error::Corrupt { location, .. } = &error {
+                    self.note_corruption(*location);
                 }
                 if self.stats.change_error_list.len() < OTHER_ERRORS_KEPT {
                     let text = format!("{operation}: {error}");
