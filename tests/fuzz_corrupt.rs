@@ -36,6 +36,7 @@ use fuzz_support::map::{ImageMap, Kind};
 use fuzz_support::mutate::{self, Action, Mutation, Rng, Source};
 use fuzz_support::seeds::{self, SEEDS, SeedSpec};
 use fuzz_support::{Failure, Outcome, run_image, run_watched};
+use jext4::error::Location;
 use jext4::fs::walk::{Budget, Stats};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -626,4 +627,48 @@ fn group_metadata_on_the_descriptor_table_is_refused() {
             "{field} := {value} ({groups} groups): {outcome:?}"
         );
     }
+}
+
+#[test]
+fn a_block_bitmap_pointer_to_the_wrong_block_is_corruption() {
+    // Found with the descriptor case above: a block bitmap pointer moved
+    // to another block of its group passes every descriptor check, and on
+    // ext2 (no bitmap checksum) allocations then trusted whatever that
+    // block held. Like ext4_valid_block_bitmap, the bitmap must mark the
+    // group's own bitmaps and inode table in use.
+    let seed = "ext2-1k-jext4";
+    let Some(seeded) = seed_named(seed) else {
+        return;
+    };
+    let geo = &seeded.map.geo;
+    let group_end = geo.group_first_block(0) + geo.blocks_per_group as u64;
+    let free_in_group_0 = seeded
+        .map
+        .targets
+        .iter()
+        .find(|t| t.kind == Kind::FreeBlock && t.block < group_end)
+        .map(|t| t.block)
+        .expect("group 0 has free blocks");
+    let field = "bg_block_bitmap";
+    let outcome = regression(
+        seed,
+        Kind::GroupDesc,
+        "group 0",
+        0,
+        field,
+        free_in_group_0,
+        true,
+    )
+    .expect("the seed exists when seed_named() found it");
+    assert!(outcome.mount_error.is_none(), "{outcome:?}");
+    // Found at the bitmap itself, on first use, before any allocation from
+    // it could hand out blocks in use.
+    let at_bitmap = Location::Block {
+        block: free_in_group_0,
+    };
+    assert_eq!(
+        outcome.stats.first_corruption,
+        Some(at_bitmap),
+        "{outcome:?}"
+    );
 }

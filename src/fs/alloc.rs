@@ -433,15 +433,42 @@ fn verify_block_bitmap(tx: &Tx<'_, '_>, group: u32, buffer: &Buffer) -> Result<(
     if buffer.is_verified() {
         return Ok(());
     }
+    let geo = &tx.core.geo;
     let desc = &tx.st.groups[group as usize];
-    if !desc.block_bitmap_csum_ok(&tx.core.geo, &buffer.read()) {
+    let location = Location::Block {
+        block: desc.block_bitmap,
+    };
+    let bytes = buffer.read();
+    if !desc.block_bitmap_csum_ok(geo, &bytes) {
         return Err(Error::corrupt(
-            Location::Block {
-                block: desc.block_bitmap,
-            },
+            location,
             format!("block bitmap checksum mismatch for group {group}"),
         ));
     }
+    // ext4_valid_block_bitmap: the bitmap marks the group's own bitmaps and
+    // inode table (those that lie in the group) in use. A descriptor that
+    // points at the wrong block almost never passes this, and without
+    // checksums nothing else would notice before allocations handed out
+    // blocks in use.
+    let first = geo.group_first_block(group);
+    let end = first + geo.blocks_in_group(group) as u64;
+    let own = [
+        (desc.block_bitmap, 1),
+        (desc.inode_bitmap, 1),
+        (desc.inode_table, geo.inode_table_blocks as u64),
+    ];
+    let unmarked = own
+        .into_iter()
+        .flat_map(|(start, count)| start..start + count)
+        .filter(|block| (first..end).contains(block))
+        .find(|&block| !bitmap::test_bit(&bytes, (block - first) as usize));
+    if let Some(block) = unmarked {
+        return Err(Error::corrupt(
+            location,
+            format!("block bitmap of group {group} marks its own metadata block {block} free"),
+        ));
+    }
+    drop(bytes);
     buffer.set_verified();
     Ok(())
 }
