@@ -155,6 +155,16 @@ impl Hasher for Digest {
     }
 }
 
+/// Whether the walk looks an entry's name up, and whether the answer must
+/// be that entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LookUp {
+    No,
+    Yes,
+    /// The listing holds the name more than once.
+    Ambiguous,
+}
+
 /// A directory entry met by the walk, kept for the change phase.
 struct Met {
     parent: u32,
@@ -258,13 +268,25 @@ impl<'a> Walk<'a> {
             }
             self.sizes.push((entries.len(), dir));
             let lookup_every = entries.len().div_ceil(LOOKUPS_PER_DIRECTORY).max(1);
+            // Damage can give two entries one name; a lookup then finds
+            // one of them, which is no inconsistency of the engine's.
+            let mut seen_names = HashSet::new();
+            let duplicated: HashSet<Vec<u8>> = entries
+                .iter()
+                .filter(|entry| !seen_names.insert(&entry.name))
+                .map(|entry| entry.name.clone())
+                .collect();
             for (index, entry) in entries.into_iter().enumerate() {
                 if self.stats.entries >= self.budget.entries {
                     self.stats.budget_exhausted = true;
                     return;
                 }
                 self.stats.entries += 1;
-                let look_up = index % lookup_every == 0;
+                let look_up = match index % lookup_every == 0 {
+                    false => LookUp::No,
+                    true if duplicated.contains(&entry.name) => LookUp::Ambiguous,
+                    true => LookUp::Yes,
+                };
                 self.visit(dir, &entry, look_up, &mut pending, &mut files_read);
             }
         }
@@ -304,7 +326,7 @@ impl<'a> Walk<'a> {
         &mut self,
         dir: u32,
         entry: &Dentry,
-        look_up: bool,
+        look_up: LookUp,
         pending: &mut Vec<u32>,
         files_read: &mut HashSet<u32>,
     ) {
@@ -313,10 +335,11 @@ impl<'a> Walk<'a> {
         if entry.name == b"." || entry.name == b".." {
             return;
         }
-        if look_up {
+        if look_up != LookUp::No {
             let looked_up = self.fs.lookup(dir, &entry.name);
             if let Some(attr) = self.read_ok("lookup", looked_up)
                 && attr.ino != entry.ino
+                && look_up == LookUp::Yes
             {
                 self.stats.inconsistencies.push(format!(
                     "lookup of {:?} in {dir} gave inode {} but readdir {}",

@@ -161,7 +161,10 @@ impl Mutation {
     /// then the walk must report corruption.
     pub fn must_be_detected(&self, map: &ImageMap, pristine: &[u8], image: &[u8]) -> bool {
         let target = &map.targets[self.target];
-        if self.fix_checksum || !map.geo.metadata_csum {
+        // metadata_csum in s_feature_ro_compat, as the damaged image says.
+        let still_checksummed =
+            image.len() > 1024 + 0x68 && get_u32(image, 1024 + 0x64) & 0x400 != 0;
+        if self.fix_checksum || !map.geo.metadata_csum || !still_checksummed {
             return false;
         }
         let verified_on_every_walk = matches!(
