@@ -684,3 +684,33 @@ fn a_block_bitmap_pointer_to_the_wrong_block_is_corruption() {
         "{outcome:?}"
     );
 }
+
+#[test]
+fn an_inode_in_use_is_never_allocated_again() {
+    // Found reviewing what the walk cannot see: an inode bitmap that marks
+    // a live inode free (a flipped bit, on ext2 no checksum) let the next
+    // create take that inode over, and the file that had it silently
+    // became the new, empty one. Allocation now refuses an inode that
+    // still has links, as corruption at that inode.
+    let seed = "ext2-1k-jext4";
+    let Some(seeded) = seed_named(seed) else {
+        return;
+    };
+    let map = &seeded.map;
+    let small = map.find(Kind::Inode, "/small", 0).expect("/small");
+    let ino = map.targets[small].owner;
+    let bitmap = map.find(Kind::InodeBitmap, "group 0", 0).unwrap();
+    assert_eq!(map.geo.group_of_inode(ino), 0);
+    let index = map.geo.inode_index_in_group(ino) as usize;
+    let byte = seeded.bytes[map.targets[bitmap].offset + index / 8];
+    let action = Action::SetByte {
+        byte: index / 8,
+        value: byte & !(1 << (index % 8)),
+    };
+    let outcome = run_case(seeded, bitmap, action, true);
+    assert_eq!(
+        outcome.stats.first_corruption,
+        Some(Location::Inode { ino }),
+        "{outcome:?}"
+    );
+}

@@ -311,6 +311,20 @@ impl Tx<'_, '_> {
                 format!("group {group} counts free inodes but its bitmap has none"),
             ));
         };
+        let ino = group * geo.inodes_per_group + index as u32 + 1;
+        // The bitmap may be damaged: an inode that still has links is in
+        // use whatever its bit says, and taking it over would silently
+        // turn that file into the new one. A slot that does not decode
+        // (never written, or garbage) holds nothing to lose.
+        if let Ok(existing) = self.read_inode(ino)
+            && existing.links_count > 0
+            && existing.mode != 0
+        {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "inode bitmap marks an inode with links free",
+            ));
+        }
         if self.st.groups[group as usize].flags & BG_BLOCK_UNINIT != 0 && geo.has_group_csum() {
             // As the kernel does: a group in use gets a real block bitmap.
             self.block_bitmap(group)?;
@@ -336,7 +350,7 @@ impl Tx<'_, '_> {
         }
         self.st.sb.free_inodes_count -= 1;
         self.mark_group_dirty(group);
-        Ok(group * geo.inodes_per_group + index as u32 + 1)
+        Ok(ino)
     }
 
     pub fn release_inode(&mut self, ino: u32, is_dir: bool) -> Result<()> {
