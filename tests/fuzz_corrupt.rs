@@ -179,15 +179,18 @@ const EXPLAINED_READ_ERRORS: &[&str] = &[
 /// recomputed it): then the walk must report corruption.
 fn stale_checksum_left(seed: &Seed, mutations: &[Mutation], image: &[u8]) -> bool {
     let map = &seed.map;
-    // Whether `fixer` recomputed the checksum `stale` broke: same bytes, or
-    // a bitmap of the descriptor's group (whose fix rewrites the descriptor).
+    // Whether `fixer` made the checksum `stale` broke right again: it
+    // recomputed it (same bytes, or a bitmap of the descriptor's group,
+    // whose fix rewrites the descriptor), or copied a whole structure with
+    // its own valid checksum over it.
     let recomputes = |stale: &Mutation, fixer: &Mutation| {
         let (a, b) = (&map.targets[stale.target], &map.targets[fixer.target]);
         let same_bytes = a.offset < b.offset + b.len && b.offset < a.offset + a.len;
         let bitmap_of_group = a.kind == Kind::GroupDesc
             && matches!(b.kind, Kind::BlockBitmap | Kind::InodeBitmap)
             && a.owner == b.owner;
-        fixer.fix_checksum && (same_bytes || bitmap_of_group)
+        let copied_over = matches!(fixer.action, Action::CopyFrom { .. });
+        (fixer.fix_checksum && (same_bytes || bitmap_of_group)) || (copied_over && same_bytes)
     };
     mutations.iter().enumerate().any(|(i, m)| {
         m.must_be_detected(map, &seed.bytes, image)
