@@ -292,6 +292,29 @@ impl Tally {
     }
 }
 
+impl Tally {
+    fn print(&self, seeds: usize, seconds: f64) {
+        eprintln!(
+            "{} images in {seconds:.1} s ({:.1}/s; {:.1} per CPU second) over {seeds} seeds: \
+             {} mount errors, {} saw corruption, {} walked without error, {} with checksums \
+             recomputed, {} with stale checksums that had to be reported, {} damaged only \
+             unused space",
+            self.images,
+            self.images as f64 / seconds,
+            self.images as f64 / self.cpu.as_secs_f64(),
+            self.mount_errors,
+            self.corruption_seen,
+            self.clean_walks,
+            self.checksum_fixed,
+            self.stale_checksums,
+            self.unused_space,
+        );
+        for (error, count) in &self.other_read_errors {
+            eprintln!("  {count:6} × {error}");
+        }
+    }
+}
+
 fn mutations_for(seed: &Seed, rng: &mut Rng) -> Vec<Mutation> {
     let count = if rng.chance(20) {
         2 + rng.below(3) as usize
@@ -319,40 +342,12 @@ fn mutated_images_never_panic_or_hang() {
     let mut tally = Tally::default();
     let started = Instant::now();
     for iteration in range {
-        let mut rng = Rng::new(base ^ iteration.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let seed = &seeds[(iteration % seeds.len() as u64) as usize];
-        let mutations = mutations_for(seed, &mut rng);
-        let mut image = seed.bytes.clone();
-        for mutation in &mutations {
-            mutate::apply(&seed.map, &mut image, mutation);
-        }
-        let described: Vec<String> = mutations.iter().map(|m| m.describe(&seed.map)).collect();
-        if only.is_some() {
-            eprintln!(
-                "iteration {iteration} on {}: {described:#?}",
-                seed.spec.name
-            );
-        }
-        let report = |problem: String| {
-            format!(
-                "JEXT4_FUZZ_SEED={base} JEXT4_FUZZ_ONLY={iteration} (seed image {}):\n  {}\n  => {problem}",
-                seed.spec.name,
-                described.join("\n  ")
-            )
-        };
-        match run_watched(image.clone(), budget(), watchdog()) {
-            Ok(outcome) => {
-                if only.is_some() {
-                    eprintln!("{outcome:#?}");
-                }
-                tally.add(seed, &mutations, &image, &outcome);
-                if let Some(problem) = judge(seed, &mutations, &image, &outcome) {
-                    failures.push(report(problem));
-                }
-            }
-            Err(Failure::Panic(message)) => failures.push(report(format!("panic: {message}"))),
-            Err(Failure::Hang(after)) => {
-                failures.push(report(format!("no answer after {after:?} (hang)")));
+        let verdict = run_iteration(seeds, base, iteration, only.is_some(), &mut tally);
+        match verdict {
+            Verdict::Passed => {}
+            Verdict::Failed(report) => failures.push(report),
+            Verdict::Hung(report) => {
+                failures.push(report);
                 break; // the hung thread keeps a core busy
             }
         }
@@ -368,31 +363,67 @@ fn mutated_images_never_panic_or_hang() {
             );
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
-    eprintln!(
-        "{} images in {seconds:.1} s ({:.1}/s; {:.1} per CPU second) over {} seeds: {} mount errors, {} saw corruption, \
-         {} walked without error, {} with checksums recomputed, {} with stale checksums \
-         that had to be reported, {} damaged only unused space",
-        tally.images,
-        tally.images as f64 / seconds,
-        tally.images as f64 / tally.cpu.as_secs_f64(),
-        seeds.len(),
-        tally.mount_errors,
-        tally.corruption_seen,
-        tally.clean_walks,
-        tally.checksum_fixed,
-        tally.stale_checksums,
-        tally.unused_space,
-    );
-    for (error, count) in &tally.other_read_errors {
-        eprintln!("  {count:6} × {error}");
-    }
+    tally.print(seeds.len(), started.elapsed().as_secs_f64());
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
         failures.len(),
         failures.join("\n")
     );
+}
+
+enum Verdict {
+    Passed,
+    Failed(String),
+    Hung(String),
+}
+
+/// Damage one image the way `iteration` of sequence `base` says, run it
+/// watched, and judge it.
+fn run_iteration(
+    seeds: &[Seed],
+    base: u64,
+    iteration: u64,
+    verbose: bool,
+    tally: &mut Tally,
+) -> Verdict {
+    let mut rng = Rng::new(base ^ iteration.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let seed = &seeds[(iteration % seeds.len() as u64) as usize];
+    let mutations = mutations_for(seed, &mut rng);
+    let mut image = seed.bytes.clone();
+    for mutation in &mutations {
+        mutate::apply(&seed.map, &mut image, mutation);
+    }
+    let described: Vec<String> = mutations.iter().map(|m| m.describe(&seed.map)).collect();
+    if verbose {
+        eprintln!(
+            "iteration {iteration} on {}: {described:#?}",
+            seed.spec.name
+        );
+    }
+    let report = |problem: String| {
+        format!(
+            "JEXT4_FUZZ_SEED={base} JEXT4_FUZZ_ONLY={iteration} (seed image {}):\n  {}\n  => {problem}",
+            seed.spec.name,
+            described.join("\n  ")
+        )
+    };
+    match run_watched(image.clone(), budget(), watchdog()) {
+        Ok(outcome) => {
+            if verbose {
+                eprintln!("{outcome:#?}");
+            }
+            tally.add(seed, &mutations, &image, &outcome);
+            match judge(seed, &mutations, &image, &outcome) {
+                Some(problem) => Verdict::Failed(report(problem)),
+                None => Verdict::Passed,
+            }
+        }
+        Err(Failure::Panic(message)) => Verdict::Failed(report(format!("panic: {message}"))),
+        Err(Failure::Hang(after)) => {
+            Verdict::Hung(report(format!("no answer after {after:?} (hang)")))
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

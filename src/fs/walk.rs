@@ -8,8 +8,10 @@
 //! every regular file (SEEK_DATA past the first part of large ones). Then,
 //! unless the filesystem is read-only, it changes things: create, write,
 //! mkdir, symlink, link, rename, unlink of an open file, setxattr, chmod,
-//! truncate, fallocate, rmdir — in the root and in the first directories and
-//! files it met, so that damaged structures are also changed, not only read.
+//! truncate, fallocate, rmdir — in the root, the largest directories and
+//! the first directories and files it met, so that damaged structures are
+//! also changed, not only read. Lookups are sampled (at most 256 names per
+//! directory) so that a large directory without an index costs linear work.
 //!
 //! On a damaged image every one of these may fail; none may panic or loop.
 //! Everything is bounded by a [`Budget`], and the walk itself holds no

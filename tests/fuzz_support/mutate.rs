@@ -497,77 +497,90 @@ pub fn apply(map: &ImageMap, image: &mut Vec<u8>, mutation: &Mutation) {
 /// wherever the damaged layout still says where the checksum lives.
 pub fn fix_checksum(map: &ImageMap, image: &mut [u8], target: &Target) {
     let geo = &map.geo;
-    let seed = geo.csum_seed;
     let start = target.offset;
-    let bytes = &mut image[start..start + target.len];
     match target.kind {
-        Kind::Superblock if geo.metadata_csum => {
+        Kind::GroupDesc => fix_desc(map, image, target.owner),
+        Kind::BlockBitmap | Kind::InodeBitmap => fix_bitmap(map, image, target),
+        _ if !geo.metadata_csum => {}
+        Kind::Superblock => {
+            let bytes = &mut image[start..start + target.len];
             let sum = crc32c_raw(!0, &bytes[..0x3FC]);
             put_u32(bytes, 0x3FC, sum);
         }
-        Kind::GroupDesc => fix_desc(map, image, target.owner),
-        Kind::BlockBitmap | Kind::InodeBitmap => {
-            if geo.metadata_csum {
-                let sum = crc32c_raw(seed, bytes);
-                let desc = desc_offset(map, target.owner);
-                let (lo, hi) = if target.kind == Kind::BlockBitmap {
-                    (0x18, 0x38)
-                } else {
-                    (0x1A, 0x3A)
-                };
-                put_u16(image, desc + lo, sum as u16);
-                if geo.desc_size >= 64 {
-                    put_u16(image, desc + hi, (sum >> 16) as u16);
-                }
-            }
-            fix_desc(map, image, target.owner);
+        Kind::Inode | Kind::UnusedInode => {
+            fix_inode(map, &mut image[start..start + target.len], target.owner)
         }
-        Kind::Inode | Kind::UnusedInode if geo.metadata_csum => fix_inode(map, bytes, target.owner),
-        Kind::ExtentBlock if geo.metadata_csum => {
-            let tail = 12 + get_u16(bytes, 4) as usize * 12;
-            if tail + 4 <= bytes.len() {
-                let sum = crc32c_raw(
-                    owner_seed(map, image, target.owner),
-                    &image[start..start + tail],
-                );
-                put_u32(image, start + tail, sum);
-            }
-        }
-        Kind::DirLeaf if geo.metadata_csum => {
-            let len = bytes.len();
-            if get_u32(bytes, len - 12) == 0 && get_u16(bytes, len - 8) == 12 {
-                let seed = owner_seed(map, image, target.owner);
-                let sum = crc32c_raw(seed, &image[start..start + len - 12]);
-                put_u32(image, start + len - 4, sum);
-            }
-        }
-        Kind::DxRoot | Kind::DxNode if geo.metadata_csum => {
-            let base = if target.kind == Kind::DxRoot { 32 } else { 8 };
-            let limit = get_u16(bytes, base) as usize;
-            let count = get_u16(bytes, base + 2) as usize;
-            let tail = base + limit * 8;
-            if tail + 8 <= bytes.len() && count <= limit {
-                let seed = owner_seed(map, image, target.owner);
-                let block = &image[start..start + target.len];
-                let mut sum = crc32c_raw(seed, &block[..base + count * 8]);
-                sum = crc32c_raw(sum, &block[tail..tail + 4]);
-                sum = crc32c_raw(sum, &[0; 4]);
-                put_u32(image, start + tail + 4, sum);
-            }
-        }
-        Kind::XattrBlock if geo.metadata_csum => {
-            let mut sum = crc32c_raw(seed, &target.block.to_le_bytes());
+        Kind::XattrBlock => {
+            let bytes = &mut image[start..start + target.len];
+            let mut sum = crc32c_raw(geo.csum_seed, &target.block.to_le_bytes());
             sum = crc32c_raw(sum, &bytes[..16]);
             sum = crc32c_raw(sum, &[0; 4]);
             sum = crc32c_raw(sum, &bytes[20..]);
             put_u32(bytes, 16, sum);
         }
-        Kind::OrphanBlock if geo.metadata_csum => {
-            let len = bytes.len();
+        Kind::ExtentBlock | Kind::DirLeaf | Kind::DxRoot | Kind::DxNode | Kind::OrphanBlock => {
             let seed = owner_seed(map, image, target.owner);
+            fix_owned_block(&mut image[start..start + target.len], target, seed);
+        }
+        _ => {}
+    }
+}
+
+/// A bitmap's checksum lives in its group descriptor (metadata_csum),
+/// whose own checksum then changes too.
+fn fix_bitmap(map: &ImageMap, image: &mut [u8], target: &Target) {
+    let geo = &map.geo;
+    if geo.metadata_csum {
+        let start = target.offset;
+        let sum = crc32c_raw(geo.csum_seed, &image[start..start + target.len]);
+        let desc = desc_offset(map, target.owner);
+        let (lo, hi) = if target.kind == Kind::BlockBitmap {
+            (0x18, 0x38)
+        } else {
+            (0x1A, 0x3A)
+        };
+        put_u16(image, desc + lo, sum as u16);
+        if geo.desc_size >= 64 {
+            put_u16(image, desc + hi, (sum >> 16) as u16);
+        }
+    }
+    fix_desc(map, image, target.owner);
+}
+
+/// Checksums seeded by the owning inode, where the damaged layout still
+/// says where they live: extent tail after eh_max entries, leaf tail,
+/// htree tail after `limit` entries, orphan block tail.
+fn fix_owned_block(block: &mut [u8], target: &Target, seed: u32) {
+    let len = block.len();
+    match target.kind {
+        Kind::ExtentBlock => {
+            let tail = 12 + get_u16(block, 4) as usize * 12;
+            if tail + 4 <= len {
+                let sum = crc32c_raw(seed, &block[..tail]);
+                put_u32(block, tail, sum);
+            }
+        }
+        // Only where the tail record (inode 0, rec_len 12) is still there.
+        Kind::DirLeaf if get_u32(block, len - 12) == 0 && get_u16(block, len - 8) == 12 => {
+            let sum = crc32c_raw(seed, &block[..len - 12]);
+            put_u32(block, len - 4, sum);
+        }
+        Kind::DxRoot | Kind::DxNode => {
+            let base = if target.kind == Kind::DxRoot { 32 } else { 8 };
+            let limit = get_u16(block, base) as usize;
+            let count = get_u16(block, base + 2) as usize;
+            let tail = base + limit * 8;
+            if tail + 8 <= len && count <= limit {
+                let mut sum = crc32c_raw(seed, &block[..base + count * 8]);
+                sum = crc32c_raw(sum, &block[tail..tail + 4]);
+                sum = crc32c_raw(sum, &[0; 4]);
+                put_u32(block, tail + 4, sum);
+            }
+        }
+        Kind::OrphanBlock => {
             let mut sum = crc32c_raw(seed, &target.block.to_le_bytes());
-            sum = crc32c_raw(sum, &image[start..start + len - 8]);
-            put_u32(image, start + len - 4, sum);
+            sum = crc32c_raw(sum, &block[..len - 8]);
+            put_u32(block, len - 4, sum);
         }
         _ => {}
     }

@@ -248,6 +248,13 @@ fn pattern(len: usize, salt: u8) -> Vec<u8> {
 
 /// The tree every seed holds (scaled by block size).
 fn fill(f: &mut dyn Filling, two_level_htree: bool) {
+    fill_files(f);
+    fill_links_and_attributes(f);
+    fill_directories(f, two_level_htree);
+}
+
+/// Files of every size and mapping shape.
+fn fill_files(f: &mut dyn Filling) {
     let bs = f.block_size();
     f.write("/small", 0, b"hello\n");
     f.mkdir("/dir1");
@@ -275,6 +282,12 @@ fn fill(f: &mut dyn Filling, two_level_htree: bool) {
         f.write("/prealloc", 0, &pattern(100, 9));
         f.preallocate("/prealloc", 8 * bs, 8 * bs);
     }
+}
+
+/// Fast and block symlinks, hard links, a fifo, attributes in the inode
+/// body and in blocks (one shared by two files), ACLs.
+fn fill_links_and_attributes(f: &mut dyn Filling) {
+    let bs = f.block_size();
     f.symlink("small", "/fastlink");
     f.symlink(&"long/".repeat(40), "/slowlink");
     f.symlink("../small", "/dir1/rel");
@@ -296,6 +309,11 @@ fn fill(f: &mut dyn Filling, two_level_htree: bool) {
     f.set_xattr("/dir1/f4", "system.posix_acl_access", &access);
     let default = acl(&[(1, 7, 0), (4, 5, 0), (0x20, 5, 0)]);
     f.set_xattr("/dir1", "system.posix_acl_default", &default);
+}
+
+/// A directory with deleted entries, htrees of one and two index levels.
+fn fill_directories(f: &mut dyn Filling, two_level_htree: bool) {
+    let bs = f.block_size();
     f.mkdir("/deleted");
     for i in 0..40 {
         f.write(&format!("/deleted/file-{i:03}"), 0, &pattern(10, i as u8));
