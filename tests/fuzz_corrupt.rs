@@ -33,7 +33,7 @@
 mod fuzz_support;
 
 use fuzz_support::map::{ImageMap, Kind};
-use fuzz_support::mutate::{self, Action, Mutation, Rng, Source};
+use fuzz_support::mutate::{self, Action, FieldValue, Mutation, Rng, Source};
 use fuzz_support::seeds::{self, SEEDS, SeedSpec};
 use fuzz_support::{Failure, Outcome, run_image, run_watched};
 use jext4::error::Location;
@@ -489,6 +489,7 @@ fn regression(
         .iter()
         .position(|f| f.name == field)
         .unwrap_or_else(|| panic!("no field {field} in {}", map.targets[target].describe()));
+    let value = FieldValue::Absolute(value);
     let action = Action::SetField { field, value };
     Some(run_case(seed, target, action, fix))
 }

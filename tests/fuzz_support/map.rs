@@ -144,6 +144,7 @@ const SUPERBLOCK_FIELDS: &[(&str, usize, usize)] = &[
     ("s_jnl_blocks[15]", 0x10C + 15 * 4, 4),
     ("s_jnl_blocks[16]", 0x10C + 16 * 4, 4),
     ("s_blocks_count_hi", 0x150, 4),
+    ("s_free_blocks_count_hi", 0x158, 4),
     ("s_min_extra_isize", 0x15C, 2),
     ("s_want_extra_isize", 0x15E, 2),
     ("s_flags", 0x160, 4),

@@ -74,12 +74,32 @@ impl Source for Bytes<'_> {
     }
 }
 
+/// What a field is set to.
+#[derive(Debug, Clone, Copy)]
+pub enum FieldValue {
+    Absolute(u64),
+    PlusOne,
+    MinusOne,
+    FlipBit(u8),
+}
+
+impl FieldValue {
+    fn resolve(self, old: u64) -> u64 {
+        match self {
+            FieldValue::Absolute(value) => value,
+            FieldValue::PlusOne => old.wrapping_add(1),
+            FieldValue::MinusOne => old.wrapping_sub(1),
+            FieldValue::FlipBit(bit) => old ^ 1 << bit,
+        }
+    }
+}
+
 /// What is done to a target.
 #[derive(Debug, Clone)]
 pub enum Action {
     SetField {
         field: usize,
-        value: u64,
+        value: FieldValue,
     },
     FlipBit {
         byte: usize,
@@ -125,12 +145,10 @@ impl Mutation {
             Action::SetField { field, value } => {
                 let name = &target.fields[*field].name;
                 match *value {
-                    RELATIVE_PLUS_ONE => format!("add one to {name}"),
-                    RELATIVE_MINUS_ONE => format!("subtract one from {name}"),
-                    marker if marker > RELATIVE_MARKERS_START => {
-                        format!("flip bit {} of {name}", RELATIVE_FLIP_BIT - marker)
-                    }
-                    value => format!("set {name} := {value:#x}"),
+                    FieldValue::Absolute(value) => format!("set {name} := {value:#x}"),
+                    FieldValue::PlusOne => format!("add one to {name}"),
+                    FieldValue::MinusOne => format!("subtract one from {name}"),
+                    FieldValue::FlipBit(bit) => format!("flip bit {bit} of {name}"),
                 }
             }
             Action::FlipBit { byte, bit } => format!("flip bit {bit} of byte {byte}"),
@@ -331,10 +349,9 @@ fn choose_action(map: &ImageMap, index: usize, source: &mut dyn Source) -> Actio
 }
 
 /// A value for a field of `width` bytes: boundaries, the image's own
-/// numbers, small multiples of four (record lengths, offsets), or noise.
-/// Values relative to the original (plus one, minus one, one bit flipped)
-/// are markers that `apply` resolves.
-fn choose_value(map: &ImageMap, source: &mut dyn Source, width: usize) -> u64 {
+/// numbers, small multiples of four (record lengths, offsets), noise, or
+/// the original value changed a little.
+fn choose_value(map: &ImageMap, source: &mut dyn Source, width: usize) -> FieldValue {
     let max = if width >= 8 {
         u64::MAX
     } else {
@@ -345,30 +362,14 @@ fn choose_value(map: &ImageMap, source: &mut dyn Source, width: usize) -> u64 {
         1 => 1,
         2 => max,
         3 => max / 2 + 1,
-        4 => return RELATIVE_PLUS_ONE,
-        5 => return RELATIVE_MINUS_ONE,
-        6 | 7 => return RELATIVE_FLIP_BIT - source.below(width as u64 * 8),
+        4 => return FieldValue::PlusOne,
+        5 => return FieldValue::MinusOne,
+        6 | 7 => return FieldValue::FlipBit(source.below(width as u64 * 8) as u8),
         8 | 9 => map.interesting[source.below(map.interesting.len() as u64) as usize],
         10 | 11 => 4 * source.below(map.geo.block_size as u64 / 4 + 4),
         _ => source.below(max.saturating_add(1).max(2)),
     };
-    value & max
-}
-
-/// Markers for "the original value plus one / minus one / with bit n
-/// flipped" (`RELATIVE_FLIP_BIT - n`).
-const RELATIVE_PLUS_ONE: u64 = u64::MAX;
-const RELATIVE_MINUS_ONE: u64 = u64::MAX - 1;
-const RELATIVE_FLIP_BIT: u64 = u64::MAX - 2;
-const RELATIVE_MARKERS_START: u64 = RELATIVE_FLIP_BIT - 64;
-
-fn resolve_value(value: u64, old: u64) -> u64 {
-    match value {
-        RELATIVE_PLUS_ONE => old.wrapping_add(1),
-        RELATIVE_MINUS_ONE => old.wrapping_sub(1),
-        marker if marker > RELATIVE_MARKERS_START => old ^ 1 << (RELATIVE_FLIP_BIT - marker),
-        value => value,
-    }
+    FieldValue::Absolute(value & max)
 }
 
 /// Superblock offsets (ext4.h) that `reshape` writes.
@@ -471,7 +472,7 @@ pub fn apply(map: &ImageMap, image: &mut Vec<u8>, mutation: &Mutation) {
                 return;
             }
             let old = read_field(image, at, field.width);
-            write_field(image, at, field.width, resolve_value(*value, old));
+            write_field(image, at, field.width, value.resolve(old));
         }
         Action::FlipBit { byte, bit } => image[start + byte] ^= 1 << bit,
         Action::SetByte { byte, value } => image[start + byte] = *value,
