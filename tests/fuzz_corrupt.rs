@@ -749,3 +749,27 @@ fn an_inode_in_use_is_never_allocated_again() {
         "{outcome:?}"
     );
 }
+
+#[test]
+fn superblock_free_counts_come_from_the_descriptors() {
+    // Found by the long debug run (JEXT4_FUZZ_SEED=555, image 900):
+    // s_free_inodes_count at its maximum (checksum recomputed) made the
+    // release of the first orphan at mount overflow it (a panic in debug
+    // builds). Like the kernel, the mount now takes both free counts from
+    // the group descriptors, whose counts are checked.
+    let seed = "ext4-1k-orphans-jext4";
+    for field in ["s_free_inodes_count", "s_free_blocks_count_hi"] {
+        let max = 0xffff_ffff;
+        let outcome = regression(
+            seed,
+            Kind::Superblock,
+            "the filesystem",
+            0,
+            field,
+            max,
+            true,
+        )
+        .expect("the seed exists when regression() returns");
+        assert!(outcome.mount_error.is_none(), "{field}: {outcome:?}");
+    }
+}

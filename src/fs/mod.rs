@@ -168,7 +168,7 @@ impl Fs {
         }
         let mut sb_bytes = vec![0u8; SUPERBLOCK_SIZE];
         dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
-        let sb = Superblock::decode(&sb_bytes)?;
+        let mut sb = Superblock::decode(&sb_bytes)?;
         let read_write_allowed = sb.check_features()?;
         if !options.read_only && !read_write_allowed {
             return Err(Error::Unsupported(format!(
@@ -203,6 +203,12 @@ impl Fs {
             options.cache_size,
         ));
         let groups = read_group_descs(&geo, &cache)?;
+        // The superblock's free counts are only a summary; like the kernel
+        // (ext4_percpu_param_init) take them from the descriptors, whose
+        // counts are checked against the group size. A damaged summary
+        // would otherwise overflow when blocks or inodes are freed.
+        sb.free_blocks_count = groups.iter().map(|desc| desc.free_blocks as u64).sum();
+        sb.free_inodes_count = groups.iter().map(|desc| desc.free_inodes).sum();
         let config = JournalConfig {
             commit_interval: options.commit_interval,
             sync_all: options.sync,
