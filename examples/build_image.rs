@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         file.write_at(0, &chunk)?;
         file.write_at(10 << 20, &chunk)?;
     }
-    image.symlink("../../etc/app/app.conf", "/var/lib/app/config")?;
+    image.symlink("../../../etc/app/app.conf", "/var/lib/app/config")?;
 
     let listing: Vec<String> = image
         .read_dir("/etc/app")?

@@ -369,9 +369,15 @@ fn run_model(variant: Variant, setup: Setup, ops: Vec<Op>) {
     harness.finish();
 }
 
+/// 40 cases per scheme and block size by default; PROPTEST_CASES=n runs
+/// longer searches.
 fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(40);
     ProptestConfig {
-        cases: 40,
+        cases,
         ..ProptestConfig::default()
     }
 }

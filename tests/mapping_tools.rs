@@ -174,6 +174,10 @@ impl Session {
     fn allocate(&mut self, lblk: u64, len: u64, unwritten: bool) {
         let mut cursor = lblk;
         while cursor < lblk + len {
+            if let Lookup::Mapped(found) = self.lookup(cursor) {
+                cursor = found.end();
+                continue;
+            }
             let want = (lblk + len - cursor) as u32;
             let got = with_ctx(&self.image, &mut self.alloc, |ctx| {
                 mapping::allocate(ctx, self.ino, &mut self.inode, cursor, want, 0, unwritten)
@@ -249,12 +253,21 @@ impl Session {
     }
 }
 
+/// e2fsck -fn exits 0 and says nothing beyond its pass headers and summary.
 fn assert_fsck_clean(path: &Path, when: &str) {
+    assert_fsck_clean_but(path, when, &[]);
+}
+
+/// The same, tolerating lines that contain one of `hints` (e2fsck's
+/// "could be narrower/shallower" suggestions, which are no errors and do
+/// not change its exit code).
+fn assert_fsck_clean_but(path: &Path, when: &str, hints: &[&str]) {
     let (code, text) = common::fsck(path);
     assert_eq!(code, 0, "e2fsck -fn {when}:\n{text}");
     let complaints: Vec<&str> = text
         .lines()
         .filter(|l| !l.trim().is_empty())
+        .filter(|l| !hints.iter().any(|hint| l.contains(hint)))
         .filter(|l| !l.starts_with("Pass ") && !l.contains(" files (") && !l.starts_with("e2fsck "))
         .collect();
     assert!(complaints.is_empty(), "e2fsck -fn {when} said:\n{text}");
@@ -465,5 +478,217 @@ fn block_maps_agree_with_debugfs_e2fsck_and_kernel_ext2_1k() {
 fn block_maps_agree_with_debugfs_e2fsck_and_kernel_ext3_4k() {
     if common::require_tool("debugfs") && common::require_tool("e2fsck") {
         block_map_round_trip("tools-ext3-4k", &["-t", "ext3", "-b", "4096"]);
+    }
+}
+
+/// Run `mount` with `args`; false (and a SKIP line) where it cannot.
+fn mount(args: &[&str], image: &Path, mountpoint: &Path) -> bool {
+    let output = Command::new("mount")
+        .args(args)
+        .arg(image)
+        .arg(mountpoint)
+        .output();
+    match output {
+        Ok(output) if output.status.success() => true,
+        other => {
+            eprintln!("SKIP: mount failed: {other:?}");
+            false
+        }
+    }
+}
+
+/// A tree the kernel built (depth 2 from scattered one-block writes) is
+/// read exactly as debugfs lists it, then punched by our code and still
+/// passes e2fsck and reads back through the kernel.
+#[test]
+fn kernel_made_extent_tree_is_read_and_punched() {
+    if !common::require_tool("debugfs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::mkfs(dir.path(), "kernel-tree", 64, &["-t", "ext4", "-b", "1024"]);
+    let mountpoint = tempfile::tempdir().unwrap();
+    if !mount(&["-o", "loop"], &path, mountpoint.path()) {
+        return;
+    }
+    let bs = 1024u64;
+    let count = 500u64;
+    {
+        let file = std::fs::File::create(mountpoint.path().join("f")).unwrap();
+        for i in 0..count {
+            file.write_all_at(&pattern(2 * i, bs as usize), 2 * i * bs)
+                .unwrap();
+            if i % 16 == 0 {
+                // Allocate as we go, so blocks do not coalesce physically.
+                file.sync_data().unwrap();
+            }
+        }
+        file.sync_all().unwrap();
+    }
+    assert!(
+        Command::new("umount")
+            .arg(mountpoint.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert_fsck_clean(&path, "after the kernel wrote");
+
+    let (leaves, tree_blocks) = parse_ex(&debugfs(&path, "ex f", false));
+    let mut session = Session::open(&path);
+    assert!(
+        extent::depth(&session.inode) >= 1,
+        "the kernel built a tree"
+    );
+    let walk = check_invariants(&session.image, &session.alloc, session.ino, &session.inode);
+    let ours: Vec<Listed> = walk
+        .runs
+        .iter()
+        .map(|r| Listed {
+            logical: r.logical,
+            physical: r.physical,
+            len: r.len as u64,
+            unwritten: r.unwritten,
+        })
+        .collect();
+    assert_eq!(ours, leaves, "kernel tree leaves");
+    assert_eq!(
+        walk.meta.iter().copied().collect::<BTreeSet<u64>>(),
+        tree_blocks
+    );
+    session.content = (0..2 * count)
+        .map(|l| {
+            (
+                l,
+                if l % 2 == 0 {
+                    Content::Pattern
+                } else {
+                    Content::Zero
+                },
+            )
+        })
+        .collect();
+    session.punch(100, Some(300));
+    session.punch(501, Some(502));
+    session.allocate(301, 40, false);
+    session.punch(700, None);
+    let size = 700 * bs;
+    let (path, walk, content) = session.finish(size);
+    let (leaves, tree_blocks) = parse_ex(&debugfs(&path, "ex f", false));
+    assert_eq!(leaves.len(), walk.runs.len());
+    assert_eq!(tree_blocks, walk.meta.iter().copied().collect());
+    // Punching a hole in the kernel's full leaves leaves them sparse, which
+    // e2fsck suggests compacting, exactly as after the kernel's own punch.
+    assert_fsck_clean_but(
+        &path,
+        "after punching the kernel's tree",
+        &["could be narrower"],
+    );
+    kernel_reads(&path, &content, size, bs);
+}
+
+/// One random step for the e2fsck property below.
+#[derive(Debug, Clone)]
+enum Step {
+    Allocate {
+        lblk: u64,
+        len: u64,
+        unwritten: bool,
+    },
+    Punch {
+        lblk: u64,
+        len: u64,
+    },
+    MarkWritten {
+        lblk: u64,
+        len: u64,
+    },
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    let lblk = prop_oneof![4 => 0u64..3000, 1 => 100_000u64..100_100];
+    prop_oneof![
+        4 => (lblk.clone(), 1u64..64, any::<bool>())
+            .prop_map(|(lblk, len, unwritten)| Step::Allocate { lblk, len, unwritten }),
+        2 => (lblk.clone(), 1u64..400).prop_map(|(lblk, len)| Step::Punch { lblk, len }),
+        1 => (lblk, 1u64..200).prop_map(|(lblk, len)| Step::MarkWritten { lblk, len }),
+    ]
+}
+
+/// Random trees of either scheme, written into a real image, pass e2fsck
+/// (whose only tolerated remarks are its tree-shape suggestions, printed
+/// here when they occur) and read back through debugfs as we see them.
+fn random_steps_pass_e2fsck(extents: bool, scatter: bool, steps: Vec<Step>) {
+    let dir = tempfile::tempdir().unwrap();
+    let args: &[&str] = if extents {
+        &["-t", "ext4", "-b", "1024"]
+    } else {
+        &["-t", "ext3", "-b", "1024"]
+    };
+    let path = image_with_file(dir.path(), "random", args);
+    let mut session = Session::open(&path);
+    session.alloc.scatter = scatter;
+    for step in &steps {
+        match *step {
+            Step::Allocate {
+                lblk,
+                len,
+                unwritten,
+            } => session.allocate(lblk, len, unwritten && extents),
+            Step::Punch { lblk, len } => session.punch(lblk, Some(lblk + len)),
+            Step::MarkWritten { lblk, len } => session.mark_written(lblk, len),
+        }
+    }
+    let walk = check_invariants(&session.image, &session.alloc, session.ino, &session.inode);
+    let last_written = walk
+        .data
+        .iter()
+        .filter(|(_, (_, u))| !u)
+        .map(|(l, _)| *l)
+        .max();
+    let size = last_written.map_or(0, |l| (l + 1) * session.bs());
+    let (path, walk, _) = session.finish(size);
+    if extents {
+        let (leaves, tree_blocks) = parse_ex(&debugfs(&path, "ex f", false));
+        assert_eq!(leaves.len(), walk.runs.len());
+        assert_eq!(tree_blocks, walk.meta.iter().copied().collect());
+    } else {
+        let (data, indirect) = parse_blocks(&debugfs(&path, "stat f", false));
+        assert_eq!(data.len(), walk.data.len());
+        assert_eq!(indirect, walk.meta.iter().copied().collect());
+    }
+    let (_, text) = common::fsck(&path);
+    for hint in text.lines().filter(|l| l.contains("could be")) {
+        eprintln!("e2fsck hint after {} steps: {hint}", steps.len());
+    }
+    assert_fsck_clean_but(
+        &path,
+        "after random steps",
+        &["could be narrower", "could be shallower"],
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 12, ..Default::default() })]
+
+    #[test]
+    fn random_extent_trees_pass_e2fsck(
+        scatter in proptest::bool::ANY,
+        steps in proptest::collection::vec(step(), 1..80),
+    ) {
+        if common::require_tool("debugfs") && common::require_tool("e2fsck") {
+            random_steps_pass_e2fsck(true, scatter, steps);
+        }
+    }
+
+    #[test]
+    fn random_block_maps_pass_e2fsck(
+        scatter in proptest::bool::ANY,
+        steps in proptest::collection::vec(step(), 1..80),
+    ) {
+        if common::require_tool("debugfs") && common::require_tool("e2fsck") {
+            random_steps_pass_e2fsck(false, scatter, steps);
+        }
     }
 }

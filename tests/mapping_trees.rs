@@ -514,3 +514,34 @@ proptest! {
         image.close();
     }
 }
+
+#[test]
+fn tree_loses_levels_it_no_longer_needs() {
+    if !common::require_tool("mke2fs") {
+        return;
+    }
+    let image = ext4_1k();
+    let mut alloc = TestAllocator::new(&image);
+    let mut inode = image.new_file(true, 21);
+    let mut count = 0;
+    while extent::depth(&inode) < 2 {
+        allocate(&image, &mut alloc, &mut inode, 2 * count, 1, false);
+        count += 1;
+    }
+    // Leave five extents: they no longer fit the root, one leaf remains.
+    punch(&image, &mut alloc, &mut inode, 10, None);
+    let walk = check_invariants(&image, &alloc, INO, &inode);
+    assert_eq!(
+        (extent::depth(&inode), walk.runs.len(), walk.meta.len()),
+        (1, 5, 1)
+    );
+    // Four fit the root again: the tree is a bare root.
+    punch(&image, &mut alloc, &mut inode, 8, Some(9));
+    let walk = check_invariants(&image, &alloc, INO, &inode);
+    assert_eq!(
+        (extent::depth(&inode), walk.runs.len(), walk.meta.len()),
+        (0, 4, 0)
+    );
+    truncate_to_zero(&image, &mut alloc, &mut inode);
+    image.close();
+}

@@ -36,6 +36,12 @@ enum Command {
         image: PathBuf,
         mountpoint: PathBuf,
     },
+    /// Replay the journal of an unmounted image in place (like `e2fsck -E journal_only`).
+    Recover { image: PathBuf },
+    /// Print the journal's transactions, descriptor tags, revokes and commits.
+    Logdump { image: PathBuf },
+    /// Print a mounted filesystem's statistics (cache, journal, write-ahead guard).
+    Stats { mountpoint: PathBuf },
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -59,6 +65,18 @@ fn main() -> ExitCode {
             mountpoint,
             timeout,
         } => umount(&mountpoint, Duration::from_secs(timeout)),
+        Command::Recover { image } => recover(&image),
+        Command::Stats { mountpoint } => stats(&mountpoint),
+        Command::Logdump { image } => {
+            let stdout = std::io::stdout();
+            match jext4::fs::logdump_image(&image, &mut stdout.lock()) {
+                // The reader stopped early (| head): not an error.
+                Err(jext4::Error::Io(error)) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+                    Ok(())
+                }
+                result => result.map_err(|e| format!("{}: {e}", image.display())),
+            }
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,6 +85,45 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn stats(mountpoint: &Path) -> Result<(), String> {
+    let mountpoint = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let path = serve::runtime_file(&mountpoint, "stats");
+    let report = std::fs::read_to_string(&path).map_err(|_| {
+        format!(
+            "{}: no statistics (not a jext4 mount?)",
+            mountpoint.display()
+        )
+    })?;
+    print!("{report}");
+    Ok(())
+}
+
+fn recover(image: &Path) -> Result<(), String> {
+    match jext4::fs::recover_image(image).map_err(|e| format!("{}: {e}", image.display()))? {
+        None => println!("{}: the journal needs no recovery", image.display()),
+        Some(recovered) => {
+            let report = &recovered.journal;
+            println!(
+                "{}: replayed {} transactions ({} blocks, {} revoke records), journal reset at transaction {}",
+                image.display(),
+                report.transactions_replayed,
+                report.blocks_replayed,
+                report.revoke_records,
+                report.next_tid
+            );
+            if recovered.orphans_released {
+                println!(
+                    "{}: released the orphan inodes the crash left",
+                    image.display()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn init_logging(log: Option<&Path>) {
@@ -247,9 +304,24 @@ fn stop_on_signals(mountpoint: PathBuf) {
 fn detach(mountpoint: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
-    // SAFETY: umount2 with a valid NUL-terminated path.
-    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-        return true;
+    // A file closed just before the unmount may still hold the mount: the
+    // kernel sends FUSE RELEASE asynchronously and keeps the mount busy until
+    // the server answers it. So EBUSY is retried for a short while before it
+    // is reported.
+    for _ in 0..50 {
+        // SAFETY: umount2 with a valid NUL-terminated path.
+        if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+            return true;
+        }
+        let error = std::io::Error::last_os_error().raw_os_error();
+        if error == Some(libc::EBUSY) {
+            std::thread::sleep(Duration::from_millis(40));
+            continue;
+        }
+        if error == Some(libc::EPERM) {
+            break; // not root: fusermount3 below
+        }
+        return false;
     }
     std::process::Command::new("fusermount3")
         .arg("-u")

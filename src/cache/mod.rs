@@ -21,8 +21,33 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+/// The journal's bookkeeping for one buffer (the kernel's journal_head).
+/// Owned and interpreted by `journal/`; the cache only stores it so that it
+/// lives exactly as long as the buffer.
+///
+/// Lock order: a buffer's `journal` mutex is taken before its bytes.
+#[derive(Debug, Default)]
+pub struct JournalHead {
+    /// The running transaction the buffer is registered in.
+    pub running: Option<u32>,
+    /// The committing transaction that has not yet captured the buffer's
+    /// content for the log.
+    pub committing: Option<u32>,
+    /// The committing transaction's copy, taken when the running
+    /// transaction asked for write access before the commit captured it.
+    pub frozen: Option<Box<[u8]>>,
+    /// The newest committed transaction whose log holds this buffer while
+    /// the home location is older: the checkpoint must write it home.
+    pub checkpoint: Option<u32>,
+    /// Freed as metadata by the running transaction: never logged again,
+    /// never written home.
+    pub freed: bool,
+}
+
 pub struct Buffer {
     block: u64,
+    /// Journal bookkeeping, taken before `data` when both are needed.
+    pub(crate) journal: Mutex<JournalHead>,
     data: RwLock<Box<[u8]>>,
     /// The bytes reflect the device (or a fresh block being written).
     uptodate: AtomicBool,
@@ -37,6 +62,7 @@ impl Buffer {
     fn new(block: u64, block_size: usize) -> Self {
         Buffer {
             block,
+            journal: Mutex::new(JournalHead::default()),
             data: RwLock::new(vec![0u8; block_size].into_boxed_slice()),
             uptodate: AtomicBool::new(false),
             verified: AtomicBool::new(false),
@@ -220,6 +246,11 @@ impl BufferCache {
             buffer.uptodate.store(true, Ordering::Release);
         }
         Ok(buffer)
+    }
+
+    /// The buffer for `block` if it is resident, without reading it.
+    pub fn peek(&self, block: u64) -> Option<Arc<Buffer>> {
+        self.inner.lock().map.get(&block).cloned()
     }
 
     /// Drop the cached copy of a block that stops being metadata (freed), so

@@ -9,6 +9,7 @@
 //! after it. Nothing above this layer may assume durability without it.
 
 mod file;
+pub mod guard;
 mod memory;
 
 pub use file::FileDevice;

@@ -535,7 +535,7 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
             let buffer = reader.read_indirect(pointer)?;
             pointer = get_u32(&buffer.read(), route.offsets[depth] as usize * 4) as u64;
             if pointer == 0 {
-                return Ok(self.shape.skip_past(route, Some(depth)));
+                return self.skip_zero_entry(route, &chain, depth, &buffer);
             }
         }
         let leaf = chain[route.levels - 1];
@@ -543,9 +543,40 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         let stop = (first + (end - cursor)).min(self.shape.per);
         let empty = self.clear_leaf(leaf, cursor, first, stop)?;
         if empty {
-            self.free_empty_chain(route, &chain)?;
+            self.free_empty_chain(route, &chain, route.levels - 1)?;
         }
         Ok(cursor + (stop - first))
+    }
+
+    /// The entry `route` follows in the indirect block at `depth` (held in
+    /// `buffer`) is zero: continue at the next non-zero entry of that block,
+    /// or past the block, freeing it if it holds nothing at all (a chain
+    /// left behind by an allocation that ran out of space).
+    fn skip_zero_entry(
+        &mut self,
+        route: &Route,
+        chain: &[u64; MAX_LEVELS],
+        depth: usize,
+        buffer: &Buffer,
+    ) -> Result<u64> {
+        let entry = route.offsets[depth];
+        let bytes = buffer.read();
+        let non_zero = |i: &u64| get_u32(&bytes, *i as usize * 4) != 0;
+        let next = (entry + 1..self.shape.per).find(non_zero);
+        let empty = next.is_none() && !(0..entry).any(|i| non_zero(&i));
+        drop(bytes);
+        if empty {
+            self.free_empty_chain(route, chain, depth)?;
+        }
+        Ok(match next {
+            Some(index) => {
+                let mut ahead = *route;
+                ahead.offsets[depth] = index;
+                ahead.offsets[depth + 1..].fill(0);
+                self.shape.logical(&ahead)
+            }
+            None => self.shape.skip_past(route, depth.checked_sub(1)),
+        })
     }
 
     /// Clear entries `[first, stop)` of a leaf indirect block (mapping
@@ -574,10 +605,16 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         Ok(empty)
     }
 
-    /// The leaf of `chain` is all zero: free it, clear its pointer, and
-    /// carry on upwards while parents are left all zero.
-    fn free_empty_chain(&mut self, route: &Route, chain: &[u64; MAX_LEVELS]) -> Result<()> {
-        for depth in (0..route.levels).rev() {
+    /// The block of `chain` at `from` is all zero: free it, clear its
+    /// pointer, and carry on upwards while parents are left all zero.
+    fn free_empty_chain(
+        &mut self,
+        route: &Route,
+        chain: &[u64; MAX_LEVELS],
+        from: usize,
+    ) -> Result<()> {
+        debug_assert!(from < route.levels);
+        for depth in (0..=from).rev() {
             self.free_indirect(chain[depth])?;
             if depth == 0 {
                 set_slot_pointer(self.inode, route.slot, 0);

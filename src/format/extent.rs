@@ -579,7 +579,10 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     /// Bound for loops that visit extents one at a time: a consistent tree
     /// maps at most as many runs as i_blocks counts blocks.
     fn extent_visit_limit(&self) -> u64 {
-        2 * (self.inode.blocks / self.sectors_per_block()) + 2 * MAX_DEPTH as u64 + 8
+        let blocks = self.inode.blocks / self.sectors_per_block();
+        // Per extent: its own step plus, at worst, one split per level
+        // and a root growth to make room first.
+        (MAX_DEPTH as u64 + 3) * (blocks + 1) + 8
     }
 
     fn corrupt_loop(&self, what: &str) -> Error {
@@ -820,8 +823,14 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         Ok(())
     }
 
-    /// Unmap `[start, end)` and free its data blocks.
+    /// Unmap `[start, end)` and free its data blocks, then let the tree
+    /// lose levels it no longer needs.
     fn remove_range(&mut self, start: u64, end: u64) -> Result<()> {
+        self.remove_extents(start, end)?;
+        self.shrink_root()
+    }
+
+    fn remove_extents(&mut self, start: u64, end: u64) -> Result<()> {
         debug_assert!(start < end && end <= LOGICAL_LIMIT);
         let mut cursor = start;
         for _ in 0..self.extent_visit_limit() {
@@ -913,6 +922,34 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         Ok(reached)
     }
 
+    /// While the root indexes a single node whose entries fit in the root,
+    /// move them up and free that node (as the kernel's
+    /// ext4_ext_try_to_merge_up does): e2fsck reports a tree whose lower
+    /// level would fit in an upper one as one that could be shallower.
+    fn shrink_root(&mut self) -> Result<()> {
+        for _ in 0..MAX_DEPTH {
+            let reader = self.reader();
+            let root = reader.root(self.inode)?;
+            let index = match &root.entries {
+                Entries::Index(indexes) if indexes.len() == 1 => indexes[0],
+                _ => return Ok(()),
+            };
+            let child = reader.read_child(root.depth, &index, LOGICAL_LIMIT)?;
+            if child.len() > ROOT_CAPACITY as usize {
+                return Ok(());
+            }
+            let new_root = Node {
+                depth: child.depth,
+                max: ROOT_CAPACITY,
+                generation: root.generation,
+                entries: child.entries,
+            };
+            new_root.encode(&mut self.inode.block);
+            self.free_tree_block(index.child)?;
+        }
+        Ok(())
+    }
+
     /// Free the emptied node at `at` and drop its index entry, and so on
     /// upwards while parents empty; an emptied root becomes an empty leaf.
     fn remove_node(&mut self, path: &mut Path, at: usize) -> Result<()> {
@@ -945,7 +982,14 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         Ok(())
     }
 
+    /// Make `[start, end)` written; merges may leave the tree with levels
+    /// it no longer needs.
     fn mark_written(&mut self, start: u64, end: u64) -> Result<()> {
+        self.convert_range(start, end)?;
+        self.shrink_root()
+    }
+
+    fn convert_range(&mut self, start: u64, end: u64) -> Result<()> {
         let mut cursor = start;
         for _ in 0..self.extent_visit_limit() {
             if cursor >= end {
@@ -1048,7 +1092,8 @@ pub fn allocate(
     goal: u64,
     unwritten: bool,
 ) -> Result<Extent> {
-    if lblk >= MAX_LOGICAL_BLOCKS {
+    let limit = max_blocks(ctx.geo);
+    if lblk >= limit {
         return Err(Error::FileTooBig);
     }
     let mut tree = Writer::new(ctx, ino, inode);
@@ -1058,7 +1103,7 @@ pub fn allocate(
             "logical block {lblk} of inode {ino} is already mapped"
         )));
     };
-    let hole_end = next.unwrap_or(MAX_LOGICAL_BLOCKS).min(MAX_LOGICAL_BLOCKS);
+    let hole_end = next.unwrap_or(limit).min(limit);
     let want = (len as u64)
         .min(hole_end - lblk)
         .min(max_len(unwritten) as u64) as u32;
@@ -1072,6 +1117,7 @@ pub fn allocate(
     };
     let (physical, got) = tree.ctx.alloc.alloc_blocks(tree.ctx.handle, goal, want)?;
     debug_assert!(got >= 1 && got <= want);
+    debug_assert!(blocks_in_filesystem(tree.ctx.geo, physical, got as u64));
     let extent = Extent {
         logical: lblk,
         physical,

@@ -16,6 +16,7 @@ pub mod blockmap;
 pub mod csum;
 pub mod dir;
 pub mod extent;
+pub mod fast_commit;
 pub mod group_desc;
 pub mod htree;
 pub mod inode;

@@ -754,17 +754,6 @@ impl Geometry {
     pub fn inode_bitmap_bytes(&self) -> usize {
         (self.inodes_per_group / 8) as usize
     }
-
-    /// The maximum file size in blocks addressable by extents (2^32 logical
-    /// blocks) or the ext2/3 block map.
-    pub fn max_file_blocks(&self, extents: bool) -> u64 {
-        if extents {
-            1u64 << 32
-        } else {
-            let per = self.block_size as u64 / 4;
-            (12 + per + per * per + per * per * per).min(1u64 << 32)
-        }
-    }
 }
 
 fn is_power_of(mut n: u32, base: u32) -> bool {

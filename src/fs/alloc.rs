@@ -46,7 +46,7 @@ impl Tx<'_, '_> {
 
     /// The block bitmap of `group`, initialised (in the transaction) if the
     /// group was still BLOCK_UNINIT.
-    fn block_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+    pub(crate) fn block_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let desc = &self.st.groups[group as usize];
@@ -68,7 +68,7 @@ impl Tx<'_, '_> {
         Ok(buffer)
     }
 
-    fn inode_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+    pub(crate) fn inode_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let desc = &self.st.groups[group as usize];
@@ -84,6 +84,8 @@ impl Tx<'_, '_> {
                 }
                 let desc = &mut self.st.groups[group as usize];
                 desc.flags &= !BG_INODE_UNINIT;
+                // Nothing of the group's inode table was in use.
+                desc.itable_unused = geo.inodes_per_group;
                 desc.set_inode_bitmap_csum(geo, &bytes);
             }
             buffer.set_verified();
@@ -124,6 +126,8 @@ impl Tx<'_, '_> {
         };
         let start_group = geo.group_of_block(goal);
         let groups = geo.group_count;
+        // Before the search, as in `take_run_in_group`.
+        let pending_before = self.core.journal.has_pending_frees();
         // One pass over every group from the goal's, then the goal's group
         // again from its start (the part before the goal).
         for step in 0..=groups {
@@ -140,7 +144,12 @@ impl Tx<'_, '_> {
                 return Ok(found);
             }
         }
-        // The counters said there was space but no bitmap had any.
+        // The counters said there was space but no bitmap had any: either
+        // the space is freed by transactions not yet durable (ENOSPC now,
+        // retried after a commit by `Fs::transact`), or the counters lie.
+        if pending_before {
+            return Err(Error::NoSpace);
+        }
         Err(Error::corrupt(
             Location::Superblock,
             format!(
@@ -162,17 +171,18 @@ impl Tx<'_, '_> {
         let geo = &core.geo;
         let in_group = geo.blocks_in_group(group) as usize;
         let buffer = self.block_bitmap(group)?;
+        let base = geo.group_first_block(group);
+        // Sampled before the search: a commit finishing during it empties
+        // the pending set, and asking afterwards would call the blocks the
+        // search skipped as pending a corruption. Nothing adds pending
+        // frees meanwhile (freeing needs the filesystem state we hold).
+        let pending_before = self.core.journal.has_pending_frees();
         let found = {
             let bytes = buffer.read();
-            bitmap::find_zero(&bytes, from, in_group).map(|start| {
-                (
-                    start,
-                    bitmap::zero_run(&bytes, start, in_group, count as usize),
-                )
-            })
+            self.find_allocatable(&bytes, base, from, in_group, count as usize)
         };
         let Some((start, length)) = found else {
-            if from == 0 {
+            if from == 0 && !pending_before {
                 return Err(Error::corrupt(
                     Location::Block {
                         block: self.st.groups[group as usize].block_bitmap,
@@ -202,6 +212,45 @@ impl Tx<'_, '_> {
         self.st.sb.free_blocks_count -= length as u64;
         self.mark_group_dirty(group);
         Ok(Some((first, length as u32)))
+    }
+
+    /// The first run of clear bits at or after `from` (bits `..end`) that
+    /// contains no block freed by a transaction that is not durable yet:
+    /// reusing such a block before the commit could put its old owner,
+    /// restored by a crash, on top of its new owner's bytes.
+    fn find_allocatable(
+        &self,
+        bytes: &[u8],
+        base: u64,
+        from: usize,
+        end: usize,
+        count: usize,
+    ) -> Option<(usize, usize)> {
+        let mut from = from;
+        // Each round skips one pending range or succeeds; a group has at
+        // most `end` bits.
+        for _ in 0..=end {
+            let start = bitmap::find_zero(bytes, from, end)?;
+            let length = bitmap::zero_run(bytes, start, end, count);
+            match self
+                .core
+                .journal
+                .pending_free_overlap(base + start as u64, length as u64)
+            {
+                None => return Some((start, length)),
+                Some((pending_start, pending_end)) => {
+                    let pending_start = pending_start.saturating_sub(base) as usize;
+                    if pending_start > start {
+                        return Some((start, pending_start - start));
+                    }
+                    from = (pending_end - base) as usize;
+                    if from >= end {
+                        return None;
+                    }
+                }
+            }
+        }
+        None
     }
 
     /// Return blocks to the free pool. Freeing a block that is free, or one
@@ -254,11 +303,7 @@ impl Tx<'_, '_> {
         }
         self.st.sb.free_blocks_count += end - start;
         self.mark_group_dirty(group);
-        if metadata {
-            for block in start..end {
-                self.handle.forget(block);
-            }
-        }
+        self.handle.free_blocks(start, end - start, metadata);
         Ok(())
     }
 
@@ -312,10 +357,26 @@ impl Tx<'_, '_> {
             ));
         };
         let ino = group * geo.inodes_per_group + index as u32 + 1;
-        // The bitmap may be damaged: an inode that still has links is in
-        // use whatever its bit says, and taking it over would silently
-        // turn that file into the new one. A slot that does not decode
-        // (never written, or garbage) holds nothing to lose.
+        self.check_inode_unused(group, index, ino)?;
+        self.claim_inode(ino, is_dir)?;
+        Ok(ino)
+    }
+
+    /// The bitmap may be damaged: an inode that still has links is in use
+    /// whatever its bit says, and taking it over would silently turn that
+    /// file into the new one. A slot that does not decode (never written,
+    /// or garbage) holds nothing to lose, and neither does the part of the
+    /// table that lazy init has not zeroed yet (its bytes may be a previous
+    /// filesystem's).
+    fn check_inode_unused(&mut self, group: u32, index: usize, ino: u32) -> Result<()> {
+        let geo = &self.core.geo;
+        let desc = &self.st.groups[group as usize];
+        let uninitialised = geo.has_group_csum()
+            && (desc.flags & BG_INODE_UNINIT != 0
+                || index as u32 >= geo.inodes_per_group - desc.itable_unused);
+        if uninitialised {
+            return Ok(());
+        }
         if let Ok(existing) = self.read_inode(ino)
             && existing.links_count > 0
             && existing.mode != 0
@@ -325,12 +386,28 @@ impl Tx<'_, '_> {
                 "inode bitmap marks an inode with links free",
             ));
         }
+        Ok(())
+    }
+
+    /// Mark inode `ino` in use (bitmap, free and directory counts, the
+    /// initialised part of the inode table). Returns false if it already
+    /// was. Used by allocation and by fast-commit replay, which must claim
+    /// the inodes the log names.
+    pub(crate) fn claim_inode(&mut self, ino: u32, is_dir: bool) -> Result<bool> {
+        let core = self.core;
+        let geo = &core.geo;
+        let group = geo.group_of_inode(ino);
+        let index = geo.inode_index_in_group(ino) as usize;
+        let buffer = self.inode_bitmap(group)?;
         if self.st.groups[group as usize].flags & BG_BLOCK_UNINIT != 0 && geo.has_group_csum() {
             // As the kernel does: a group in use gets a real block bitmap.
             self.block_bitmap(group)?;
         }
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
+            if bitmap::test_bit(&bytes, index) {
+                return Ok(false);
+            }
             bitmap::set_bit(&mut bytes, index);
             let ipg = geo.inodes_per_group;
             let desc = &mut self.st.groups[group as usize];
@@ -350,7 +427,7 @@ impl Tx<'_, '_> {
         }
         self.st.sb.free_inodes_count -= 1;
         self.mark_group_dirty(group);
-        Ok(ino)
+        Ok(true)
     }
 
     pub fn release_inode(&mut self, ino: u32, is_dir: bool) -> Result<()> {

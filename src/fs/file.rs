@@ -7,6 +7,7 @@
 //! bytes), so that nothing stale from a previous owner can ever be read
 //! back; a partial write into an existing block reads it first.
 
+use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::inode::{Attr, attr_of, check_live, read_inode};
 use super::{AtimePolicy, Caller, Fs, Tx};
 use crate::error::{Error, Result};
@@ -20,6 +21,16 @@ pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 
 /// Blocks one write transaction maps at most; larger writes loop.
 const WRITE_CHUNK_BLOCKS: u64 = 2048;
+
+/// Journal credits of one write chunk: the inode, the extent path with
+/// splits (depth up to 5, two blocks per level), block bitmaps and
+/// descriptors of the few groups 2048 blocks can span, the superblock.
+const CREDITS_WRITE: u32 = 32;
+
+/// A small truncate: at most `PUNCH_CHUNK_BLOCKS` blocks freed (bitmaps and
+/// descriptors of the groups they span, extent leaves), the tail block's
+/// path, the inode, the orphan records, the superblock.
+const CREDITS_TRUNCATE: u32 = 160;
 
 /// `lseek` whence values that look at the mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +97,7 @@ impl Tx<'_, '_> {
             };
             let written = write_run(self, &extent, position, end, data, offset, extent.unwritten)?;
             if extent.unwritten {
+                self.mapping_changed = true;
                 let mut ctx = self.meta_ctx();
                 // Every block the run touched, partial ones included.
                 let last_touched = (position + written - 1) / block_size;
@@ -108,8 +120,14 @@ impl Tx<'_, '_> {
         body: impl FnOnce(&mut Self, &mut Inode) -> Result<R>,
     ) -> Result<R> {
         let mut inode = self.regular_file(ino)?;
+        let before = (inode.size, inode.blocks, inode.block);
+        self.mapping_changed = false;
         let result = body(self, &mut inode);
-        self.write_inode(ino, &inode)?;
+        if !self.mapping_changed && before == (inode.size, inode.blocks, inode.block) {
+            self.write_inode_timestamps(ino, &inode)?;
+        } else {
+            self.write_inode(ino, &inode)?;
+        }
         result
     }
 
@@ -210,10 +228,37 @@ fn write_run(
 impl Fs {
     /// A file or directory was opened: it stays until released even if its
     /// last name goes.
+    ///
+    /// The check and the count happen under the filesystem lock, so that an
+    /// unlink (which decides under the write lock whether the inode is
+    /// open) either sees this open and makes the inode an orphan, or has
+    /// freed it already and this open fails with ESTALE. FUSE opens by inode
+    /// number after a lookup that may predate a concurrent unlink; the
+    /// kernel then looks the name up again.
     pub fn open_file(&self, ino: u32) -> Result<Attr> {
-        let attr = self.getattr(ino)?;
-        *self.open_files.lock().entry(ino).or_insert(0) += 1;
-        Ok(attr)
+        let st = self.state.read();
+        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+            self.check_not_freed(ino, &inode)?;
+            let attr = attr_of(&self.core, ino, &inode)?;
+            *self.open_files.lock().entry(ino).or_insert(0) += 1;
+            Ok(attr)
+        });
+        drop(st);
+        self.note_error(result)
+    }
+
+    /// An inode named by number (not through a directory) must not have been
+    /// freed: one without links that is not an open orphan was freed by an
+    /// unlink (say, a directory removed while it was a process's working
+    /// directory, or a name unlinked between a lookup and an open), and it
+    /// keeps its mode on disk, so the mode alone cannot tell.
+    pub(crate) fn check_not_freed(&self, ino: u32, inode: &Inode) -> Result<()> {
+        if inode.mode == 0
+            || (inode.links_count == 0 && !self.core.open_orphans.lock().contains(&ino))
+        {
+            return Err(Error::Stale);
+        }
+        Ok(())
     }
 
     /// The matching release of `open_file`; frees the inode if it was unlinked.
@@ -310,7 +355,7 @@ impl Fs {
         let _ = self.transact(1, Caller::ROOT, |tx| {
             let mut inode = tx.read_live_inode(ino)?;
             inode.atime = now;
-            tx.write_inode(ino, &inode)
+            tx.write_inode_timestamps(ino, &inode)
         });
     }
 
@@ -327,7 +372,7 @@ impl Fs {
             let chunk_len = (data.len() - done).min((WRITE_CHUNK_BLOCKS * block_size) as usize);
             let chunk = &data[done..done + chunk_len];
             let position = offset + done as u64;
-            let written = self.transact(WRITE_CHUNK_BLOCKS as u32 / 4 + 16, caller, |tx| {
+            let written = self.transact(CREDITS_WRITE, caller, |tx| {
                 tx.with_regular_file(ino, |tx, inode| {
                     let written = tx.write_data(ino, inode, position, chunk)?;
                     let now = Timestamp::now();
@@ -356,17 +401,44 @@ impl Fs {
 
     /// Change the size of a regular file.
     pub fn truncate(&self, ino: u32, size: u64, caller: Caller) -> Result<()> {
-        self.transact(64, caller, |tx| {
+        let block_size = self.core.geo.block_size as u64;
+        let keep_blocks = size.div_ceil(block_size);
+        // A small cut happens in one transaction; a large one sets the size
+        // with the inode on the orphan records, frees the blocks in chunks,
+        // then takes it off (a crash midway: the next mount finishes it).
+        let chunked = self.transact(CREDITS_TRUNCATE, caller, |tx| {
+            self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
             tx.with_regular_file(ino, |tx, inode| {
-                if inode.size != size {
-                    tx.truncate_to(ino, inode, size)?;
-                    let now = Timestamp::now();
-                    inode.mtime = now;
-                    inode.ctime = now;
+                if inode.size == size {
+                    return Ok(false);
                 }
-                Ok(())
+                let large =
+                    size < inode.size && inode.blocks / (block_size / 512) > PUNCH_CHUNK_BLOCKS;
+                if large {
+                    if size % block_size != 0 {
+                        let tail_end = (keep_blocks * block_size).min(inode.size);
+                        tx.zero_range_in_place(ino, inode, size, tail_end)?;
+                    }
+                    inode.size = size;
+                    tx.orphan_add(ino, inode)?;
+                } else {
+                    tx.truncate_to(ino, inode, size)?;
+                }
+                let now = Timestamp::now();
+                inode.mtime = now;
+                inode.ctime = now;
+                Ok(large)
             })
-        })
+        })?;
+        if chunked {
+            self.punch_in_chunks(ino, keep_blocks)?;
+            self.transact(CREDITS_TRUNCATE, caller, |tx| {
+                let mut inode = tx.read_live_inode(ino)?;
+                tx.orphan_remove(ino, &mut inode)?;
+                tx.write_inode(ino, &inode)
+            })?;
+        }
+        Ok(())
     }
 
     /// fallocate(2): preallocate (optionally keeping the size), punch a
@@ -496,10 +568,27 @@ impl Fs {
         self.note_error(result)
     }
 
-    /// fsync / fdatasync: everything of this file (and, unjournaled,
-    /// everything else too) is durable when this returns.
-    pub fn fsync(&self, _ino: u32, _datasync: bool) -> Result<()> {
-        self.core.journal.sync()
+    /// fsync / fdatasync: the file's data and (for fsync, all of; for
+    /// fdatasync, what reading the data needs of) its metadata are durable
+    /// when this returns. Data is already on the device; it needs a flush,
+    /// and a commit only if the transaction holding the inode's change is
+    /// not durable yet — an overwrite of allocated blocks commits nothing.
+    pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
+        if !self.core.journal.is_journaled() {
+            return self.core.journal.sync();
+        }
+        let pending = self
+            .core
+            .inode_tids
+            .lock()
+            .get(&ino)
+            .map(|tids| if datasync { tids.datasync } else { tids.sync });
+        if let Some(tid) = pending
+            && self.note_error(self.core.journal.commit_and_wait(tid))?
+        {
+            return Ok(()); // the commit's final flush covered the data too
+        }
+        self.core.journal.flush_data()
     }
 
     /// Attributes after a change made through a file handle.

@@ -3,10 +3,20 @@
 //! and the last open reference are gone.
 
 use super::{Caller, Core, Fs, State, Tx};
+use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::BG_INODE_UNINIT;
+use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
+use crate::format::superblock::Geometry;
 use crate::format::{mapping, xattr};
+
+/// Logical blocks freed per transaction when a large file is truncated or
+/// deleted (see `Fs::punch_in_chunks`).
+pub(crate) const PUNCH_CHUNK_BLOCKS: u64 = 1024;
+
+/// Inodes whose transaction ids are remembered for fsync before old
+/// entries are dropped.
+const MAX_TRACKED_INODES: usize = 1 << 16;
 
 /// The kind of an inode, from the file-type bits of its mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +95,17 @@ pub(crate) fn now_seconds() -> i64 {
 /// Read inode `ino` from its table block. An inode in a never-initialised
 /// part of the table reads as all zeros (mode 0: not in use).
 pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
-    let geo = &core.geo;
+    read_inode_with(&core.geo, &core.cache, &st.groups, ino)
+}
+
+/// `read_inode` from its parts, for callers without a mounted `Fs` (the
+/// journal inode is read before the journal is set up).
+pub(crate) fn read_inode_with(
+    geo: &Geometry,
+    cache: &BufferCache,
+    groups: &[GroupDesc],
+    ino: u32,
+) -> Result<Inode> {
     if !geo.is_valid_ino(ino) {
         return Err(Error::corrupt(
             Location::Inode { ino },
@@ -94,23 +114,22 @@ pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
     }
     let group = geo.group_of_inode(ino);
     let index = geo.inode_index_in_group(ino);
-    let desc = &st.groups[group as usize];
+    let desc = &groups[group as usize];
     if geo.has_group_csum()
         && (desc.flags & BG_INODE_UNINIT != 0 || index >= geo.inodes_per_group - desc.itable_unused)
     {
         return Ok(Inode::new(geo));
     }
-    let (block, offset) = inode_location(core, st, ino);
-    let buffer = core.cache.read(block)?;
+    let (block, offset) = inode_location(geo, groups, ino);
+    let buffer = cache.read(block)?;
     let bytes = buffer.read();
     Inode::decode(geo, ino, &bytes[offset..offset + geo.inode_size as usize])
 }
 
-fn inode_location(core: &Core, st: &State, ino: u32) -> (u64, usize) {
-    let geo = &core.geo;
+fn inode_location(geo: &Geometry, groups: &[GroupDesc], ino: u32) -> (u64, usize) {
     let group = geo.group_of_inode(ino);
     let byte = geo.inode_index_in_group(ino) as u64 * geo.inode_size as u64;
-    let block = st.groups[group as usize].inode_table + byte / geo.block_size as u64;
+    let block = groups[group as usize].inode_table + byte / geo.block_size as u64;
     (block, (byte % geo.block_size as u64) as usize)
 }
 
@@ -126,16 +145,49 @@ impl Tx<'_, '_> {
         Ok(inode)
     }
 
+    /// Write an inode back; fdatasync of it will wait for this transaction.
     pub fn write_inode(&mut self, ino: u32, inode: &Inode) -> Result<()> {
-        let (block, offset) = inode_location(self.core, self.st, ino);
+        self.store_inode(ino, inode, false)
+    }
+
+    /// Write an inode whose only changes are timestamps: fsync waits for
+    /// this transaction, fdatasync does not (the kernel's I_DIRTY_SYNC
+    /// without I_DIRTY_DATASYNC).
+    pub fn write_inode_timestamps(&mut self, ino: u32, inode: &Inode) -> Result<()> {
+        self.store_inode(ino, inode, true)
+    }
+
+    fn store_inode(&mut self, ino: u32, inode: &Inode, timestamps_only: bool) -> Result<()> {
+        let geo = &self.core.geo;
+        let (block, offset) = inode_location(geo, &self.st.groups, ino);
         let buffer = self.core.cache.read(block)?;
-        let mut bytes = self.handle.get_write_access(&buffer)?;
-        inode.encode(
-            &self.core.geo,
-            ino,
-            &mut bytes[offset..offset + self.core.geo.inode_size as usize],
-        );
+        {
+            let mut bytes = self.handle.get_write_access(&buffer)?;
+            inode.encode(
+                geo,
+                ino,
+                &mut bytes[offset..offset + geo.inode_size as usize],
+            );
+        }
+        self.note_tid(ino, timestamps_only);
         Ok(())
+    }
+
+    /// Remember which transaction holds the inode's latest change (fsync).
+    fn note_tid(&self, ino: u32, timestamps_only: bool) {
+        let tid = self.handle.tid();
+        let mut tids = self.core.inode_tids.lock();
+        if tids.len() >= MAX_TRACKED_INODES {
+            // Entries of transactions before the committing one (tid - 1)
+            // are durable: fsync of those inodes needs no commit.
+            let committing = tid.wrapping_sub(1);
+            tids.retain(|_, entry| entry.sync == tid || entry.sync == committing);
+        }
+        let entry = tids.entry(ino).or_default();
+        entry.sync = tid;
+        if !timestamps_only {
+            entry.datasync = tid;
+        }
     }
 
     pub fn next_generation(&mut self) -> u32 {
@@ -148,12 +200,29 @@ impl Tx<'_, '_> {
     }
 
     /// Free everything an unlinked, unopened inode holds, then the inode.
+    /// A large mapping is freed in chunks, one transaction each, after the
+    /// current operation (`Fs::finish_deferred_evictions`); meanwhile the
+    /// inode sits on the orphan list, so a crash midway is finished by the
+    /// next mount.
     pub fn evict_inode(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
         debug_assert_eq!(inode.links_count, 0);
+        let block_sectors = (self.core.geo.block_size / 512) as u64;
+        if inode.has_data_blocks(&self.core.geo)
+            && inode.blocks / block_sectors > PUNCH_CHUNK_BLOCKS
+        {
+            self.orphan_add(ino, &mut inode)?;
+            self.write_inode(ino, &inode)?;
+            self.st.deferred_evictions.push(ino);
+            return Ok(());
+        }
+        self.evict_inode_now(ino, inode)
+    }
+
+    /// Free the inode and all it holds in this transaction.
+    pub fn evict_inode_now(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
         self.orphan_remove(ino, &mut inode)?;
         if inode.has_data_blocks(&self.core.geo) {
-            let mut ctx = self.meta_ctx();
-            mapping::punch(&mut ctx, ino, &mut inode, 0, None)?;
+            self.release_all_blocks(ino, &mut inode)?;
         }
         if inode.file_acl != 0 {
             let mut ctx = self.meta_ctx();
@@ -164,6 +233,41 @@ impl Tx<'_, '_> {
         inode.size = 0;
         self.write_inode(ino, &inode)?;
         self.release_inode(ino, is_dir)
+    }
+
+    /// Free every block `inode` maps. A directory's blocks are metadata:
+    /// read and changed through the cache (and journaled), so they are
+    /// freed as metadata, which forgets them there. Freed as data, a copy
+    /// still dirty from the entries just removed would later be written
+    /// over whatever the blocks hold next (file data bypasses the cache).
+    /// The kernel frees directory blocks with EXT4_FREE_BLOCKS_METADATA |
+    /// EXT4_FREE_BLOCKS_FORGET for the same reason.
+    pub fn release_all_blocks(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        self.punch_mapping(ino, inode, 0, None)
+    }
+
+    /// `mapping::punch` of logical blocks `from..to` (to the end: `None`),
+    /// a directory's blocks freed as metadata (see `release_all_blocks`).
+    pub fn punch_mapping(
+        &mut self,
+        ino: u32,
+        inode: &mut Inode,
+        from: u64,
+        to: Option<u64>,
+    ) -> Result<()> {
+        let core = self.core;
+        let handle = self.handle;
+        if inode.is_dir() {
+            let mut ctx = crate::format::MetaCtx {
+                geo: &core.geo,
+                cache: &core.cache,
+                handle,
+                alloc: &mut FreeAsMetadata(self),
+            };
+            return mapping::punch(&mut ctx, ino, inode, from, to);
+        }
+        let mut ctx = self.meta_ctx();
+        mapping::punch(&mut ctx, ino, inode, from, to)
     }
 
     pub fn meta_ctx(&mut self) -> crate::format::MetaCtx<'_, '_> {
@@ -244,6 +348,7 @@ impl Fs {
         }
         self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
             let mut inode = tx.read_live_inode(ino)?;
+            self.check_not_freed(ino, &inode)?;
             let now = Timestamp::now();
             let mut changed = false;
             if let Some(mode) = changes.mode {
@@ -296,5 +401,30 @@ fn resolve(time: TimeSet, now: Timestamp) -> Timestamp {
     match time {
         TimeSet::Now => now,
         TimeSet::At(at) => at,
+    }
+}
+
+/// The allocator a directory's punch sees: every block it frees is freed
+/// as metadata (see `Tx::release_all_blocks`).
+struct FreeAsMetadata<'t, 'a, 'j>(&'t mut Tx<'a, 'j>);
+
+impl crate::format::BlockAllocator for FreeAsMetadata<'_, '_, '_> {
+    fn alloc_blocks(
+        &mut self,
+        _handle: &crate::journal::Handle<'_>,
+        goal: u64,
+        count: u32,
+    ) -> Result<(u64, u32)> {
+        self.0.alloc_data_blocks(goal, count)
+    }
+
+    fn free_blocks(
+        &mut self,
+        _handle: &crate::journal::Handle<'_>,
+        start: u64,
+        count: u64,
+        _metadata: bool,
+    ) -> Result<()> {
+        self.0.release_blocks(start, count, true)
     }
 }

@@ -17,8 +17,10 @@
 
 mod alloc;
 mod dirops;
+mod fast_commit;
 mod file;
 mod inode;
+mod journal;
 mod namei;
 mod orphan;
 pub mod walk;
@@ -28,18 +30,20 @@ pub use crate::format::xattr::SetMode as XattrMode;
 pub use dirops::Dentry;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
+pub use journal::{ImageRecovery, logdump_image, recover_device, recover_image};
 pub use namei::RenameFlags;
 
 use crate::cache::BufferCache;
+use crate::dev::guard::GuardedDevice;
 use crate::dev::{BlockDevice, FileDevice};
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::GroupDesc;
 use crate::format::superblock::{
     self, Geometry, STATE_ERROR, STATE_VALID, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock,
 };
-use crate::journal::{Handle, Journal, JournalConfig};
+use crate::journal::{Handle, Jbd2Options, Journal, JournalConfig};
 use parking_lot::{Mutex, RwLock};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,6 +63,12 @@ pub struct MountOptions {
     pub dirsync: bool,
     /// Access-time policy.
     pub atime: AtimePolicy,
+    /// Do not load (or replay) the journal: read-only, possibly
+    /// inconsistent (`-o noload` / `norecovery`).
+    pub noload: bool,
+    /// Commit blocks carry a checksum and the flush before them is skipped
+    /// (`-o journal_async_commit`).
+    pub journal_async_commit: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +88,8 @@ impl Default for MountOptions {
             sync: false,
             dirsync: false,
             atime: AtimePolicy::Relatime,
+            noload: false,
+            journal_async_commit: false,
         }
     }
 }
@@ -107,9 +119,51 @@ pub(crate) struct Core {
     /// Blocks that never hold file data (group metadata, the journal):
     /// what statfs leaves out of the total, as the kernel does.
     pub overhead_blocks: u64,
+    /// The transactions holding each inode's latest changes (fsync).
+    pub inode_tids: Mutex<HashMap<u32, InodeTids>>,
+    /// Inodes whose last link is gone while a file handle keeps them:
+    /// recorded as orphans on disk, freed at their last release. An inode
+    /// with no links that is not here is gone, whatever a stale handle
+    /// says (a leaf lock).
+    pub open_orphans: Mutex<HashSet<u32>>,
+    /// Inodes currently on the on-disk orphan records (list or orphan
+    /// file), so that recording and unrecording are idempotent when
+    /// operations on one inode overlap (a leaf lock).
+    pub orphans: Mutex<HashSet<u32>>,
+}
+
+/// The newest transaction that changed an inode at all (`sync`, for
+/// fsync), and the newest that changed what reading its data depends on —
+/// size, block map, existence (`datasync`, for fdatasync).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct InodeTids {
+    pub sync: u32,
+    pub datasync: u32,
 }
 
 impl Core {
+    fn new(
+        geo: Geometry,
+        sb: &Superblock,
+        cache: Arc<BufferCache>,
+        journal: Arc<Journal>,
+        options: MountOptions,
+    ) -> Core {
+        Core {
+            overhead_blocks: overhead_blocks(&geo, sb),
+            inode_tids: Mutex::new(HashMap::new()),
+            open_orphans: Mutex::new(HashSet::new()),
+            orphans: Mutex::new(HashSet::new()),
+            reserved_blocks: sb.reserved_blocks_count,
+            resuid: sb.def_resuid as u32,
+            resgid: sb.def_resgid as u32,
+            geo,
+            cache,
+            journal,
+            options,
+        }
+    }
+
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
         self.cache.device()
     }
@@ -126,6 +180,9 @@ pub(crate) struct State {
     pub next_topdir_group: u32,
     /// Rotates inode generations.
     pub next_generation: u32,
+    /// Large inodes to free in chunks once the current operation's
+    /// transaction handle is stopped (they are on the orphan records).
+    pub deferred_evictions: Vec<u32>,
 }
 
 pub struct Fs {
@@ -144,6 +201,9 @@ pub(crate) struct Tx<'a, 'j> {
     pub st: &'a mut State,
     pub handle: &'a Handle<'j>,
     pub caller: Caller,
+    /// A block mapping changed in ways the inode's size and root do not
+    /// show (an unwritten extent converted deep in the tree).
+    pub mapping_changed: bool,
 }
 
 impl Fs {
@@ -176,14 +236,11 @@ impl Fs {
                 sb.read_only_features().join(", ")
             )));
         }
-        if !options.read_only && sb.has_incompat(superblock::incompat::RECOVER) {
-            return Err(Error::Unsupported(
-                "the journal needs recovery, and this version of jext4 cannot replay it yet; \
-                 run `e2fsck -E journal_only IMAGE` or mount with -o ro"
-                    .into(),
-            ));
-        }
         if options.read_only || dev.is_read_only() {
+            options.read_only = true;
+        }
+        let journaled = sb.has_compat(superblock::compat::HAS_JOURNAL);
+        if journaled && options.noload {
             options.read_only = true;
         }
         let geo = Geometry::from_superblock(&sb);
@@ -197,8 +254,36 @@ impl Fs {
                 ),
             ));
         }
+        let mut journal_parts = None;
+        if journaled && !options.noload {
+            let needs = sb.has_incompat(superblock::incompat::RECOVER);
+            if options.read_only {
+                if needs {
+                    return Err(Error::Unsupported(
+                        "the journal needs recovery, which a read-only mount cannot write: mount \
+                         read-write (which replays it), run `jext4 recover IMAGE`, or use -o ro,noload"
+                            .into(),
+                    ));
+                }
+            } else {
+                if journal::recover_if_needed(&geo, &sb, &dev)?.is_some() {
+                    dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
+                    sb = Superblock::decode(&sb_bytes)?;
+                }
+                let area = journal::journal_area(&geo, &dev)?;
+                let guard = Arc::new(GuardedDevice::new(Arc::clone(&dev), geo.block_size));
+                journal_parts = Some((area, guard));
+            }
+        } else if sb.has_incompat(superblock::incompat::RECOVER) {
+            tracing::warn!("journal recovery skipped (noload): the filesystem may be inconsistent");
+        }
+        let geo = Geometry::from_superblock(&sb);
+        let cache_device: Arc<dyn BlockDevice> = match &journal_parts {
+            Some((_, guard)) => Arc::clone(guard) as Arc<dyn BlockDevice>,
+            None => Arc::clone(&dev),
+        };
         let cache = Arc::new(BufferCache::new(
-            dev,
+            cache_device,
             geo.block_size as usize,
             options.cache_size,
         ));
@@ -213,18 +298,23 @@ impl Fs {
             commit_interval: options.commit_interval,
             sync_all: options.sync,
         };
-        let journal = Journal::write_back(Arc::clone(&cache), config, options.read_only);
-        let overhead_blocks = overhead_blocks(&geo, &sb);
-        let core = Core {
-            overhead_blocks,
-            reserved_blocks: sb.reserved_blocks_count,
-            resuid: sb.def_resuid as u32,
-            resgid: sb.def_resgid as u32,
-            geo,
-            cache,
-            journal,
-            options,
+        let journal = match journal_parts {
+            Some((area, guard)) => {
+                // needs_recovery must be durable before any commit is: with
+                // it clear, the kernel wipes the log instead of replaying.
+                sb.feature_incompat |= superblock::incompat::RECOVER;
+                journal::write_superblock_direct(&*dev, &mut sb)?;
+                let jbd2_options = Jbd2Options {
+                    commit_interval: options.commit_interval,
+                    async_commit: options.journal_async_commit,
+                    fs_64bit: geo.has_incompat(superblock::incompat::BIT64),
+                    metadata_csum: geo.metadata_csum,
+                };
+                Journal::jbd2(Arc::clone(&cache), area, guard, config, &jbd2_options)?
+            }
+            None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
+        let core = Core::new(geo, &sb, cache, journal, options);
         let generation_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
@@ -237,6 +327,7 @@ impl Fs {
                 sb_dirty: false,
                 next_topdir_group: generation_seed % core.geo.group_count.max(1),
                 next_generation: generation_seed,
+                deferred_evictions: Vec::new(),
             }),
             core,
             open_files: Mutex::new(HashMap::new()),
@@ -265,9 +356,12 @@ impl Fs {
         Ok(())
     }
 
-    /// Record the mount in the superblock: the filesystem is "not clean"
-    /// until unmount writes STATE_VALID back, as the kernel does for ext2.
+    /// Record the mount in the superblock. Unjournaled, the filesystem is
+    /// "not clean" until unmount writes STATE_VALID back, as the kernel does
+    /// for ext2; journaled, it stays valid and needs_recovery says a replay
+    /// is due after a crash.
     fn mark_mounted(&self) -> Result<()> {
+        let journaled = self.core.journal.is_journaled();
         self.transact(1, Caller::ROOT, |tx| {
             let sb = &mut tx.st.sb;
             if sb.state & STATE_VALID == 0 {
@@ -278,7 +372,9 @@ impl Fs {
             if sb.state & STATE_ERROR != 0 {
                 tracing::warn!("filesystem has errors recorded; running e2fsck is recommended");
             }
-            sb.state &= !STATE_VALID;
+            if !journaled {
+                sb.state &= !STATE_VALID;
+            }
             sb.mount_count = sb.mount_count.wrapping_add(1);
             sb.mount_time = inode::now_seconds();
             sb.write_time = sb.mount_time;
@@ -299,33 +395,55 @@ impl Fs {
     /// Run a mutating operation: start a handle for `credits` blocks, take
     /// the filesystem lock, run `body`, write back the superblock and
     /// descriptors it changed, release the lock, stop the handle.
+    ///
+    /// When the operation runs out of space while blocks freed by
+    /// uncommitted transactions are waiting to become allocatable, it is
+    /// run once more after those transactions commit (the kernel's
+    /// `ext4_should_retry_alloc`); `body` must therefore leave the
+    /// filesystem consistent when it fails, as every operation here does.
     pub(crate) fn transact<R>(
         &self,
         credits: u32,
         caller: Caller,
-        body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
+        mut body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
-        let handle = self.core.journal.start(credits)?;
-        let result = {
-            let mut state = self.state.write();
-            let mut tx = Tx {
-                core: &self.core,
-                st: &mut state,
-                handle: &handle,
-                caller,
+        let mut attempt = 0;
+        loop {
+            let handle = self.core.journal.start(credits)?;
+            let tid = handle.tid();
+            let result = {
+                let mut state = self.state.write();
+                let mut tx = Tx {
+                    core: &self.core,
+                    st: &mut state,
+                    handle: &handle,
+                    caller,
+                    mapping_changed: false,
+                };
+                let result = body(&mut tx);
+                // Whatever the body managed before an error is consistent on
+                // its own (operations order their steps so), and must be
+                // recorded.
+                let finished = tx.finish();
+                result.and_then(|value| finished.map(|()| value))
             };
-            let result = body(&mut tx);
-            // Whatever the body managed before an error is consistent on its
-            // own (operations order their steps so), and must be recorded.
-            let finished = tx.finish();
-            result.and_then(|value| finished.map(|()| value))
-        };
-        let stopped = handle.stop();
-        let result = result.and_then(|value| stopped.map(|()| value));
-        self.note_error(result)
+            let stopped = handle.stop();
+            if matches!(result, Err(Error::NoSpace))
+                && attempt == 0
+                && self.core.journal.has_pending_frees()
+            {
+                attempt += 1;
+                stopped?;
+                self.core.journal.commit_and_wait(tid)?;
+                continue;
+            }
+            let result = result.and_then(|value| stopped.map(|()| value));
+            let result = result.and_then(|value| self.finish_deferred_evictions().map(|()| value));
+            return self.note_error(result);
+        }
     }
 
     /// Turn corruption into a read-only filesystem (errors=remount-ro) and
@@ -353,30 +471,79 @@ impl Fs {
         if self.unmounted.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        if !self.is_read_only() {
+        let writable = !self.is_read_only();
+        if writable {
             // Whatever is still open is closed by the unmount.
-            let open: Vec<u32> = self.open_files.lock().drain().map(|(ino, _)| ino).collect();
-            for ino in open {
+            self.open_files.lock().clear();
+            let orphans: Vec<u32> = self.core.open_orphans.lock().iter().copied().collect();
+            for ino in orphans {
                 self.note_error(self.evict_if_unlinked(ino))?;
             }
             self.transact(1, Caller::ROOT, |tx| {
                 let sb = &mut tx.st.sb;
-                if !self.errored.load(Ordering::Acquire) {
-                    sb.state |= STATE_VALID;
-                } else {
-                    sb.state |= STATE_ERROR;
-                }
+                sb.state |= STATE_VALID;
+                // Every orphan was just released.
+                sb.feature_ro_compat &= !superblock::ro_compat::ORPHAN_PRESENT;
                 sb.write_time = inode::now_seconds();
                 tx.st.sb_dirty = true;
                 Ok(())
             })?;
-        } else if self.errored.load(Ordering::Acquire) && !self.core.options.read_only {
-            // Turned read-only by an error: record the error state directly.
-            let mut st = self.state.write();
-            st.sb.state |= STATE_ERROR;
-            drop(st);
         }
-        self.core.journal.shutdown()
+        self.core.journal.shutdown()?;
+        let mut st = self.state.write();
+        let errored = self.errored.load(Ordering::Acquire);
+        if self.core.journal.is_journaled() && !self.core.options.read_only {
+            // The log is empty now: the filesystem needs no recovery. After
+            // an error, e2fsck must still look: keep needs_recovery off but
+            // record the error state.
+            st.sb.feature_incompat &= !superblock::incompat::RECOVER;
+            if errored {
+                st.sb.state |= STATE_ERROR;
+            }
+            journal::write_superblock_direct(&**self.core.dev(), &mut st.sb)?;
+        } else if errored && writable {
+            st.sb.state |= STATE_ERROR;
+            journal::write_superblock_direct(&**self.core.dev(), &mut st.sb)?;
+        }
+        Ok(())
+    }
+
+    /// Journal statistics, including write-ahead guard events.
+    pub fn journal_stats(&self) -> crate::journal::JournalStats {
+        self.core.journal.stats()
+    }
+
+    /// Everything worth reporting about a mounted filesystem, one
+    /// `name value` pair per line (what `jext4 stats` prints).
+    pub fn stats_report(&self) -> String {
+        let cache = self.cache_stats();
+        let statfs = self.statfs();
+        let journal = self.journal_stats();
+        let mut lines = vec![
+            format!("blocks_total {}", statfs.blocks),
+            format!("blocks_free {}", statfs.free_blocks),
+            format!("inodes_free {}", statfs.free_files),
+            format!("read_only {}", self.is_read_only()),
+            format!("cache_resident_blocks {}", cache.resident),
+            format!("cache_capacity_blocks {}", cache.capacity),
+            format!("cache_hits {}", cache.hits),
+            format!("cache_misses {}", cache.misses),
+            format!("cache_evictions {}", cache.evictions),
+            format!("journaled {}", journal.jbd2.is_some()),
+        ];
+        match journal.jbd2 {
+            Some(jbd2) => lines.extend([
+                format!("journal_commits {}", jbd2.commits),
+                format!("journal_blocks_logged {}", jbd2.blocks_logged),
+                format!("journal_revokes_logged {}", jbd2.revokes_logged),
+                format!("journal_frozen_copies {}", jbd2.frozen_copies),
+                format!("journal_checkpoints {}", jbd2.checkpoints),
+                format!("journal_blocks_checkpointed {}", jbd2.blocks_checkpointed),
+                format!("write_ahead_guard_events {}", jbd2.guard_violations),
+            ]),
+            None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),
+        }
+        lines.join("\n") + "\n"
     }
 
     pub fn cache_stats(&self) -> crate::cache::CacheStats {
@@ -449,6 +616,62 @@ fn read_group_descs(geo: &Geometry, cache: &BufferCache) -> Result<Vec<GroupDesc
         groups.push(desc);
     }
     Ok(groups)
+}
+
+impl Fs {
+    /// Run `body` in one `Tx` over an engine on `dev` that is not mounted:
+    /// for work inside journal recovery, before `Fs::mount` may read the
+    /// filesystem (fast-commit replay). The superblock and descriptors come
+    /// from `dev`; changes go through an unjournaled write-back `Journal`
+    /// and are all written to `dev` and flushed when `body` succeeds. Any
+    /// of them may reach `dev` earlier, whatever the outcome (cache
+    /// pressure, the flusher): give it a scratch device when that matters.
+    pub(crate) fn with_unmounted_tx<R>(
+        dev: Arc<dyn BlockDevice>,
+        body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
+    ) -> Result<R> {
+        let mut sb_bytes = vec![0u8; SUPERBLOCK_SIZE];
+        dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
+        let sb = Superblock::decode(&sb_bytes)?;
+        let geo = Geometry::from_superblock(&sb);
+        let options = MountOptions::default();
+        let cache = Arc::new(BufferCache::new(
+            dev,
+            geo.block_size as usize,
+            options.cache_size,
+        ));
+        let groups = read_group_descs(&geo, &cache)?;
+        let journal = Journal::write_back(Arc::clone(&cache), JournalConfig::default(), false);
+        let core = Core::new(geo, &sb, cache, journal, options);
+        let mut state = State {
+            sb,
+            groups,
+            dirty_groups: BTreeSet::new(),
+            sb_dirty: false,
+            next_topdir_group: 0,
+            next_generation: 0,
+            deferred_evictions: Vec::new(),
+        };
+        let result = (|| {
+            // Write-back handles reserve nothing; the bound only tunes the
+            // overrun warning.
+            let handle = core.journal.start(1 << 20)?;
+            let mut tx = Tx {
+                core: &core,
+                st: &mut state,
+                handle: &handle,
+                caller: Caller::ROOT,
+                mapping_changed: false,
+            };
+            let value = body(&mut tx)?;
+            tx.finish()?;
+            handle.stop()?;
+            Ok(value)
+        })();
+        debug_assert!(state.deferred_evictions.is_empty());
+        let shut = core.journal.shutdown();
+        result.and_then(|value| shut.map(|()| value))
+    }
 }
 
 impl Tx<'_, '_> {

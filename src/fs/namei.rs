@@ -51,6 +51,7 @@ fn is_dot_or_dotdot(name: &[u8]) -> bool {
 }
 
 /// What kind of object `create_node` makes.
+#[derive(Clone, Copy)]
 enum NewNode<'a> {
     File { mode: u16 },
     Special { mode: u16, rdev: u64 },
@@ -265,8 +266,7 @@ impl Tx<'_, '_> {
     /// Free an inode that no name ever pointed to (a failed create).
     fn discard_new_inode(&mut self, ino: u32, mut inode: Inode, is_dir: bool) -> Result<()> {
         if inode.has_data_blocks(&self.core.geo) && inode.blocks > 0 {
-            let mut ctx = self.meta_ctx();
-            mapping::punch(&mut ctx, ino, &mut inode, 0, None)?;
+            self.release_all_blocks(ino, &mut inode)?;
         }
         inode.links_count = 0;
         inode.dtime = super::inode::now_seconds() as u32;
@@ -288,6 +288,7 @@ impl Tx<'_, '_> {
         }
         if open {
             self.orphan_add(ino, inode)?;
+            self.core.open_orphans.lock().insert(ino);
             return self.write_inode(ino, inode);
         }
         self.write_inode(ino, inode)?;
@@ -296,7 +297,7 @@ impl Tx<'_, '_> {
 }
 
 impl Fs {
-    fn is_open(&self, ino: u32) -> bool {
+    pub(crate) fn is_open(&self, ino: u32) -> bool {
         self.open_files
             .lock()
             .get(&ino)

@@ -7,6 +7,7 @@
 //! orphan file is full, into the classic list: `s_last_orphan` → inode →
 //! `i_dtime` → next inode.
 
+use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::{Caller, Fs, Tx};
 use crate::error::{Error, Location, Result};
 use crate::format::inode::Inode;
@@ -28,8 +29,13 @@ fn orphan_cycle(ino: u32) -> Error {
 }
 
 impl Tx<'_, '_> {
-    /// Record `ino` (about to lose its last link while open) as an orphan.
+    /// Record `ino` as an orphan: its last link is gone while it is open,
+    /// or a truncate or deletion is under way in several transactions.
+    /// Recording an inode twice records it once.
     pub fn orphan_add(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        if !self.core.orphans.lock().insert(ino) {
+            return Ok(());
+        }
         if self.orphan_file_slot_add(ino)? {
             return Ok(());
         }
@@ -41,6 +47,9 @@ impl Tx<'_, '_> {
 
     /// Take `ino` off whichever orphan record holds it (no-op if none).
     pub fn orphan_remove(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
+        if !self.core.orphans.lock().remove(&ino) {
+            return Ok(());
+        }
         if self.orphan_file_slot_remove(ino)? {
             return Ok(());
         }
@@ -189,8 +198,7 @@ impl Tx<'_, '_> {
         self.orphan_remove(ino, &mut inode)?;
         if inode.has_data_blocks(&self.core.geo) {
             let first_unused = inode.size.div_ceil(self.core.geo.block_size as u64);
-            let mut ctx = self.meta_ctx();
-            mapping::punch(&mut ctx, ino, &mut inode, first_unused, None)?;
+            self.punch_mapping(ino, &mut inode, first_unused, None)?;
         }
         self.write_inode(ino, &inode)
     }
@@ -218,6 +226,7 @@ impl Fs {
                 }
                 ino = tx.read_inode(ino)?.dtime;
             }
+            tx.core.orphans.lock().extend(pending.iter().copied());
             for &ino in &pending {
                 tx.resolve_orphan(ino)?;
             }
@@ -239,20 +248,86 @@ impl Fs {
     /// Called when an inode's last open reference goes: free it if it has
     /// no links left.
     pub(crate) fn evict_if_unlinked(&self, ino: u32) -> Result<()> {
-        {
-            let st = self.state.read();
-            let inode = super::inode::read_inode(&self.core, &st, ino)?;
-            if inode.links_count > 0 || inode.mode == 0 {
-                return Ok(());
-            }
+        // Only an inode unlinked while open waits for its release; any other
+        // inode without links was freed already (evicting it again would
+        // free it twice).
+        if !self.core.open_orphans.lock().remove(&ino) {
+            return Ok(());
         }
         self.transact(16, Caller::ROOT, |tx| {
             let inode = tx.read_inode(ino)?;
-            // Re-check under the write lock: a link may have raced in.
+            // A link cannot come back to an inode with none (link() refuses
+            // it), but stay safe against a corrupt count.
             if inode.links_count > 0 || inode.mode == 0 {
+                return Ok(());
+            }
+            // Opened again between the release that brought us here and
+            // this lock (open_file admits an open orphan): that opener's
+            // last release frees it.
+            if self.is_open(ino) {
+                self.core.open_orphans.lock().insert(ino);
                 return Ok(());
             }
             tx.evict_inode(ino, inode)
         })
+    }
+}
+
+impl Fs {
+    /// Journal credits of one punch chunk: block bitmaps and descriptors of
+    /// every group the chunk's blocks may lie in, the extent leaves holding
+    /// the chunk's extents, the path above them, the inode, the superblock.
+    fn punch_chunk_credits(&self) -> u32 {
+        let geo = &self.core.geo;
+        let groups = (geo.group_count as u64).min(PUNCH_CHUNK_BLOCKS) as u32;
+        let descriptor_blocks = groups.div_ceil(geo.descs_per_block);
+        let leaf_entries = (geo.block_size - 12) / 12;
+        let leaves = (PUNCH_CHUNK_BLOCKS as u32).div_ceil(leaf_entries) + 1;
+        groups + descriptor_blocks + leaves + 16
+    }
+
+    /// Free every mapped block of `ino` at or after logical block `from`,
+    /// `PUNCH_CHUNK_BLOCKS` at a time, one transaction each, skipping holes.
+    /// The caller keeps the inode on the orphan records meanwhile.
+    pub(crate) fn punch_in_chunks(&self, ino: u32, from: u64) -> Result<()> {
+        let credits = self.punch_chunk_credits();
+        let mut position = from;
+        loop {
+            let next = self.transact(credits, Caller::ROOT, |tx| {
+                let mut inode = tx.read_live_inode(ino)?;
+                let geo = &tx.core.geo;
+                if position >= mapping::max_blocks(geo, &inode) {
+                    return Ok(None);
+                }
+                let start = match mapping::lookup(geo, &tx.core.cache, ino, &inode, position)? {
+                    Lookup::Mapped(_) => position,
+                    Lookup::Hole { next: Some(next) } => next,
+                    Lookup::Hole { next: None } => return Ok(None),
+                };
+                let end = start.saturating_add(PUNCH_CHUNK_BLOCKS);
+                let result = tx.punch_mapping(ino, &mut inode, start, Some(end));
+                tx.write_inode(ino, &inode)?;
+                result.map(|()| Some(end))
+            })?;
+            match next {
+                // Strictly increasing and bounded by max_blocks: ends.
+                Some(end) => position = end,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Free the large inodes whose eviction an operation deferred.
+    pub(crate) fn finish_deferred_evictions(&self) -> Result<()> {
+        loop {
+            let Some(ino) = self.state.write().deferred_evictions.pop() else {
+                return Ok(());
+            };
+            self.punch_in_chunks(ino, 0)?;
+            self.transact(16, Caller::ROOT, |tx| {
+                let inode = tx.read_inode(ino)?;
+                tx.evict_inode_now(ino, inode)
+            })?;
+        }
     }
 }

@@ -84,6 +84,7 @@ impl Fs {
         }
         self.transact(CREDITS_XATTR, caller, |tx| {
             let mut inode = tx.read_live_inode(ino)?;
+            self.check_not_freed(ino, &inode)?;
             let result = {
                 let mut ctx = tx.meta_ctx();
                 if name == ACL_ACCESS {

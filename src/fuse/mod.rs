@@ -181,11 +181,14 @@ fn time_set(time: TimeOrNow) -> TimeSet {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Optional capabilities: take each one the kernel offers.
+        // Optional capabilities: take each one the kernel offers. Not
+        // FUSE_WRITEBACK_CACHE: with it, write(2) only fills the kernel's page
+        // cache and a full filesystem never fails the write — the ENOSPC of
+        // the later write-back is lost (a `dd` to a full volume runs on
+        // forever). Write-through costs nothing measurable for `cp -a`.
         for wanted in [
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_WRITEBACK_CACHE,
         ] {
             let _ = config.add_capabilities(wanted);
         }

@@ -92,11 +92,24 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
                     "errors={other} is not supported (jext4 always turns read-only on errors: errors=remount-ro)"
                 )));
             }
-            ("data", Some("ordered")) => {}
+            // File data always reaches its blocks before the commit that
+            // maps them, so writeback gives ordered's guarantee too.
+            ("data", Some("ordered" | "writeback")) => {}
+            ("data", Some("journal")) => {
+                return Err(Error::Invalid(
+                    "data=journal is not supported yet (data=ordered and data=writeback are)"
+                        .into(),
+                ));
+            }
             ("data", Some(other)) => {
                 return Err(Error::Invalid(format!(
-                    "data={other} is not supported yet (only data=ordered)"
+                    "data={other}: expected ordered, writeback or journal"
                 )));
+            }
+            ("journal_async_commit", None) => engine.journal_async_commit = true,
+            ("noload", None) | ("norecovery", None) => {
+                engine.noload = true;
+                engine.read_only = true;
             }
             ("allow_other", None) => fuse.allow_other = true,
             ("allow_root", None) => fuse.allow_root = true,
@@ -150,6 +163,9 @@ fn is_flag_option(name: &str) -> bool {
             | "nosuid"
             | "exec"
             | "noexec"
+            | "journal_async_commit"
+            | "noload"
+            | "norecovery"
     )
 }
 
@@ -172,6 +188,9 @@ mod tests {
         assert!(parse_mount_options(&["cache_size".into()]).is_err());
         assert!(parse_mount_options(&["ro=1".into()]).is_err());
         assert!(parse_mount_options(&["data=journal".into()]).is_err());
+        assert!(parse_mount_options(&["data=writeback".into()]).is_ok());
+        let (engine, _) = parse_mount_options(&["noload,journal_async_commit".into()]).unwrap();
+        assert!(engine.noload && engine.read_only && engine.journal_async_commit);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
     }
 }

@@ -93,10 +93,54 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce
     })?;
     let _ = notifier.set(session.notifier());
     ready();
+    let reporter = StatsReporter::start(Arc::clone(&fs), runtime_file(mountpoint, "stats"));
     let served = session.run();
     let unmounted = fs.unmount();
+    reporter.stop(&fs);
     served.map_err(Error::Io)?;
     unmounted
+}
+
+/// Refreshes `<runtime>/<mountpoint>.stats` every few seconds, and once
+/// more after unmount, for `jext4 stats`.
+struct StatsReporter {
+    stop: Arc<(parking_lot::Mutex<bool>, parking_lot::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl StatsReporter {
+    const INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+    fn start(fs: Arc<Fs>, path: PathBuf) -> Self {
+        let stop = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
+        let flag = Arc::clone(&stop);
+        let file = path.clone();
+        let thread = std::thread::Builder::new()
+            .name("jext4-stats".into())
+            .spawn(move || {
+                let (lock, condvar) = &*flag;
+                let mut stopped = lock.lock();
+                while !*stopped {
+                    let _ = std::fs::write(&file, fs.stats_report());
+                    condvar.wait_for(&mut stopped, Self::INTERVAL);
+                }
+            })
+            .ok();
+        StatsReporter { stop, thread, path }
+    }
+
+    fn stop(mut self, fs: &Fs) {
+        {
+            let (lock, condvar) = &*self.stop;
+            *lock.lock() = true;
+            condvar.notify_all();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = std::fs::write(&self.path, fs.stats_report());
+    }
 }
 
 /// Whether `path` is currently a mount point (its device differs from its

@@ -2,28 +2,44 @@
 //!
 //! Every filesystem operation opens a [`Handle`] with `Journal::start(credits)`
 //! before it takes any filesystem lock, changes metadata blocks only through
-//! `Handle::get_write_access` / `get_create_access` (whose guard marks the
-//! block dirty in the handle's transaction when dropped), hands freed
-//! metadata blocks to `Handle::forget`, and closes with `Handle::stop`. Any
-//! step may call `Handle::set_sync` (O_SYNC, dirsync, `-o sync`); the stop of
-//! that handle then makes everything durable before returning.
+//! `Handle::get_write_access` / `get_create_access` (which put the block in
+//! the handle's transaction), reports freed blocks with
+//! `Handle::free_blocks`, and closes with `Handle::stop`. Any step may call
+//! `Handle::set_sync` (O_SYNC, dirsync, `-o sync`); when that handle stops,
+//! its transaction is committed and the stop waits for it — with no
+//! filesystem lock held.
 //!
-//! Lock order (outermost first): handle start → filesystem lock → buffer
-//! bytes → the journal's own state. The journal never takes a filesystem lock.
+//! Lock order (outermost first): handle start → filesystem lock → a
+//! buffer's journal head → its bytes → the journal's own state for
+//! bookkeeping. The journal never takes a filesystem lock.
 //!
 //! Modes:
-//! - `WriteBack`: no journal (ext2 images, or until JBD2 is enabled): dirty
-//!   buffers are kept in a set and written home by the background flusher,
-//!   by `sync`, on cache pressure and at unmount. Same promise as ext2: a
-//!   crash may leave the image needing `e2fsck`.
+//! - `Jbd2` (`jbd2.rs`, `commit.rs`, `checkpoint.rs`): the real journal,
+//!   for filesystems with `has_journal`.
+//! - `WriteBack`: no journal (ext2 images): dirty buffers are written home
+//!   by a background flusher, by `sync`, under cache pressure and at
+//!   unmount. Same promise as ext2: a crash may leave work for `e2fsck`.
 
+mod checkpoint;
+mod commit;
+pub mod fast_commit;
+pub mod format;
+mod jbd2;
+pub mod logdump;
+pub mod recovery;
 mod writeback;
 
+pub use jbd2::{Jbd2Options, Jbd2Stats};
+
 use crate::cache::{Buffer, BufferCache};
+use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Result};
+use jbd2::{Jbd2, Transaction};
 use parking_lot::RwLockWriteGuard;
-use std::cell::Cell;
+use recovery::JournalArea;
+use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -48,13 +64,26 @@ impl Default for JournalConfig {
     }
 }
 
+enum Mode {
+    WriteBack(WriteBack),
+    Jbd2(Arc<Jbd2>),
+}
+
 pub struct Journal {
     cache: Arc<BufferCache>,
-    mode: WriteBack,
+    mode: Mode,
     config: JournalConfig,
     /// Set when the filesystem is mounted read-only or turned read-only after
     /// an error: no handle may start.
     read_only: AtomicBool,
+}
+
+/// Statistics for `jext4` status reports.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct JournalStats {
+    /// Buffers waiting for write-back (unjournaled mode).
+    pub dirty_buffers: u64,
+    pub jbd2: Option<Jbd2Stats>,
 }
 
 impl Journal {
@@ -65,7 +94,7 @@ impl Journal {
         read_only: bool,
     ) -> Arc<Self> {
         let journal = Arc::new(Journal {
-            mode: WriteBack::new(Arc::clone(&cache)),
+            mode: Mode::WriteBack(WriteBack::new(Arc::clone(&cache))),
             cache,
             config,
             read_only: AtomicBool::new(read_only),
@@ -76,85 +105,248 @@ impl Journal {
         journal
     }
 
+    /// A JBD2 journal in `area` (already recovered: the log must be empty).
+    /// Home writes of metadata go through `guard`.
+    pub fn jbd2(
+        cache: Arc<BufferCache>,
+        area: JournalArea,
+        guard: Arc<GuardedDevice>,
+        config: JournalConfig,
+        options: &Jbd2Options,
+    ) -> Result<Arc<Self>> {
+        let jbd2 = Jbd2::load(area, Arc::clone(&cache), guard, options)?;
+        Ok(Arc::new(Journal {
+            mode: Mode::Jbd2(jbd2),
+            cache,
+            config,
+            read_only: AtomicBool::new(false),
+        }))
+    }
+
+    fn write_back_mode(&self) -> Option<&WriteBack> {
+        match &self.mode {
+            Mode::WriteBack(write_back) => Some(write_back),
+            Mode::Jbd2(_) => None,
+        }
+    }
+
     pub fn cache(&self) -> &Arc<BufferCache> {
         &self.cache
+    }
+
+    pub fn is_journaled(&self) -> bool {
+        matches!(self.mode, Mode::Jbd2(_))
     }
 
     pub fn is_read_only(&self) -> bool {
         self.read_only.load(Ordering::Acquire)
     }
 
-    /// Refuse every further change (errors=remount-ro). Dirty buffers already
-    /// accepted are still written at unmount, because they are consistent
-    /// with each other; the damage that triggered this was found on read.
+    /// Refuse every further change (errors=remount-ro). What was accepted
+    /// before is still committed and written at unmount: it is consistent
+    /// with itself; the damage that triggered this was found on read.
     pub fn set_read_only(&self) {
         self.read_only.store(true, Ordering::Release);
     }
 
     /// Open a handle for an operation that will dirty at most `credits`
-    /// metadata blocks.
+    /// metadata blocks. On a thread that already holds a handle of this
+    /// journal the new handle nests in it (the kernel's `h_ref`): it joins
+    /// the same transaction without reserving or waiting, and only the
+    /// outermost `stop` leaves the transaction (and commits if any level
+    /// asked for sync).
     pub fn start(&self, credits: u32) -> Result<Handle<'_>> {
+        if let Some(state) = current_handle(self) {
+            state.depth.set(state.depth.get() + 1);
+            return Ok(Handle {
+                journal: self,
+                state,
+                stopped: false,
+            });
+        }
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
         debug_assert!(credits > 0, "a handle that changes nothing needs no handle");
-        Ok(Handle {
-            journal: self,
+        let transaction = match &self.mode {
+            Mode::WriteBack(_) => None,
+            Mode::Jbd2(jbd2) => Some(jbd2.start_handle(credits)?),
+        };
+        let state = Rc::new(HandleState {
+            journal_id: self.id(),
+            transaction,
             credits,
             dirtied: Cell::new(0),
             sync: Cell::new(self.config.sync_all),
+            depth: Cell::new(1),
+        });
+        CURRENT_HANDLES.with(|handles| handles.borrow_mut().push(Rc::clone(&state)));
+        Ok(Handle {
+            journal: self,
+            state,
+            stopped: false,
         })
     }
 
-    /// Make every change accepted so far durable (sync, syncfs, fsync).
+    fn id(&self) -> usize {
+        self as *const Journal as usize
+    }
+
+    /// The transaction new handles join now (0 when unjournaled).
+    pub fn running_tid(&self) -> u32 {
+        match &self.mode {
+            Mode::WriteBack(_) => 0,
+            Mode::Jbd2(jbd2) => jbd2.running_tid(),
+        }
+    }
+
+    /// Make transaction `tid` durable (fsync): commit it if it is running,
+    /// wait for it if it is committing. Unjournaled: write everything back.
+    /// Returns whether the device was flushed after this call began (a
+    /// commit's final flush, or write-back's): then everything written
+    /// before the call is durable too, file data included.
+    pub fn commit_and_wait(&self, tid: u32) -> Result<bool> {
+        match &self.mode {
+            Mode::WriteBack(_) => self.sync().map(|()| true),
+            Mode::Jbd2(jbd2) => jbd2.commit_and_wait(tid),
+        }
+    }
+
+    /// Make everything accepted so far durable, file data included (sync,
+    /// syncfs): one commit, or one flush when there is nothing to commit.
     pub fn sync(&self) -> Result<()> {
-        self.mode.write_all()?;
+        match &self.mode {
+            Mode::WriteBack(write_back) => {
+                write_back.write_all()?;
+                self.cache.flush_device()
+            }
+            Mode::Jbd2(jbd2) => {
+                if !jbd2.commit_and_wait(jbd2.running_tid())? {
+                    self.flush_data()?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Flush the device without committing: file data written in place
+    /// becomes durable (fdatasync of an overwrite).
+    pub fn flush_data(&self) -> Result<()> {
         self.cache.flush_device()
+    }
+
+    /// Whether blocks `start..start+len` contain some that were freed by a
+    /// transaction that is not durable yet: the first such range.
+    pub fn pending_free_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
+        match &self.mode {
+            Mode::WriteBack(_) => None,
+            Mode::Jbd2(jbd2) => jbd2.pending_overlap(start, len),
+        }
+    }
+
+    pub fn has_pending_frees(&self) -> bool {
+        match &self.mode {
+            Mode::WriteBack(_) => false,
+            Mode::Jbd2(jbd2) => jbd2.has_pending_frees(),
+        }
     }
 
     /// Called after handles stop: keep pinned memory within the cache bound.
     fn relieve_pressure(&self) -> Result<()> {
-        if self.cache.over_capacity() {
-            self.mode.write_all()?;
+        if !self.cache.over_capacity() {
+            return Ok(());
         }
-        Ok(())
+        match &self.mode {
+            Mode::WriteBack(write_back) => write_back.write_all(),
+            Mode::Jbd2(jbd2) => {
+                jbd2.request_checkpoint();
+                Ok(())
+            }
+        }
     }
 
-    /// Final write-out at unmount; stops the background thread.
+    /// Final write-out at unmount: commit, checkpoint, mark the journal
+    /// empty; stop the background thread.
     pub fn shutdown(&self) -> Result<()> {
-        self.mode.stop_flusher();
-        if !self.is_read_only() || self.mode.has_dirty() {
-            self.mode.write_all()?;
-            self.cache.flush_device()?;
+        match &self.mode {
+            Mode::WriteBack(write_back) => {
+                write_back.stop_flusher();
+                if !self.is_read_only() || write_back.has_dirty() {
+                    write_back.write_all()?;
+                    self.cache.flush_device()?;
+                }
+                Ok(())
+            }
+            Mode::Jbd2(jbd2) => jbd2.shutdown(),
         }
-        Ok(())
     }
 
     pub fn stats(&self) -> JournalStats {
-        JournalStats {
-            dirty_buffers: self.mode.dirty_count() as u64,
+        match &self.mode {
+            Mode::WriteBack(write_back) => JournalStats {
+                dirty_buffers: write_back.dirty_count() as u64,
+                jbd2: None,
+            },
+            Mode::Jbd2(jbd2) => JournalStats {
+                dirty_buffers: 0,
+                jbd2: Some(jbd2.stats()),
+            },
         }
     }
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct JournalStats {
-    pub dirty_buffers: u64,
-}
-
-/// One operation's membership in the running transaction. Not `Sync`: an
-/// operation runs on one thread.
-pub struct Handle<'j> {
-    journal: &'j Journal,
+/// What the nested levels of one operation's handle share.
+struct HandleState {
+    journal_id: usize,
+    transaction: Option<Arc<Transaction>>,
     credits: u32,
     dirtied: Cell<u32>,
     sync: Cell<bool>,
+    /// Levels started and not yet stopped.
+    depth: Cell<u32>,
+}
+
+thread_local! {
+    /// The outermost handle each journal has open on this thread.
+    static CURRENT_HANDLES: RefCell<Vec<Rc<HandleState>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn current_handle(journal: &Journal) -> Option<Rc<HandleState>> {
+    CURRENT_HANDLES.with(|handles| {
+        handles
+            .borrow()
+            .iter()
+            .find(|state| state.journal_id == journal.id())
+            .cloned()
+    })
+}
+
+/// One operation's membership in the running transaction. Not `Send`: an
+/// operation runs on one thread.
+pub struct Handle<'j> {
+    journal: &'j Journal,
+    state: Rc<HandleState>,
+    stopped: bool,
 }
 
 impl<'j> Handle<'j> {
-    /// Exclusive access to an existing metadata block; the block joins the
-    /// transaction when the guard drops.
+    /// The transaction this handle belongs to (0 when unjournaled).
+    pub fn tid(&self) -> u32 {
+        self.state
+            .transaction
+            .as_ref()
+            .map_or(0, |transaction| transaction.tid)
+    }
+
+    /// Exclusive access to an existing metadata block. With JBD2 the block
+    /// joins the transaction now (O(1), no copy); unjournaled, it is marked
+    /// dirty when the guard drops.
     pub fn get_write_access<'h>(&'h self, buffer: &'h Arc<Buffer>) -> Result<MetaGuard<'h, 'j>> {
+        if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
+            && jbd2.register(transaction, buffer)
+        {
+            self.count_new_block();
+        }
         Ok(MetaGuard {
             handle: self,
             buffer,
@@ -168,43 +360,110 @@ impl<'j> Handle<'j> {
         self.get_write_access(buffer)
     }
 
-    /// A metadata block was freed: its pending writes must not reach the
-    /// disk (the block may soon hold someone's data), and the cache must
-    /// forget it.
-    pub fn forget(&self, block: u64) {
-        self.journal.mode.forget(block);
-        self.journal.cache.forget(block);
+    /// `count` blocks from `start` were freed. Metadata blocks are revoked
+    /// and forgotten (a pending write must never land on their next owner's
+    /// data); no freed block is handed out again before this transaction is
+    /// durable.
+    pub fn free_blocks(&self, start: u64, count: u64, metadata: bool) {
+        match (&self.journal.mode, &self.state.transaction) {
+            (Mode::Jbd2(jbd2), Some(transaction)) => {
+                jbd2.free_blocks_in(transaction, start, count, metadata)
+            }
+            (Mode::WriteBack(write_back), _) if metadata => {
+                for block in start..start + count {
+                    write_back.forget(block);
+                    self.journal.cache.forget(block);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// The operation must be durable when its outermost handle stops.
     pub fn set_sync(&self) {
-        self.sync.set(true);
+        self.state.sync.set(true);
     }
 
     pub fn is_sync(&self) -> bool {
-        self.sync.get()
+        self.state.sync.get()
+    }
+
+    /// How many handles of this operation are open (1 for the outermost).
+    pub fn depth(&self) -> u32 {
+        self.state.depth.get()
+    }
+
+    fn count_new_block(&self) {
+        let dirtied = self.state.dirtied.get() + 1;
+        self.state.dirtied.set(dirtied);
+        if dirtied <= self.state.credits
+            && let Some(transaction) = &self.state.transaction
+        {
+            // One reserved credit became a registered block: the
+            // transaction's size estimate counts it once, not twice.
+            transaction
+                .outstanding
+                .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        if dirtied == self.state.credits + 1 {
+            // The transaction's size estimate counted this handle's
+            // credits; an overrun eats into the log's safety margin.
+            tracing::debug!(
+                credits = self.state.credits,
+                "handle dirtied more blocks than it reserved"
+            );
+        }
     }
 
     fn dirty_metadata(&self, buffer: &Arc<Buffer>) {
-        self.dirtied.set(self.dirtied.get() + 1);
-        self.journal.mode.mark_dirty(buffer);
+        if let Mode::WriteBack(write_back) = &self.journal.mode {
+            self.count_new_block();
+            write_back.mark_dirty(buffer);
+        }
     }
 
-    /// Close the handle; commit and wait if it was flagged sync.
-    pub fn stop(self) -> Result<()> {
-        if self.dirtied.get() > self.credits {
-            // Credits become a hard reservation with JBD2; until then an
-            // underestimate is a bug to find, not a failure to report.
-            tracing::debug!(
-                credits = self.credits,
-                dirtied = self.dirtied.get(),
-                "handle dirtied more block changes than it reserved"
-            );
+    /// Close this level. Returns true when it was the outermost: the
+    /// operation has left its transaction.
+    fn leave(&mut self) -> bool {
+        if std::mem::replace(&mut self.stopped, true) {
+            return false;
         }
-        if self.sync.get() {
-            self.journal.sync()?;
+        let depth = self.state.depth.get() - 1;
+        self.state.depth.set(depth);
+        if depth > 0 {
+            return false;
+        }
+        let id = self.state.journal_id;
+        CURRENT_HANDLES.with(|handles| handles.borrow_mut().retain(|state| state.journal_id != id));
+        if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
+        {
+            // Return the credits this operation reserved and did not use.
+            let unused = self.state.credits.saturating_sub(self.state.dirtied.get());
+            jbd2.stop_handle(transaction, unused);
+        }
+        true
+    }
+
+    /// Close the handle; the outermost one commits and waits if any level
+    /// flagged sync.
+    pub fn stop(mut self) -> Result<()> {
+        let sync = self.state.sync.get();
+        let tid = self.tid();
+        if !self.leave() {
+            return Ok(());
+        }
+        if sync {
+            self.journal.commit_and_wait(tid)?;
         }
         self.journal.relieve_pressure()
+    }
+}
+
+impl Drop for Handle<'_> {
+    /// A handle abandoned by an error path or a panic still leaves its
+    /// transaction, or the next commit would wait for it forever.
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 
@@ -237,5 +496,46 @@ impl DerefMut for MetaGuard<'_, '_> {
 impl Drop for MetaGuard<'_, '_> {
     fn drop(&mut self) {
         self.handle.dirty_metadata(self.buffer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::MemoryDevice;
+
+    #[test]
+    fn nested_handles_share_one_transaction_and_the_outermost_syncs() {
+        let cache = Arc::new(BufferCache::new(
+            Arc::new(MemoryDevice::new(1 << 20)),
+            1024,
+            1 << 20,
+        ));
+        let journal = Journal::write_back(cache, JournalConfig::default(), false);
+        let outer = journal.start(4).unwrap();
+        assert_eq!(outer.depth(), 1);
+        {
+            let inner = journal.start(2).unwrap();
+            assert_eq!(inner.depth(), 2);
+            inner.set_sync();
+            inner.stop().unwrap();
+        }
+        // The inner level's sync request belongs to the whole operation.
+        assert!(outer.is_sync());
+        assert_eq!(outer.depth(), 1);
+        outer.stop().unwrap();
+        // A new operation starts a fresh, unnested handle.
+        let next = journal.start(1).unwrap();
+        assert_eq!(next.depth(), 1);
+        assert!(!next.is_sync());
+        drop(next);
+        let after_drop = journal.start(1).unwrap();
+        assert_eq!(
+            after_drop.depth(),
+            1,
+            "a dropped handle leaves no level behind"
+        );
+        after_drop.stop().unwrap();
+        journal.shutdown().unwrap();
     }
 }

@@ -40,7 +40,11 @@ impl WriteBack {
             .or_insert_with(|| Arc::clone(buffer));
     }
 
+    /// A freed metadata block must not be written any more. A pass that
+    /// already took it into its batch could still write it after the block
+    /// holds someone's data, so wait for such a pass to end first.
     pub(super) fn forget(&self, block: u64) {
+        let _pass = self.pass.lock();
         self.dirty.lock().remove(&block);
     }
 
@@ -78,7 +82,10 @@ impl WriteBack {
     /// an idle mount reaches the disk within seconds like ext2 does.
     pub(super) fn start_flusher(journal: &Arc<Journal>) {
         let weak: Weak<Journal> = Arc::downgrade(journal);
-        let stop = Arc::clone(&journal.mode.stop);
+        let Some(mode) = journal.write_back_mode() else {
+            return;
+        };
+        let stop = Arc::clone(&mode.stop);
         let interval = journal.config.commit_interval;
         let thread = std::thread::Builder::new()
             .name("jext4-flush".into())
@@ -97,13 +104,16 @@ impl WriteBack {
                     let Some(journal) = weak.upgrade() else {
                         return;
                     };
-                    if let Err(error) = journal.mode.write_all() {
+                    let Some(mode) = journal.write_back_mode() else {
+                        return;
+                    };
+                    if let Err(error) = mode.write_all() {
                         tracing::error!(%error, "background write-back failed");
                     }
                 }
             })
             .expect("spawning the flusher thread");
-        *journal.mode.flusher.lock() = Some(thread);
+        *mode.flusher.lock() = Some(thread);
     }
 
     pub(super) fn stop_flusher(&self) {

@@ -2,6 +2,11 @@
 //! the e2fsck oracle.
 #![allow(dead_code)]
 
+pub mod e2e;
+pub mod journal;
+pub mod server;
+pub mod workload;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -350,7 +350,7 @@ impl BlockAllocator for TestAllocator {
         }
         if metadata {
             assert_eq!(count, 1, "tree and indirect blocks are freed one by one");
-            handle.forget(start);
+            handle.free_blocks(start, 1, true);
         }
         Ok(())
     }

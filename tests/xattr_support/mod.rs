@@ -144,10 +144,8 @@ impl BlockAllocator for TestAllocator {
     ) -> Result<()> {
         for block in start..start + count {
             self.update(handle, block, false)?;
-            if metadata {
-                handle.forget(block);
-            }
         }
+        handle.free_blocks(start, count, metadata);
         Ok(())
     }
 }

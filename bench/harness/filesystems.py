@@ -1,0 +1,422 @@
+"""The filesystems under test: how each is made, mounted, unmounted and checked.
+
+Every filesystem gets an identical fresh sparse image file of the same size.
+Kernel filesystems are mounted through a loop device; FUSE servers (fuse2fs,
+jext4) open the image file themselves. The ext family is checked with
+`e2fsck -fn` after unmounting, xfs with `xfs_repair -n`.
+"""
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from util import Failure, Unavailable, last_line, log, run
+
+MKFS_EXT4 = ["mkfs.ext4", "-F", "-q"]
+MKFS_EXT2 = ["mkfs.ext2", "-F", "-q"]
+# ext4 with every default feature but the journal: jext4-nojournal differs
+# from jext4 in the journal alone.
+MKFS_EXT4_NOJOURNAL = ["mkfs.ext4", "-F", "-q", "-O", "^has_journal"]
+MKFS_XFS = ["mkfs.xfs", "-f", "-q"]
+
+UMOUNT_TIMEOUT = 300
+MOUNT_TIMEOUT = 60
+
+
+def mounted_at(mountpoint):
+    """The fstype mounted exactly at mountpoint, or None (from /proc/self/mountinfo)."""
+    target = str(mountpoint)
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            separator = fields.index("-")
+            point = fields[4].replace("\\040", " ")
+            if point == target:
+                return fields[separator + 1]
+    return None
+
+
+def mounts_under(directory):
+    prefix = str(directory).rstrip("/") + "/"
+    points = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(prefix):
+                points.append(point)
+    return points
+
+
+def pid_alive(pid):
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("State:"):
+                    return "Z" not in line.split()[1]
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def find_server(image, mountpoint):
+    """The pid of the FUSE server whose command line names both image and mountpoint."""
+    wanted = {str(image), str(mountpoint)}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                argv = {arg.decode(errors="replace") for arg in cmdline.read().split(b"\0")}
+        except OSError:
+            continue
+        resolved = {str(Path(arg).resolve()) for arg in argv if arg.startswith("/") or "/" in arg}
+        if wanted <= (argv | resolved) and pid_alive(int(entry)):
+            return int(entry)
+    return None
+
+
+def find_by_executable(binary):
+    """The pid of a running process of this executable (fallback for servers
+    that re-execute themselves with a command line not naming the mount)."""
+    target = os.path.realpath(binary)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.path.realpath(f"/proc/{entry}/exe") == target and pid_alive(int(entry)):
+                    return int(entry)
+            except OSError:
+                continue
+    return None
+
+
+def device_of(mountpoint):
+    """The "major:minor" of the mount at mountpoint, read from mountinfo: a
+    stat() of a hung FUSE mount would block."""
+    target = str(mountpoint)
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            fields = line.split()
+            if fields[4].replace("\\040", " ") == target:
+                return fields[2]
+    return None
+
+
+def abort_fuse_connection(mountpoint):
+    """Aborts the FUSE connection of a mount whose server hangs (fusectl: the
+    connection is named by the mount's device minor), so that the unmount and
+    every process blocked on the mount can finish."""
+    device = device_of(mountpoint)
+    if device is None:
+        return
+    connections = Path("/sys/fs/fuse/connections")
+    if connections.is_dir() and not any(connections.iterdir()):
+        _try(["mount", "-t", "fusectl", "none", connections], timeout=10)
+    try:
+        with open(connections / device.split(":")[1] / "abort", "w") as abort:
+            abort.write("1")
+        log(f"aborted the FUSE connection of {mountpoint}")
+    except OSError as error:
+        log(f"could not abort the FUSE connection of {mountpoint}: {error}")
+
+
+class RssSampler(threading.Thread):
+    """Samples a FUSE server's VmHWM (peak resident set) every 0.2 s."""
+
+    def __init__(self, pid):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_kib = 0
+        self.halt = threading.Event()
+
+    def sample(self):
+        try:
+            with open(f"/proc/{self.pid}/status") as status:
+                for line in status:
+                    if line.startswith(("VmHWM:", "VmRSS:")):
+                        self.peak_kib = max(self.peak_kib, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+
+    def run(self):
+        while not self.halt.wait(0.2):
+            self.sample()
+
+    def stop(self):
+        self.sample()
+        self.halt.set()
+
+
+class Mount:
+    """One live mount: what cleanup needs to undo it."""
+
+    def __init__(self, fs, image, mountpoint):
+        self.fs, self.image, self.mountpoint = fs, image, mountpoint
+        self.loop = None
+        self.pid = None
+        self.process = None
+        self.sampler = None
+
+    @property
+    def peak_rss_kib(self):
+        return self.sampler.peak_kib if self.sampler else None
+
+
+ACTIVE = []
+
+
+class Filesystem:
+    name = ""
+    fuse = False
+    optional = False  # a mount failure makes it "unavailable", not a failure
+    family = "ext"
+
+    def __init__(self, name, mkfs, description):
+        self.name, self.mkfs, self.description = name, mkfs, description
+
+    def unavailable_reason(self):
+        return None
+
+    def make(self, image, size_bytes):
+        image.unlink(missing_ok=True)
+        with open(image, "wb") as sparse:
+            sparse.truncate(size_bytes)
+        run(self.mkfs + [image], timeout=120)
+
+    def mount(self, image, mountpoint):
+        if mounted_at(mountpoint):
+            raise Failure(f"{mountpoint} is already mounted")
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        mount = Mount(self, image, mountpoint)
+        ACTIVE.append(mount)
+        try:
+            self._mount(mount)
+        except BaseException:
+            cleanup_mount(mount, " after a failed mount")
+            raise
+        return mount
+
+    def umount(self, mount):
+        """Unmounts cleanly or raises Failure; after a failure the mount stays
+        in ACTIVE for cleanup_mount."""
+        if mount.sampler:
+            mount.sampler.stop()
+        self._umount(mount)
+        ACTIVE.remove(mount)
+
+    def check(self, image):
+        """e2fsck -fn verdict: 'clean' or 'errors (exit N): first complaint'."""
+        result = run(["e2fsck", "-fn", image], timeout=600, check=False)
+        if result.returncode == 0:
+            return "clean"
+        complaints = [
+            line for line in result.stdout.splitlines()
+            if line.strip() and not line.startswith(("Pass ", "e2fsck ")) and "files (" not in line
+        ]
+        first = complaints[0].strip() if complaints else last_line(result.stderr)
+        return f"errors (exit {result.returncode}): {first[:200]}"
+
+
+class KernelFs(Filesystem):
+    def __init__(self, name, mkfs, fstype, description):
+        super().__init__(name, mkfs, description)
+        self.fstype = fstype
+        self.family = "xfs" if fstype == "xfs" else "ext"
+
+    def _mount(self, mount):
+        mount.loop = run(["losetup", "-f", "--show", mount.image], timeout=30).stdout.strip()
+        run(["mount", "-t", self.fstype, mount.loop, mount.mountpoint], timeout=MOUNT_TIMEOUT)
+
+    def _umount(self, mount):
+        if mounted_at(mount.mountpoint):
+            run(["umount", mount.mountpoint], timeout=UMOUNT_TIMEOUT)
+        if mount.loop:
+            run(["losetup", "-d", mount.loop], timeout=30)
+            mount.loop = None
+
+    def check(self, image):
+        if self.family != "xfs":
+            return super().check(image)
+        result = run(["xfs_repair", "-n", image], timeout=600, check=False)
+        if result.returncode == 0:
+            return "clean"
+        return f"errors (exit {result.returncode}): {last_line(result.stdout + result.stderr)}"
+
+
+class FuseFs(Filesystem):
+    fuse = True
+
+    def _wait_mounted(self, mount, process=None):
+        deadline = time.monotonic() + MOUNT_TIMEOUT
+        while time.monotonic() < deadline:
+            if mounted_at(mount.mountpoint):
+                return
+            if process is not None and process.poll() is not None:
+                detail = last_line(process.stderr.read()) if process.stderr else ""
+                raise Failure(f"{self.name} server exited {process.returncode} before mounting: {detail}")
+            time.sleep(0.05)
+        raise Failure(f"{self.name}: {mount.mountpoint} not mounted after {MOUNT_TIMEOUT} s")
+
+    def _watch(self, mount):
+        mount.pid = mount.pid or find_server(mount.image, mount.mountpoint)
+        if mount.pid:
+            mount.sampler = RssSampler(mount.pid)
+            mount.sampler.start()
+
+    def _wait_server_exit(self, mount):
+        """A FUSE server writes its last state after the kernel lets go of the
+        mount; the image is only complete once the server process is gone."""
+        deadline = time.monotonic() + UMOUNT_TIMEOUT
+        while mount.pid and pid_alive(mount.pid):
+            if mount.process is not None and mount.process.poll() is not None:
+                break
+            if time.monotonic() > deadline:
+                raise Failure(f"{self.name} server {mount.pid} still running {UMOUNT_TIMEOUT} s after unmount")
+            time.sleep(0.05)
+
+
+class Fuse2fs(FuseFs):
+    """fuse2fs from e2fsprogs, run in the foreground so the harness owns its pid."""
+
+    def _mount(self, mount):
+        import subprocess
+
+        mount.process = subprocess.Popen(
+            ["fuse2fs", "-f", "-o", "fakeroot", str(mount.image), str(mount.mountpoint)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        mount.pid = mount.process.pid
+        self._wait_mounted(mount, mount.process)
+        self._watch(mount)
+
+    def _umount(self, mount):
+        if mounted_at(mount.mountpoint):
+            # umount(8) itself is quick for FUSE; the server's final writes
+            # come after, and _wait_server_exit waits for those.
+            run(["umount", mount.mountpoint], timeout=60)
+        self._wait_server_exit(mount)
+        if mount.process is not None:
+            mount.process.wait(timeout=UMOUNT_TIMEOUT)
+            if mount.process.returncode not in (0, None):
+                detail = last_line(mount.process.stderr.read())
+                raise Failure(f"fuse2fs exited {mount.process.returncode} after unmount: {detail}")
+
+
+class Jext4(FuseFs):
+    """jext4's own FUSE server: `jext4 mount IMAGE MOUNTPOINT` returns once
+    mounted, `jext4 umount MOUNTPOINT` once the server has written everything
+    and exited."""
+
+    optional = True
+
+    def __init__(self, name, mkfs, description, binary, options=None):
+        super().__init__(name, mkfs, description)
+        self.binary = binary
+        self.options = options
+        self.build_error = None
+
+    def unavailable_reason(self):
+        if self.build_error:
+            return self.build_error
+        if not Path(self.binary).is_file():
+            return f"{self.binary} not found (cargo build --release)"
+        return None
+
+    def _mount(self, mount):
+        argv = [self.binary, "mount"]
+        if self.options:
+            argv += ["-o", self.options]
+        result = run(argv + [mount.image, mount.mountpoint], timeout=MOUNT_TIMEOUT, check=False)
+        if result.returncode != 0:
+            detail = last_line(result.stderr) or last_line(result.stdout)
+            raise Unavailable(f"jext4 mount exited {result.returncode}: {detail}")
+        if not mounted_at(mount.mountpoint):
+            raise Unavailable(f"jext4 mount exited 0 but {mount.mountpoint} is not mounted")
+        mount.pid = find_server(mount.image, mount.mountpoint) or find_by_executable(self.binary)
+        self._watch(mount)
+
+    def _umount(self, mount):
+        if mounted_at(mount.mountpoint):
+            run([self.binary, "umount", mount.mountpoint], timeout=UMOUNT_TIMEOUT)
+        self._wait_server_exit(mount)
+
+
+def catalogue(repo):
+    """Every filesystem bench/run knows, in report order."""
+    binary = str(repo / "target" / "release" / "jext4")
+    return [
+        KernelFs("ext4", MKFS_EXT4, "ext4", "kernel ext4, loop device, default mkfs and mount options"),
+        KernelFs("ext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "ext4", "kernel ext4 with -O fast_commit"),
+        KernelFs("ext2", MKFS_EXT2, "ext2", "kernel ext2 (no journal)"),
+        KernelFs("xfs", MKFS_XFS, "xfs", "kernel xfs, loop device, defaults"),
+        Fuse2fs("fuse2fs", MKFS_EXT4, "fuse2fs -o fakeroot (e2fsprogs), ext4 image as for kernel ext4"),
+        Jext4("jext4", MKFS_EXT4, "jext4 FUSE server, default options, ext4 image as for kernel ext4", binary),
+        Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary),
+    ]
+
+
+def cleanup_all(reason=""):
+    """Undoes every mount and loop device this run made."""
+    for mount in list(ACTIVE):
+        cleanup_mount(mount, reason)
+
+
+def cleanup_mount(mount, reason=""):
+    """Undoes one mount whatever state it is in: unmount (lazily if busy),
+    abort a hung FUSE connection, kill its server, detach its loop device."""
+    point = mount.mountpoint
+    if mount.sampler:
+        mount.sampler.halt.set()
+    if mounted_at(point):
+        log(f"cleanup{reason}: unmounting {point}")
+        # A hung FUSE server blocks even umount(8): give it a short while only.
+        if not _try(["umount", point], timeout=10 if mount.fs.fuse else 60):
+            if mount.fs.fuse:
+                abort_fuse_connection(point)
+            _try(["umount", "-l", point])
+    if mount.fs.fuse and mount.pid and pid_alive(mount.pid):
+        time.sleep(1)
+        if pid_alive(mount.pid):
+            log(f"cleanup{reason}: killing {mount.fs.name} server {mount.pid}")
+            try:
+                os.kill(mount.pid, 9)
+            except ProcessLookupError:
+                pass
+    if mount.process is not None:
+        try:
+            mount.process.wait(timeout=30)
+        except Exception:
+            pass
+    if mount.loop:
+        _try(["losetup", "-d", mount.loop])
+        mount.loop = None
+    if mount in ACTIVE:
+        ACTIVE.remove(mount)
+
+
+def _try(argv, timeout=60):
+    """Runs a cleanup command; True if it succeeded. Never raises."""
+    try:
+        return run(argv, timeout=timeout, check=False).returncode == 0
+    except Failure:
+        return False
+
+
+def cleanup_stale(workdir):
+    """Removes what a previous, killed run left under workdir: mounts and loop devices."""
+    for point in mounts_under(workdir):
+        log(f"stale mount {point}: lazily unmounting")
+        abort_fuse_connection(point)
+        _try(["umount", "-l", point])
+    images = Path(workdir) / "images"
+    if images.is_dir():
+        for image in images.iterdir():
+            listing = run(["losetup", "-j", image], timeout=30, check=False).stdout
+            for line in listing.splitlines():
+                device = line.split(":")[0]
+                log(f"stale loop device {device} on {image}: detaching")
+                _try(["losetup", "-d", device])

@@ -1,0 +1,410 @@
+"""The workloads of issue 5, each naming its origin. A workload runs all its
+cases on one freshly made and mounted filesystem and returns one result per
+case: {"case": label, "params": {...}, "values": {metric: figure}, "extra": {...}}.
+
+Sizes live in SIZES, one column for --quick and one for the full run; README
+explains why they are what they are (the full run fits in 30 minutes on 2 cores).
+"""
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from util import Failure, fail_line, last_line, log, run
+
+SIZES = {
+    "quick": {
+        "image_gib": 1,
+        # (label, tar member, rounds it runs in: None = every round)
+        "untar": [("kernel/ subtree", "linux-source-6.1/kernel", None)],
+        "metafsync_threads": [1, 2],
+        "varmail_threads": [1, 2],
+        "varmail_files": 200,
+        "spool_threads": [1, 8],
+        "seconds": 0.3,
+        "lsm_table_kib": 256,
+        "journal_count": 100,
+        "journal_seconds": 0.25,
+        "writers": 100,
+        "fio_seq_mib": 32,
+        "fio_rand_mib": 32,
+        "fio_rand_seconds": 1,
+        "dbbench_num": 200,
+        "fsmark_files": 100,
+        "dbench_seconds": 1,
+        "dbench_clients": 2,
+    },
+    "full": {
+        "image_gib": 4,
+        # The whole tree runs in the first round only: fuse2fs alone needs
+        # 1.5–3 minutes for it, three rounds of it would not fit in 30 minutes.
+        "untar": [
+            ("whole tree", "linux-source-6.1", 1),
+            ("drivers/net subtree", "linux-source-6.1/drivers/net", None),
+        ],
+        "metafsync_threads": [1, 2, 4, 8, 16],
+        "varmail_threads": [1, 4, 16],
+        "varmail_files": 1000,
+        "spool_threads": [1, 8],
+        "seconds": 1.5,
+        "lsm_table_kib": 1024,
+        "journal_count": 5000,
+        "journal_seconds": 1.0,
+        "writers": 1000,
+        "fio_seq_mib": 1024,
+        "fio_rand_mib": 128,
+        "fio_rand_seconds": 3,
+        "dbbench_num": 1000,
+        "fsmark_files": 500,
+        "dbench_seconds": 5,
+        "dbench_clients": 4,
+    },
+}
+
+DBENCH_LOADFILE = "/usr/share/dbench/client.txt"
+KERNEL_SOURCE = Path("/usr/src/linux-source-6.1.tar.xz")
+
+
+@dataclass
+class Metric:
+    key: str
+    label: str
+    unit: str
+    better: str  # "higher" or "lower"
+
+
+@dataclass
+class Context:
+    quick: bool
+    driver: Path
+    cache: Path
+    sizes: dict = field(default_factory=dict)
+    round: int = 0
+
+
+class Workload:
+    name = ""
+    title = ""
+    origin = ""
+    metrics = []
+    ratio_metrics = None  # default: every metric
+    plot = None  # "threads" or "cdf"
+    packages = []
+    tools = []
+
+    def prepare(self, ctx):
+        """One-time set-up outside any measurement (e.g. tarballs)."""
+
+    def run(self, ctx, directory):
+        raise NotImplementedError
+
+
+def driver(ctx, subcommand, directory, *args, timeout=300):
+    """Runs one jext4-bench-driver workload and returns its JSON line."""
+    result = run([ctx.driver, subcommand, "--dir", directory, *args], timeout=timeout)
+    line = last_line(result.stdout, limit=10**7)
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        raise Failure(f"driver {subcommand} printed no JSON result: {line[:200]}")
+
+
+class Untar(Workload):
+    name = "untar"
+    title = "untar: Linux 6.1 source, tar -x then sync"
+    origin = "the Hurd journal's headline workload; Debian's linux-source-6.1"
+    metrics = [Metric("seconds", "seconds", "s", "lower")]
+    packages = ["linux-source-6.1"]
+    tools = ["tar"]
+
+    def tarball(self, ctx, member):
+        name = member.replace("/", "_") + ".tar"
+        return ctx.cache / name
+
+    def prepare(self, ctx):
+        """Decompresses the kernel source once and cuts the subtrees out, so the
+        measurement is the filesystem's work, not xz's (cached under the workdir)."""
+        whole = ctx.cache / "linux-source-6.1.tar"
+        if not whole.exists():
+            if not KERNEL_SOURCE.exists():
+                raise Failure(f"{KERNEL_SOURCE} missing (apt-get install linux-source-6.1)")
+            log(f"decompressing {KERNEL_SOURCE} into {whole} (once)")
+            partial = whole.with_suffix(".part")
+            run(["sh", "-c", f"xz -dc -T2 '{KERNEL_SOURCE}' > '{partial}'"], timeout=600)
+            partial.rename(whole)
+        for _, member, _ in ctx.sizes["untar"]:
+            tarball = self.tarball(ctx, member)
+            if tarball.exists():
+                continue
+            log(f"cutting {member} out of the source into {tarball} (once)")
+            scratch = ctx.cache / "scratch"
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir()
+            run(["tar", "-xf", whole, "-C", scratch, member], timeout=600)
+            partial = tarball.with_suffix(".part")
+            run(["tar", "-cf", partial, "-C", scratch, member.split("/")[0]], timeout=600)
+            partial.rename(tarball)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def run(self, ctx, directory):
+        results = []
+        for label, member, rounds in ctx.sizes["untar"]:
+            if rounds is not None and ctx.round >= rounds:
+                continue
+            target = directory / ("untar-" + re.sub(r"\W+", "-", label))
+            target.mkdir()
+            began = time.monotonic()
+            run(["tar", "-xf", self.tarball(ctx, member), "-C", target], timeout=900)
+            extracted = time.monotonic()
+            run(["sync"], timeout=600)
+            ended = time.monotonic()
+            results.append({
+                "case": label,
+                "params": {"member": member},
+                "values": {"seconds": ended - began},
+                "extra": {"sync_seconds": ended - extracted},
+            })
+        return results
+
+
+class ThreadSweep(Workload):
+    """A driver workload run at several thread counts, in ops/s."""
+
+    plot = "threads"
+    metrics = [Metric("ops_per_sec", "ops/s", "ops/s", "higher")]
+    subcommand = ""
+    threads_key = ""
+
+    def extra_args(self, ctx):
+        return []
+
+    def run(self, ctx, directory):
+        results = []
+        for threads in ctx.sizes[self.threads_key]:
+            own = directory / f"{self.name}-{threads}"
+            args = ["--threads", threads, "--seconds", ctx.sizes["seconds"], *self.extra_args(ctx)]
+            figures = driver(ctx, self.subcommand, own, *args)
+            results.append({
+                "case": f"{threads} thread{'s' if threads > 1 else ''}",
+                "params": {"threads": threads},
+                "values": {"ops_per_sec": figures["ops_per_sec"]},
+                "extra": {"operations": figures["operations"]},
+            })
+        return results
+
+
+class MetaFsync(ThreadSweep):
+    name = "metafsync"
+    title = "metadata + fsync: N threads, own directory each: create, write 4 KiB, fsync, unlink"
+    origin = "ext4 ByteLog RFC's meta_create_unlink_fsyncN; DJFS's MDTest"
+    subcommand = "metafsync"
+    threads_key = "metafsync_threads"
+
+
+class Varmail(ThreadSweep):
+    name = "varmail"
+    title = "varmail: create/append/fsync/read/delete in one shared directory"
+    origin = "filebench's varmail personality (DJFS and FastCommit papers); ops = filebench flowops"
+    subcommand = "varmail"
+    threads_key = "varmail_threads"
+
+    def extra_args(self, ctx):
+        return ["--files", ctx.sizes["varmail_files"]]
+
+
+class Exim(ThreadSweep):
+    name = "exim"
+    title = "mail spool: Exim receive (-D, -H by rename, fsyncs), deliver (mailbox append + fsync), retire"
+    origin = "DJFS paper's Exim workload; ops = messages"
+    subcommand = "exim"
+    threads_key = "spool_threads"
+
+
+class Lsm(ThreadSweep):
+    name = "lsm"
+    title = "LSM compaction: write + fsync table, fsync dir, MANIFEST append + fsync, unlink inputs"
+    origin = "DJFS paper's RocksDB compaction pattern; ops = compaction outputs"
+    subcommand = "lsm"
+    threads_key = "spool_threads"
+
+    def extra_args(self, ctx):
+        return ["--table-kib", ctx.sizes["lsm_table_kib"]]
+
+
+class MessageJournal(Workload):
+    name = "msgjournal"
+    title = "message journal: append + fdatasync latency (µs)"
+    origin = "LMAX's journaller; HdrHistogram"
+    plot = "cdf"
+    metrics = [
+        Metric("p50_us", "p50", "µs", "lower"),
+        Metric("p99_us", "p99", "µs", "lower"),
+        Metric("p99_9_us", "p99.9", "µs", "lower"),
+        Metric("p99_99_us", "p99.99", "µs", "lower"),
+        Metric("max_us", "max", "µs", "lower"),
+    ]
+    ratio_metrics = ["p99_99_us", "max_us"]
+
+    def run(self, ctx, directory):
+        results = []
+        for record_bytes in (1024, 4096):
+            for layout in ("fresh", "fallocate", "zerofill"):
+                for reader in (False, True):
+                    args = [
+                        "--record-bytes", record_bytes, "--layout", layout,
+                        "--count", ctx.sizes["journal_count"],
+                        "--seconds", ctx.sizes["journal_seconds"],
+                    ] + (["--reader"] if reader else [])
+                    figures = driver(ctx, "msgjournal", directory, *args)
+                    who = "writer + reader" if reader else "writer"
+                    result = {
+                        "case": f"{record_bytes // 1024} KiB, {layout}, {who}",
+                        "params": {"record_bytes": record_bytes, "layout": layout, "reader": reader},
+                        "values": {},
+                        "extra": {},
+                    }
+                    if "unsupported" in figures:
+                        result["extra"]["unsupported"] = figures["unsupported"]
+                    else:
+                        result["values"] = {metric.key: figures[metric.key] for metric in self.metrics}
+                        result["extra"] = {
+                            "appends": figures["appends"],
+                            "appends_per_sec": figures["appends_per_sec"],
+                            "cdf": figures["cdf"],
+                        }
+                    results.append(result)
+        return results
+
+
+class SmallWriters(Workload):
+    name = "smallwriters"
+    title = "many small writers: P processes each writing 40 × 1 KiB to its own file, then syncfs"
+    origin = "Tux3's test"
+    metrics = [Metric("seconds", "seconds", "s", "lower")]
+
+    def run(self, ctx, directory):
+        procs = ctx.sizes["writers"]
+        figures = driver(ctx, "smallwriters", directory, "--procs", procs, "--writes", 40, "--record-bytes", 1024)
+        return [{
+            "case": f"{procs} processes",
+            "params": {"procs": procs},
+            "values": {"seconds": figures["seconds"]},
+            "extra": {"write_seconds": figures["write_seconds"]},
+        }]
+
+
+class Fio(Workload):
+    name = "fio"
+    title = "fio: buffered sequential and 4 KiB random I/O (MB/s)"
+    origin = "fio (Debian)"
+    metrics = [Metric("mb_per_sec", "MB/s", "MB/s", "higher")]
+    packages = ["fio"]
+    tools = ["fio"]
+
+    def jobs(self, ctx):
+        seq, rand, seconds = ctx.sizes["fio_seq_mib"], ctx.sizes["fio_rand_mib"], ctx.sizes["fio_rand_seconds"]
+        return [
+            (f"sequential write {seq} MiB, 1 MiB blocks", "write", "seq.dat", "1M", seq, None, True),
+            (f"sequential read {seq} MiB, 1 MiB blocks", "read", "seq.dat", "1M", seq, None, False),
+            (f"random write 4 KiB in {rand} MiB", "randwrite", "rand.dat", "4k", rand, seconds, True),
+            (f"random read 4 KiB in {rand} MiB", "randread", "rand.dat", "4k", rand, seconds, False),
+        ]
+
+    def run(self, ctx, directory):
+        results = []
+        for label, rw, filename, block, mib, seconds, writes in self.jobs(ctx):
+            argv = [
+                "fio", "--name=" + rw, "--directory=" + str(directory), "--filename=" + filename,
+                "--rw=" + rw, "--bs=" + block, f"--size={mib}M", "--ioengine=psync", "--direct=0",
+                "--fallocate=none", "--output-format=json",
+            ]
+            if seconds:
+                argv.append(f"--runtime={seconds}")
+            if writes:
+                argv.append("--end_fsync=1")
+            output = run(argv, timeout=600).stdout
+            try:
+                job = json.loads(output[output.index("{"):])["jobs"][0]
+            except (ValueError, KeyError, IndexError):
+                raise Failure(f"fio {rw}: unreadable JSON output: {last_line(output)}")
+            side = "write" if "write" in rw else "read"
+            results.append({
+                "case": label,
+                "params": {"rw": rw},
+                "values": {"mb_per_sec": job[side]["bw_bytes"] / 1e6},
+                "extra": {"iops": job[side]["iops"]},
+            })
+        return results
+
+
+class Apps(Workload):
+    name = "apps"
+    title = "real applications: RocksDB db_bench fillsync, fs_mark -S 1, dbench NetBench"
+    origin = "Debian's rocksdb-tools, fsmark, dbench (client.txt loadfile)"
+    metrics = [Metric("figure", "figure", "", "higher")]
+    packages = ["rocksdb-tools", "fsmark", "dbench"]
+    tools = ["db_bench", "fs_mark", "dbench"]
+
+    def run(self, ctx, directory):
+        """Runs the three tools independently: one failing does not hide the others."""
+        sizes = ctx.sizes
+        tools = [
+            (f"db_bench fillsync, {sizes['dbbench_num']} synced puts (ops/s)", "db_bench", self.db_bench),
+            (f"fs_mark -S 1, {sizes['fsmark_files']} × 4 KiB files (files/s)", "fs_mark", self.fs_mark),
+            (
+                f"dbench NetBench, {sizes['dbench_clients']} clients, {sizes['dbench_seconds']} s (MB/s)",
+                "dbench",
+                self.dbench,
+            ),
+        ]
+        results = []
+        for case, name, tool in tools:
+            result = {"case": case, "params": {"tool": name}, "values": {}, "extra": {}}
+            try:
+                figure, extra = tool(ctx, directory)
+                result["values"], result["extra"] = {"figure": figure}, extra
+            except Failure as error:
+                fail_line(f"{directory.name} apps {name}: {error}")
+                result["extra"] = {"failed": str(error)}
+            results.append(result)
+        return results
+
+    def db_bench(self, ctx, directory):
+        num = ctx.sizes["dbbench_num"]
+        argv = ["db_bench", "--benchmarks=fillsync", f"--db={directory / 'rocksdb'}", f"--num={num}", "--threads=1"]
+        output = run(argv, timeout=600).stdout
+        match = re.search(r"^fillsync\s*:\s*([\d.]+) micros/op\s+([\d.]+) ops/sec", output, re.M)
+        if not match:
+            raise Failure(f"db_bench: no fillsync result line: {last_line(output)}")
+        return float(match.group(2)), {"micros_per_op": float(match.group(1))}
+
+    def fs_mark(self, ctx, directory):
+        files = ctx.sizes["fsmark_files"]
+        target = directory / "fsmark"
+        target.mkdir()
+        # fs_mark 3.3 overflows a buffer when the directory path plus its
+        # 40-byte file names pass ~80 bytes: run it inside the directory.
+        argv = ["fs_mark", "-d", ".", "-n", files, "-s", 4096, "-S", 1, "-t", 1, "-L", 1]
+        output = run(argv, timeout=600, cwd=target).stdout
+        rows = [line.split() for line in output.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\d+\s+[\d.]+", line)]
+        if not rows:
+            raise Failure(f"fs_mark: no result row: {last_line(output)}")
+        return float(rows[-1][3]), {}
+
+    def dbench(self, ctx, directory):
+        seconds, clients = ctx.sizes["dbench_seconds"], ctx.sizes["dbench_clients"]
+        target = directory / "dbench"
+        target.mkdir()
+        argv = ["dbench", "-t", seconds, "-D", target, "-c", DBENCH_LOADFILE, clients]
+        output = run(argv, timeout=seconds + 300).stdout
+        match = re.search(r"Throughput ([\d.]+) MB/sec", output)
+        if not match:
+            raise Failure(f"dbench: no throughput line: {last_line(output)}")
+        return float(match.group(1)), {}
+
+
+ALL = [Untar(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps()]
+DRIVER_WORKLOADS = {"metafsync", "varmail", "exim", "lsm", "msgjournal", "smallwriters"}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# POSIX conformance: run the pjdfstest suite (crates.io) against a jext4
+# FUSE mount, require zero failures, then require e2fsck -fn clean.
+# Usage: scripts/pjdfstest.sh [PATH-TO-JEXT4-BINARY]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_packages e2fsprogs fuse3
+require_cargo
+
+jext4=${1:-target/release/jext4}
+[ -x "$jext4" ] || cargo build --release --quiet
+tools=$PWD/target/tools
+if [ ! -x "$tools/bin/pjdfstest" ]; then
+    cargo install --quiet --locked pjdfstest --version 0.2.2 --root "$tools"
+fi
+
+work=$(mktemp -d /tmp/jext4-pjdfstest.XXXXXX)
+# pjdfstest 0.2.2 miscomputes path lengths when its base path is exactly 31
+# characters long; a fixed-length mount point under /mnt avoids that.
+mnt=/mnt/jext4-pjdfstest
+mkdir -p "$mnt"
+cleanup() {
+    mountpoint -q "$mnt" && { "$jext4" umount "$mnt" || fusermount3 -uz "$mnt"; } || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+truncate -s 256M "$work/pjdfstest.img"
+mkfs.ext4 -q -F "$work/pjdfstest.img"
+# allow_other: the suite switches to unprivileged users.
+"$jext4" mount -o allow_other "$work/pjdfstest.img" "$mnt"
+chmod 777 "$mnt"
+(cd "$mnt" && "$tools/bin/pjdfstest" -c "$OLDPWD/tests/pjdfstest/jext4.toml" -p "$mnt") 2>&1 | tee "$work/pjdfstest.log" | grep -E "FAILED|Summary" || true
+"$jext4" umount "$mnt"
+summary=$(grep "^Summary" "$work/pjdfstest.log" || echo "Summary: missing")
+echo "pjdfstest: $summary"
+case "$summary" in
+    "Summary: 0 failed,"*) ;;
+    *) echo "pjdfstest reported failures" >&2; exit 1 ;;
+esac
+e2fsck -fn "$work/pjdfstest.img"

@@ -1,0 +1,636 @@
+//! JBD2: transactions, handles, buffer registration, and the commit
+//! thread that drives commit (`commit.rs`) and checkpoint
+//! (`checkpoint.rs`).
+//!
+//! Transaction states, as in the kernel:
+//! - RUNNING: handles join it (`start`) and register buffers.
+//! - LOCKED: the commit thread wants it; new handles wait until its
+//!   in-flight handles (`updates`) drain, which takes as long as the
+//!   operations already inside it, never any I/O.
+//! - COMMITTING: swapped out at lock-down, a new RUNNING transaction opens
+//!   at once; the commit thread captures each registered buffer and writes
+//!   descriptors, blocks, revokes, then the commit block.
+//! - CHECKPOINT: committed; its buffers wait to be written home before the
+//!   log space they use can be reused.
+//!
+//! Dirtying is O(1) and copies nothing: `register` records the buffer in
+//! the running transaction once (the buffer's `JournalHead::running` says
+//! it is there already). The log copy is taken when the commit captures the
+//! buffer after lock-down (the transaction is quiescent then). Only when a
+//! handle of the new running transaction asks for write access to a buffer
+//! the committing transaction has not captured yet is a frozen copy made
+//! for the commit first — once per buffer per commit, off the common path.
+//!
+//! Blocks freed in a transaction (data or metadata) are not handed out
+//! again until that transaction is durable: otherwise a crash could leave
+//! the old owner pointing at the new owner's bytes. Freed metadata blocks
+//! are also revoked, so replay never writes an older logged copy over them.
+//!
+//! Lock order: `State` (journal state) → a buffer's `journal` head → the
+//! buffer's bytes. `Transaction::buffers`/`revokes`, the pending-free map
+//! and the write-ahead guard are leaf locks. No lock is held across I/O
+//! except by the commit thread on its own state.
+
+use super::format::{JournalSuperblock, LogFormat, LogLayout, incompat};
+use super::recovery::JournalArea;
+use crate::cache::{Buffer, BufferCache};
+use crate::dev::guard::GuardedDevice;
+use crate::error::{Error, Location, Result};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Blocks of log space never handed out, so that a commit that slightly
+/// overruns its estimate still fits (the kernel keeps a similar margin).
+pub(crate) const LOG_RESERVE_BLOCKS: u32 = 32;
+
+/// The first range of `ranges` (start → (end, tid), never overlapping one
+/// another) that overlaps `start..end`: one that starts at or before
+/// `start` and reaches past it, else the first one starting inside.
+fn first_overlap(ranges: &BTreeMap<u64, (u64, u32)>, start: u64, end: u64) -> Option<(u64, u64)> {
+    if let Some((&range_start, &(range_end, _))) = ranges.range(..=start).next_back()
+        && range_end > start
+    {
+        return Some((range_start, range_end));
+    }
+    ranges
+        .range(start..end)
+        .next()
+        .map(|(&range_start, &(range_end, _))| (range_start, range_end))
+}
+
+pub(crate) struct Transaction {
+    pub tid: u32,
+    /// Buffers registered, each once (or again after a forget and a new
+    /// allocation: the lock-down sweep skips duplicates).
+    pub buffers: Mutex<Vec<Arc<Buffer>>>,
+    /// Metadata blocks freed in this transaction: revoke records.
+    pub revokes: Mutex<Vec<u64>>,
+    /// Handles inside the transaction (`t_updates`).
+    pub updates: AtomicU32,
+    /// Credits reserved by handles still running.
+    pub outstanding: AtomicU32,
+    /// Distinct buffers registered (`buffers.len()` without the lock).
+    pub registered: AtomicU32,
+    pub created: Instant,
+}
+
+impl Transaction {
+    pub(crate) fn new(tid: u32) -> Arc<Self> {
+        Arc::new(Transaction {
+            tid,
+            buffers: Mutex::new(Vec::new()),
+            revokes: Mutex::new(Vec::new()),
+            updates: AtomicU32::new(0),
+            outstanding: AtomicU32::new(0),
+            registered: AtomicU32::new(0),
+            created: Instant::now(),
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.registered.load(Ordering::Acquire) == 0 && self.revokes.lock().is_empty()
+    }
+}
+
+/// A committed transaction whose buffers are not all home yet.
+pub(crate) struct Checkpoint {
+    pub tid: u32,
+    /// Log position of its first block: the tail while it is the oldest.
+    pub start: u32,
+    pub buffers: Vec<Arc<Buffer>>,
+}
+
+pub(crate) struct State {
+    pub running: Arc<Transaction>,
+    /// The running transaction is locked down: new handles wait.
+    pub locked: bool,
+    /// Log blocks the committing transaction will use (0 if none).
+    pub committing_blocks: u32,
+    pub committing_tid: Option<u32>,
+    /// Newest transaction whose commit block is durable.
+    pub committed_tid: u32,
+    /// Someone waits for this transaction to commit.
+    pub commit_request: Option<u32>,
+    pub checkpoint_request: bool,
+    pub checkpoints: VecDeque<Checkpoint>,
+    /// Next log position to write.
+    pub head: u32,
+    /// The journal superblock on disk says the log is empty (s_start = 0):
+    /// it must be pointed at the log before the next commit is written.
+    pub sb_empty_on_disk: bool,
+    pub stopping: bool,
+    /// Set when the journal aborted: every later handle fails.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Jbd2Stats {
+    pub commits: u64,
+    pub blocks_logged: u64,
+    pub revokes_logged: u64,
+    pub frozen_copies: u64,
+    pub checkpoints: u64,
+    pub blocks_checkpointed: u64,
+    pub guard_violations: u64,
+}
+
+pub(crate) struct Jbd2 {
+    pub area: JournalArea,
+    pub layout: LogLayout,
+    pub format: LogFormat,
+    pub uuid: [u8; 16],
+    pub cache: Arc<BufferCache>,
+    pub guard: Arc<GuardedDevice>,
+    pub sb: Mutex<JournalSuperblock>,
+    pub state: Mutex<State>,
+    /// The commit thread sleeps here.
+    pub wake_commit: Condvar,
+    /// Handles and waiters for commits sleep here.
+    pub changed: Condvar,
+    /// Largest transaction, in log blocks (a quarter of the log).
+    pub max_transaction: u32,
+    pub commit_interval: Duration,
+    pub async_commit: bool,
+    /// Freed ranges not yet allocatable: start → (end, freeing tid).
+    pub pending_free: Mutex<BTreeMap<u64, (u64, u32)>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    pub commits: AtomicU64,
+    pub blocks_logged: AtomicU64,
+    pub revokes_logged: AtomicU64,
+    pub frozen_copies: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub blocks_checkpointed: AtomicU64,
+}
+
+/// Options for loading the journal.
+#[derive(Debug, Clone)]
+pub struct Jbd2Options {
+    pub commit_interval: Duration,
+    pub async_commit: bool,
+    /// The filesystem has the 64bit feature (journal block numbers need it).
+    pub fs_64bit: bool,
+    pub metadata_csum: bool,
+}
+
+impl Jbd2 {
+    /// Take over an empty (recovered or cleanly unmounted) journal and
+    /// start the commit thread. The journal superblock's features are set
+    /// the way the kernel sets them for ext4 at mount.
+    pub fn load(
+        area: JournalArea,
+        cache: Arc<BufferCache>,
+        guard: Arc<GuardedDevice>,
+        options: &Jbd2Options,
+    ) -> Result<Arc<Jbd2>> {
+        let (mut sb, layout) = area.load_superblock()?;
+        if sb.start != 0 {
+            return Err(Error::corrupt(
+                Location::Journal { block: 0 },
+                "journal still holds transactions to replay",
+            ));
+        }
+        if sb.version < 2 {
+            return Err(Error::Unsupported(
+                "version 1 journals cannot be written (tune2fs -O ^has_journal then -j)".into(),
+            ));
+        }
+        let mut wanted = sb.feature_incompat | incompat::REVOKE;
+        if options.fs_64bit {
+            wanted |= incompat::BIT64;
+        }
+        if options.metadata_csum {
+            // ext4 uses checksum v3 with metadata_csum, never v2 or v1.
+            wanted = (wanted | incompat::CSUM_V3) & !incompat::CSUM_V2;
+            sb.feature_compat &= !super::format::compat::CHECKSUM;
+            sb.checksum_type = super::format::checksum_type::CRC32C;
+        }
+        if options.async_commit {
+            wanted |= incompat::ASYNC_COMMIT;
+        } else {
+            wanted &= !incompat::ASYNC_COMMIT;
+        }
+        sb.feature_incompat = wanted;
+        area.store_superblock(&mut sb)?;
+        area.dev.flush()?;
+        let format = sb.log_format();
+        let log_size = layout.last - layout.first;
+        let jbd2 = Arc::new(Jbd2 {
+            uuid: sb.uuid,
+            max_transaction: (log_size / 4).max(16),
+            state: Mutex::new(State {
+                running: Transaction::new(sb.sequence),
+                locked: false,
+                committing_blocks: 0,
+                committing_tid: None,
+                committed_tid: sb.sequence.wrapping_sub(1),
+                commit_request: None,
+                checkpoint_request: false,
+                checkpoints: VecDeque::new(),
+                head: layout.first,
+                sb_empty_on_disk: true,
+                stopping: false,
+                error: None,
+            }),
+            sb: Mutex::new(sb),
+            area,
+            layout,
+            format,
+            cache,
+            guard,
+            wake_commit: Condvar::new(),
+            changed: Condvar::new(),
+            commit_interval: options.commit_interval,
+            async_commit: options.async_commit,
+            pending_free: Mutex::new(BTreeMap::new()),
+            thread: Mutex::new(None),
+            commits: AtomicU64::new(0),
+            blocks_logged: AtomicU64::new(0),
+            revokes_logged: AtomicU64::new(0),
+            frozen_copies: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
+            blocks_checkpointed: AtomicU64::new(0),
+        });
+        Jbd2::start_thread(&jbd2);
+        Ok(jbd2)
+    }
+
+    pub fn log_size(&self) -> u32 {
+        self.layout.last - self.layout.first
+    }
+
+    /// Tags one descriptor block holds.
+    fn tags_per_descriptor(&self) -> u32 {
+        let usable =
+            self.format.block_size - super::format::HEADER_SIZE - self.format.tail_size() - 16;
+        (usable / self.format.tag_bytes()).max(1) as u32
+    }
+
+    fn revokes_per_block(&self) -> u32 {
+        let usable =
+            self.format.block_size - super::format::REVOKE_HEADER_SIZE - self.format.tail_size();
+        (usable / self.format.revoke_record_size()).max(1) as u32
+    }
+
+    /// Log blocks a transaction of `blocks` buffers and `revokes` revoke
+    /// records occupies: descriptors, blocks, revoke blocks, commit block.
+    pub fn log_blocks_for(&self, blocks: u32, revokes: u32) -> u32 {
+        blocks
+            + blocks.div_ceil(self.tags_per_descriptor())
+            + revokes.div_ceil(self.revokes_per_block())
+            + 1
+    }
+
+    /// Log positions between the tail (oldest live transaction) and the head.
+    pub fn used_blocks(&self, state: &State) -> u32 {
+        match state.checkpoints.front() {
+            None => 0,
+            Some(oldest) => (state.head + self.log_size() - oldest.start) % self.log_size(),
+        }
+    }
+
+    pub fn free_blocks(&self, state: &State) -> u32 {
+        self.log_size()
+            .saturating_sub(self.used_blocks(state))
+            .saturating_sub(state.committing_blocks)
+            .saturating_sub(LOG_RESERVE_BLOCKS)
+    }
+
+    fn running_need(&self, state: &State, extra_credits: u32) -> u32 {
+        let running = &state.running;
+        let blocks = running.registered.load(Ordering::Acquire)
+            + running.outstanding.load(Ordering::Acquire)
+            + extra_credits;
+        self.log_blocks_for(blocks, running.revokes.lock().len() as u32)
+    }
+
+    /// Join the running transaction with `credits` blocks of log space.
+    pub fn start_handle(&self, credits: u32) -> Result<Arc<Transaction>> {
+        let mut state = self.state.lock();
+        loop {
+            if let Some(error) = &state.error {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "journal aborted: {error}"
+                ))));
+            }
+            if state.locked {
+                self.changed.wait(&mut state);
+                continue;
+            }
+            let need = self.running_need(&state, credits);
+            let running_has_work =
+                !state.running.is_empty() || state.running.updates.load(Ordering::Acquire) > 0;
+            if need > self.max_transaction && running_has_work {
+                // Full: close this transaction to new handles and commit it.
+                state.commit_request = Some(state.running.tid);
+                self.wake_commit.notify_one();
+                self.changed.wait(&mut state);
+                continue;
+            }
+            if need > self.free_blocks(&state) {
+                if need > self.log_size() / 2 {
+                    return Err(Error::Unsupported(format!(
+                        "an operation needs {need} journal blocks, more than the journal can hold"
+                    )));
+                }
+                state.checkpoint_request = true;
+                self.wake_commit.notify_one();
+                self.changed.wait(&mut state);
+                continue;
+            }
+            let running = Arc::clone(&state.running);
+            running.updates.fetch_add(1, Ordering::AcqRel);
+            running.outstanding.fetch_add(credits, Ordering::AcqRel);
+            return Ok(running);
+        }
+    }
+
+    /// Leave the transaction; returns nothing to wait for.
+    pub fn stop_handle(&self, transaction: &Transaction, credits: u32) {
+        transaction.outstanding.fetch_sub(credits, Ordering::AcqRel);
+        if transaction.updates.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The commit thread may be waiting for the transaction to drain;
+            // take the lock so the wakeup cannot slip between its check and
+            // its wait.
+            let _state = self.state.lock();
+            self.changed.notify_all();
+        }
+    }
+
+    /// Put `buffer` in `transaction` (once). If the committing transaction
+    /// still has to capture it, freeze its current content for that commit
+    /// first. Returns whether the buffer was new to the transaction.
+    pub fn register(&self, transaction: &Transaction, buffer: &Arc<Buffer>) -> bool {
+        let mut head = buffer.journal.lock();
+        if head.running == Some(transaction.tid) {
+            return false;
+        }
+        debug_assert!(
+            head.running.is_none(),
+            "buffer {} registered in two running transactions",
+            buffer.block()
+        );
+        if head.committing.is_some() && head.frozen.is_none() {
+            head.frozen = Some(buffer.read().clone());
+            self.frozen_copies.fetch_add(1, Ordering::Relaxed);
+        }
+        head.running = Some(transaction.tid);
+        head.freed = false;
+        drop(head);
+        transaction.buffers.lock().push(Arc::clone(buffer));
+        transaction.registered.fetch_add(1, Ordering::AcqRel);
+        self.guard.pin(buffer.block(), transaction.tid);
+        true
+    }
+
+    /// `count` blocks from `start` were freed in `transaction`; metadata
+    /// blocks are revoked and their buffers never written again.
+    pub fn free_blocks_in(
+        &self,
+        transaction: &Transaction,
+        start: u64,
+        count: u64,
+        metadata: bool,
+    ) {
+        if metadata {
+            for block in start..start + count {
+                if let Some(buffer) = self.cache.peek(block) {
+                    let mut head = buffer.journal.lock();
+                    if head.running != Some(transaction.tid) {
+                        head.running = Some(transaction.tid);
+                        drop(head);
+                        transaction.buffers.lock().push(Arc::clone(&buffer));
+                        head = buffer.journal.lock();
+                    }
+                    head.freed = true;
+                }
+                self.cache.forget(block);
+                transaction.revokes.lock().push(block);
+            }
+        }
+        self.pending_free
+            .lock()
+            .insert(start, (start + count, transaction.tid));
+    }
+
+    /// The first not-yet-allocatable range overlapping `start..start+len`.
+    pub fn pending_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
+        first_overlap(&self.pending_free.lock(), start, start + len)
+    }
+
+    pub fn has_pending_frees(&self) -> bool {
+        !self.pending_free.lock().is_empty()
+    }
+
+    /// Wait until transaction `tid` is durable (starting its commit if it
+    /// is the running one). If it is the running one and holds nothing,
+    /// waits for the transaction committing before it, if any: a caller
+    /// asking for the running transaction (sync, syncfs) needs everything
+    /// accepted so far, which includes a commit already under way.
+    ///
+    /// Returns whether it waited for a commit: that commit's final flush
+    /// came after everything written before this call, so the caller needs
+    /// no flush of its own.
+    pub fn commit_and_wait(&self, tid: u32) -> Result<bool> {
+        let mut state = self.state.lock();
+        let mut waited = false;
+        loop {
+            if let Some(error) = &state.error {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "journal aborted: {error}"
+                ))));
+            }
+            if !super::format::tid_gt(tid, state.committed_tid) {
+                return Ok(waited);
+            }
+            if state.running.tid == tid
+                && state.running.is_empty()
+                && state.running.updates.load(Ordering::Acquire) == 0
+            {
+                if state.committing_tid.is_none() {
+                    return Ok(waited);
+                }
+                debug_assert!(state.committing_tid != Some(tid));
+                // finish_commit (or an abort) wakes us.
+                self.changed.wait(&mut state);
+                waited = true;
+                continue;
+            }
+            if state
+                .commit_request
+                .is_none_or(|requested| super::format::tid_gt(tid, requested))
+            {
+                state.commit_request = Some(tid);
+            }
+            self.wake_commit.notify_one();
+            self.changed.wait(&mut state);
+            waited = true;
+        }
+    }
+
+    /// Ask the commit thread to checkpoint (log or memory pressure).
+    pub fn request_checkpoint(&self) {
+        let mut state = self.state.lock();
+        state.checkpoint_request = true;
+        self.wake_commit.notify_one();
+    }
+
+    pub fn running_tid(&self) -> u32 {
+        self.state.lock().running.tid
+    }
+
+    /// Stop the commit thread after everything is committed and
+    /// checkpointed, and mark the journal empty on disk.
+    pub fn shutdown(&self) -> Result<()> {
+        {
+            let mut state = self.state.lock();
+            state.stopping = true;
+            self.wake_commit.notify_one();
+        }
+        if let Some(thread) = self.thread.lock().take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
+        let state = self.state.lock();
+        if let Some(error) = &state.error {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "journal aborted: {error}"
+            ))));
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Jbd2Stats {
+        Jbd2Stats {
+            commits: self.commits.load(Ordering::Relaxed),
+            blocks_logged: self.blocks_logged.load(Ordering::Relaxed),
+            revokes_logged: self.revokes_logged.load(Ordering::Relaxed),
+            frozen_copies: self.frozen_copies.load(Ordering::Relaxed),
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            blocks_checkpointed: self.blocks_checkpointed.load(Ordering::Relaxed),
+            guard_violations: self.guard.violations(),
+        }
+    }
+
+    /// Record a fatal journal error: every later handle and waiter fails,
+    /// and nothing more is written (the log on disk stays replayable).
+    pub fn abort(&self, state: &mut MutexGuard<'_, State>, error: &Error) {
+        if state.error.is_none() {
+            tracing::error!(%error, "journal aborted");
+            state.error = Some(error.to_string());
+        }
+        self.changed.notify_all();
+    }
+
+    fn start_thread(jbd2: &Arc<Jbd2>) {
+        let weak: Weak<Jbd2> = Arc::downgrade(jbd2);
+        let thread = std::thread::Builder::new()
+            .name("jext4-commit".into())
+            .spawn(move || {
+                while let Some(jbd2) = weak.upgrade() {
+                    if !jbd2.commit_thread_step() {
+                        return;
+                    }
+                }
+            })
+            .expect("spawning the commit thread");
+        *jbd2.thread.lock() = Some(thread);
+    }
+
+    /// One round of the commit thread: wait for work, then commit and/or
+    /// checkpoint. Returns false when the journal has stopped.
+    fn commit_thread_step(&self) -> bool {
+        let mut state = self.state.lock();
+        let deadline = state.running.created + self.commit_interval;
+        while state.commit_request.is_none()
+            && !state.checkpoint_request
+            && !state.stopping
+            && state.error.is_none()
+        {
+            let timed_out = self
+                .wake_commit
+                .wait_until(&mut state, deadline)
+                .timed_out();
+            if timed_out {
+                break;
+            }
+        }
+        if state.error.is_some() {
+            return false;
+        }
+        if state.stopping {
+            drop(state);
+            if let Err(error) = self.drain_for_unmount() {
+                let mut state = self.state.lock();
+                self.abort(&mut state, &error);
+            }
+            return false;
+        }
+        let wants_commit = state.commit_request.is_some()
+            || (!state.running.is_empty()
+                && state.running.created.elapsed() >= self.commit_interval);
+        let wants_checkpoint = std::mem::take(&mut state.checkpoint_request)
+            || self.log_mostly_full(&state)
+            || self.cache.over_capacity();
+        drop(state);
+        let result = (|| {
+            if wants_commit {
+                self.commit_running()?;
+            }
+            if wants_checkpoint {
+                self.make_room()?;
+            }
+            Ok(())
+        })();
+        if let Err(error) = result {
+            let mut state = self.state.lock();
+            self.abort(&mut state, &error);
+            return false;
+        }
+        true
+    }
+
+    /// Progressive checkpointing starts when half the log is in use.
+    fn log_mostly_full(&self, state: &State) -> bool {
+        self.used_blocks(state) > self.log_size() / 2
+    }
+
+    /// Commit everything, checkpoint everything, mark the journal empty.
+    fn drain_for_unmount(&self) -> Result<()> {
+        self.commit_running()?;
+        self.checkpoint_all()?;
+        let mut state = self.state.lock();
+        let next = state.running.tid;
+        let mut sb = self.sb.lock();
+        sb.start = 0;
+        sb.sequence = next;
+        self.area.store_superblock(&mut sb)?;
+        self.area.dev.flush()?;
+        state.sb_empty_on_disk = true;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_overlap_finds_the_earliest_range() {
+        let mut ranges = BTreeMap::new();
+        ranges.insert(10, (20, 1));
+        ranges.insert(25, (26, 1));
+        ranges.insert(40, (50, 2));
+        // Starts inside the first range: that one, not the later ones.
+        assert_eq!(first_overlap(&ranges, 15, 30), Some((10, 20)));
+        // Starts in a gap: the first range beginning inside the query.
+        assert_eq!(first_overlap(&ranges, 20, 45), Some((25, 26)));
+        assert_eq!(first_overlap(&ranges, 26, 40), None);
+        assert_eq!(first_overlap(&ranges, 0, 10), None);
+        assert_eq!(first_overlap(&ranges, 49, 60), Some((40, 50)));
+    }
+}

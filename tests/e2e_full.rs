@@ -1,0 +1,188 @@
+//! Issue 2, point 4: filling a filesystem through the FUSE mount ends in
+//! ENOSPC (never EIO), with big files, with many small files and with
+//! inodes; the image stays e2fsck-clean; deleting frees space and writing
+//! works again; an unprivileged user cannot eat the blocks reserved for
+//! root.
+
+mod common;
+
+use common::e2e::{self, JextMount};
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+const IMAGE_MIB: u64 = 32;
+
+/// Write `chunk`-sized pieces to `path` until an error; the error must be
+/// ENOSPC. Returns the bytes written.
+fn write_until_full(path: &Path, chunk: usize, limit: u64) -> u64 {
+    let data = e2e::pattern(path.as_os_str().len() as u64, chunk);
+    let mut file = match fs::File::create(path) {
+        Ok(file) => file,
+        Err(error) => {
+            assert_enospc(&error, path);
+            return 0;
+        }
+    };
+    let mut written = 0u64;
+    while written < limit {
+        match file.write(&data) {
+            Ok(0) => panic!("write of {} returned 0", path.display()),
+            Ok(n) => written += n as u64,
+            Err(error) => {
+                assert_enospc(&error, path);
+                return written;
+            }
+        }
+    }
+    // Nothing may fail later: ENOSPC must come from write(2) itself.
+    if let Err(error) = file.sync_all() {
+        panic!(
+            "{}: write(2) accepted data that fsync then refused: {error}",
+            path.display()
+        );
+    }
+    written
+}
+
+fn assert_enospc(error: &std::io::Error, path: &Path) {
+    assert_eq!(
+        error.raw_os_error(),
+        Some(libc::ENOSPC),
+        "{}: want ENOSPC, got {error}",
+        path.display()
+    );
+}
+
+/// Big files of up to 4 MiB until the volume is full.
+fn fill_with_big_files(dir: &Path) -> usize {
+    fs::create_dir_all(dir).unwrap();
+    for index in 0.. {
+        let limit = 4 << 20;
+        let written = write_until_full(&dir.join(format!("big{index}")), 256 << 10, limit);
+        if written < limit {
+            return index + 1;
+        }
+    }
+    unreachable!()
+}
+
+/// Small files (3 KiB) until a create or a write fails; it must be ENOSPC.
+fn fill_with_small_files(dir: &Path, size: usize) -> usize {
+    fs::create_dir_all(dir).unwrap();
+    let data = e2e::pattern(7, size);
+    for index in 0..1_000_000 {
+        let path = dir.join(format!("small{index:06}"));
+        if let Err(error) = fs::write(&path, &data) {
+            assert_enospc(&error, &path);
+            return index;
+        }
+    }
+    panic!("a {IMAGE_MIB} MiB filesystem never filled up");
+}
+
+fn reserved_blocks(image: &Path) -> u64 {
+    let output = e2e::run_ok("dumpe2fs", &["-h", e2e::path_str(image)]);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("Reserved block count:"))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("dumpe2fs reports the reserved block count")
+}
+
+#[test]
+fn e2e_full() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("full");
+    let image = common::mkfs(scratch.path(), "full", IMAGE_MIB, &["-t", "ext4"]);
+    let mnt = scratch.path().join("mnt");
+    let reserved = reserved_blocks(&image);
+
+    // Big files, as root: the whole volume, reserved blocks included.
+    let mount = JextMount::mount(&image, &mnt, "");
+    let files = fill_with_big_files(&mnt.join("big"));
+    let (block_size, free, _) = e2e::statvfs(&mnt);
+    eprintln!("big files: {files}, {free} blocks of {block_size} bytes left free");
+    assert!(free <= 64, "full, yet {free} blocks are free");
+    // rm works on the full volume, and frees space at once.
+    fs::remove_file(mnt.join("big/big0")).unwrap();
+    assert!(e2e::statvfs(&mnt).1 > free, "deleting freed nothing");
+    fs::write(mnt.join("after-rm"), e2e::pattern(1, 1 << 20)).unwrap();
+    mount.unmount();
+    e2e::fsck_clean(&image, "after filling with big files");
+
+    // Many small files in the space of two deleted big files.
+    let mount = JextMount::mount(&image, &mnt, "");
+    fs::remove_file(mnt.join("big/big1")).unwrap();
+    fs::remove_file(mnt.join("big/big2")).unwrap();
+    let small = fill_with_small_files(&mnt.join("small"), 3000);
+    eprintln!("small files: {small} before ENOSPC");
+    assert!(small > 1000, "only {small} small files fit in 8 MiB");
+    mount.unmount();
+    e2e::fsck_clean(&image, "after filling with small files");
+
+    // Inodes: empty files until none is left, which is ENOSPC as well.
+    let mount = JextMount::mount(&image, &mnt, "");
+    e2e::run_ok("rm", &["-rf", e2e::path_str(&mnt.join("big"))]);
+    let empty = fill_with_small_files(&mnt.join("empty"), 0);
+    eprintln!("empty files: {empty} before the inodes ran out");
+    mount.unmount();
+    e2e::fsck_clean(&image, "after running out of inodes");
+
+    // Deleting makes room again.
+    let mount = JextMount::mount(&image, &mnt, "");
+    e2e::run_ok("rm", &["-rf", e2e::path_str(&mnt.join("empty"))]);
+    e2e::run_ok("rm", &["-rf", e2e::path_str(&mnt.join("small"))]);
+    let data = e2e::pattern(3, 5 << 20);
+    fs::write(mnt.join("again"), &data).unwrap();
+    assert_eq!(e2e::read_all(&mnt.join("again")), data);
+    mount.unmount();
+    e2e::fsck_clean(&image, "after deleting and writing again");
+
+    reserved_blocks_stay_for_root(&image, &mnt, reserved);
+}
+
+/// As `nobody` (allow_other mount), writing stops with ENOSPC while the
+/// reserved blocks are still free; root can then still write.
+fn reserved_blocks_stay_for_root(image: &Path, mnt: &Path, reserved: u64) {
+    let mount = JextMount::mount(image, mnt, "allow_other");
+    let user_dir = mnt.join("user");
+    fs::create_dir(&user_dir).unwrap();
+    e2e::set_mode(&user_dir, 0o777);
+    let target = user_dir.join("fill");
+    let output = e2e::run(
+        "setpriv",
+        &[
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "dd",
+            "if=/dev/zero",
+            &format!("of={}", target.display()),
+            "bs=256k",
+            // Bounded: twice the image, should ENOSPC never come.
+            &format!("count={}", IMAGE_MIB * 8),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "dd as nobody never stopped");
+    assert!(
+        stderr.contains("No space left on device"),
+        "dd as nobody: want ENOSPC, got: {stderr}"
+    );
+    let (_, free, available) = e2e::statvfs(mnt);
+    eprintln!("as nobody: stopped with {free} blocks free, {reserved} reserved");
+    assert_eq!(
+        available, 0,
+        "a user write stopped while blocks were available"
+    );
+    assert!(
+        free + 64 >= reserved,
+        "a user ate into the reserved blocks: {free} free, {reserved} reserved"
+    );
+    fs::write(mnt.join("root-writes"), e2e::pattern(4, 100_000)).unwrap();
+    mount.unmount();
+    e2e::fsck_clean(image, "after the unprivileged fill");
+}
