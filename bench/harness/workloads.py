@@ -20,6 +20,7 @@ SIZES = {
         "image_gib": 1,
         # (label, tar member, rounds it runs in: None = every round)
         "untar": [("kernel/ subtree", "linux-source-6.1/kernel", None)],
+        "copy": [("kernel/ subtree", "linux-source-6.1/kernel")],
         "metafsync_threads": [1, 2],
         "varmail_threads": [1, 2],
         "varmail_files": 200,
@@ -45,6 +46,7 @@ SIZES = {
             ("whole tree", "linux-source-6.1", 1),
             ("drivers/net subtree", "linux-source-6.1/drivers/net", None),
         ],
+        "copy": [("drivers/net subtree", "linux-source-6.1/drivers/net")],
         "metafsync_threads": [1, 2, 4, 8, 16],
         "varmail_threads": [1, 4, 16],
         "varmail_files": 1000,
@@ -166,6 +168,54 @@ class Untar(Workload):
                 "params": {"member": member},
                 "values": {"seconds": ended - began},
                 "extra": {"sync_seconds": ended - extracted},
+            })
+        return results
+
+
+class CopyTree(Untar):
+    """cp -a of an extracted tree (from the host's page cache) into the
+    filesystem, then sync: the "copy a real tree" of issue 2. Unlike untar it
+    reads and writes through separate processes' buffers and sets every
+    mode, owner and timestamp with separate calls (cp -a preserves them)."""
+
+    name = "copy"
+    title = "copy: cp -a of a Linux 6.1 source subtree, then sync"
+    origin = "issue 2 (copy a real tree); Debian's linux-source-6.1"
+    tools = ["tar", "cp"]
+
+    def source(self, ctx, member):
+        return ctx.cache / ("tree-" + member.replace("/", "_"))
+
+    def prepare(self, ctx):
+        Untar.prepare(self, ctx)
+        for _, member in ctx.sizes["copy"]:
+            tree = self.source(ctx, member)
+            if tree.exists():
+                continue
+            log(f"extracting {member} into {tree} (once)")
+            partial = tree.with_suffix(".part")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            run(["tar", "-xf", ctx.cache / "linux-source-6.1.tar", "-C", partial, member], timeout=600)
+            partial.rename(tree)
+
+    def run(self, ctx, directory):
+        results = []
+        for label, member in ctx.sizes["copy"]:
+            source = self.source(ctx, member) / member.split("/")[0]
+            # Warm the page cache so the source side costs the same for all.
+            run(["tar", "-cf", "/dev/null", "-C", source.parent, source.name], timeout=600)
+            target = directory / ("copy-" + re.sub(r"\W+", "-", label))
+            began = time.monotonic()
+            run(["cp", "-a", source, target], timeout=900)
+            copied = time.monotonic()
+            run(["sync"], timeout=600)
+            ended = time.monotonic()
+            results.append({
+                "case": label,
+                "params": {"member": member},
+                "values": {"seconds": ended - began},
+                "extra": {"sync_seconds": ended - copied},
             })
         return results
 
@@ -406,5 +456,5 @@ class Apps(Workload):
         return float(match.group(1)), {}
 
 
-ALL = [Untar(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps()]
+ALL = [Untar(), CopyTree(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps()]
 DRIVER_WORKLOADS = {"metafsync", "varmail", "exim", "lsm", "msgjournal", "smallwriters"}

@@ -2,7 +2,7 @@
 //! their checksum: CRC32C (metadata_csum) or CRC16 (gdt_csum / uninit_bg).
 
 use super::csum::{crc16, crc32c_raw};
-use super::superblock::Geometry;
+use super::superblock::{Geometry, incompat};
 use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::ensure_format;
 use crate::error::{Location, Result};
@@ -104,28 +104,35 @@ impl GroupDesc {
         Ok(desc)
     }
 
-    /// Pointers must land inside the filesystem and counts inside the group.
+    /// Pointers must land where ext4_check_descriptors accepts them, and
+    /// counts inside the group.
     fn validate(&self, geo: &Geometry, group: u32) -> Result<()> {
         let location = Location::GroupDescriptor { group };
-        let first_meta = geo.first_data_block as u64 + 1;
-        let in_fs = |block: u64| block >= first_meta && block < geo.blocks_count;
+        let (first, last) = self.allowed_blocks(geo, group);
+        // The primary superblock and descriptor table (s_first_data_block
+        // holds the superblock, the table follows it).
+        let table_end = geo.first_data_block as u64 + geo.gdt_blocks as u64;
+        let allowed = |block: u64, count: u64| {
+            block > table_end
+                && block >= first
+                && block.checked_add(count - 1).is_some_and(|end| end <= last)
+        };
         ensure_format!(
-            in_fs(self.block_bitmap),
+            allowed(self.block_bitmap, 1),
             location,
-            "block bitmap at {} is outside the filesystem",
+            "block bitmap at {} is outside blocks {first}..={last} or on the descriptor table",
             self.block_bitmap
         );
         ensure_format!(
-            in_fs(self.inode_bitmap),
+            allowed(self.inode_bitmap, 1),
             location,
-            "inode bitmap at {} is outside the filesystem",
+            "inode bitmap at {} is outside blocks {first}..={last} or on the descriptor table",
             self.inode_bitmap
         );
         ensure_format!(
-            in_fs(self.inode_table)
-                && self.inode_table + geo.inode_table_blocks as u64 <= geo.blocks_count,
+            allowed(self.inode_table, geo.inode_table_blocks as u64),
             location,
-            "inode table at {} is outside the filesystem",
+            "inode table at {} is outside blocks {first}..={last} or on the descriptor table",
             self.inode_table
         );
         ensure_format!(
@@ -141,6 +148,22 @@ impl GroupDesc {
             self.free_inodes
         );
         Ok(())
+    }
+
+    /// The blocks a group's bitmaps and inode table may occupy: anywhere
+    /// with flex_bg, else inside the group (the last group running to the
+    /// end of the filesystem), as ext4_check_descriptors checks.
+    fn allowed_blocks(&self, geo: &Geometry, group: u32) -> (u64, u64) {
+        let last_block = geo.blocks_count - 1;
+        if geo.has_incompat(incompat::FLEX_BG) {
+            return (geo.first_data_block as u64, last_block);
+        }
+        let first = geo.group_first_block(group);
+        if group + 1 == geo.group_count {
+            (first, last_block)
+        } else {
+            (first, first + geo.blocks_per_group as u64 - 1)
+        }
     }
 
     /// Encode into `bytes` (the descriptor's slot in the table block),

@@ -624,7 +624,10 @@ impl Geometry {
             } else {
                 0
             },
-            inode_table_blocks: (sb.inodes_per_group * sb.inode_size as u32).div_ceil(block_size),
+            // In 64 bits: validate() allows up to 8 x block size inodes of
+            // up to block size bytes, 2^33 bytes with 32 KiB blocks.
+            inode_table_blocks: (sb.inodes_per_group as u64 * sb.inode_size as u64)
+                .div_ceil(block_size as u64) as u32,
             groups_per_flex: if sb.has_incompat(incompat::FLEX_BG) && sb.log_groups_per_flex < 31 {
                 1 << sb.log_groups_per_flex
             } else {

@@ -669,13 +669,24 @@ pub fn list(geo: &Geometry, cache: &BufferCache, ino: u32, inode: &Inode) -> Res
     if let Some(block) = load_block(geo, cache, ino, inode)? {
         entries.extend(block.entries);
     }
-    let names = entries
-        .iter()
-        .filter_map(|entry| {
-            let prefix = list_prefix(entry.index)?;
-            Some([prefix, &entry.name].concat())
-        })
-        .collect();
+    let mut names = Vec::with_capacity(entries.len());
+    for entry in &entries {
+        let Some(prefix) = list_prefix(entry.index) else {
+            continue;
+        };
+        let name = [prefix, &entry.name].concat();
+        // Every listed name must read back: the kernel never stores an
+        // empty suffix under a prefix ("user."), a suffix under an exact
+        // name (the ACLs), or a full name past XATTR_NAME_MAX.
+        ensure_format!(
+            resolve_name(&name).is_ok(),
+            Location::Inode { ino },
+            "xattr entry {:?} (index {}) names no attribute",
+            String::from_utf8_lossy(&name),
+            entry.index
+        );
+        names.push(name);
+    }
     Ok(names)
 }
 

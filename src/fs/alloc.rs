@@ -357,8 +357,36 @@ impl Tx<'_, '_> {
             ));
         };
         let ino = group * geo.inodes_per_group + index as u32 + 1;
+        self.check_inode_unused(group, index, ino)?;
         self.claim_inode(ino, is_dir)?;
         Ok(ino)
+    }
+
+    /// The bitmap may be damaged: an inode that still has links is in use
+    /// whatever its bit says, and taking it over would silently turn that
+    /// file into the new one. A slot that does not decode (never written,
+    /// or garbage) holds nothing to lose, and neither does the part of the
+    /// table that lazy init has not zeroed yet (its bytes may be a previous
+    /// filesystem's).
+    fn check_inode_unused(&mut self, group: u32, index: usize, ino: u32) -> Result<()> {
+        let geo = &self.core.geo;
+        let desc = &self.st.groups[group as usize];
+        let uninitialised = geo.has_group_csum()
+            && (desc.flags & BG_INODE_UNINIT != 0
+                || index as u32 >= geo.inodes_per_group - desc.itable_unused);
+        if uninitialised {
+            return Ok(());
+        }
+        if let Ok(existing) = self.read_inode(ino)
+            && existing.links_count > 0
+            && existing.mode != 0
+        {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "inode bitmap marks an inode with links free",
+            ));
+        }
+        Ok(())
     }
 
     /// Mark inode `ino` in use (bitmap, free and directory counts, the
@@ -496,15 +524,42 @@ fn verify_block_bitmap(tx: &Tx<'_, '_>, group: u32, buffer: &Buffer) -> Result<(
     if buffer.is_verified() {
         return Ok(());
     }
+    let geo = &tx.core.geo;
     let desc = &tx.st.groups[group as usize];
-    if !desc.block_bitmap_csum_ok(&tx.core.geo, &buffer.read()) {
+    let location = Location::Block {
+        block: desc.block_bitmap,
+    };
+    let bytes = buffer.read();
+    if !desc.block_bitmap_csum_ok(geo, &bytes) {
         return Err(Error::corrupt(
-            Location::Block {
-                block: desc.block_bitmap,
-            },
+            location,
             format!("block bitmap checksum mismatch for group {group}"),
         ));
     }
+    // ext4_valid_block_bitmap: the bitmap marks the group's own bitmaps and
+    // inode table (those that lie in the group) in use. A descriptor that
+    // points at the wrong block almost never passes this, and without
+    // checksums nothing else would notice before allocations handed out
+    // blocks in use.
+    let first = geo.group_first_block(group);
+    let end = first + geo.blocks_in_group(group) as u64;
+    let own = [
+        (desc.block_bitmap, 1),
+        (desc.inode_bitmap, 1),
+        (desc.inode_table, geo.inode_table_blocks as u64),
+    ];
+    let unmarked = own
+        .into_iter()
+        .flat_map(|(start, count)| start..start + count)
+        .filter(|block| (first..end).contains(block))
+        .find(|&block| !bitmap::test_bit(&bytes, (block - first) as usize));
+    if let Some(block) = unmarked {
+        return Err(Error::corrupt(
+            location,
+            format!("block bitmap of group {group} marks its own metadata block {block} free"),
+        ));
+    }
+    drop(bytes);
     buffer.set_verified();
     Ok(())
 }

@@ -23,6 +23,7 @@ mod inode;
 mod journal;
 mod namei;
 mod orphan;
+pub mod walk;
 mod xattr;
 
 pub use crate::format::xattr::SetMode as XattrMode;
@@ -287,6 +288,12 @@ impl Fs {
             options.cache_size,
         ));
         let groups = read_group_descs(&geo, &cache)?;
+        // The superblock's free counts are only a summary; like the kernel
+        // (ext4_percpu_param_init) take them from the descriptors, whose
+        // counts are checked against the group size. A damaged summary
+        // would otherwise overflow when blocks or inodes are freed.
+        sb.free_blocks_count = groups.iter().map(|desc| desc.free_blocks as u64).sum();
+        sb.free_inodes_count = groups.iter().map(|desc| desc.free_inodes).sum();
         let config = JournalConfig {
             commit_interval: options.commit_interval,
             sync_all: options.sync,

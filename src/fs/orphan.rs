@@ -14,9 +14,19 @@ use crate::format::inode::Inode;
 use crate::format::mapping::{self, Lookup};
 use crate::format::orphan as fmt;
 use crate::format::superblock::ro_compat;
+use std::collections::HashSet;
 
-/// Upper bound on orphan-list walks: a cycle in a corrupt list must end.
+/// Upper bound on orphan-list walks: a corrupt list must end.
 const MAX_ORPHAN_CHAIN: u32 = 1 << 20;
+
+/// A list that comes back to an inode it passed: without this check a
+/// cycle would be walked to the bound above, a million inode reads.
+fn orphan_cycle(ino: u32) -> Error {
+    Error::corrupt(
+        Location::Inode { ino },
+        "orphan list comes back to this inode (a cycle)",
+    )
+}
 
 impl Tx<'_, '_> {
     /// Record `ino` as an orphan: its last link is gone while it is open,
@@ -52,9 +62,13 @@ impl Tx<'_, '_> {
         }
         // Find the predecessor in the list.
         let mut current = self.st.sb.last_orphan;
+        let mut visited = HashSet::new();
         for _ in 0..MAX_ORPHAN_CHAIN {
             if current == 0 {
                 return Ok(()); // not on the list
+            }
+            if !visited.insert(current) {
+                return Err(orphan_cycle(current));
             }
             let mut previous = self.read_inode(current)?;
             if previous.dtime == ino {
@@ -197,7 +211,11 @@ impl Fs {
             let mut pending = tx.orphan_file_entries()?;
             let mut ino = tx.st.sb.last_orphan;
             let mut steps = 0;
+            let mut visited = HashSet::new();
             while ino != 0 {
+                if !visited.insert(ino) {
+                    return Err(orphan_cycle(ino));
+                }
                 pending.push(ino);
                 steps += 1;
                 if steps > MAX_ORPHAN_CHAIN {
