@@ -347,7 +347,24 @@ impl Tx<'_, '_> {
         } else {
             0
         };
-        let found = bitmap::find_zero(&buffer.read(), first, geo.inodes_per_group as usize);
+        let found = {
+            let bytes = buffer.read();
+            let ipg = geo.inodes_per_group as usize;
+            let remembered = core.remembered.lock();
+            let first_free = bitmap::find_zero(&bytes, first, ipg);
+            // Skip numbers a front end still names; if the group has only
+            // those left, reusing one is the lesser evil (ENOSPC would be
+            // false).
+            let mut candidate = first_free;
+            while let Some(index) = candidate {
+                let ino = group * geo.inodes_per_group + index as u32 + 1;
+                if !remembered.contains_key(&ino) {
+                    break;
+                }
+                candidate = bitmap::find_zero(&bytes, index + 1, ipg);
+            }
+            candidate.or(first_free)
+        };
         let Some(index) = found else {
             return Err(Error::corrupt(
                 Location::Block {

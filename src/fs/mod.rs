@@ -130,6 +130,10 @@ pub(crate) struct Core {
     /// file), so that recording and unrecording are idempotent when
     /// operations on one inode overlap (a leaf lock).
     pub orphans: Mutex<HashSet<u32>>,
+    /// Inode numbers a front end still names (the FUSE kernel's lookup
+    /// counts): the allocator does not hand them out again while named,
+    /// or a stale name would reach a new, unrelated file (a leaf lock).
+    pub remembered: Mutex<HashMap<u32, u64>>,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -153,6 +157,7 @@ impl Core {
             overhead_blocks: overhead_blocks(&geo, sb),
             inode_tids: Mutex::new(HashMap::new()),
             open_orphans: Mutex::new(HashSet::new()),
+            remembered: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),
             reserved_blocks: sb.reserved_blocks_count,
             resuid: sb.def_resuid as u32,
@@ -458,6 +463,27 @@ impl Fs {
             self.core.journal.set_read_only();
         }
         result
+    }
+
+    /// A front end hands inode number `ino` out once more (a FUSE entry
+    /// reply: the kernel's lookup count grows). While any count remains the
+    /// number is not reused for a new inode: the kernel may still send
+    /// requests for it, and after a reuse they would reach another file
+    /// (FUSE requests carry the number, not the generation).
+    pub fn remember(&self, ino: u32) {
+        *self.core.remembered.lock().entry(ino).or_insert(0) += 1;
+    }
+
+    /// The front end dropped `count` of its references to `ino` (FUSE
+    /// FORGET); at zero the number may be reused.
+    pub fn forget(&self, ino: u32, count: u64) {
+        let mut remembered = self.core.remembered.lock();
+        if let Some(held) = remembered.get_mut(&ino) {
+            *held = held.saturating_sub(count);
+            if *held == 0 {
+                remembered.remove(&ino);
+            }
+        }
     }
 
     /// Make everything durable (sync(2), syncfs(2)).

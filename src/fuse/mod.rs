@@ -49,6 +49,19 @@ impl FuseAdapter {
         FuseAdapter { fs, notifier }
     }
 
+    /// Every entry the kernel receives raises its lookup count for that
+    /// inode, which the engine must know before the reply leaves (a FORGET
+    /// may follow at once).
+    fn reply_entry(&self, reply: ReplyEntry, result: crate::Result<Attr>) {
+        match result {
+            Ok(attr) => {
+                self.fs.remember(attr.ino);
+                reply.entry(&TTL, &file_attr(&attr), Generation(attr.generation as u64))
+            }
+            Err(error) => reply.error(errno(&error)),
+        }
+    }
+
     /// Setting or removing an access ACL may change the mode: drop the
     /// kernel's cached attributes (a negative offset: attributes only).
     fn acl_changed(&self, ino: INodeNo, name: &OsStr) {
@@ -149,13 +162,6 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
-fn reply_entry(reply: ReplyEntry, result: crate::Result<Attr>) {
-    match result {
-        Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(attr.generation as u64)),
-        Err(error) => reply.error(errno(&error)),
-    }
-}
-
 fn reply_empty(reply: ReplyEmpty, result: crate::Result<()>) {
     match result {
         Ok(()) => reply.ok(),
@@ -196,8 +202,13 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
+    // BATCH_FORGET: fuser's default hands each node to forget().
+    fn forget(&self, _request: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(to_ext4(ino), nlookup);
+    }
+
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        reply_entry(reply, self.fs.lookup(to_ext4(parent), name.as_bytes()));
+        self.reply_entry(reply, self.fs.lookup(to_ext4(parent), name.as_bytes()));
     }
 
     fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -264,7 +275,7 @@ impl Filesystem for FuseAdapter {
             rdev as u64,
             caller(request),
         );
-        reply_entry(reply, result);
+        self.reply_entry(reply, result);
     }
 
     fn mkdir(
@@ -276,7 +287,7 @@ impl Filesystem for FuseAdapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        reply_entry(
+        self.reply_entry(
             reply,
             self.fs.mkdir(
                 to_ext4(parent),
@@ -317,7 +328,7 @@ impl Filesystem for FuseAdapter {
             target.as_os_str().as_bytes(),
             caller(request),
         );
-        reply_entry(reply, result);
+        self.reply_entry(reply, result);
     }
 
     fn rename(
@@ -362,7 +373,7 @@ impl Filesystem for FuseAdapter {
             newname.as_bytes(),
             caller(request),
         );
-        reply_entry(reply, result);
+        self.reply_entry(reply, result);
     }
 
     fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -505,6 +516,9 @@ impl Filesystem for FuseAdapter {
                 Ok(attr) => attr,
                 Err(error) => return reply.error(errno(&error)),
             };
+            // The kernel counts a lookup for every entry but "." and "..";
+            // an entry that does not fit is not sent, so counted after.
+            let dots = entry.name == b"." || entry.name == b"..";
             let full = reply.add(
                 to_fuse(entry.ino),
                 entry.next,
@@ -515,6 +529,9 @@ impl Filesystem for FuseAdapter {
             );
             if full {
                 break; // the kernel resumes from the last entry's cookie
+            }
+            if !dots {
+                self.fs.remember(entry.ino);
             }
         }
         reply.ok();
@@ -640,13 +657,16 @@ impl Filesystem for FuseAdapter {
             )
             .and_then(|attr| self.fs.open_file(attr.ino));
         match result {
-            Ok(attr) => reply.created(
-                &TTL,
-                &file_attr(&attr),
-                Generation(attr.generation as u64),
-                FileHandle(0),
-                FopenFlags::empty(),
-            ),
+            Ok(attr) => {
+                self.fs.remember(attr.ino);
+                reply.created(
+                    &TTL,
+                    &file_attr(&attr),
+                    Generation(attr.generation as u64),
+                    FileHandle(0),
+                    FopenFlags::empty(),
+                )
+            }
             Err(error) => reply.error(errno(&error)),
         }
     }
