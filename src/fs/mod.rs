@@ -403,8 +403,8 @@ impl Fs {
     ///
     /// When the operation runs out of space while blocks freed by
     /// uncommitted transactions are waiting to become allocatable, it is
-    /// run once more after those transactions commit (the kernel's
-    /// `ext4_should_retry_alloc`); `body` must therefore leave the
+    /// run again after those transactions commit, up to three times (the
+    /// kernel's `ext4_should_retry_alloc`); `body` must therefore leave the
     /// filesystem consistent when it fails, as every operation here does.
     pub(crate) fn transact<R>(
         &self,
@@ -436,8 +436,11 @@ impl Fs {
                 result.and_then(|value| finished.map(|()| value))
             };
             let stopped = handle.stop();
+            // Up to three retries, as the kernel's ext4_should_retry_alloc:
+            // other threads keep freeing into the running transaction, so
+            // one commit may not release enough.
             if matches!(result, Err(Error::NoSpace))
-                && attempt == 0
+                && attempt < 3
                 && self.core.journal.has_pending_frees()
             {
                 attempt += 1;
