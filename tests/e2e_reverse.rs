@@ -21,11 +21,7 @@ fn reverse(name: &str) {
         return;
     }
     let started = Instant::now();
-    let args = common::VARIANTS
-        .iter()
-        .find(|(variant, _)| *variant == name)
-        .map(|(_, args)| *args)
-        .expect("a variant of tests/common VARIANTS");
+    let args = common::variant_args(name);
     let extents = name.starts_with("ext4");
     let scratch = e2e::scratch(&format!("reverse-{name}"));
     let image = common::mkfs(scratch.path(), name, 256, args);

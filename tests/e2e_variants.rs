@@ -18,11 +18,7 @@ fn variant(name: &str) {
         return;
     }
     let started = Instant::now();
-    let args = common::VARIANTS
-        .iter()
-        .find(|(variant, _)| *variant == name)
-        .map(|(_, args)| *args)
-        .expect("a variant of tests/common VARIANTS");
+    let args = common::variant_args(name);
     let scratch = e2e::scratch(name);
     let image = common::mkfs(scratch.path(), name, 256, args);
     let mnt = scratch.path().join("mnt");

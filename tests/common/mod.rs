@@ -23,6 +23,16 @@ pub const VARIANTS: &[(&str, &[&str])] = &[
     ("ext4-fast-commit", &["-t", "ext4", "-O", "fast_commit"]),
 ];
 
+/// The mke2fs arguments of the variant called `name` (a test per variant
+/// names its own entry of `VARIANTS`).
+pub fn variant_args(name: &str) -> &'static [&'static str] {
+    VARIANTS
+        .iter()
+        .find(|(variant, _)| *variant == name)
+        .map(|(_, args)| *args)
+        .expect("a variant of tests/common VARIANTS")
+}
+
 pub fn require_tool(tool: &str) -> bool {
     let found = Command::new("sh")
         .arg("-c")
