@@ -167,3 +167,45 @@ fn e2e_library_release_after_delete() {
     opened.close().unwrap();
     e2e::fsck_clean(&image, "after late releases");
 }
+
+/// `Image::remove_dir_all` removes a nested tree (files, symlinks, empty
+/// and full directories, a tree deeper than it is wide), gives every block
+/// and inode back, refuses a file, and leaves an e2fsck-clean image.
+#[test]
+fn remove_dir_all_removes_a_tree_and_gives_the_space_back() {
+    use jext4::api::Image;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::mkfs(dir.path(), "rmtree", 16, &["-t", "ext4", "-b", "1024"]);
+    let image = Image::open(&path).unwrap();
+    image.create_dir("/keep", 0o755).unwrap();
+    image.write_file("/keep/file", b"stays").unwrap();
+    let before = image.fs().statfs();
+    let mut deep = String::from("/tree");
+    for level in 0..40 {
+        image.create_dir(&deep, 0o755).unwrap();
+        image
+            .write_file(&format!("{deep}/f{level}"), &vec![level as u8; 3000])
+            .unwrap();
+        image
+            .symlink("../somewhere", &format!("{deep}/link"))
+            .unwrap();
+        image.create_dir(&format!("{deep}/empty"), 0o700).unwrap();
+        deep.push_str(&format!("/d{level}"));
+    }
+    assert!(matches!(
+        image.remove_dir_all("/keep/file"),
+        Err(jext4::Error::NotDirectory)
+    ));
+    image.remove_dir_all("/tree").unwrap();
+    assert!(matches!(
+        image.metadata("/tree"),
+        Err(jext4::Error::NotFound)
+    ));
+    assert_eq!(image.read_file("/keep/file").unwrap(), b"stays");
+    image.sync().unwrap();
+    let after = image.fs().statfs();
+    assert_eq!(after.free_files, before.free_files);
+    assert_eq!(after.free_blocks, before.free_blocks);
+    image.close().unwrap();
+    common::assert_fsck_clean(&path);
+}

@@ -212,6 +212,45 @@ impl Image {
         self.fs.rmdir(parent, name, self.caller)
     }
 
+    /// Remove a directory and everything under it (like
+    /// `std::fs::remove_dir_all`; symbolic links are removed, not
+    /// followed). Iterative, so a deep tree cannot exhaust the stack.
+    pub fn remove_dir_all(&self, path: &str) -> Result<()> {
+        let (parent, name) = self.parent_of(path)?;
+        let top = self.fs.lookup(parent, name)?;
+        if top.kind != FileKind::Directory {
+            return Err(Error::NotDirectory);
+        }
+        // Directories still to empty, deepest last; each entry is (parent,
+        // name, inode) so that it can be removed once empty.
+        let mut pending = vec![(parent, name.to_vec(), top.ino)];
+        while let Some((dir_parent, dir_name, dir)) = pending.pop() {
+            let mut subdirectories = Vec::new();
+            let mut entries = Vec::new();
+            self.fs.readdir(dir, 0, &mut |entry| {
+                if entry.name != b"." && entry.name != b".." {
+                    entries.push(entry);
+                }
+                true
+            })?;
+            for entry in entries {
+                if entry.kind == FileKind::Directory {
+                    subdirectories.push((dir, entry.name, entry.ino));
+                } else {
+                    self.fs.unlink(dir, &entry.name, self.caller)?;
+                }
+            }
+            if subdirectories.is_empty() {
+                self.fs.rmdir(dir_parent, &dir_name, self.caller)?;
+            } else {
+                // Come back to this directory once its children are gone.
+                pending.push((dir_parent, dir_name, dir));
+                pending.extend(subdirectories);
+            }
+        }
+        Ok(())
+    }
+
     /// Names in a directory, without "." and "..".
     pub fn read_dir(&self, path: &str) -> Result<Vec<Dentry>> {
         let ino = self.resolve(path, true)?;

@@ -272,7 +272,10 @@ impl Shared {
         match result {
             Ok(value) => Ok(value),
             Err(_) if self.killed.load(Ordering::SeqCst) => Err(Halt::Expected),
-            Err(error) => Err(Halt::Failed(format!("{what}: {error}"))),
+            Err(error) => Err(Halt::Failed(format!(
+                "{what}: {error} ({})",
+                space_report(&self.root)
+            ))),
         }
     }
 
@@ -520,6 +523,24 @@ impl Shared {
         live[index] = to;
         Ok(())
     }
+}
+
+/// `statfs` of the filesystem holding `path`, for failure messages: an
+/// ENOSPC reads differently on a full volume and on one with room.
+pub fn space_report(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return "statfs: path has a NUL byte".into();
+    };
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated and `stat` is a valid out-pointer.
+    if unsafe { libc::statvfs(name.as_ptr(), &mut stat) } != 0 {
+        return format!("statfs: {}", std::io::Error::last_os_error());
+    }
+    format!(
+        "statfs: {} of {} blocks of {} bytes free ({} for users), {} of {} inodes free",
+        stat.f_bfree, stat.f_blocks, stat.f_frsize, stat.f_bavail, stat.f_ffree, stat.f_files
+    )
 }
 
 /// Check a recovered image against the model through jext4's library,
