@@ -305,7 +305,7 @@ fn mount(
     mountpoint: &Path,
 ) -> Result<(), String> {
     let (engine_options, fuse_options) = parse_mount_options(options).map_err(|e| e.to_string())?;
-    if !image.exists() {
+    if !jext4::dev::is_nbd_uri(&image.to_string_lossy()) && !image.exists() {
         return Err(format!("{}: no such file or device", image.display()));
     }
     let mountpoint = mountpoint

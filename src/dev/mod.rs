@@ -11,13 +11,17 @@
 mod file;
 pub mod guard;
 mod memory;
+pub mod nbd;
 pub mod recording;
 
 pub use file::FileDevice;
 pub use memory::MemoryDevice;
+pub use nbd::{NbdDevice, NbdUri, is_nbd_uri};
 pub use recording::{Record, RecordingDevice};
 
 use std::io;
+use std::path::Path;
+use std::sync::Arc;
 
 pub const SECTOR_SIZE: u64 = 512;
 
@@ -34,6 +38,27 @@ pub trait BlockDevice: Send + Sync {
     fn is_read_only(&self) -> bool {
         false
     }
+}
+
+/// Open what an image argument names: an NBD URI (`nbd://HOST[:PORT]/EXPORT`,
+/// `nbd+unix:///EXPORT?socket=PATH`) or an image file or block device.
+/// The error is one line that names what was opened.
+pub fn open_image(image: &Path, read_only: bool) -> io::Result<Arc<dyn BlockDevice>> {
+    let cannot_open = |error: io::Error| {
+        io::Error::new(
+            error.kind(),
+            format!("cannot open {}: {error}", image.display()),
+        )
+    };
+    if let Some(text) = image.to_str().filter(|text| is_nbd_uri(text)) {
+        let uri =
+            NbdUri::parse(text).map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?;
+        let device = NbdDevice::open(&uri, read_only).map_err(cannot_open)?;
+        return Ok(Arc::new(device));
+    }
+    Ok(Arc::new(
+        FileDevice::open(image, read_only).map_err(cannot_open)?,
+    ))
 }
 
 /// Checks shared by every implementation: sector alignment and bounds.

@@ -106,13 +106,7 @@ fn open_journaled(
     path: &std::path::Path,
     read_only: bool,
 ) -> Result<(Arc<dyn BlockDevice>, Superblock, Geometry)> {
-    let device = crate::dev::FileDevice::open(path, read_only).map_err(|error| {
-        Error::Io(std::io::Error::new(
-            error.kind(),
-            format!("cannot open {}: {error}", path.display()),
-        ))
-    })?;
-    let dev: Arc<dyn BlockDevice> = Arc::new(device);
+    let dev = crate::dev::open_image(path, read_only)?;
     let (sb, geo) = journaled_superblock(&dev).map_err(|error| match error {
         Error::Invalid(detail) => Error::Invalid(format!("{}: {detail}", path.display())),
         error => error,

@@ -34,8 +34,8 @@ pub use journal::{ImageRecovery, logdump_image, recover_device, recover_image};
 pub use namei::RenameFlags;
 
 use crate::cache::BufferCache;
+use crate::dev::BlockDevice;
 use crate::dev::guard::GuardedDevice;
-use crate::dev::{BlockDevice, FileDevice};
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::GroupDesc;
 use crate::format::superblock::{
@@ -212,15 +212,9 @@ pub(crate) struct Tx<'a, 'j> {
 }
 
 impl Fs {
-    /// Open an image file or block device and mount it.
+    /// Open an image file, block device or NBD URI and mount it.
     pub fn open(path: &Path, options: MountOptions) -> Result<Arc<Fs>> {
-        let device = FileDevice::open(path, options.read_only).map_err(|error| {
-            Error::Io(std::io::Error::new(
-                error.kind(),
-                format!("cannot open {}: {error}", path.display()),
-            ))
-        })?;
-        Fs::mount(Arc::new(device), options)
+        Fs::mount(crate::dev::open_image(path, options.read_only)?, options)
     }
 
     /// Mount a filesystem on any block device.
