@@ -162,9 +162,20 @@ impl JextMount {
         mountpoint: &Path,
         options: &str,
     ) -> Result<JextMount, (Output, String)> {
-        fs::create_dir_all(mountpoint).expect("creating the mount point");
         let serial = MOUNT_SERIAL.fetch_add(1, Ordering::Relaxed);
         let log = image.with_extension(format!("jext4-{serial}.log"));
+        JextMount::try_mount_logged(image, mountpoint, options, log)
+    }
+
+    /// Mount with the server's log in `log` (for images named by an NBD
+    /// URI, whose name says nothing about a directory to log in).
+    pub fn try_mount_logged(
+        image: &Path,
+        mountpoint: &Path,
+        options: &str,
+        log: PathBuf,
+    ) -> Result<JextMount, (Output, String)> {
+        fs::create_dir_all(mountpoint).expect("creating the mount point");
         let mut command = Command::new(JEXT4);
         command.arg("mount").arg("--log").arg(&log);
         if !options.is_empty() {

@@ -4,6 +4,7 @@
 
 pub mod e2e;
 pub mod journal;
+pub mod nbd;
 pub mod server;
 pub mod workload;
 

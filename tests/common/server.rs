@@ -58,6 +58,12 @@ impl Server {
     /// Mount `image` at `<image>.mnt` with `-o options` (may be empty) and
     /// wait until the mount is live.
     pub fn start(image: &Path, options: &str) -> Server {
+        Server::start_named(image.as_os_str(), image, options)
+    }
+
+    /// Mount what `name` names (an image path or an NBD URI) with the
+    /// mount point and log beside `image`.
+    pub fn start_named(name: &std::ffi::OsStr, image: &Path, options: &str) -> Server {
         let mountpoint = image.with_extension("mnt");
         std::fs::create_dir_all(&mountpoint).unwrap();
         let mountpoint = mountpoint.canonicalize().unwrap();
@@ -74,7 +80,7 @@ impl Server {
             command.args(["-o", options]);
         }
         let child = command
-            .arg(image)
+            .arg(name)
             .arg(&mountpoint)
             .env("JEXT4_LOG", "info")
             .env("NO_COLOR", "1")
