@@ -575,7 +575,7 @@ impl Fs {
     /// not durable yet — an overwrite of allocated blocks commits nothing.
     pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
         if !self.core.journal.is_journaled() {
-            return self.core.journal.sync();
+            return self.note_error(self.core.journal.sync());
         }
         let pending = self
             .core
@@ -588,7 +588,7 @@ impl Fs {
         {
             return Ok(()); // the commit's final flush covered the data too
         }
-        self.core.journal.flush_data()
+        self.note_error(self.core.journal.flush_data())
     }
 
     /// Attributes after a change made through a file handle.

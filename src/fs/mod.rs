@@ -197,6 +197,8 @@ pub struct Fs {
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// Set after a corruption was found at run time (errors=remount-ro).
     errored: AtomicBool,
+    /// Set after the device failed an I/O (the filesystem is read-only).
+    device_failed: AtomicBool,
     unmounted: AtomicBool,
 }
 
@@ -331,6 +333,7 @@ impl Fs {
             core,
             open_files: Mutex::new(HashMap::new()),
             errored: AtomicBool::new(false),
+            device_failed: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
         });
         fs.check_root()?;
@@ -448,16 +451,29 @@ impl Fs {
         }
     }
 
-    /// Turn corruption into a read-only filesystem (errors=remount-ro) and
-    /// log where it was found; pass every result through unchanged.
+    /// Turn corruption and device failures into a read-only filesystem
+    /// (errors=remount-ro) and log, once, what happened; pass every result
+    /// through unchanged. A device that failed a write or a flush may have
+    /// lost any write since the last good flush: nothing more is accepted,
+    /// and what was acknowledged is in the journal for recovery.
     pub(crate) fn note_error<R>(&self, result: Result<R>) -> Result<R> {
-        if let Err(Error::Corrupt { location, detail }) = &result {
-            if !self.errored.swap(true, Ordering::AcqRel) {
-                tracing::error!(%location, %detail, "corruption detected; filesystem is now read-only");
-            } else {
-                tracing::warn!(%location, %detail, "corruption detected");
+        match &result {
+            Err(Error::Corrupt { location, detail }) => {
+                if !self.errored.swap(true, Ordering::AcqRel) {
+                    tracing::error!(%location, %detail, "corruption detected; filesystem is now read-only");
+                } else {
+                    tracing::warn!(%location, %detail, "corruption detected");
+                }
+                self.core.journal.set_read_only();
             }
-            self.core.journal.set_read_only();
+            // ENXIO is SEEK_DATA's answer past the last data, not an I/O error.
+            Err(Error::Io(error)) if error.raw_os_error() != Some(libc::ENXIO) => {
+                if !self.device_failed.swap(true, Ordering::AcqRel) {
+                    tracing::error!(%error, "device I/O error; filesystem is now read-only");
+                }
+                self.core.journal.set_read_only();
+            }
+            _ => {}
         }
         result
     }
@@ -485,7 +501,7 @@ impl Fs {
 
     /// Make everything durable (sync(2), syncfs(2)).
     pub fn sync(&self) -> Result<()> {
-        self.core.journal.sync()
+        self.note_error(self.core.journal.sync())
     }
 
     /// Flush, release every orphan, mark the filesystem clean and stop.

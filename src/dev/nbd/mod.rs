@@ -284,11 +284,13 @@ impl NbdDevice {
                 protocol::is_refusal(&error) || error.kind() == io::ErrorKind::InvalidData;
             if final_error || started.elapsed() + pause > timeout {
                 let why = format!(
-                    "NBD server {} lost ({cause}); gave up after {:.1?}: {error}",
+                    "NBD server {} lost ({cause}); gave up reconnecting after {:.1?} \
+                     (x-reconnect-timeout={}): {error}",
                     self.uri,
-                    started.elapsed()
+                    started.elapsed(),
+                    timeout.as_secs()
                 );
-                tracing::error!("{why}");
+                tracing::warn!("{why}");
                 *self.dead.lock() = Some(why.clone());
                 return Err(io::Error::new(io::ErrorKind::NotConnected, why));
             }

@@ -417,6 +417,20 @@ impl Connection {
         checked_info(size, flags, (1, 4096, DEFAULT_MAX_PAYLOAD))
     }
 
+    /// Read exactly `buf.len()` bytes of a reply; the end of the stream
+    /// means the server went away.
+    fn receive(&mut self, buf: &mut [u8]) -> Result<(), RequestError> {
+        self.stream.read_exact(buf).map_err(|error| {
+            RequestError::Transport(match error.kind() {
+                io::ErrorKind::UnexpectedEof => io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the server closed the connection",
+                ),
+                _ => error,
+            })
+        })
+    }
+
     /// Send one request and read its reply; a read's data lands in `into`.
     pub fn request(
         &mut self,
@@ -444,9 +458,7 @@ impl Connection {
         self.send(&header, payload)
             .map_err(RequestError::Transport)?;
         let mut reply = [0u8; 16];
-        self.stream
-            .read_exact(&mut reply)
-            .map_err(RequestError::Transport)?;
+        self.receive(&mut reply)?;
         let magic = u32::from_be_bytes(reply[0..4].try_into().unwrap());
         let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
         let replied = u64::from_be_bytes(reply[8..16].try_into().unwrap());
@@ -464,9 +476,7 @@ impl Connection {
             return Err(RequestError::Server(error));
         }
         if let Some(into) = into {
-            self.stream
-                .read_exact(into)
-                .map_err(RequestError::Transport)?;
+            self.receive(into)?;
         }
         Ok(())
     }
