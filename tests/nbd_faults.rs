@@ -367,12 +367,14 @@ fn server_gone_past_the_timeout() {
     assert_recovered_with(&raw, &durable);
 }
 
-/// Deterministic: a file is written (acknowledged, in nbdkit's writeback
-/// cache, not flushed), the server is killed and restarted, then the file
-/// is fsync'd. Without the replay of acknowledged writes after the
-/// reconnect, its data would be lost with the server's cache.
-#[test]
-fn writes_lost_by_a_restarted_server_are_replayed() {
+/// Deterministic: a file is written, the server is killed and restarted,
+/// then the file is fsync'd. With `read_back`, the file is read back before
+/// the kill, which waits for the server's acknowledgements: the writes are
+/// then acknowledged and unflushed, in nbdkit's writeback cache that the
+/// kill loses, and the client must replay them from its log; without, they
+/// are still in flight when the server dies, and the client must send them
+/// again.
+fn restart_after_writes(read_back: bool) {
     if !servers_available() {
         return;
     }
@@ -393,6 +395,9 @@ fn writes_lost_by_a_restarted_server_are_replayed() {
     let big = e2e::pattern(99, 3 << 20);
     let file = image.create("/big", 0o644).unwrap();
     file.write_at(0, &big).unwrap();
+    if read_back {
+        assert!(file.read_at(0, big.len()).unwrap() == big);
+    }
     server.kill9();
     server.start();
     file.sync_all().unwrap();
@@ -402,4 +407,14 @@ fn writes_lost_by_a_restarted_server_are_replayed() {
     let mut durable = Durable::new();
     durable.insert("/big".into(), big);
     assert_recovered_with(&raw, &durable);
+}
+
+#[test]
+fn acknowledged_writes_lost_by_a_restarted_server_are_replayed() {
+    restart_after_writes(true);
+}
+
+#[test]
+fn writes_in_flight_when_the_server_dies_are_sent_again() {
+    restart_after_writes(false);
 }

@@ -6,42 +6,53 @@
 //! Ordering. The journal needs one thing from a device: `flush` makes every
 //! write that completed before it durable. NBD gives exactly that:
 //! `NBD_CMD_FLUSH` covers every write the server replied to before it
-//! (proto.md, "Ordering of messages and writes"), and `write_at` returns
-//! only after the reply. With several connections that holds across them
-//! only when the server says `NBD_FLAG_CAN_MULTI_CONN`; without it, one
-//! connection carries everything.
+//! (proto.md, "Ordering of messages and writes"). With several connections
+//! that holds across them only when the server says
+//! `NBD_FLAG_CAN_MULTI_CONN`; without it, one connection carries everything.
 //!
-//! Connections. Each carries one request at a time (no pipelining); the
-//! device opens `x-connections` of them (4 by default) when the server
-//! allows several, and a request takes whichever is free.
+//! Write-behind. `write_at` sends the write and returns without waiting for
+//! the reply (a disk's volatile cache does the same; `BlockDevice` promises
+//! nothing before `flush`), so the round trip of one write overlaps the
+//! next. The device keeps each write until its reply: a read or write that
+//! overlaps one still in flight first waits for it (the server may reorder
+//! requests, even on one connection); `flush` first waits for the reply of
+//! every write issued before it, then sends `NBD_CMD_FLUSH`. A write the
+//! server fails is reported by the next write or flush, and every later
+//! write and flush fails too: the filesystem above turns read-only. At most
+//! `WINDOW_WRITES` writes and `WINDOW_BYTES` bytes are in flight per
+//! connection. Reads wait for their data, of course.
 //!
-//! Lost connections. A request that fails on the transport (the server
-//! died, restarted or closed the socket) is sent again after a reconnect,
-//! retried with backoff for `x-reconnect-timeout` (30 s by default). A write
-//! the server acknowledged but that no flush has covered yet may be lost if
-//! the server restarted (its cache went with it), so the device keeps those
-//! writes — the *replay log* — and writes them again on the new connection
-//! before anything else, then re-sends the requests that got no reply. A
-//! write sent twice is harmless (block writes are idempotent) and a flush
-//! sent again covers everything replayed. The replay log is bounded: past
-//! `REPLAY_LOG_MAX_BYTES` the device flushes on its own, which empties it.
-//! After the timeout the device gives up for good: every request fails with
-//! one message, and the filesystem above turns read-only.
+//! Connections. The device opens `x-connections` of them (4 by default)
+//! when the server allows several; a request takes whichever is free. Each
+//! connection is used by one thread at a time (its slot's lock), which
+//! sends and reads replies on it.
 //!
-//! Errors the server returns (`NBD_EIO`, `NBD_ENOSPC`, ...) are not
-//! retried: they reach the caller as I/O errors that name the request.
+//! Lost connections. A transport failure (the server died, restarted or
+//! closed the socket) leads to a reconnect, retried with backoff for
+//! `x-reconnect-timeout` (30 s by default). A write the server acknowledged
+//! but no flush covered yet may be lost if the server restarted (its cache
+//! went with it), so the device keeps those writes — the *replay log* — and
+//! writes them again on the new connections, then the writes still in
+//! flight, in the order they were issued; then the interrupted request is
+//! sent again. A write sent twice is harmless (block writes are idempotent)
+//! and a flush sent again covers everything replayed. The replay log is
+//! bounded: past `REPLAY_LOG_MAX_BYTES` the device flushes on its own,
+//! which empties it. After the timeout the device gives up for good: every
+//! request fails with one message, and the filesystem turns read-only.
 //!
-//! Locks, outermost first: `gate` (read: one request in flight; write: a
-//! reconnect, which thereby has every connection to itself) → a slot of
-//! `connections` → `partial` (read-modify-write of blocks smaller than the
-//! server's minimum block) → `replay` (leaf). `dead` is a leaf too.
+//! Locks, outermost first: `gate` (read: using a connection; write: a
+//! reconnect, which so has every connection to itself) → one slot of
+//! `slots` → `partial` is taken before both (read-modify-write below the
+//! server's minimum block) → `pending`, `replay`, `failed`, `dead` (leaves,
+//! never held across I/O).
 
 mod protocol;
 pub mod uri;
 
 use super::{BlockDevice, check_range};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use protocol::{Connection, ExportInfo, RequestError};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -51,6 +62,9 @@ pub use uri::{NbdUri, is_nbd_uri};
 /// replay after a reconnect, up to this many bytes; then the device
 /// flushes by itself.
 pub const REPLAY_LOG_MAX_BYTES: usize = 32 << 20;
+/// Writes in flight per connection, at most (count and bytes).
+const WINDOW_WRITES: usize = 64;
+const WINDOW_BYTES: usize = 8 << 20;
 /// First and longest pause between two reconnect attempts.
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -61,31 +75,65 @@ const ALIGNMENT_FLOOR: u64 = super::SECTOR_SIZE;
 /// order of their replies.
 #[derive(Default)]
 struct ReplayLog {
-    /// (sequence number, byte offset, data)
-    writes: std::collections::VecDeque<(u64, u64, Vec<u8>)>,
+    /// (acknowledgement number, byte offset, data)
+    writes: VecDeque<(u64, u64, Vec<u8>)>,
     bytes: usize,
-    next_sequence: u64,
+    next_ack: u64,
 }
 
 impl ReplayLog {
-    fn push(&mut self, offset: u64, data: &[u8]) {
-        self.writes
-            .push_back((self.next_sequence, offset, data.to_vec()));
-        self.next_sequence += 1;
+    fn push(&mut self, offset: u64, data: Vec<u8>) {
         self.bytes += data.len();
+        self.writes.push_back((self.next_ack, offset, data));
+        self.next_ack += 1;
     }
 
-    /// A flush sent when `next_sequence` was `mark` succeeded: every write
+    /// A flush sent when `next_ack` was `mark` succeeded: every write
     /// acknowledged before it is durable.
     fn covered_up_to(&mut self, mark: u64) {
-        while let Some((sequence, _, data)) = self.writes.front() {
-            if *sequence >= mark {
+        while let Some((ack, _, data)) = self.writes.front() {
+            if *ack >= mark {
                 break;
             }
             self.bytes -= data.len();
             self.writes.pop_front();
         }
         debug_assert!(!self.writes.is_empty() || self.bytes == 0);
+    }
+}
+
+/// A write sent and not yet answered.
+struct InFlight {
+    /// Issue order, device-wide.
+    sequence: u64,
+    offset: u64,
+    data: Vec<u8>,
+}
+
+/// One connection and what is in flight on it.
+#[derive(Default)]
+struct Slot {
+    /// `None`: broken, to be reopened by the next reconnect.
+    connection: Option<Connection>,
+    /// By cookie.
+    writes: HashMap<u64, InFlight>,
+    bytes: usize,
+}
+
+/// Every write in flight: sequence → (slot, first byte, end byte).
+type Pending = BTreeMap<u64, (usize, u64, u64)>;
+
+/// Why a request could not be carried out on a connection.
+enum Failure {
+    /// The connection broke (or the server broke the protocol): reconnect.
+    Transport(io::Error),
+    /// The server answered the request with an `NBD_E*` error.
+    Server(u32),
+}
+
+impl From<io::Error> for Failure {
+    fn from(error: io::Error) -> Failure {
+        Failure::Transport(error)
     }
 }
 
@@ -96,15 +144,18 @@ pub struct NbdDevice {
     /// Request size limit and alignment, from the server's constraints.
     max_request: u64,
     alignment: u64,
-    /// `None`: broken, to be reopened by the next reconnect.
-    connections: Vec<Mutex<Option<Connection>>>,
-    next_connection: AtomicUsize,
+    slots: Vec<Mutex<Slot>>,
+    next_slot: AtomicUsize,
     gate: RwLock<()>,
     /// Counts reconnects, so that threads that failed together reconnect
     /// once.
     generation: AtomicU64,
+    next_sequence: AtomicU64,
+    pending: Mutex<Pending>,
     replay: Mutex<ReplayLog>,
     partial: Mutex<()>,
+    /// A write the server failed: every later write and flush fails so.
+    failed: Mutex<Option<String>>,
     /// Set when reconnecting gave up: why, for every later request.
     dead: Mutex<Option<String>>,
 }
@@ -135,12 +186,12 @@ impl NbdDevice {
         } else {
             1
         };
-        let mut connections = vec![Mutex::new(Some(first))];
+        let mut connections = vec![first];
         for _ in 1..count {
             let (connection, again) =
                 Connection::open(uri).map_err(|error| connect_error(uri, error))?;
             check_same_export(uri, &export, &again)?;
-            connections.push(Mutex::new(Some(connection)));
+            connections.push(connection);
         }
         tracing::info!(
             uri = %uri,
@@ -150,18 +201,30 @@ impl NbdDevice {
             connections = count,
             "NBD export connected"
         );
+        let slots = connections
+            .into_iter()
+            .map(|connection| {
+                Mutex::new(Slot {
+                    connection: Some(connection),
+                    ..Slot::default()
+                })
+            })
+            .collect();
         Ok(NbdDevice {
             uri: uri.clone(),
             export,
             read_only: read_only || server_read_only,
             max_request,
             alignment,
-            connections,
-            next_connection: AtomicUsize::new(0),
+            slots,
+            next_slot: AtomicUsize::new(0),
             gate: RwLock::new(()),
             generation: AtomicU64::new(0),
+            next_sequence: AtomicU64::new(0),
+            pending: Mutex::new(Pending::new()),
             replay: Mutex::new(ReplayLog::default()),
             partial: Mutex::new(()),
+            failed: Mutex::new(None),
             dead: Mutex::new(None),
         })
     }
@@ -173,7 +236,7 @@ impl NbdDevice {
 
     /// Connections in use (more than one only with `CAN_MULTI_CONN`).
     pub fn connection_count(&self) -> usize {
-        self.connections.len()
+        self.slots.len()
     }
 
     /// Reconnects so far.
@@ -181,83 +244,203 @@ impl NbdDevice {
         self.generation.load(Ordering::Relaxed)
     }
 
-    /// Bytes of acknowledged writes no flush has covered yet.
+    /// Bytes written that no flush has covered yet (in flight or
+    /// acknowledged).
     pub fn unflushed_bytes(&self) -> usize {
-        self.replay.lock().bytes
+        let in_flight: usize = self.slots.iter().map(|slot| slot.lock().bytes).sum();
+        self.replay.lock().bytes + in_flight
     }
 
-    /// One request, carried to its reply: on a lost connection, reconnect
-    /// (within the timeout) and send it again. `on_success` runs before the
-    /// request's connection is released, still inside the gate, so that a
-    /// reconnect sees its effect (the replay log) complete.
-    fn round_trip(
-        &self,
-        what: &dyn Fn() -> String,
-        mut send: impl FnMut(&mut Connection) -> Result<(), RequestError>,
-        mut on_success: impl FnMut(),
-    ) -> io::Result<()> {
-        loop {
-            if let Some(why) = self.dead.lock().clone() {
-                return Err(io::Error::new(io::ErrorKind::NotConnected, why));
+    fn check_dead(&self) -> io::Result<()> {
+        match self.dead.lock().clone() {
+            Some(why) => Err(io::Error::new(io::ErrorKind::NotConnected, why)),
+            None => Ok(()),
+        }
+    }
+
+    fn check_failed(&self) -> io::Result<()> {
+        self.check_dead()?;
+        match self.failed.lock().clone() {
+            Some(why) => Err(io::Error::other(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// A free slot if there is one, else the next in turn (waiting).
+    fn take_slot(&self) -> (usize, MutexGuard<'_, Slot>) {
+        let count = self.slots.len();
+        let start = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        for step in 0..count {
+            let index = (start + step) % count;
+            if let Some(slot) = self.slots[index].try_lock() {
+                return (index, slot);
             }
+        }
+        let index = start % count;
+        (index, self.slots[index].lock())
+    }
+
+    /// A reply for a write: forget the write; keep its data for a replay,
+    /// or remember the server's error.
+    fn complete_write(&self, slot: &mut Slot, cookie: u64, error: u32) -> Result<(), Failure> {
+        if error == protocol::ESHUTDOWN && slot.writes.contains_key(&cookie) {
+            // The server is going away: the write stays in flight, for the
+            // reconnect to send again.
+            return Err(Failure::Transport(io::Error::other(
+                "the server is shutting down (NBD_ESHUTDOWN)",
+            )));
+        }
+        let Some(write) = slot.writes.remove(&cookie) else {
+            return Err(Failure::Transport(protocol::protocol_error(format!(
+                "the server answered cookie {cookie}, which is not in flight"
+            ))));
+        };
+        slot.bytes -= write.data.len();
+        self.pending.lock().remove(&write.sequence);
+        if error == 0 {
+            self.replay.lock().push(write.offset, write.data);
+        } else {
+            let what = format!("write at byte {} (+{})", write.offset, write.data.len());
+            let why = server_error(&self.uri, &what, error).to_string();
+            self.failed.lock().get_or_insert(why);
+        }
+        Ok(())
+    }
+
+    /// Read replies on `slot` until the one for `cookie` (whose data, if a
+    /// read, lands in `into`); write replies met on the way are completed.
+    fn await_reply(
+        &self,
+        slot: &mut Slot,
+        cookie: u64,
+        mut into: Option<&mut [u8]>,
+    ) -> Result<(), Failure> {
+        loop {
+            let connection = slot.connection.as_mut().expect("a live connection");
+            let (replied, error) = connection.receive_reply()?;
+            if replied == cookie {
+                if error != 0 {
+                    return Err(Failure::Server(error));
+                }
+                if let Some(into) = into.as_deref_mut() {
+                    connection.receive_payload(into)?;
+                }
+                return Ok(());
+            }
+            self.complete_write(slot, replied, error)?;
+        }
+    }
+
+    /// Read one reply on `slot` (which must have writes in flight).
+    fn reap_one(&self, slot: &mut Slot) -> Result<(), Failure> {
+        debug_assert!(!slot.writes.is_empty());
+        let connection = slot.connection.as_mut().expect("a live connection");
+        let (replied, error) = connection.receive_reply()?;
+        self.complete_write(slot, replied, error)
+    }
+
+    /// Run `body` on a live connection; on a transport failure, reconnect
+    /// (within the timeout) and run it again. `Ok(Err(errno))`: the server
+    /// answered with an error.
+    fn with_connection<T>(
+        &self,
+        mut body: impl FnMut(usize, &mut Slot) -> Result<T, Failure>,
+    ) -> io::Result<Result<T, u32>> {
+        loop {
+            self.check_dead()?;
             let (generation, result) = {
                 let _gate = self.gate.read();
                 let generation = self.generation.load(Ordering::Acquire);
-                let mut slot = self.take_connection();
-                let result = match slot.as_mut() {
-                    Some(connection) => send(connection),
-                    None => Err(RequestError::Transport(io::Error::new(
+                let (index, mut slot) = self.take_slot();
+                let result = if slot.connection.is_some() {
+                    body(index, &mut slot)
+                } else {
+                    Err(Failure::Transport(io::Error::new(
                         io::ErrorKind::NotConnected,
                         "connection lost",
-                    ))),
+                    )))
                 };
-                match &result {
-                    Ok(()) => on_success(),
-                    Err(RequestError::Transport(_))
-                    | Err(RequestError::Server(protocol::ESHUTDOWN)) => {
-                        *slot = None;
-                    }
-                    Err(RequestError::Server(_)) => {}
+                if matches!(result, Err(Failure::Transport(_)))
+                    || matches!(result, Err(Failure::Server(protocol::ESHUTDOWN)))
+                {
+                    slot.connection = None;
                 }
                 (generation, result)
             };
             match result {
-                Ok(()) => return Ok(()),
-                Err(RequestError::Server(protocol::ESHUTDOWN)) => {
+                Ok(value) => return Ok(Ok(value)),
+                Err(Failure::Server(protocol::ESHUTDOWN)) => {
                     let cause = io::Error::other("the server is shutting down (NBD_ESHUTDOWN)");
                     self.reconnect(generation, &cause)?;
                 }
-                Err(RequestError::Server(errno)) => {
-                    return Err(server_error(&self.uri, &what(), errno));
+                Err(Failure::Server(errno)) => return Ok(Err(errno)),
+                Err(Failure::Transport(cause)) => self.reconnect(generation, &cause)?,
+            }
+        }
+    }
+
+    /// Wait for the reply of every write issued before `sequence`.
+    fn settle(&self, sequence: u64) -> io::Result<()> {
+        loop {
+            let oldest = self
+                .pending
+                .lock()
+                .first_key_value()
+                .map(|(s, v)| (*s, v.0));
+            let Some((oldest, index)) = oldest.filter(|(oldest, _)| *oldest < sequence) else {
+                return Ok(());
+            };
+            self.check_dead()?;
+            let (generation, result) = {
+                let _gate = self.gate.read();
+                let generation = self.generation.load(Ordering::Acquire);
+                let mut slot = self.slots[index].lock();
+                let still_there = slot.writes.values().any(|w| w.sequence == oldest);
+                let result = match (&slot.connection, still_there) {
+                    (_, false) => Ok(()),
+                    (None, true) => Err(Failure::Transport(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        "connection lost",
+                    ))),
+                    (Some(_), true) => self.reap_one(&mut slot),
+                };
+                if result.is_err() {
+                    slot.connection = None;
                 }
-                Err(RequestError::Transport(cause)) => self.reconnect(generation, &cause)?,
+                (generation, result)
+            };
+            if let Err(Failure::Transport(cause)) = result {
+                self.reconnect(generation, &cause)?;
             }
         }
     }
 
-    /// A free connection if there is one, else the next in turn (waiting).
-    fn take_connection(&self) -> parking_lot::MutexGuard<'_, Option<Connection>> {
-        let count = self.connections.len();
-        let start = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        for step in 0..count {
-            if let Some(slot) = self.connections[(start + step) % count].try_lock() {
-                return slot;
-            }
+    /// Wait for the writes in flight that overlap `offset..offset+len`.
+    fn settle_overlapping(&self, offset: u64, len: u64) -> io::Result<()> {
+        let end = offset + len;
+        let newest = self
+            .pending
+            .lock()
+            .iter()
+            .rev()
+            .find(|(_, (_, from, to))| *from < end && offset < *to)
+            .map(|(sequence, _)| *sequence);
+        match newest {
+            Some(sequence) => self.settle(sequence + 1),
+            None => Ok(()),
         }
-        self.connections[start % count].lock()
     }
 
-    /// Reopen every connection and replay the unflushed writes; one thread
-    /// does it for all that failed in the same generation. Gives up after
-    /// the URI's timeout, for good.
+    /// Reopen every connection and write again, through the first, the
+    /// acknowledged but unflushed writes and then those in flight; one
+    /// thread does it for all that failed in the same generation. Gives up
+    /// after the URI's timeout, for good.
     fn reconnect(&self, seen_generation: u64, cause: &io::Error) -> io::Result<()> {
         let _gate = self.gate.write();
         if self.generation.load(Ordering::Acquire) != seen_generation {
             return Ok(()); // another thread reconnected meanwhile
         }
-        if let Some(why) = self.dead.lock().clone() {
-            return Err(io::Error::new(io::ErrorKind::NotConnected, why));
-        }
+        self.check_dead()?;
         let timeout = self.uri.reconnect_timeout;
         tracing::warn!(
             uri = %self.uri,
@@ -299,26 +482,28 @@ impl NbdDevice {
         }
     }
 
-    /// Under the write gate: open every connection anew and write the
-    /// replay log through the first. Returns the writes replayed.
+    /// Under the write gate. Returns the writes replayed.
     fn reopen_all(&self) -> io::Result<usize> {
-        let mut fresh = Vec::with_capacity(self.connections.len());
-        for _ in 0..self.connections.len() {
+        let mut fresh = Vec::with_capacity(self.slots.len());
+        for _ in 0..self.slots.len() {
             let (connection, export) = Connection::open(&self.uri)?;
             check_same_export(&self.uri, &self.export, &export)?;
             fresh.push(connection);
         }
-        let replay = self.replay.lock();
-        for (_, offset, data) in &replay.writes {
+        let mut slots: Vec<MutexGuard<'_, Slot>> = self.slots.iter().map(|s| s.lock()).collect();
+        let mut in_flight: Vec<&InFlight> =
+            slots.iter().flat_map(|slot| slot.writes.values()).collect();
+        in_flight.sort_by_key(|write| write.sequence);
+        let mut replay = self.replay.lock();
+        let writes = replay
+            .writes
+            .iter()
+            .map(|(_, offset, data)| (*offset, data))
+            .chain(in_flight.iter().map(|write| (write.offset, &write.data)));
+        let mut count = 0;
+        for (offset, data) in writes {
             fresh[0]
-                .request(
-                    protocol::CMD_WRITE,
-                    0,
-                    *offset,
-                    data.len() as u32,
-                    Some(data),
-                    None,
-                )
+                .request(protocol::CMD_WRITE, offset, Some(data))
                 .map_err(|error| match error {
                     RequestError::Transport(error) => error,
                     RequestError::Server(errno) => server_error(
@@ -327,13 +512,27 @@ impl NbdDevice {
                         errno,
                     ),
                 })?;
+            count += 1;
         }
-        for (slot, connection) in self.connections.iter().zip(fresh) {
-            if let Some(old) = slot.lock().replace(connection) {
+        // Everything in flight was just acknowledged on the new connection.
+        let mut answered: Vec<InFlight> = slots
+            .iter_mut()
+            .flat_map(|slot| {
+                slot.bytes = 0;
+                slot.writes.drain().map(|(_, write)| write)
+            })
+            .collect();
+        answered.sort_by_key(|write| write.sequence);
+        for write in answered {
+            replay.push(write.offset, write.data);
+        }
+        self.pending.lock().clear();
+        for (slot, connection) in slots.iter_mut().zip(fresh) {
+            if let Some(old) = slot.connection.replace(connection) {
                 old.disconnect();
             }
         }
-        Ok(replay.writes.len())
+        Ok(count)
     }
 
     /// The aligned requests that make up an access of `len` bytes at
@@ -359,74 +558,102 @@ impl NbdDevice {
     }
 
     fn read_aligned(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.settle_overlapping(offset, buf.len() as u64)?;
         for (at, length) in self.pieces(offset, buf.len() as u64) {
             let into = &mut buf[(at - offset) as usize..(at - offset + length) as usize];
-            let what = || format!("read at byte {at} (+{length})");
-            let mut slice = Some(into);
-            self.round_trip(
-                &what,
-                |connection| {
-                    let into = slice.as_deref_mut().expect("read buffer");
-                    connection.request(protocol::CMD_READ, 0, at, length as u32, None, Some(into))
-                },
-                || {},
-            )?;
+            let answer = self.with_connection(|_, slot| {
+                let connection = slot.connection.as_mut().expect("a live connection");
+                let cookie =
+                    connection.send_request(protocol::CMD_READ, 0, at, length as u32, None)?;
+                self.await_reply(slot, cookie, Some(&mut *into))
+            })?;
+            if let Err(errno) = answer {
+                return Err(server_error(
+                    &self.uri,
+                    &format!("read at byte {at} (+{length})"),
+                    errno,
+                ));
+            }
         }
         Ok(())
     }
 
-    fn write_aligned(&self, offset: u64, buf: &[u8], flags: u16) -> io::Result<()> {
+    /// Send the writes; returns the sequence of the last one.
+    fn write_aligned(&self, offset: u64, buf: &[u8], flags: u16) -> io::Result<u64> {
+        self.settle_overlapping(offset, buf.len() as u64)?;
+        let mut last = 0;
         for (at, length) in self.pieces(offset, buf.len() as u64) {
             let data = &buf[(at - offset) as usize..(at - offset + length) as usize];
-            let what = || format!("write at byte {at} (+{length})");
-            self.round_trip(
-                &what,
-                |connection| {
-                    connection.request(
+            let mut sent = false;
+            let answer = self.with_connection(|index, slot| {
+                if !sent {
+                    let connection = slot.connection.as_mut().expect("a live connection");
+                    let sequence = self.next_sequence.fetch_add(1, Ordering::AcqRel);
+                    let cookie = connection.send_request(
                         protocol::CMD_WRITE,
                         flags,
                         at,
                         length as u32,
                         Some(data),
-                        None,
-                    )
-                },
-                // Even a FUA write is logged: an older write of the same
-                // block still in the log must not be replayed over it.
-                || self.replay.lock().push(at, data),
-            )?;
+                    )?;
+                    // From here on the write is the device's to deliver: a
+                    // reconnect sends it again.
+                    sent = true;
+                    last = sequence;
+                    self.pending
+                        .lock()
+                        .insert(sequence, (index, at, at + length));
+                    slot.bytes += data.len();
+                    let write = InFlight {
+                        sequence,
+                        offset: at,
+                        data: data.to_vec(),
+                    };
+                    slot.writes.insert(cookie, write);
+                }
+                while slot.writes.len() > WINDOW_WRITES || slot.bytes > WINDOW_BYTES {
+                    self.reap_one(slot)?;
+                }
+                Ok(())
+            })?;
+            debug_assert!(answer.is_ok(), "writes are answered through `failed`");
         }
-        if self.replay.lock().bytes > REPLAY_LOG_MAX_BYTES {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(last)
     }
 
-    fn write_with(&self, offset: u64, buf: &[u8], flags: u16) -> io::Result<()> {
+    fn write_with(&self, offset: u64, buf: &[u8], flags: u16) -> io::Result<u64> {
         if self.read_only {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
         check_range(offset, buf.len(), self.export.size)?;
-        if self.is_aligned(offset, buf.len()) {
-            return self.write_aligned(offset, buf, flags);
+        self.check_failed()?;
+        let sequence = if self.is_aligned(offset, buf.len()) {
+            self.write_aligned(offset, buf, flags)?
+        } else {
+            // The server's blocks are larger than ours: read, patch, write.
+            // One at a time, so that two writers of neighbouring small
+            // blocks in one server block cannot undo each other.
+            let _partial = self.partial.lock();
+            let (start, length) = self.aligned_around(offset, buf.len());
+            let mut whole = vec![0u8; length as usize];
+            self.read_aligned(start, &mut whole)?;
+            let at = (offset - start) as usize;
+            whole[at..at + buf.len()].copy_from_slice(buf);
+            self.write_aligned(start, &whole, flags)?
+        };
+        if self.replay.lock().bytes > REPLAY_LOG_MAX_BYTES {
+            self.flush()?;
         }
-        // The server's blocks are larger than ours: read, patch, write. One
-        // at a time, so that two writers of neighbouring small blocks in
-        // one server block cannot undo each other.
-        let _partial = self.partial.lock();
-        let (start, length) = self.aligned_around(offset, buf.len());
-        let mut whole = vec![0u8; length as usize];
-        self.read_aligned(start, &mut whole)?;
-        let at = (offset - start) as usize;
-        whole[at..at + buf.len()].copy_from_slice(buf);
-        self.write_aligned(start, &whole, flags)
+        Ok(sequence)
     }
 
     /// A write that is durable when this returns: `NBD_CMD_FLAG_FUA` where
     /// the server offers it, else a write and a flush.
     pub fn write_at_durable(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         if self.export.has(protocol::FLAG_SEND_FUA) {
-            self.write_with(offset, buf, protocol::CMD_FLAG_FUA)
+            let sequence = self.write_with(offset, buf, protocol::CMD_FLAG_FUA)?;
+            self.settle(sequence + 1)?;
+            self.check_failed()
         } else {
             self.write_with(offset, buf, 0)?;
             self.flush()
@@ -453,14 +680,19 @@ impl NbdDevice {
         // A replayed write must not resurrect what was trimmed after it.
         self.flush()?;
         for (at, length) in self.pieces(start, end - start) {
-            let what = || format!("trim at byte {at} (+{length})");
-            self.round_trip(
-                &what,
-                |connection| {
-                    connection.request(protocol::CMD_TRIM, 0, at, length as u32, None, None)
-                },
-                || {},
-            )?;
+            let answer = self.with_connection(|_, slot| {
+                let connection = slot.connection.as_mut().expect("a live connection");
+                let cookie =
+                    connection.send_request(protocol::CMD_TRIM, 0, at, length as u32, None)?;
+                self.await_reply(slot, cookie, None)
+            })?;
+            if let Err(errno) = answer {
+                return Err(server_error(
+                    &self.uri,
+                    &format!("trim at byte {at} (+{length})"),
+                    errno,
+                ));
+            }
         }
         Ok(())
     }
@@ -481,35 +713,42 @@ impl BlockDevice for NbdDevice {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.write_with(offset, buf, 0)
+        self.write_with(offset, buf, 0).map(|_| ())
     }
 
-    /// `NBD_CMD_FLUSH`, covering every write acknowledged before it on any
-    /// connection (one connection, or `CAN_MULTI_CONN`).
+    /// Wait for every write issued before, then `NBD_CMD_FLUSH`, which
+    /// covers every write acknowledged before it on any connection (one
+    /// connection, or `CAN_MULTI_CONN`).
     fn flush(&self) -> io::Result<()> {
         if self.read_only {
             return Ok(());
         }
+        self.settle(self.next_sequence.load(Ordering::Acquire))?;
+        self.check_failed()?;
         if !self.export.has(protocol::FLAG_SEND_FLUSH) {
             // No write cache to flush, says the server: acknowledged
             // writes are as durable as they will get.
             let mut replay = self.replay.lock();
-            let next = replay.next_sequence;
+            let next = replay.next_ack;
             replay.covered_up_to(next);
             return Ok(());
         }
-        let what = || "flush".to_string();
         let mark = std::cell::Cell::new(0);
-        self.round_trip(
-            &what,
-            |connection| {
-                // Taken for each attempt: after a reconnect the replayed
-                // writes are acknowledged again, before this flush.
-                mark.set(self.replay.lock().next_sequence);
-                connection.request(protocol::CMD_FLUSH, 0, 0, 0, None, None)
-            },
-            || self.replay.lock().covered_up_to(mark.get()),
-        )
+        let answer = self.with_connection(|_, slot| {
+            // Taken for each attempt: after a reconnect the replayed writes
+            // are acknowledged again, before this flush.
+            mark.set(self.replay.lock().next_ack);
+            let connection = slot.connection.as_mut().expect("a live connection");
+            let cookie = connection.send_request(protocol::CMD_FLUSH, 0, 0, 0, None)?;
+            self.await_reply(slot, cookie, None)
+        })?;
+        if let Err(errno) = answer {
+            let error = server_error(&self.uri, "flush", errno);
+            self.failed.lock().get_or_insert(error.to_string());
+            return Err(error);
+        }
+        self.replay.lock().covered_up_to(mark.get());
+        Ok(())
     }
 
     fn size_bytes(&self) -> u64 {
@@ -522,11 +761,13 @@ impl BlockDevice for NbdDevice {
 }
 
 impl Drop for NbdDevice {
-    /// A soft disconnect on every connection (proto.md: the client ends
-    /// transmission with `NBD_CMD_DISC`).
+    /// Wait for the writes in flight, then a soft disconnect on every
+    /// connection (proto.md: the client ends transmission with
+    /// `NBD_CMD_DISC`).
     fn drop(&mut self) {
-        for slot in &self.connections {
-            if let Some(connection) = slot.lock().take() {
+        let _ = self.settle(self.next_sequence.load(Ordering::Acquire));
+        for slot in &self.slots {
+            if let Some(connection) = slot.lock().connection.take() {
                 connection.disconnect();
             }
         }
@@ -542,7 +783,6 @@ fn connect_error(uri: &NbdUri, error: io::Error) -> io::Error {
                 uri.endpoint()
             )
         }
-        _ if protocol::is_refusal(&error) => format!("NBD server at {}: {error}", uri.endpoint()),
         _ => format!("NBD server at {}: {error}", uri.endpoint()),
     };
     io::Error::new(error.kind(), what)

@@ -220,7 +220,7 @@ fn read_u64(stream: &mut impl Read) -> io::Result<u64> {
     Ok(u64::from_be_bytes(bytes))
 }
 
-fn protocol_error(what: String) -> io::Error {
+pub fn protocol_error(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
 }
 
@@ -417,35 +417,33 @@ impl Connection {
         checked_info(size, flags, (1, 4096, DEFAULT_MAX_PAYLOAD))
     }
 
-    /// Read exactly `buf.len()` bytes of a reply; the end of the stream
-    /// means the server went away.
-    fn receive(&mut self, buf: &mut [u8]) -> Result<(), RequestError> {
-        self.stream.read_exact(buf).map_err(|error| {
-            RequestError::Transport(match error.kind() {
+    /// Read exactly `buf.len()` bytes of a reply (a read's data, after
+    /// `receive_reply` named it); the end of the stream means the server
+    /// went away.
+    pub fn receive_payload(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        self.stream
+            .read_exact(buf)
+            .map_err(|error| match error.kind() {
                 io::ErrorKind::UnexpectedEof => io::Error::new(
                     io::ErrorKind::ConnectionAborted,
                     "the server closed the connection",
                 ),
                 _ => error,
             })
-        })
     }
 
-    /// Send one request and read its reply; a read's data lands in `into`.
-    pub fn request(
+    /// Send a request without waiting for its reply; returns its cookie.
+    /// Replies may come in any order (proto.md): `receive_reply` reads them.
+    pub fn send_request(
         &mut self,
         command: u16,
         flags: u16,
         offset: u64,
         length: u32,
         payload: Option<&[u8]>,
-        into: Option<&mut [u8]>,
-    ) -> Result<(), RequestError> {
+    ) -> io::Result<u64> {
         debug_assert!(payload.is_none_or(|data| data.len() == length as usize));
-        debug_assert!(
-            into.as_ref()
-                .is_none_or(|data| data.len() == length as usize)
-        );
+        debug_assert_eq!(payload.is_some(), command == CMD_WRITE);
         self.cookie = self.cookie.wrapping_add(1);
         let cookie = self.cookie;
         let mut header = [0u8; 28];
@@ -455,30 +453,53 @@ impl Connection {
         header[8..16].copy_from_slice(&cookie.to_be_bytes());
         header[16..24].copy_from_slice(&offset.to_be_bytes());
         header[24..28].copy_from_slice(&length.to_be_bytes());
-        self.send(&header, payload)
-            .map_err(RequestError::Transport)?;
+        self.send(&header, payload)?;
+        Ok(cookie)
+    }
+
+    /// The next simple reply's header: (cookie, error). For a successful
+    /// read the caller then takes its data with `receive_payload`.
+    pub fn receive_reply(&mut self) -> io::Result<(u64, u32)> {
         let mut reply = [0u8; 16];
-        self.receive(&mut reply)?;
+        self.receive_payload(&mut reply)?;
         let magic = u32::from_be_bytes(reply[0..4].try_into().unwrap());
         let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
-        let replied = u64::from_be_bytes(reply[8..16].try_into().unwrap());
-        if magic != SIMPLE_REPLY_MAGIC || replied != cookie {
+        let cookie = u64::from_be_bytes(reply[8..16].try_into().unwrap());
+        if magic != SIMPLE_REPLY_MAGIC {
             let what = if magic == STRUCTURED_REPLY_MAGIC {
                 "a structured reply, which was not negotiated".to_string()
             } else {
-                format!("reply magic {magic:#x} for cookie {replied} (expected {cookie})")
+                format!("reply magic {magic:#x}")
             };
-            return Err(RequestError::Transport(protocol_error(format!(
+            return Err(protocol_error(format!(
                 "the server broke the protocol: {what}"
+            )));
+        }
+        Ok((cookie, error))
+    }
+
+    /// One request and its reply, on a connection with nothing else in
+    /// flight (the replay after a reconnect).
+    pub fn request(
+        &mut self,
+        command: u16,
+        offset: u64,
+        payload: Option<&[u8]>,
+    ) -> Result<(), RequestError> {
+        let length = payload.map_or(0, |data| data.len() as u32);
+        let cookie = self
+            .send_request(command, 0, offset, length, payload)
+            .map_err(RequestError::Transport)?;
+        let (replied, error) = self.receive_reply().map_err(RequestError::Transport)?;
+        if replied != cookie {
+            return Err(RequestError::Transport(protocol_error(format!(
+                "the server answered cookie {replied}, expected {cookie}"
             ))));
         }
-        if error != 0 {
-            return Err(RequestError::Server(error));
+        match error {
+            0 => Ok(()),
+            error => Err(RequestError::Server(error)),
         }
-        if let Some(into) = into {
-            self.receive(into)?;
-        }
-        Ok(())
     }
 
     /// Header and payload in as few system calls as is cheap: small
