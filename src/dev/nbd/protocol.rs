@@ -11,7 +11,7 @@
 //! Every number on the wire is big-endian.
 
 use super::uri::{NbdUri, Transport};
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -80,6 +80,8 @@ const MAX_OPTION_REPLY: u32 = 1 << 16;
 /// Connecting and the handshake may take this long; a server that accepts
 /// and then says nothing must not hang a mount.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of replies read at once.
+const REPLY_BUFFER: usize = 64 * 1024;
 
 /// What the server said about the export in the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,7 +251,9 @@ pub fn is_refusal(error: &io::Error) -> bool {
 }
 
 pub struct Connection {
-    stream: Stream,
+    /// Replies are read through a buffer: a batch of write replies costs
+    /// one system call, not one each. Requests go straight to the socket.
+    stream: BufReader<Stream>,
     cookie: u64,
 }
 
@@ -258,9 +262,12 @@ impl Connection {
     pub fn open(uri: &NbdUri) -> io::Result<(Connection, ExportInfo)> {
         let stream = Stream::connect(uri)?;
         stream.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let mut connection = Connection { stream, cookie: 0 };
+        let mut connection = Connection {
+            stream: BufReader::with_capacity(REPLY_BUFFER, stream),
+            cookie: 0,
+        };
         let info = connection.handshake(&uri.export)?;
-        connection.stream.set_timeout(None)?;
+        connection.stream.get_ref().set_timeout(None)?;
         Ok((connection, info))
     }
 
@@ -290,7 +297,7 @@ impl Connection {
         if server_flags & FLAG_NO_ZEROES != 0 {
             client_flags |= FLAG_C_NO_ZEROES;
         }
-        stream.write_all(&client_flags.to_be_bytes())?;
+        stream.get_mut().write_all(&client_flags.to_be_bytes())?;
         if server_flags & FLAG_FIXED_NEWSTYLE != 0
             && let Some(info) = self.option_go(export)?
         {
@@ -305,7 +312,7 @@ impl Connection {
         message.extend_from_slice(&option.to_be_bytes());
         message.extend_from_slice(&(data.len() as u32).to_be_bytes());
         message.extend_from_slice(data);
-        self.stream.write_all(&message)
+        self.stream.get_mut().write_all(&message)
     }
 
     /// One option reply: (type, data).
@@ -510,13 +517,13 @@ impl Connection {
                 let mut message = Vec::with_capacity(header.len() + data.len());
                 message.extend_from_slice(header);
                 message.extend_from_slice(data);
-                self.stream.write_all(&message)
+                self.stream.get_mut().write_all(&message)
             }
             Some(data) => {
-                self.stream.write_all(header)?;
-                self.stream.write_all(data)
+                self.stream.get_mut().write_all(header)?;
+                self.stream.get_mut().write_all(data)
             }
-            None => self.stream.write_all(header),
+            None => self.stream.get_mut().write_all(header),
         }
     }
 
