@@ -7,6 +7,7 @@ jext4) open the image file themselves. The ext family is checked with
 """
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -169,6 +170,7 @@ class Filesystem:
     name = ""
     fuse = False
     optional = False  # a mount failure makes it "unavailable", not a failure
+    opt_in = False  # run only when named with --fs
     family = "ext"
 
     def __init__(self, name, mkfs, description):
@@ -345,6 +347,110 @@ class Jext4(FuseFs):
         self._wait_server_exit(mount)
 
 
+class Jext4Nbd(Jext4):
+    """jext4 over NBD (issue 13): the same image file served by nbdkit's
+    file plugin on a Unix socket or on 127.0.0.1, mounted by jext4's own
+    userspace NBD client; or served by qemu-nbd to the kernel's nbd client
+    (/dev/nbdN), which jext4 then opens as a block device. Opt-in (`--fs nbd`):
+    the peer is `jext4` on the image file itself."""
+
+    opt_in = True
+
+    def __init__(self, name, description, binary, transport):
+        super().__init__(name, MKFS_EXT4, description, binary)
+        self.transport = transport
+        self.kernel_reason = None
+
+    def unavailable_reason(self):
+        reason = super().unavailable_reason()
+        if reason:
+            return reason
+        server = "qemu-nbd" if self.transport == "kernel" else "nbdkit"
+        if not shutil.which(server):
+            return f"{server} not installed (apt-get install nbdkit qemu-utils)"
+        if self.transport == "kernel":
+            if self.kernel_reason is None:
+                probe = run(["modprobe", "nbd"], timeout=30, check=False)
+                self.kernel_reason = "" if Path("/dev/nbd0").exists() else (
+                    f"no kernel nbd module here (modprobe nbd: {last_line(probe.stderr) or 'no /dev/nbd0'})"
+                )
+            return self.kernel_reason or None
+        return None
+
+    def _serve(self, mount):
+        """Start the NBD server for mount.image; returns what jext4 mounts."""
+        import socket
+        import subprocess
+
+        if self.transport == "kernel":
+            device = "/dev/nbd0"
+            run(["qemu-nbd", "--format=raw", "--cache=writeback", "--connect", device, mount.image], timeout=60)
+            mount.nbd_cleanup = ["qemu-nbd", "--disconnect", device]
+            return device
+        if self.transport == "unix":
+            endpoint = str(mount.image.with_suffix(".sock"))
+            Path(endpoint).unlink(missing_ok=True)
+            listen, uri = ["--unix", endpoint], f"nbd+unix:///?socket={endpoint}"
+        else:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            listen, uri = ["--ipaddr", "127.0.0.1", "--port", str(port)], f"nbd://127.0.0.1:{port}/"
+        mount.nbd_server = subprocess.Popen(
+            ["nbdkit", "--foreground", "--exit-with-parent", *listen, "file", str(mount.image)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + MOUNT_TIMEOUT
+        while not self._listening(listen):
+            if mount.nbd_server.poll() is not None or time.monotonic() > deadline:
+                raise Unavailable(f"nbdkit did not start: {last_line(mount.nbd_server.stderr.read())}")
+            time.sleep(0.02)
+        return uri
+
+    @staticmethod
+    def _listening(listen):
+        import socket
+
+        try:
+            if listen[0] == "--unix":
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.connect(listen[1])
+            else:
+                socket.create_connection(("127.0.0.1", int(listen[3])), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def _mount(self, mount):
+        target = self._serve(mount)
+        argv = [self.binary, "mount"] + (["-o", self.options] if self.options else [])
+        result = run(argv + [target, mount.mountpoint], timeout=MOUNT_TIMEOUT, check=False)
+        if result.returncode != 0:
+            raise Unavailable(f"jext4 mount {target} exited {result.returncode}: {last_line(result.stderr)}")
+        mount.pid = find_server(target, mount.mountpoint)
+        self._watch(mount)
+
+    def _umount(self, mount):
+        super()._umount(mount)
+        stop_nbd(mount)
+
+
+def stop_nbd(mount):
+    """Stop the NBD server of a jext4-over-NBD mount (after jext4 exited)."""
+    server = getattr(mount, "nbd_server", None)
+    if server is not None and server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except Exception:
+            server.kill()
+    mount.nbd_server = None
+    if getattr(mount, "nbd_cleanup", None):
+        _try(mount.nbd_cleanup)
+        mount.nbd_cleanup = None
+
+
 def catalogue(repo):
     """Every filesystem bench/run knows, in report order."""
     binary = str(repo / "target" / "release" / "jext4")
@@ -356,7 +462,14 @@ def catalogue(repo):
         Fuse2fs("fuse2fs", MKFS_EXT4, "fuse2fs -o fakeroot (e2fsprogs), ext4 image as for kernel ext4"),
         Jext4("jext4", MKFS_EXT4, "jext4 FUSE server, default options, ext4 image as for kernel ext4", binary),
         Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary),
+        Jext4Nbd("jext4-nbd-unix", "jext4's NBD client, nbdkit file plugin on a Unix socket, same image file", binary, "unix"),
+        Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
+        Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),
     ]
+
+
+# `--fs nbd`: the opt-in NBD group with its local-file peer.
+GROUPS = {"nbd": ["jext4", "jext4-nbd-unix", "jext4-nbd-tcp", "jext4-kernel-nbd"]}
 
 
 def cleanup_all(reason=""):
@@ -394,6 +507,7 @@ def cleanup_mount(mount, reason=""):
     if mount.loop:
         _try(["losetup", "-d", mount.loop])
         mount.loop = None
+    stop_nbd(mount)
     if mount in ACTIVE:
         ACTIVE.remove(mount)
 
