@@ -36,6 +36,11 @@ def last_line(text, limit=300):
     return lines[-1][:limit] if lines else ""
 
 
+def first_line(text, limit=300):
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[0][:limit] if lines else ""
+
+
 def run(argv, timeout=None, cwd=None, check=True, input_text=None, env=None):
     """Runs argv in its own process group; returns CompletedProcess with text
     stdout/stderr. On timeout the whole group is killed and Failure raised;
@@ -64,6 +69,11 @@ def run(argv, timeout=None, cwd=None, check=True, input_text=None, env=None):
     result = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     if check and result.returncode != 0:
         detail = last_line(stderr) or last_line(stdout)
+        # A summary last line ("tar: Exiting with failure status due to
+        # previous errors") says nothing: name the first complaint too.
+        first = first_line(stderr)
+        if first and first != detail:
+            detail = f"{first} … {detail}"
         raise Failure(f"{' '.join(argv[:3])}... exited {result.returncode}: {detail}")
     return result
 
