@@ -287,12 +287,7 @@ fn server_killed_and_restarted_mid_workload() {
         ],
     );
     let uri = server.uri_with("", "x-reconnect-timeout=20");
-    let mountpoint = dir.path().join("mnt");
-    let log = dir.path().join("jext4.log");
-    let mount = e2e::JextMount::try_mount_logged(Path::new(&uri), &mountpoint, "", log)
-        .unwrap_or_else(|(output, log)| {
-            panic!("{}\n{log}", String::from_utf8_lossy(&output.stderr))
-        });
+    let (mount, mountpoint) = common::nbd::mount(dir.path(), &uri);
     let stop = Arc::new(AtomicBool::new(false));
     let writer = fsync_writer(mountpoint.clone(), Arc::clone(&stop));
     std::thread::sleep(Duration::from_millis(700));
@@ -336,12 +331,7 @@ fn server_gone_past_the_timeout() {
         &["file", e2e::path_str(&raw)],
     );
     let uri = server.uri_with("", "x-reconnect-timeout=1");
-    let mountpoint = dir.path().join("mnt");
-    let log = dir.path().join("jext4.log");
-    let mount = e2e::JextMount::try_mount_logged(Path::new(&uri), &mountpoint, "", log)
-        .unwrap_or_else(|(output, log)| {
-            panic!("{}\n{log}", String::from_utf8_lossy(&output.stderr))
-        });
+    let (mount, mountpoint) = common::nbd::mount(dir.path(), &uri);
     let stop = Arc::new(AtomicBool::new(false));
     let writer = fsync_writer(mountpoint.clone(), Arc::clone(&stop));
     std::thread::sleep(Duration::from_millis(500));

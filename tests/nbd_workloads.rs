@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::e2e::{self, JextMount, KernelMount};
+use common::e2e::{self, KernelMount};
 use common::nbd::{Listen, NbdServer, download, servers_available, upload};
 use jext4::api::Image;
 use std::collections::BTreeMap;
@@ -289,12 +289,7 @@ fn fuse_mount(backend: Backend, flavour: &str) {
     }
     let dir = e2e::scratch(&format!("nbd-fuse-{backend:?}").to_lowercase());
     let served = serve(dir.path(), flavour, common::variant_args(flavour), backend);
-    let mountpoint = dir.path().join("mnt");
-    let log = dir.path().join("jext4.log");
-    let mount = JextMount::try_mount_logged(Path::new(&served.server.uri), &mountpoint, "", log)
-        .unwrap_or_else(|(output, log)| {
-            panic!("mount: {}\n{log}", String::from_utf8_lossy(&output.stderr))
-        });
+    let (mount, mountpoint) = common::nbd::mount(dir.path(), &served.server.uri);
     e2e::copy_real_tree(&mountpoint.join("tree"), 800, 8 << 20);
     let data = e2e::pattern(7, 300_000);
     std::fs::write(mountpoint.join("fsynced"), &data).unwrap();

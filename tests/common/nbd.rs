@@ -3,6 +3,7 @@
 //! killed and restarted on demand, always stopped on drop; and moving
 //! images in and out of an export through jext4's own NBD client.
 
+use super::e2e::JextMount;
 use jext4::dev::{BlockDevice, NbdDevice, NbdUri};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -237,4 +238,20 @@ pub fn download(uri: &str, image: &Path, size: u64) {
     let mut bytes = vec![0u8; size as usize];
     device.read_at(0, &mut bytes).unwrap();
     std::fs::write(image, bytes).unwrap();
+}
+
+/// `jext4 mount URI DIR/mnt`, the server's log in `DIR/jext4.log`; returns
+/// the mount and its mount point.
+pub fn mount(dir: &Path, uri: &str) -> (JextMount, PathBuf) {
+    let mountpoint = dir.join("mnt");
+    let log = dir.join("jext4.log");
+    let mount = JextMount::try_mount_logged(Path::new(uri), &mountpoint, "", log).unwrap_or_else(
+        |(output, log)| {
+            panic!(
+                "jext4 mount {uri}: {}\n{log}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        },
+    );
+    (mount, mountpoint)
 }
