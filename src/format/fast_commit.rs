@@ -27,6 +27,7 @@ use super::mapping::Extent;
 use super::superblock::GOOD_OLD_INODE_SIZE;
 use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::error::{Error, Result};
+use crate::journal::faults::{self, Fault};
 
 /// Record tags (`EXT4_FC_TAG_*`).
 pub mod tag {
@@ -56,6 +57,16 @@ const INODE_FIXED_SIZE: usize = 4;
 const NAME_MAX: usize = 255;
 /// ext4_extents.h: an `ee_len` above this flags an unwritten extent.
 const EXTENT_INIT_MAX_LEN: u16 = 1 << 15;
+
+/// The most blocks one ADD_RANGE maps (ext4_extents.h `EXT_INIT_MAX_LEN`,
+/// `EXT_UNWRITTEN_MAX_LEN`).
+pub fn max_range_len(unwritten: bool) -> u32 {
+    if unwritten {
+        EXTENT_INIT_MAX_LEN as u32 - 1
+    } else {
+        EXTENT_INIT_MAX_LEN as u32
+    }
+}
 
 /// The name part of CREAT, LINK and UNLINK.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -388,8 +399,9 @@ impl Scanner {
 }
 
 // ---------------------------------------------------------------------------
-// Writing an area (what the kernel's commit path lays out; used by tests
-// today and by the fast-commit writer later).
+// Writing fast commits (what the kernel's commit path lays out): the
+// fast-commit writer (`fs::fast_commit::commit`) builds each fast commit
+// here, the tests whole areas.
 
 /// Lays records out in blocks the way `ext4_fc_reserve_space` does: a
 /// record that does not fit before the room for a closing PAD header goes
@@ -400,6 +412,8 @@ pub struct AreaBuilder {
     blocks: Vec<Vec<u8>>,
     offset: usize,
     crc: u32,
+    /// Bytes of records written (PAD and the TAIL's run-out not counted).
+    record_bytes: usize,
 }
 
 impl AreaBuilder {
@@ -409,6 +423,7 @@ impl AreaBuilder {
             blocks: Vec::new(),
             offset: 0,
             crc: 0,
+            record_bytes: 0,
         }
     }
 
@@ -452,6 +467,7 @@ impl AreaBuilder {
             .copy_from_slice(&value);
         let end = at + RECORD_HEADER_SIZE + value.len();
         self.crc = crc32c_raw(self.crc, &block[at..end]);
+        self.record_bytes += end - at;
     }
 
     /// Seal the fast commit with a TAIL for `tid` (its CRC computed).
@@ -462,10 +478,25 @@ impl AreaBuilder {
         put_u16(block, at, tag::TAIL);
         put_u16(block, at + 2, len as u16);
         put_u32(block, at + 4, tid);
-        let crc = crc32c_raw(self.crc, &block[at..at + 8]);
+        let crc = if faults::active(Fault::FastCommitCrcSpan) {
+            self.crc // broken on purpose: the TAIL's own bytes left out
+        } else {
+            crc32c_raw(self.crc, &block[at..at + 8])
+        };
         put_u32(block, at + 8, crc);
         self.crc = 0;
         self.offset = self.block_size;
+        self.record_bytes += RECORD_HEADER_SIZE + TAIL_SIZE;
+    }
+
+    /// Blocks begun so far.
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Bytes of records (HEAD, TAIL and the rest) added so far.
+    pub fn record_bytes(&self) -> usize {
+        self.record_bytes
     }
 
     pub fn finish(self) -> Vec<Vec<u8>> {
