@@ -43,9 +43,13 @@ fn options() -> MountOptions {
     }
 }
 
-/// Name changes, appends, truncates and new directories, each made
-/// durable by an fsync of the file (or of the directory).
+/// Name changes, appends, truncates, each made durable by an fsync; the
+/// directories they need are made first (making one needs a full commit).
 fn workload(image: &Image, model: &mut Model) {
+    image.create_dir("/d/sub", 0o755).unwrap();
+    image.create_dir("/d/gone", 0o755).unwrap();
+    image.remove_dir("/d/gone").unwrap();
+    model.files.insert("d/sub".into(), None);
     let mut write = |path: &str, content: Vec<u8>| {
         let file = image.create(path, 0o640).unwrap();
         file.write_at(0, &content).unwrap();
@@ -78,16 +82,12 @@ fn workload(image: &Image, model: &mut Model) {
     model.files.insert("d/b".into(), Some(pattern(2, 1000)));
     model.files.insert("d/b2".into(), Some(pattern(2, 1000)));
 
-    image.create_dir("/d/sub", 0o755).unwrap();
-    model.files.insert("d/sub".into(), None);
     let big: Vec<u8> = (0..300_000).map(|i| (i % 253) as u8).collect();
     let file = image.create("/d/sub/big", 0o600).unwrap();
     file.write_at(0, &big).unwrap();
     file.sync_data().unwrap();
     drop(file);
     model.files.insert("d/sub/big".into(), Some(big));
-    image.create_dir("/d/gone", 0o755).unwrap();
-    image.remove_dir("/d/gone").unwrap();
     let keep = image.open_file("/d/keep").unwrap();
     keep.write_at(1, b"EEP!").unwrap();
     keep.sync_all().unwrap();
@@ -143,6 +143,26 @@ fn fsync_writes_fast_commits_that_the_kernel_replays() {
             "{block_size}: only {fast_commits} fast commits"
         );
 
+        // logdump decodes the records; every TAIL so far is sealed.
+        let mut dump = Vec::new();
+        jext4::fs::logdump_image(&crash, &mut dump).unwrap();
+        let dump = String::from_utf8(dump).unwrap();
+        for expected in [
+            "HEAD features 0x0",
+            "ADD_RANGE inode",
+            "CREAT parent",
+            "INODE ",
+        ] {
+            assert!(dump.contains(expected), "no {expected} in:\n{dump}");
+        }
+        assert!(
+            dump.contains("TAIL transaction") && !dump.contains("crc BAD"),
+            "{dump}"
+        );
+
+        if std::env::var_os("JEXT4_SHOW_LOGDUMP").is_some() {
+            eprintln!("{dump}");
+        }
         let kernel = copy(&crash, "kernel");
         let kernel_tree = mounted_tree(&kernel, "rw").expect("the kernel mounts the crash");
         fsck_ok(&kernel).unwrap_or_else(|text| panic!("e2fsck after the kernel's replay:\n{text}"));
