@@ -117,7 +117,7 @@ pub fn allocate(
         blockmap::allocate(ctx, ino, inode, lblk, len, goal, unwritten)?
     };
     debug_assert_eq!(extent.logical, lblk, "a mapping starts where it was asked");
-    note_range(ctx, ino, inode, extent.logical, extent.end());
+    note_range(ctx, ino, inode, extent.logical, extent.end(), true);
     Ok(extent)
 }
 
@@ -131,7 +131,7 @@ pub fn mark_written(
 ) -> Result<()> {
     if inode.uses_extents() {
         extent::mark_written(ctx, ino, inode, lblk, len)?;
-        note_range(ctx, ino, inode, lblk, lblk + len);
+        note_range(ctx, ino, inode, lblk, lblk + len, false);
     }
     Ok(())
 }
@@ -151,7 +151,14 @@ pub fn punch(
     // Reported first: a punch that fails part-way has changed the mapping
     // already.
     let limit = max_blocks(ctx.geo, inode);
-    note_range(ctx, ino, inode, start, end.unwrap_or(limit).min(limit));
+    note_range(
+        ctx,
+        ino,
+        inode,
+        start,
+        end.unwrap_or(limit).min(limit),
+        false,
+    );
     if inode.uses_extents() {
         extent::punch(ctx, ino, inode, start, end)
     } else {
@@ -159,11 +166,20 @@ pub fn punch(
     }
 }
 
-/// Report that logical blocks `start..end` of `ino` map differently. A
-/// directory's blocks are not reported (replay rebuilds a directory from
-/// its names); a block-mapped file's cannot be replayed from records.
-fn note_range(ctx: &MetaCtx, ino: u32, inode: &Inode, start: u64, end: u64) {
-    if inode.is_dir() || start >= end {
+/// Report that logical blocks `start..end` of `ino` map differently
+/// (`allocated`: newly mapped). A directory's blocks are not ranges
+/// (replay rebuilds a directory from its names), but a directory that grew
+/// is something the kernel's replay gets wrong; a block-mapped file's
+/// mapping cannot be replayed from records.
+fn note_range(ctx: &MetaCtx, ino: u32, inode: &Inode, start: u64, end: u64, allocated: bool) {
+    if start >= end {
+        return;
+    }
+    if inode.is_dir() {
+        if allocated {
+            ctx.handle
+                .note(Change::Ineligible(Ineligible::DirectoryGrew));
+        }
         return;
     }
     let change = if inode.uses_extents() {

@@ -218,7 +218,7 @@ impl Tx<'_, '_> {
                     // kernel's fast-commit replay does not take from the
                     // record.
                     self.handle
-                        .note(Change::Ineligible(Ineligible::InodeBlockArea));
+                        .note(Change::Ineligible(Ineligible::SymlinkOrDevice));
                 }
             }
             NewNode::Directory { .. } => {
@@ -251,11 +251,11 @@ impl Tx<'_, '_> {
             return Err(Error::NameTooLong);
         }
         inode.size = target.len() as u64;
+        // The kernel's fast-commit replay cannot rebuild a new symlink.
+        self.handle
+            .note(Change::Ineligible(Ineligible::SymlinkOrDevice));
         if target.len() < fmt::I_BLOCK_SIZE {
-            // A fast symlink: the target lives in i_block, no extents flag
-            // — where the kernel's fast-commit replay does not look.
-            self.handle
-                .note(Change::Ineligible(Ineligible::InodeBlockArea));
+            // A fast symlink: the target lives in i_block, no extents flag.
             inode.block = [0; fmt::I_BLOCK_SIZE];
             inode.block[..target.len()].copy_from_slice(target);
             return Ok(());

@@ -38,12 +38,25 @@ pub enum Ineligible {
     /// and the group's directory count wrong (e2fsck -fn complains), so
     /// jext4 commits these in full.
     DirectoryLinks,
+    /// A directory grew a block. The kernel's replay of the names that
+    /// filled it appends the block again without counting it in the
+    /// directory's `i_blocks`.
+    DirectoryGrew,
+    /// An inode with an extended-attribute block changed: the kernel's
+    /// replay recounts `i_blocks` from the block map alone, without the
+    /// attribute block (a slow symlink then even reads as a broken fast
+    /// one).
+    XattrBlock,
     /// A directory's own attributes (mode, owner, times) were set: the
     /// kernel never records a directory's inode except when creating it.
     DirAttributes,
-    /// A device node's number or a fast symlink's target: the kernel's
-    /// replay keeps the old inode's `i_block`, so it would lose them.
-    InodeBlockArea,
+    /// A new symlink or device node: the kernel's replay cannot rebuild
+    /// one from records. It keeps the old inode's `i_block`, where a fast
+    /// symlink's target and a device number live; and it recounts
+    /// `i_blocks` from that empty map before mapping a slow symlink's
+    /// block, after which the inode reads as a fast symlink with a bad
+    /// length.
+    SymlinkOrDevice,
     /// A block-mapped (ext2/ext3-style) file's mapping changed: both
     /// replays rebuild mappings only in extent trees.
     BlockMapped,
@@ -57,14 +70,16 @@ pub enum Ineligible {
 }
 
 impl Ineligible {
-    pub const ALL: [Ineligible; 10] = [
+    pub const ALL: [Ineligible; 12] = [
         Ineligible::Xattr,
         Ineligible::CrossRename,
         Ineligible::RenameDir,
         Ineligible::DirectoryLinks,
+        Ineligible::DirectoryGrew,
+        Ineligible::XattrBlock,
         Ineligible::Orphan,
         Ineligible::DirAttributes,
-        Ineligible::InodeBlockArea,
+        Ineligible::SymlinkOrDevice,
         Ineligible::BlockMapped,
         Ineligible::AreaFull,
         Ineligible::Failed,
@@ -77,9 +92,11 @@ impl Ineligible {
             Ineligible::CrossRename => "cross_rename",
             Ineligible::RenameDir => "rename_dir",
             Ineligible::DirectoryLinks => "directory_links",
+            Ineligible::DirectoryGrew => "directory_grew",
+            Ineligible::XattrBlock => "xattr_block",
             Ineligible::Orphan => "orphan",
             Ineligible::DirAttributes => "dir_attributes",
-            Ineligible::InodeBlockArea => "inode_block_area",
+            Ineligible::SymlinkOrDevice => "symlink_or_device",
             Ineligible::BlockMapped => "block_mapped",
             Ineligible::AreaFull => "area_full",
             Ineligible::Failed => "failed",

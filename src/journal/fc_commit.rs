@@ -31,6 +31,20 @@
 //! then the TAIL's block and a second flush. Two flushes then, one
 //! otherwise.
 //!
+//! Two rules come from how the kernel's replay treats damage:
+//! - it refuses to mount (EFSBADCRC, ECANCELED) when the area opens with a
+//!   HEAD for the expected transaction but no valid TAIL follows — a torn
+//!   first fast commit. So the first fast commit of a transaction writes
+//!   everything but the sector holding its HEAD, flushes, and only then
+//!   writes that sector (and flushes): a HEAD is never durable before its
+//!   TAIL. Two flushes for that fast commit, data or not (the first flush
+//!   makes the data durable too).
+//! - its scan reads the area up to and including the block one past its
+//!   end (`j_fc_last` is `s_maxlen`), which fails the whole recovery, when
+//!   no record before stops it. So the area's last block is never used and
+//!   holds zeros (written at mount): the scan always stops there at the
+//!   latest.
+//!
 //! The journal superblock: recovery scans the log only when `s_start` is
 //! not zero (the kernel returns before its fast-commit pass otherwise).
 //! After the mount's first commit it never is until a clean unmount: the
@@ -41,6 +55,7 @@
 use super::faults::{self, Fault};
 use super::format::tid_gt;
 use super::jbd2::Jbd2;
+use crate::dev::SECTOR_SIZE;
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
 
@@ -87,7 +102,7 @@ impl FastCommitSlot<'_> {
         // and the next fast commit must not mix with it.
         self.written = blocks.len() as u32;
         self.jbd2
-            .write_fast_commit(self.first_block, blocks, data_first)
+            .write_fast_commit(self.first_block, self.head, blocks, data_first)
     }
 }
 
@@ -99,11 +114,25 @@ impl Drop for FastCommitSlot<'_> {
 
 impl Jbd2 {
     /// The fast-commit area `[first, end)` in journal blocks, when this
-    /// mount writes fast commits.
+    /// mount writes fast commits: the layout's area but its last block,
+    /// which stays zero (see the module comment).
     pub fn fast_commit_area(&self) -> Option<(u32, u32)> {
-        self.fast_commit
+        let (first, end) = self
+            .fast_commit
             .then_some(self.layout.fast_commit)
-            .flatten()
+            .flatten()?;
+        (first + 1 < end).then_some((first, end - 1))
+    }
+
+    /// Zero the block after the area this mount writes (at load: nothing
+    /// else ever writes it).
+    pub(crate) fn prepare_fast_commit_area(&self) -> Result<()> {
+        if let Some((_, end)) = self.fast_commit_area() {
+            let zeros = vec![0u8; self.area.fs_block_size as usize];
+            self.write_area_blocks(end, std::slice::from_ref(&zeros))?;
+            self.area.dev.flush()?;
+        }
+        Ok(())
     }
 
     /// Wait until transaction `tid` is durable or a fast commit for it may
@@ -151,6 +180,7 @@ impl Jbd2 {
     fn write_fast_commit(
         &self,
         first_block: u32,
+        head: bool,
         blocks: &[Vec<u8>],
         data_first: bool,
     ) -> Result<u32> {
@@ -167,6 +197,19 @@ impl Jbd2 {
             self.area.dev.flush()?;
             self.write_area_blocks(first_block, records)?;
             return Ok(1);
+        }
+        if head {
+            // Everything but the HEAD's sector, flushed (with the data);
+            // then the HEAD's sector: a HEAD is never durable without its
+            // TAIL.
+            let sector = SECTOR_SIZE as usize;
+            let mut without_head = blocks.to_vec();
+            without_head[0][..sector].fill(0);
+            self.write_area_blocks(first_block, &without_head)?;
+            self.area.dev.flush()?;
+            self.write_area_bytes(first_block, &blocks[0][..sector])?;
+            self.area.dev.flush()?;
+            return Ok(2);
         }
         self.write_area_blocks(first_block, records)?;
         let mut flushes = 0;
@@ -217,6 +260,14 @@ impl Jbd2 {
         let zeros = vec![0u8; self.area.fs_block_size as usize];
         self.write_area_blocks(first, std::slice::from_ref(&zeros))?;
         Ok(true)
+    }
+
+    /// Write `bytes` (a sector) at the start of journal block `index`.
+    fn write_area_bytes(&self, index: u32, bytes: &[u8]) -> Result<()> {
+        let block_size = self.area.fs_block_size as u64;
+        let physical = self.area.blocks[index as usize];
+        self.area.dev.write_at(physical * block_size, bytes)?;
+        Ok(())
     }
 
     /// Write `blocks` at journal blocks `index..`, runs of contiguous

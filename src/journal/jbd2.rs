@@ -296,6 +296,7 @@ impl Jbd2 {
             fast_commits: AtomicU64::new(0),
             fast_commit_blocks: AtomicU64::new(0),
         });
+        jbd2.prepare_fast_commit_area()?;
         Jbd2::start_thread(&jbd2);
         Ok(jbd2)
     }

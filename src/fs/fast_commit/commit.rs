@@ -58,6 +58,8 @@ struct Built {
     /// The records expose data written since the last flush.
     data_first: bool,
     record_bytes: usize,
+    /// A record the kernel would replay wrongly: commit in full instead.
+    ineligible: Option<Ineligible>,
 }
 
 impl Fs {
@@ -89,12 +91,20 @@ impl Fs {
             build(&self.core, &st, &snapshot, slot.head, slot.tid)
         };
         let built = match built {
-            Ok(built) if built.blocks.len() as u32 <= slot.free_blocks => built,
-            Ok(_) => {
+            Ok(built) if built.blocks.len() as u32 > slot.free_blocks => {
                 tracker.mark_ineligible(slot.tid, Ineligible::AreaFull);
                 tracker.count_fallback();
                 return Ok(Outcome::FullCommit);
             }
+            Ok(Built {
+                ineligible: Some(reason),
+                ..
+            }) => {
+                tracker.mark_ineligible(slot.tid, reason);
+                tracker.count_fallback();
+                return Ok(Outcome::FullCommit);
+            }
+            Ok(built) => built,
             Err(error) => {
                 tracker.mark_ineligible(slot.tid, Ineligible::Failed);
                 return Err(error);
@@ -121,6 +131,7 @@ fn build(core: &Core, st: &State, snapshot: &Snapshot, head: bool, tid: u32) -> 
         area: AreaBuilder::new(core.geo.block_size as usize),
         data_first: false,
         ranges_written: HashSet::new(),
+        ineligible: None,
     };
     if head {
         writer.area.add(&Record::Head { features: 0, tid });
@@ -146,6 +157,7 @@ fn build(core: &Core, st: &State, snapshot: &Snapshot, head: bool, tid: u32) -> 
         blocks: writer.area.finish(),
         data_first: writer.data_first,
         record_bytes,
+        ineligible: writer.ineligible,
     })
 }
 
@@ -156,6 +168,7 @@ struct RecordWriter<'a> {
     data_first: bool,
     /// Inodes whose ranges went out with their CREAT.
     ranges_written: HashSet<u32>,
+    ineligible: Option<Ineligible>,
 }
 
 impl RecordWriter<'_> {
@@ -191,6 +204,10 @@ impl RecordWriter<'_> {
     /// The inode as the inode table holds it now: the first 128 bytes plus
     /// `i_extra_isize` (ext4_fc_write_inode).
     fn inode_record(&mut self, ino: u32, inode: &Inode) -> Result<()> {
+        if inode.file_acl != 0 {
+            // The kernel's replay would recount i_blocks without it.
+            self.ineligible = Some(Ineligible::XattrBlock);
+        }
         let geo = &self.core.geo;
         let len = if geo.inode_size as usize > GOOD_OLD_INODE_SIZE as usize {
             GOOD_OLD_INODE_SIZE as usize + inode.extra_isize as usize
