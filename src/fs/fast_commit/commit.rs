@@ -85,8 +85,12 @@ impl Fs {
                 return Ok(Outcome::FullCommit);
             };
             if snapshot.is_empty() {
-                // Another fast commit took this fsync's changes.
-                return Ok(Outcome::Durable { flushed: false });
+                // A fast commit that ended before this one could start took
+                // this fsync's changes, from a cut made after they (and the
+                // data written with them) were: its final flush covers
+                // them. (Had it failed, the transaction would be
+                // ineligible and `take` would have said so.)
+                return Ok(Outcome::Durable { flushed: true });
             }
             build(&self.core, &st, &snapshot, slot.head, slot.tid)
         };
