@@ -14,7 +14,7 @@ use jext4::crash::workloads::find;
 use jext4::crash::{Config, run};
 
 const STATES: usize = 200;
-const FAST_COMMIT_STATES: usize = 100;
+const FAST_COMMIT_STATES: usize = 60;
 
 fn check(workload: &str, block_size: u32, fast_commit: bool) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {

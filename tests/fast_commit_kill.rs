@@ -19,7 +19,7 @@ mod fast_commit_support;
 use common::journal::{dumpe2fs_needs_recovery, kernel_available, kernel_lock, run};
 use common::server::{KeepOnPanic, Server, fuse_available};
 use common::workload::{Rng, seed_from_env};
-use fast_commit_support::{Durable, Tree, mounted_tree, tree_difference};
+use fast_commit_support::{Durable, copy_image, replays_agree};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -233,17 +233,6 @@ impl Writer {
     }
 }
 
-fn fsck(image: &Path) -> Result<(), String> {
-    let (code, text) = common::fsck(image);
-    if code == 0 { Ok(()) } else { Err(text) }
-}
-
-fn copy(image: &Path, suffix: &str) -> PathBuf {
-    let path = image.with_extension(format!("{suffix}.img"));
-    std::fs::copy(image, &path).unwrap();
-    path
-}
-
 /// Every durable file of every writer whose name is not in flight.
 fn durable(models: &[Arc<Mutex<Model>>]) -> Durable {
     let mut files = BTreeMap::new();
@@ -327,50 +316,9 @@ fn kill_round(dir: &Path, block_size: &str, rng: &mut Rng) {
         "fsyncs should mostly be fast commits:\n{report}"
     );
     assert!(dumpe2fs_needs_recovery(&image));
-    let crash = copy(&image, "crash");
+    let crash = copy_image(&image, "crash");
     let expected = durable(&models);
-    check_replays(&crash, &expected, block_size);
-}
-
-/// Replay the crash with the kernel, jext4 and e2fsck; judge the first two.
-fn check_replays(crash: &Path, expected: &Durable, block_size: &str) {
-    let kernel = copy(crash, "kernel");
-    let kernel_tree: Tree = mounted_tree(&kernel, "rw").expect("the kernel mounts the crash");
-    fsck(&kernel).unwrap_or_else(|text| panic!("{block_size}: e2fsck after the kernel:\n{text}"));
-    let missing = expected.missing_from(&kernel_tree);
-    assert!(
-        missing.is_empty(),
-        "{block_size}: the kernel's replay lost {missing:?}"
-    );
-
-    let ours = copy(crash, "jext4");
-    jext4::fs::recover_image(&ours).unwrap();
-    fsck(&ours).unwrap_or_else(|text| panic!("{block_size}: e2fsck after jext4:\n{text}"));
-    let our_tree = mounted_tree(&ours, "ro,noload").unwrap();
-    assert_eq!(
-        our_tree,
-        kernel_tree,
-        "{block_size}: jext4's replay differs from the kernel's:\n{}",
-        tree_difference(&kernel_tree, &our_tree)
-    );
-
-    let theirs = copy(crash, "e2fsck");
-    let (code, _) = run(
-        "e2fsck",
-        &["-E", "journal_only", "-p", theirs.to_str().unwrap()],
-    );
-    let their_tree = mounted_tree(&theirs, "ro,noload").unwrap_or_default();
-    eprintln!(
-        "{block_size}: {} durable files checked; e2fsck -E journal_only exit {code}, its tree {} \
-         the kernel's, {} fsync'd files lost by it",
-        expected.files.len(),
-        if their_tree == kernel_tree {
-            "matches"
-        } else {
-            "differs from"
-        },
-        expected.missing_from(&their_tree).len()
-    );
+    replays_agree(&crash, &expected, block_size);
 }
 
 #[test]

@@ -13,7 +13,6 @@ use fast_commit_support::*;
 use jext4::api::Image;
 use jext4::fs::MountOptions;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
@@ -94,17 +93,6 @@ fn workload(image: &Image, model: &mut Model) {
     model.files.insert("d/keep".into(), Some(b"kEEP!".to_vec()));
 }
 
-fn copy(image: &Path, suffix: &str) -> PathBuf {
-    let path = image.with_extension(format!("{suffix}.img"));
-    std::fs::copy(image, &path).unwrap();
-    path
-}
-
-fn fsck_ok(image: &Path) -> Result<(), String> {
-    let (code, text) = common::fsck(image);
-    if code == 0 { Ok(()) } else { Err(text) }
-}
-
 #[test]
 fn fsync_writes_fast_commits_that_the_kernel_replays() {
     if !common::require_tool("mke2fs") || !kernel_available() {
@@ -132,7 +120,7 @@ fn fsync_writes_fast_commits_that_the_kernel_replays() {
         };
         let before = image.fs().fast_commit_stats().expect("fast commits on");
         workload(&image, &mut model);
-        let crash = copy(&path, "crash");
+        let crash = copy_image(&path, "crash");
         let stats = image.fs().fast_commit_stats().unwrap();
         eprintln!("{}", image.fs().stats_report());
         // A crash: the mount is abandoned, never unmounted.
@@ -160,46 +148,6 @@ fn fsync_writes_fast_commits_that_the_kernel_replays() {
             "{dump}"
         );
 
-        if std::env::var_os("JEXT4_SHOW_LOGDUMP").is_some() {
-            eprintln!("{dump}");
-        }
-        let kernel = copy(&crash, "kernel");
-        let kernel_tree = mounted_tree(&kernel, "rw").expect("the kernel mounts the crash");
-        fsck_ok(&kernel).unwrap_or_else(|text| panic!("e2fsck after the kernel's replay:\n{text}"));
-        let missing = model.durable().missing_from(&kernel_tree);
-        assert!(
-            missing.is_empty(),
-            "{block_size}: the kernel lost {missing:?}"
-        );
-
-        let ours = copy(&crash, "jext4");
-        let report = jext4::fs::recover_image(&ours)
-            .unwrap()
-            .expect("recovery needed");
-        assert!(report.journal.problem.is_none(), "{report:?}");
-        fsck_ok(&ours).unwrap_or_else(|text| panic!("e2fsck after jext4 recover:\n{text}"));
-        let our_tree = mounted_tree(&ours, "ro,noload").unwrap();
-        assert_eq!(
-            our_tree,
-            kernel_tree,
-            "{block_size}: jext4's replay differs from the kernel's:\n{}",
-            tree_difference(&kernel_tree, &our_tree)
-        );
-
-        let theirs = copy(&crash, "e2fsck");
-        let (code, text) = common::journal::run(
-            "e2fsck",
-            &["-E", "journal_only", "-p", theirs.to_str().unwrap()],
-        );
-        let their_tree = mounted_tree(&theirs, "ro,noload").unwrap_or_default();
-        eprintln!(
-            "{block_size}: e2fsck -E journal_only exit {code} ({}); tree {} the kernel's",
-            text.lines().last().unwrap_or(""),
-            if their_tree == kernel_tree {
-                "matches"
-            } else {
-                "differs from"
-            }
-        );
+        replays_agree(&crash, &model.durable(), block_size);
     }
 }

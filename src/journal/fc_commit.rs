@@ -56,7 +56,7 @@ use super::faults::{self, Fault};
 use super::format::tid_gt;
 use super::jbd2::Jbd2;
 use crate::dev::SECTOR_SIZE;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::sync::atomic::Ordering;
 
 /// What `Jbd2::begin_fast_commit` found.
@@ -144,11 +144,7 @@ impl Jbd2 {
         let mut state = self.state.lock();
         let mut waited = false;
         loop {
-            if let Some(error) = &state.error {
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "journal aborted: {error}"
-                ))));
-            }
+            state.check_aborted()?;
             if !tid_gt(tid, state.committed_tid) {
                 return Ok(FastCommitBegin::Durable { flushed: waited });
             }

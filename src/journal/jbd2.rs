@@ -134,6 +134,19 @@ pub(crate) struct State {
     pub fc_next: u32,
 }
 
+impl State {
+    /// Fails once the journal has aborted: nothing more may be started,
+    /// committed or waited for.
+    pub fn check_aborted(&self) -> Result<()> {
+        match &self.error {
+            Some(error) => Err(Error::Io(std::io::Error::other(format!(
+                "journal aborted: {error}"
+            )))),
+            None => Ok(()),
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Jbd2Stats {
     pub commits: u64,
@@ -354,11 +367,7 @@ impl Jbd2 {
     pub fn start_handle(&self, credits: u32) -> Result<Arc<Transaction>> {
         let mut state = self.state.lock();
         loop {
-            if let Some(error) = &state.error {
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "journal aborted: {error}"
-                ))));
-            }
+            state.check_aborted()?;
             if state.locked {
                 self.changed.wait(&mut state);
                 continue;
@@ -481,11 +490,7 @@ impl Jbd2 {
         let mut state = self.state.lock();
         let mut waited = false;
         loop {
-            if let Some(error) = &state.error {
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "journal aborted: {error}"
-                ))));
-            }
+            state.check_aborted()?;
             if !super::format::tid_gt(tid, state.committed_tid) {
                 return Ok(waited);
             }
@@ -539,11 +544,7 @@ impl Jbd2 {
             let _ = thread.join();
         }
         let state = self.state.lock();
-        if let Some(error) = &state.error {
-            return Err(Error::Io(std::io::Error::other(format!(
-                "journal aborted: {error}"
-            ))));
-        }
+        state.check_aborted()?;
         Ok(())
     }
 

@@ -428,6 +428,15 @@ mod tests {
         Tracker::new(11, 1 << 20)
     }
 
+    fn unlink(parent: u32, ino: u32, name: &[u8]) -> Change<'_> {
+        Change::Unlink {
+            parent,
+            ino,
+            name,
+            dir: false,
+        }
+    }
+
     fn link(parent: u32, ino: u32, name: &[u8]) -> Change<'_> {
         Change::Link {
             parent,
@@ -457,15 +466,7 @@ mod tests {
         tracker.changed(5, Change::Inode { ino: 12 });
         tracker.changed(5, link(2, 12, b"a"));
         tracker.changed(5, link(2, 12, b"b"));
-        tracker.changed(
-            5,
-            Change::Unlink {
-                parent: 2,
-                ino: 12,
-                name: b"a",
-                dir: false,
-            },
-        );
+        tracker.changed(5, unlink(2, 12, b"a"));
         let snapshot = tracker.take(5).unwrap();
         let ops: Vec<DentryOp> = snapshot.dentries.iter().map(|d| d.op).collect();
         assert_eq!(ops, [DentryOp::Create, DentryOp::Link, DentryOp::Unlink]);
@@ -486,15 +487,7 @@ mod tests {
                 end: 4,
             },
         );
-        tracker.changed(
-            5,
-            Change::Unlink {
-                parent: 2,
-                ino: 12,
-                name: b"a",
-                dir: false,
-            },
-        );
+        tracker.changed(5, unlink(2, 12, b"a"));
         tracker.changed(5, Change::InodeFreed { ino: 12 });
         let snapshot = tracker.take(5).unwrap();
         assert!(snapshot.inodes.is_empty());
