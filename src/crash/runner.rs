@@ -111,6 +111,9 @@ pub struct Failure {
     pub block_size: u32,
     pub fast_commit: bool,
     pub seed: u64,
+    /// The workload's share of the states: the plan (and so the state
+    /// numbers) depends on it.
+    pub states: usize,
     pub state: usize,
     pub description: String,
     pub message: String,
@@ -127,7 +130,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{} --seed {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             if self.fast_commit {
@@ -136,6 +139,7 @@ impl std::fmt::Display for Failure {
                 ""
             },
             self.seed,
+            self.states,
             self.state
         )?;
         for path in &self.saved {
@@ -531,13 +535,18 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
-    fn failure(&self, workload: &Workload, scenario: &Scenario, state: usize) -> Failure {
+    fn failure(
+        &self,
+        (workload, scenario, budget): (&Workload, &Scenario, usize),
+        state: usize,
+    ) -> Failure {
         Failure {
             workload: workload.name.to_string(),
             scenario: scenario.name.clone(),
             block_size: self.config.block_size,
             fast_commit: self.config.fast_commit,
             seed: self.config.seed,
+            states: budget,
             state,
             description: String::new(),
             message: String::new(),
@@ -574,7 +583,7 @@ impl Context<'_> {
             ) {
                 Ok(recorded) => recorded,
                 Err(message) => {
-                    let mut failure = self.failure(workload, scenario, first_number);
+                    let mut failure = self.failure((workload, scenario, budget), first_number);
                     failure.description = "recording the workload".into();
                     failure.message = message;
                     progress(Progress::Failure(&failure));
@@ -591,7 +600,7 @@ impl Context<'_> {
             });
             let failed = self.check_plan(
                 (workload, scenario, &recorded),
-                (&plan, first_number),
+                (&plan, first_number, budget),
                 files,
                 summary,
                 progress,
@@ -610,7 +619,7 @@ impl Context<'_> {
     fn check_plan(
         &self,
         (workload, scenario, recorded): (&Workload, &Scenario, &Recorded),
-        (plan, first_number): (&[CrashState], usize),
+        (plan, first_number, budget): (&[CrashState], usize, usize),
         files: &mut Files,
         summary: &mut Summary,
         progress: &mut dyn FnMut(Progress<'_>),
@@ -661,7 +670,7 @@ impl Context<'_> {
                     failed = true;
                     // A panic may have left a file half written.
                     checker.files.jext4.invalidate();
-                    let mut failure = self.failure(workload, scenario, number);
+                    let mut failure = self.failure((workload, scenario, budget), number);
                     failure.description = state.describe();
                     failure.message = message;
                     failure.saved = self.save(&failure, recorded, state, &base);
