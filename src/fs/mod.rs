@@ -8,7 +8,10 @@
 //! serialises changes to inodes and directories; buffer byte locks are taken
 //! inside it; the journal's own state innermost. Read-only operations take
 //! the lock shared. `open_files` is a leaf lock, never held while taking
-//! `state`.
+//! `state`. The fast-commit tracker's lock (`fast_commit::track`) is a leaf
+//! too: handles report changes to it under `state`, and an fsync takes what
+//! it queued under `state` shared — so a fast commit records a cut no
+//! operation is half-way through.
 //!
 //! A mutating operation runs inside [`Fs::transact`], which gives it a
 //! [`Tx`]: the shared core, the state under the write lock, and the handle.
