@@ -93,6 +93,7 @@ fn setup() -> Setup {
         async_commit: false,
         fs_64bit: true,
         metadata_csum: true,
+        fast_commit: false,
     };
     let journal = Journal::jbd2(Arc::clone(&cache), area, guard, config, &options).unwrap();
     Setup { journal, cache }

@@ -1,5 +1,6 @@
 //! The crash-state oracle can fail: each fault switch breaks one rule of
-//! the journal on purpose, and a crash-state run must catch it.
+//! the journal (or of the fast-commit writer, on fast_commit images) on
+//! purpose, and a crash-state run must catch it.
 //!
 //! The switches are process-wide, so these tests run one at a time and
 //! nothing else runs in this test binary.
@@ -13,12 +14,14 @@ use std::sync::Mutex;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Run `workloads` with `fault` on; return the first failure's report.
+/// Run `workloads` with `fault` on (on fast_commit images with
+/// `fast_commit`); return the first failure's report.
 fn first_failure(
     fault: Fault,
     workloads: &[&str],
     block_size: u32,
     states: usize,
+    fast_commit: bool,
 ) -> Option<String> {
     let _one = ONE_AT_A_TIME
         .lock()
@@ -27,6 +30,7 @@ fn first_failure(
     let mut config = Config::new(chosen, block_size, states, 11);
     config.faults = vec![fault];
     config.stop_at_first_failure = true;
+    config.fast_commit = fast_commit;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -41,11 +45,15 @@ fn first_failure(
 }
 
 fn assert_caught(fault: Fault, workloads: &[&str], states: usize) {
+    assert_caught_on(fault, workloads, states, false);
+}
+
+fn assert_caught_on(fault: Fault, workloads: &[&str], states: usize, fast_commit: bool) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
         return;
     }
     for block_size in [1024, 4096] {
-        match first_failure(fault, workloads, block_size, states) {
+        match first_failure(fault, workloads, block_size, states, fast_commit) {
             Some(report) => eprintln!("{fault:?} at {block_size}-byte blocks caught:\n{report}\n"),
             None => panic!("{fault:?} at {block_size}-byte blocks was not caught by {workloads:?}"),
         }
@@ -86,6 +94,37 @@ fn file_data_written_after_its_commit_is_caught() {
     assert_caught(Fault::DeferOrderedData, &["msgjournal", "mailspool"], 400);
 }
 
+/// Fast commits: a TAIL made durable before the records and the data it
+/// covers loses an acknowledged fsync or shows stale data.
+#[test]
+fn a_fast_commit_tail_durable_before_its_records_is_caught() {
+    assert_caught_on(
+        Fault::FastCommitTailFirst,
+        &["msgjournal", "mailspool"],
+        300,
+        true,
+    );
+}
+
+/// Fast commits: records without the mapping changes leave appended data
+/// unmapped under the new size.
+#[test]
+fn a_fast_commit_without_its_range_records_is_caught() {
+    assert_caught_on(
+        Fault::FastCommitDropRange,
+        &["msgjournal", "mailspool"],
+        300,
+        true,
+    );
+}
+
+/// Fast commits: a CRC over the wrong span is refused by replay, and the
+/// fsyncs it sealed are lost.
+#[test]
+fn a_fast_commit_crc_over_the_wrong_span_is_caught() {
+    assert_caught_on(Fault::FastCommitCrcSpan, &["mailspool", "lsm"], 300, true);
+}
+
 /// Without a fault the same runs pass: what the tests above catch is the
 /// fault, not the harness.
 #[test]
@@ -97,10 +136,15 @@ fn the_same_runs_pass_without_faults() {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let names = ["mailspool", "random", "lsm", "untar", "msgjournal"];
-    let chosen: Vec<&'static Workload> = names.iter().map(|name| find(name).unwrap()).collect();
-    let mut config = Config::new(chosen, 1024, 500, 11);
-    config.sampling.kernel_every = 0;
-    let summary = run(&config, &mut |_| {}).unwrap();
-    let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
-    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    for fast_commit in [false, true] {
+        let chosen: Vec<&'static Workload> = names.iter().map(|name| find(name).unwrap()).collect();
+        // Fewer on fast_commit images: crash_workloads.rs covers them too.
+        let states = if fast_commit { 300 } else { 500 };
+        let mut config = Config::new(chosen, 1024, states, 11);
+        config.sampling.kernel_every = 0;
+        config.fast_commit = fast_commit;
+        let summary = run(&config, &mut |_| {}).unwrap();
+        let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    }
 }

@@ -17,7 +17,7 @@ fn a_recorded_run_replays_from_its_dm_log_writes_log() {
         return;
     }
     let scratch = Scratch::new().unwrap();
-    let start = make_template(&scratch, 1024, 16).unwrap();
+    let start = make_template(&scratch, 1024, 16, false).unwrap();
     let memory = Arc::new(MemoryDevice::from_bytes(start.clone()));
     let device = Arc::new(RecordingDevice::new(memory.clone()));
     let fs = Fs::mount(device.clone(), MountOptions::default()).unwrap();

@@ -1,10 +1,12 @@
-//! Every crash-test workload at 1 KiB and 4 KiB blocks: each planned crash
+//! Every crash-test workload at 1 KiB and 4 KiB blocks, on plain images and
+//! on fast_commit images (fsync writes fast commits): each planned crash
 //! state recovers (jext4, and e2fsck and the kernel on samples) to a clean
 //! filesystem that keeps everything acknowledged.
 //!
 //! The CI budget: `STATES` states per workload and block size (about 3,500
-//! in all); `jext4 crashtest --workload all --states 10000` is the long run
-//! (README, "Crash states").
+//! in all), `FAST_COMMIT_STATES` on fast_commit images; `jext4 crashtest
+//! --workload all --states 10000 [--fast-commit]` is the long run (README,
+//! "Crash states").
 
 mod common;
 
@@ -12,27 +14,36 @@ use jext4::crash::workloads::find;
 use jext4::crash::{Config, run};
 
 const STATES: usize = 200;
+const FAST_COMMIT_STATES: usize = 60;
 
-fn check(workload: &str, block_size: u32) {
+fn check(workload: &str, block_size: u32, fast_commit: bool) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
         return;
     }
-    let config = Config::new(vec![find(workload).unwrap()], block_size, STATES, 1);
+    let states = if fast_commit {
+        FAST_COMMIT_STATES
+    } else {
+        STATES
+    };
+    let mut config = Config::new(vec![find(workload).unwrap()], block_size, states, 1);
+    config.fast_commit = fast_commit;
     let summary = run(&config, &mut |_| {}).unwrap();
     let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     // Enough states were really tried, and e2fsck saw every one.
     assert!(
-        summary.states >= STATES / 2,
+        summary.states >= states / 2,
         "only {} states",
         summary.states
     );
     assert_eq!(summary.fsck_runs, summary.states);
-    assert!(summary.replay_runs > 0);
+    assert!(summary.replay_runs + summary.replay_skipped > 0);
     eprintln!(
-        "{workload} {block_size}: {} states, {} e2fsck replays, {} kernel replays{} in {:.1?}",
+        "{workload} {block_size}{}: {} states, {} e2fsck replays ({} left to the kernel), {} kernel replays{} in {:.1?}",
+        if fast_commit { " fast commits" } else { "" },
         summary.states,
         summary.replay_runs,
+        summary.replay_skipped,
         summary.kernel_runs,
         summary
             .kernel_skipped
@@ -44,10 +55,16 @@ fn check(workload: &str, block_size: u32) {
 macro_rules! workload_tests {
     ($($name:ident: $workload:literal,)*) => {
         mod at_1k {
-            $(#[test] fn $name() { super::check($workload, 1024) })*
+            $(#[test] fn $name() { super::check($workload, 1024, false) })*
         }
         mod at_4k {
-            $(#[test] fn $name() { super::check($workload, 4096) })*
+            $(#[test] fn $name() { super::check($workload, 4096, false) })*
+        }
+        mod fast_commit_at_1k {
+            $(#[test] fn $name() { super::check($workload, 1024, true) })*
+        }
+        mod fast_commit_at_4k {
+            $(#[test] fn $name() { super::check($workload, 4096, true) })*
         }
     };
 }

@@ -259,6 +259,7 @@ mod gated {
             async_commit: false,
             fs_64bit: false,
             metadata_csum: true,
+            fast_commit: false,
         };
         let journal = Journal::jbd2(Arc::clone(&cache), area, guard, config, &options).unwrap();
         (device, cache, journal)

@@ -69,6 +69,9 @@ struct CrashtestArgs {
     /// Filesystem block size: 1024 or 4096.
     #[arg(long, default_value_t = 4096)]
     block_size: u32,
+    /// Images with the fast_commit feature: fsync writes fast commits.
+    #[arg(long)]
+    fast_commit: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -156,6 +159,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String
     };
     config.only_state = args.state;
     config.keep = args.keep.clone();
+    config.fast_commit = args.fast_commit;
     Ok(config)
 }
 
@@ -205,12 +209,25 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
                 .collect();
             println!("states per workload: {}", counts.join(", "));
             println!(
-                "block size {}, seed {}: jext4 recovery and model check on every state; \
-                 e2fsck -fn on {}, e2fsck replay on {}, kernel replay on {}{} ({:.1?})",
+                "block size {}{}, seed {}: jext4 recovery and model check on every state; \
+                 e2fsck -fn on {}, e2fsck replay on {}{}, kernel replay on {}{} ({:.1?})",
                 config.block_size,
+                if config.fast_commit {
+                    ", fast commits"
+                } else {
+                    ""
+                },
                 config.seed,
                 summary.fsck_runs,
                 summary.replay_runs,
+                if summary.replay_skipped > 0 {
+                    format!(
+                        " (not on {} e2fsck 1.47 cannot replay)",
+                        summary.replay_skipped
+                    )
+                } else {
+                    String::new()
+                },
                 summary.kernel_runs,
                 summary
                     .kernel_skipped

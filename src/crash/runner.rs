@@ -16,6 +16,14 @@
 //! - **every `kernel_every`-th state** (root with loop devices): a kernel
 //!   loop mount of a third copy replays it; the model check through the
 //!   kernel's tree; unmount; `e2fsck -fn` clean.
+//!
+//! With `fast_commit` the images have the feature and fsync writes fast
+//! commits. e2fsck 1.47 cannot replay those states — its fast-commit replay
+//! fails or loses files, it fails on a HEAD left by an older transaction,
+//! and it wraps the log at the end of the fast-commit area instead of the
+//! end of the log — so on a `replay_every`-th state whose fast-commit area
+//! opens with a HEAD or whose log wraps, the kernel replays it instead (the
+//! reference for fast commits), when it can; such states are counted.
 
 use super::driver::{FsSource, Lane};
 use super::logwrites;
@@ -70,6 +78,8 @@ pub struct Config {
     pub faults: Vec<Fault>,
     /// Stop a workload at its first failure.
     pub stop_at_first_failure: bool,
+    /// Images with the fast_commit feature: fsync writes fast commits.
+    pub fast_commit: bool,
 }
 
 impl Config {
@@ -89,6 +99,7 @@ impl Config {
             keep: None,
             faults: Vec::new(),
             stop_at_first_failure: false,
+            fast_commit: false,
         }
     }
 }
@@ -98,7 +109,11 @@ pub struct Failure {
     pub workload: String,
     pub scenario: String,
     pub block_size: u32,
+    pub fast_commit: bool,
     pub seed: u64,
+    /// The workload's share of the states: the plan (and so the state
+    /// numbers) depends on it.
+    pub states: usize,
     pub state: usize,
     pub description: String,
     pub message: String,
@@ -115,8 +130,17 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {} --seed {} --state {}",
-            self.workload, self.block_size, self.seed, self.state
+            "reproduce: jext4 crashtest --workload {} --block-size {}{} --seed {} --states {} --state {}",
+            self.workload,
+            self.block_size,
+            if self.fast_commit {
+                " --fast-commit"
+            } else {
+                ""
+            },
+            self.seed,
+            self.states,
+            self.state
         )?;
         for path in &self.saved {
             write!(f, "\nsaved: {}", path.display())?;
@@ -144,6 +168,10 @@ pub struct Summary {
     pub fsck_runs: usize,
     pub replay_runs: usize,
     pub kernel_runs: usize,
+    /// States whose e2fsck replay was skipped because e2fsck 1.47 cannot
+    /// replay them (fast commits, a wrapped log on a fast-commit journal);
+    /// the kernel replayed those it could instead.
+    pub replay_skipped: usize,
     /// Why kernel mounts were skipped, if they were.
     pub kernel_skipped: Option<String>,
     /// States checked per workload, in order.
@@ -163,7 +191,7 @@ fn mount_options() -> MountOptions {
     MountOptions {
         // Commits happen when the workload asks (fsync, sync) or the
         // transaction fills up, never on a timer: the recording is
-        // reproducible.
+        // reproducible. Fast commits wherever the image has the feature.
         commit_interval: Duration::from_secs(3600),
         atime: AtimePolicy::Never,
         ..MountOptions::default()
@@ -313,6 +341,7 @@ struct Ran {
     fsck: bool,
     replay: bool,
     kernel: bool,
+    replay_skipped: bool,
 }
 
 fn every(n: usize, number: usize) -> bool {
@@ -339,15 +368,39 @@ impl Checker<'_> {
             tools::fsck_clean(&self.files.jext4.path, "after jext4 recovery")?;
             ran.fsck = true;
         }
+        let kernel_sample = self.kernel && every(sampling.kernel_every, state.number);
         if every(sampling.replay_every, state.number) {
-            self.check_e2fsck_replay(base, &raw, state)?;
-            ran.replay = true;
+            if self.e2fsck_can_replay(&raw)? {
+                self.check_e2fsck_replay(base, &raw, state)?;
+                ran.replay = true;
+            } else {
+                ran.replay_skipped = true;
+                if self.kernel && !kernel_sample {
+                    self.check_kernel(base, &raw, state)?;
+                    ran.kernel = true;
+                }
+            }
         }
-        if self.kernel && every(sampling.kernel_every, state.number) {
+        if kernel_sample {
             self.check_kernel(base, &raw, state)?;
             ran.kernel = true;
         }
         Ok(ran)
+    }
+
+    /// Whether e2fsck 1.47 replays this crashed disk as the kernel would:
+    /// not when its fast-commit area opens with a HEAD (fast commits to
+    /// replay, or a stale HEAD that fails e2fsck's recovery), nor when a
+    /// fast-commit journal's log wraps (e2fsck wraps it at the end of the
+    /// area, the kernel and jext4 at the end of the log).
+    fn e2fsck_can_replay(&self, raw: &OverlayDevice) -> Result<bool, String> {
+        if !self.config.fast_commit {
+            return Ok(true);
+        }
+        let device: Arc<dyn BlockDevice> = Arc::new(raw.fork());
+        let shape =
+            crate::fs::journal_shape(&device).map_err(|e| format!("reading the log: {e}"))?;
+        Ok(!shape.fast_commit || (shape.fast_commit_head.is_none() && !shape.wraps))
     }
 
     /// Mount (replaying), compare every lane, unmount.
@@ -440,7 +493,8 @@ impl Checker<'_> {
 pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Summary, String> {
     let started = Instant::now();
     let scratch = Scratch::new()?;
-    let template = tools::make_template(&scratch, config.block_size, IMAGE_MIB)?;
+    let template =
+        tools::make_template(&scratch, config.block_size, IMAGE_MIB, config.fast_commit)?;
     let mut summary = Summary::default();
     let kernel = config.sampling.kernel_every > 0
         && match tools::kernel_available(&scratch, &template) {
@@ -481,12 +535,18 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
-    fn failure(&self, workload: &Workload, scenario: &Scenario, state: usize) -> Failure {
+    fn failure(
+        &self,
+        (workload, scenario, budget): (&Workload, &Scenario, usize),
+        state: usize,
+    ) -> Failure {
         Failure {
             workload: workload.name.to_string(),
             scenario: scenario.name.clone(),
             block_size: self.config.block_size,
+            fast_commit: self.config.fast_commit,
             seed: self.config.seed,
+            states: budget,
             state,
             description: String::new(),
             message: String::new(),
@@ -523,7 +583,7 @@ impl Context<'_> {
             ) {
                 Ok(recorded) => recorded,
                 Err(message) => {
-                    let mut failure = self.failure(workload, scenario, first_number);
+                    let mut failure = self.failure((workload, scenario, budget), first_number);
                     failure.description = "recording the workload".into();
                     failure.message = message;
                     progress(Progress::Failure(&failure));
@@ -540,7 +600,7 @@ impl Context<'_> {
             });
             let failed = self.check_plan(
                 (workload, scenario, &recorded),
-                (&plan, first_number),
+                (&plan, first_number, budget),
                 files,
                 summary,
                 progress,
@@ -559,7 +619,7 @@ impl Context<'_> {
     fn check_plan(
         &self,
         (workload, scenario, recorded): (&Workload, &Scenario, &Recorded),
-        (plan, first_number): (&[CrashState], usize),
+        (plan, first_number, budget): (&[CrashState], usize, usize),
         files: &mut Files,
         summary: &mut Summary,
         progress: &mut dyn FnMut(Progress<'_>),
@@ -604,12 +664,13 @@ impl Context<'_> {
                     summary.fsck_runs += ran.fsck as usize;
                     summary.replay_runs += ran.replay as usize;
                     summary.kernel_runs += ran.kernel as usize;
+                    summary.replay_skipped += ran.replay_skipped as usize;
                 }
                 Err(message) => {
                     failed = true;
                     // A panic may have left a file half written.
                     checker.files.jext4.invalidate();
-                    let mut failure = self.failure(workload, scenario, number);
+                    let mut failure = self.failure((workload, scenario, budget), number);
                     failure.description = state.describe();
                     failure.message = message;
                     failure.saved = self.save(&failure, recorded, state, &base);

@@ -79,10 +79,16 @@ fn path_str(path: &Path) -> Result<&str, String> {
         .ok_or_else(|| format!("{} is not UTF-8", path.display()))
 }
 
-/// A fresh ext4 image of `mib` MiB with `block_size` blocks, made the same
-/// way every time (fixed UUID, hash seed and time), whose free space holds
-/// the stale pattern (so that data read before it was written is visible).
-pub fn make_template(scratch: &Scratch, block_size: u32, mib: u64) -> Result<Vec<u8>, String> {
+/// A fresh ext4 image of `mib` MiB with `block_size` blocks (and the
+/// `fast_commit` feature when asked), made the same way every time (fixed
+/// UUID, hash seed and time), whose free space holds the stale pattern (so
+/// that data read before it was written is visible).
+pub fn make_template(
+    scratch: &Scratch,
+    block_size: u32,
+    mib: u64,
+    fast_commit: bool,
+) -> Result<Vec<u8>, String> {
     let path = scratch.path(&format!("template-{block_size}.img"));
     let stale: Vec<u8> = STALE_PATTERN
         .iter()
@@ -105,6 +111,12 @@ pub fn make_template(scratch: &Scratch, block_size: u32, mib: u64) -> Result<Vec
             "ext4",
             "-b",
             &block_size_arg,
+            "-O",
+            if fast_commit {
+                "fast_commit"
+            } else {
+                "^fast_commit"
+            },
             "-U",
             "6a657874-3463-7261-7368-746573740001",
             "-E",

@@ -25,6 +25,10 @@
 //!
 //! Errors locate damage as `InodeBlock { ino: directory, block: logical
 //! block }`, the numbers the kernel prints for directory errors.
+//!
+//! Adding, removing and replacing a name reports the change to the handle
+//! (`Handle::note`: LINK and UNLINK for fast commits); "." and ".." of a new
+//! directory are not names of their own there (replay makes them).
 
 use super::csum::crc32c_raw;
 use super::htree;
@@ -35,6 +39,7 @@ use crate::cache::{Buffer, BufferCache};
 use crate::ensure_format;
 use crate::error::{Error, Location, Result};
 use crate::journal::Handle;
+use crate::journal::change::{Change, Ineligible};
 use std::sync::Arc;
 
 // ext4.h: EXT4_FT_*, the directory entry file types.
@@ -695,28 +700,46 @@ pub fn add_entry(
         file_type: if fmt.filetype { file_type } else { FT_UNKNOWN },
         name: name.to_vec(),
     };
-    if uses_htree(d, &fmt) {
-        return htree::add(d, handle, &fmt, &entry);
+    insert_entry(d, handle, &fmt, &entry)?;
+    handle.note(Change::Link {
+        parent: d.dir_ino(),
+        ino,
+        name,
+        dir: file_type == FT_DIR,
+    });
+    Ok(())
+}
+
+/// Put `entry` in free space of an existing block, turn a full
+/// single-block directory into an htree, or append a block.
+fn insert_entry(
+    d: &mut dyn DirBlocks,
+    handle: &Handle<'_>,
+    fmt: &Format,
+    entry: &DirEntry,
+) -> Result<()> {
+    if uses_htree(d, fmt) {
+        return htree::add(d, handle, fmt, entry);
     }
     let blocks = d.block_count();
     for lblk in 0..blocks {
-        let buffer = read_leaf(d, &fmt, lblk)?;
-        let slot = find_slot(&fmt, &buffer.read(), lblk, name)?;
+        let buffer = read_leaf(d, fmt, lblk)?;
+        let slot = find_slot(fmt, &buffer.read(), lblk, &entry.name)?;
         if let Some(slot) = slot {
-            modify_leaf(handle, &fmt, &buffer, |block| {
-                insert_record(&fmt, block, slot, &entry);
+            modify_leaf(handle, fmt, &buffer, |block| {
+                insert_record(fmt, block, slot, entry);
                 Ok(())
             })?;
             return Ok(());
         }
         if blocks == 1 && fmt.dir_index && !d.is_indexed() {
-            return htree::make_indexed(d, handle, &fmt, buffer, &entry);
+            return htree::make_indexed(d, handle, fmt, buffer, entry);
         }
     }
     let (lblk, buffer) = d.append_block(handle)?;
     debug_assert_eq!(lblk, blocks);
-    modify_leaf(handle, &fmt, &buffer, |block| {
-        let fitted = write_packed_leaf(&fmt, block, &[&entry]);
+    modify_leaf(handle, fmt, &buffer, |block| {
+        let fitted = write_packed_leaf(fmt, block, &[entry]);
         debug_assert!(fitted);
         Ok(())
     })
@@ -763,6 +786,12 @@ pub fn remove_entry(
     modify_leaf(handle, &fmt, &buffer, |block| {
         delete_record(&fmt, block, location.lblk, location.offset)
     })?;
+    handle.note(Change::Unlink {
+        parent: d.dir_ino(),
+        ino: location.ino,
+        name,
+        dir: location.file_type == FT_DIR,
+    });
     Ok(location)
 }
 
@@ -787,6 +816,19 @@ pub fn replace_entry(
         block[location.offset + 7] = if fmt.filetype { file_type } else { 0 };
         Ok(())
     })?;
+    let parent = d.dir_ino();
+    handle.note(Change::Unlink {
+        parent,
+        ino: location.ino,
+        name,
+        dir: location.file_type == FT_DIR,
+    });
+    handle.note(Change::Link {
+        parent,
+        ino,
+        name,
+        dir: file_type == FT_DIR,
+    });
     Ok(location)
 }
 
@@ -839,7 +881,10 @@ pub fn parent(d: &mut dyn DirBlocks) -> Result<u32> {
     Ok(dotdot.ino)
 }
 
+/// Point ".." at `parent_ino`: the directory moved to another parent,
+/// which fast commits cannot express (`EXT4_FC_REASON_RENAME_DIR`).
 pub fn set_parent(d: &mut dyn DirBlocks, handle: &Handle<'_>, parent_ino: u32) -> Result<()> {
+    handle.note(Change::Ineligible(Ineligible::RenameDir));
     let fmt = Format::of(d);
     debug_assert!(parent_ino != 0 && parent_ino <= fmt.inodes_count);
     let buffer = read_block0(d, &fmt)?;

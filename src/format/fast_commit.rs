@@ -27,6 +27,7 @@ use super::mapping::Extent;
 use super::superblock::GOOD_OLD_INODE_SIZE;
 use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::error::{Error, Result};
+use crate::journal::faults::{self, Fault};
 
 /// Record tags (`EXT4_FC_TAG_*`).
 pub mod tag {
@@ -56,6 +57,16 @@ const INODE_FIXED_SIZE: usize = 4;
 const NAME_MAX: usize = 255;
 /// ext4_extents.h: an `ee_len` above this flags an unwritten extent.
 const EXTENT_INIT_MAX_LEN: u16 = 1 << 15;
+
+/// The most blocks one ADD_RANGE maps (ext4_extents.h `EXT_INIT_MAX_LEN`,
+/// `EXT_UNWRITTEN_MAX_LEN`).
+pub fn max_range_len(unwritten: bool) -> u32 {
+    if unwritten {
+        EXTENT_INIT_MAX_LEN as u32 - 1
+    } else {
+        EXTENT_INIT_MAX_LEN as u32
+    }
+}
 
 /// The name part of CREAT, LINK and UNLINK.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -388,8 +399,127 @@ impl Scanner {
 }
 
 // ---------------------------------------------------------------------------
-// Writing an area (what the kernel's commit path lays out; used by tests
-// today and by the fast-commit writer later).
+// Listing an area (`jext4 logdump`).
+
+/// One well-formed record of an area and where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AreaRecord {
+    /// Block of the area (0 for its first) and byte offset in it.
+    pub block: u32,
+    pub offset: usize,
+    pub record: Record,
+    /// For a TAIL: whether its CRC matches the records since the previous
+    /// TAIL (what replay checks besides the tid).
+    pub crc_ok: Option<bool>,
+}
+
+/// Every well-formed record of `blocks` in order, up to the first that is
+/// not one (zeros, an unknown tag, a bad length) — valid or stale alike:
+/// a listing, not a replay. `inode_size` bounds INODE records.
+pub fn area_records(blocks: &[Vec<u8>], inode_size: u16) -> Vec<AreaRecord> {
+    let mut records = Vec::new();
+    let mut crc = 0;
+    for (index, block) in blocks.iter().enumerate() {
+        let mut offset = 0;
+        // Each record takes at least its 4-byte header: a bounded walk.
+        while offset + RECORD_HEADER_SIZE <= block.len() {
+            let record_tag = get_u16(block, offset);
+            let len = get_u16(block, offset + 2) as usize;
+            let value_start = offset + RECORD_HEADER_SIZE;
+            if len > block.len() - value_start {
+                return records;
+            }
+            let Some(record) = Record::decode(
+                record_tag,
+                &block[value_start..value_start + len],
+                inode_size,
+            ) else {
+                return records;
+            };
+            let whole = &block[offset..value_start + len];
+            let crc_ok = match record {
+                Record::Tail { crc: stored, .. } => {
+                    let sealed = crc32c_raw(crc, &whole[..RECORD_HEADER_SIZE + 4]);
+                    crc = 0;
+                    Some(stored == sealed)
+                }
+                _ => {
+                    crc = crc32c_raw(crc, whole);
+                    None
+                }
+            };
+            records.push(AreaRecord {
+                block: index as u32,
+                offset,
+                record,
+                crc_ok,
+            });
+            offset = value_start + len;
+        }
+    }
+    records
+}
+
+impl std::fmt::Display for Record {
+    /// One line, as `jext4 logdump` prints a record.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |dentry: &Dentry| String::from_utf8_lossy(&dentry.name).into_owned();
+        match self {
+            Record::Head { features, tid } => {
+                write!(f, "HEAD features {features:#x}, transaction {tid}")
+            }
+            Record::Tail { tid, crc } => write!(f, "TAIL transaction {tid}, crc {crc:#010x}"),
+            Record::AddRange { ino, extent } => write!(
+                f,
+                "ADD_RANGE inode {ino}, logical {}+{} -> block {}{}",
+                extent.logical,
+                extent.len,
+                extent.physical,
+                if extent.unwritten { " (unwritten)" } else { "" }
+            ),
+            Record::DelRange { ino, lblk, len } => {
+                write!(f, "DEL_RANGE inode {ino}, logical {lblk}+{len}")
+            }
+            Record::Create(dentry) => write!(
+                f,
+                "CREAT parent {}, inode {}, name {:?}",
+                dentry.parent,
+                dentry.ino,
+                name(dentry)
+            ),
+            Record::Link(dentry) => write!(
+                f,
+                "LINK parent {}, inode {}, name {:?}",
+                dentry.parent,
+                dentry.ino,
+                name(dentry)
+            ),
+            Record::Unlink(dentry) => write!(
+                f,
+                "UNLINK parent {}, inode {}, name {:?}",
+                dentry.parent,
+                dentry.ino,
+                name(dentry)
+            ),
+            Record::Inode { ino, raw } => {
+                let mode = get_u16(raw, 0);
+                let size = get_u32(raw, 4) as u64 | (get_u32(raw, 108) as u64) << 32;
+                let links = get_u16(raw, 26);
+                write!(
+                    f,
+                    "INODE {ino}, mode {mode:o}, size {size}, links {links} ({} bytes)",
+                    raw.len()
+                )
+            }
+            Record::Pad => write!(f, "PAD"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Writing fast commits (what the kernel's commit path lays out): the
+// fast-commit writer (`fs::fast_commit::commit`) builds each fast commit
+// here, the tests whole areas.
 
 /// Lays records out in blocks the way `ext4_fc_reserve_space` does: a
 /// record that does not fit before the room for a closing PAD header goes
@@ -400,6 +530,8 @@ pub struct AreaBuilder {
     blocks: Vec<Vec<u8>>,
     offset: usize,
     crc: u32,
+    /// Bytes of records written (PAD and the TAIL's run-out not counted).
+    record_bytes: usize,
 }
 
 impl AreaBuilder {
@@ -409,6 +541,7 @@ impl AreaBuilder {
             blocks: Vec::new(),
             offset: 0,
             crc: 0,
+            record_bytes: 0,
         }
     }
 
@@ -452,6 +585,7 @@ impl AreaBuilder {
             .copy_from_slice(&value);
         let end = at + RECORD_HEADER_SIZE + value.len();
         self.crc = crc32c_raw(self.crc, &block[at..end]);
+        self.record_bytes += end - at;
     }
 
     /// Seal the fast commit with a TAIL for `tid` (its CRC computed).
@@ -462,10 +596,25 @@ impl AreaBuilder {
         put_u16(block, at, tag::TAIL);
         put_u16(block, at + 2, len as u16);
         put_u32(block, at + 4, tid);
-        let crc = crc32c_raw(self.crc, &block[at..at + 8]);
+        let crc = if faults::active(Fault::FastCommitCrcSpan) {
+            self.crc // broken on purpose: the TAIL's own bytes left out
+        } else {
+            crc32c_raw(self.crc, &block[at..at + 8])
+        };
         put_u32(block, at + 8, crc);
         self.crc = 0;
         self.offset = self.block_size;
+        self.record_bytes += RECORD_HEADER_SIZE + TAIL_SIZE;
+    }
+
+    /// Blocks begun so far.
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Bytes of records (HEAD, TAIL and the rest) added so far.
+    pub fn record_bytes(&self) -> usize {
+        self.record_bytes
     }
 
     pub fn finish(self) -> Vec<Vec<u8>> {
@@ -645,6 +794,37 @@ mod tests {
             scanner.scan_block(&area.finish()[0]),
             Err(Error::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn the_listing_shows_every_record_and_checks_tails() {
+        let mut blocks = two_commits(1024);
+        let listed = area_records(&blocks, 256);
+        let tails: Vec<Option<bool>> = listed
+            .iter()
+            .filter(|entry| matches!(entry.record, Record::Tail { .. }))
+            .map(|entry| entry.crc_ok)
+            .collect();
+        assert_eq!(tails, [Some(true), Some(true)]);
+        assert_eq!(
+            listed[0].record.to_string(),
+            "HEAD features 0x0, transaction 5"
+        );
+        assert!(
+            listed[1]
+                .record
+                .to_string()
+                .starts_with("CREAT parent 2, inode 12")
+        );
+        // Damage in the second commit shows as a bad CRC on its TAIL.
+        let last = blocks.len() - 1;
+        blocks[last][10] ^= 1;
+        let tails: Vec<Option<bool>> = area_records(&blocks, 256)
+            .iter()
+            .filter(|entry| matches!(entry.record, Record::Tail { .. }))
+            .map(|entry| entry.crc_ok)
+            .collect();
+        assert_eq!(tails.last(), Some(&Some(false)));
     }
 
     #[test]

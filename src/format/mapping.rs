@@ -16,12 +16,18 @@
 //!
 //! The inode itself (its `i_block` area holds the extent root or the direct
 //! pointers) is changed in memory only: the caller writes it back.
+//!
+//! Every change to a mapping is reported here, once, to the handle's
+//! observer (`Handle::note`, `journal::change`): fast commits record the
+//! logical ranges whose mapping changed and look the physical blocks up
+//! when they commit, as the kernel does.
 
 use super::inode::Inode;
 use super::superblock::Geometry;
 use super::{MetaCtx, blockmap, extent};
 use crate::cache::BufferCache;
 use crate::error::Result;
+use crate::journal::change::{Change, Ineligible};
 
 /// A run of logical blocks mapped to consecutive physical blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,11 +111,14 @@ pub fn allocate(
     unwritten: bool,
 ) -> Result<Extent> {
     debug_assert!(len > 0, "allocating nothing");
-    if inode.uses_extents() {
-        extent::allocate(ctx, ino, inode, lblk, len, goal, unwritten)
+    let extent = if inode.uses_extents() {
+        extent::allocate(ctx, ino, inode, lblk, len, goal, unwritten)?
     } else {
-        blockmap::allocate(ctx, ino, inode, lblk, len, goal, unwritten)
-    }
+        blockmap::allocate(ctx, ino, inode, lblk, len, goal, unwritten)?
+    };
+    debug_assert_eq!(extent.logical, lblk, "a mapping starts where it was asked");
+    note_range(ctx, ino, inode, extent.logical, extent.end(), true);
+    Ok(extent)
 }
 
 /// Convert [lblk, lblk+len) from unwritten to written (splitting extents as needed). No-op for block maps.
@@ -121,10 +130,10 @@ pub fn mark_written(
     len: u64,
 ) -> Result<()> {
     if inode.uses_extents() {
-        extent::mark_written(ctx, ino, inode, lblk, len)
-    } else {
-        Ok(())
+        extent::mark_written(ctx, ino, inode, lblk, len)?;
+        note_range(ctx, ino, inode, lblk, lblk + len, false);
     }
+    Ok(())
 }
 
 /// Unmap [start, end) (end None = to the end: truncate) and free the data blocks, plus tree/indirect
@@ -139,11 +148,46 @@ pub fn punch(
     if end.is_some_and(|end| end <= start) {
         return Ok(());
     }
+    // Reported first: a punch that fails part-way has changed the mapping
+    // already.
+    let limit = max_blocks(ctx.geo, inode);
+    note_range(
+        ctx,
+        ino,
+        inode,
+        start,
+        end.unwrap_or(limit).min(limit),
+        false,
+    );
     if inode.uses_extents() {
         extent::punch(ctx, ino, inode, start, end)
     } else {
         blockmap::punch(ctx, ino, inode, start, end)
     }
+}
+
+/// Report that logical blocks `start..end` of `ino` map differently
+/// (`allocated`: newly mapped). A directory's blocks are not ranges
+/// (replay rebuilds a directory from its names), but a directory that grew
+/// is something the kernel's replay gets wrong; a block-mapped file's
+/// mapping cannot be replayed from records.
+fn note_range(ctx: &MetaCtx, ino: u32, inode: &Inode, start: u64, end: u64, allocated: bool) {
+    if start >= end {
+        return;
+    }
+    if inode.is_dir() {
+        if allocated {
+            ctx.handle
+                .note(Change::Ineligible(Ineligible::DirectoryGrew));
+        }
+        return;
+    }
+    let change = if inode.uses_extents() {
+        Change::Range { ino, start, end }
+    } else {
+        Change::Ineligible(Ineligible::BlockMapped)
+    };
+    ctx.handle.note(change);
 }
 
 /// Empty mapping for a new inode: extent header in i_block (and EXTENTS flag) if `extents`, else zeros.

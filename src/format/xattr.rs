@@ -48,6 +48,7 @@ use super::{MetaCtx, get_u16, get_u32, put_u16, put_u32};
 use crate::cache::{Buffer, BufferCache};
 use crate::ensure_format;
 use crate::error::{Error, Location, Result};
+use crate::journal::change::{Change, Ineligible};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -706,6 +707,8 @@ pub fn set(
     value: Option<&[u8]>,
     mode: SetMode,
 ) -> Result<()> {
+    // As the kernel's ext4_xattr_set_handle: marked before anything changes.
+    ctx.handle.note(Change::Ineligible(Ineligible::Xattr));
     let (index, suffix) = resolve_name(name)?;
     if !is_acl(index) {
         return set_stored(ctx, ino, inode, index, suffix, value, mode);

@@ -24,6 +24,7 @@ use crate::format::bitmap;
 use crate::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use crate::format::superblock::ROOT_INO;
 use crate::journal::Handle;
+use crate::journal::change::Change;
 use std::sync::Arc;
 
 impl Tx<'_, '_> {
@@ -444,6 +445,7 @@ impl Tx<'_, '_> {
         }
         self.st.sb.free_inodes_count -= 1;
         self.mark_group_dirty(group);
+        self.handle.note(Change::InodeAllocated { ino });
         Ok(true)
     }
 
@@ -477,6 +479,7 @@ impl Tx<'_, '_> {
         }
         self.st.sb.free_inodes_count += 1;
         self.mark_group_dirty(group);
+        self.handle.note(Change::InodeFreed { ino });
         Ok(())
     }
 

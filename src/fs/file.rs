@@ -7,6 +7,7 @@
 //! bytes), so that nothing stale from a previous owner can ever be read
 //! back; a partial write into an existing block reads it first.
 
+use super::fast_commit::Outcome;
 use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::inode::{Attr, attr_of, check_live, read_inode};
 use super::{AtimePolicy, Caller, Fs, Tx};
@@ -14,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::Geometry;
+use crate::journal::change::Change;
 
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
@@ -108,6 +110,7 @@ impl Tx<'_, '_> {
         let end = end.min(position);
         if end > inode.size {
             inode.size = end;
+            self.handle.note(Change::Extended { ino });
         }
         Ok((end - offset) as usize)
     }
@@ -573,6 +576,8 @@ impl Fs {
     /// when this returns. Data is already on the device; it needs a flush,
     /// and a commit only if the transaction holding the inode's change is
     /// not durable yet — an overwrite of allocated blocks commits nothing.
+    /// The commit is a fast commit where the image has them and the
+    /// changes since the last full commit allow it (`fast_commit::commit`).
     pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
         if !self.core.journal.is_journaled() {
             return self.note_error(self.core.journal.sync());
@@ -583,9 +588,17 @@ impl Fs {
             .lock()
             .get(&ino)
             .map(|tids| if datasync { tids.datasync } else { tids.sync });
-        if let Some(tid) = pending
-            && self.note_error(self.core.journal.commit_and_wait(tid))?
-        {
+        let Some(tid) = pending else {
+            return self.core.journal.flush_data();
+        };
+        if let Some(tracker) = &self.core.fast_commit {
+            match self.note_error(self.fast_commit(tracker, tid))? {
+                Outcome::Durable { flushed: true } => return Ok(()),
+                Outcome::Durable { flushed: false } => return self.core.journal.flush_data(),
+                Outcome::FullCommit => {}
+            }
+        }
+        if self.note_error(self.core.journal.commit_and_wait(tid))? {
             return Ok(()); // the commit's final flush covered the data too
         }
         self.note_error(self.core.journal.flush_data())

@@ -9,6 +9,7 @@ use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
 use crate::format::superblock::Geometry;
 use crate::format::{mapping, xattr};
+use crate::journal::change::{Change, Ineligible};
 
 /// Logical blocks freed per transaction when a large file is truncated or
 /// deleted (see `Fs::punch_in_chunks`).
@@ -126,7 +127,7 @@ pub(crate) fn read_inode_with(
     Inode::decode(geo, ino, &bytes[offset..offset + geo.inode_size as usize])
 }
 
-fn inode_location(geo: &Geometry, groups: &[GroupDesc], ino: u32) -> (u64, usize) {
+pub(crate) fn inode_location(geo: &Geometry, groups: &[GroupDesc], ino: u32) -> (u64, usize) {
     let group = geo.group_of_inode(ino);
     let byte = geo.inode_index_in_group(ino) as u64 * geo.inode_size as u64;
     let block = groups[group as usize].inode_table + byte / geo.block_size as u64;
@@ -170,6 +171,7 @@ impl Tx<'_, '_> {
             );
         }
         self.note_tid(ino, timestamps_only);
+        self.handle.note(Change::Inode { ino });
         Ok(())
     }
 
@@ -349,6 +351,13 @@ impl Fs {
         self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
+            if inode.is_dir() {
+                // Fast commits record a directory's inode only with its
+                // creation (as the kernel's): its own attributes need a
+                // full commit.
+                tx.handle
+                    .note(Change::Ineligible(Ineligible::DirAttributes));
+            }
             let now = Timestamp::now();
             let mut changed = false;
             if let Some(mode) = changes.mode {

@@ -137,6 +137,13 @@ pub fn recover_device(dev: &Arc<dyn BlockDevice>) -> Result<Option<RecoveryRepor
     recover_if_needed(&geo, &sb, dev)
 }
 
+/// The shape of the log of the filesystem on `dev` (`recovery::log_shape`),
+/// read without changing anything.
+pub fn journal_shape(dev: &Arc<dyn BlockDevice>) -> Result<recovery::LogShape> {
+    let (_, geo) = journaled_superblock(dev)?;
+    recovery::log_shape(&journal_area(&geo, dev)?)
+}
+
 /// What `recover_image` did.
 #[derive(Debug)]
 pub struct ImageRecovery {

@@ -8,7 +8,10 @@
 //! serialises changes to inodes and directories; buffer byte locks are taken
 //! inside it; the journal's own state innermost. Read-only operations take
 //! the lock shared. `open_files` is a leaf lock, never held while taking
-//! `state`.
+//! `state`. The fast-commit tracker's lock (`fast_commit::track`) is a leaf
+//! too: handles report changes to it under `state`, and an fsync takes what
+//! it queued under `state` shared — so a fast commit records a cut no
+//! operation is half-way through.
 //!
 //! A mutating operation runs inside [`Fs::transact`], which gives it a
 //! [`Tx`]: the shared core, the state under the write lock, and the handle.
@@ -30,7 +33,7 @@ pub use crate::format::xattr::SetMode as XattrMode;
 pub use dirops::Dentry;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
-pub use journal::{ImageRecovery, logdump_image, recover_device, recover_image};
+pub use journal::{ImageRecovery, journal_shape, logdump_image, recover_device, recover_image};
 pub use namei::RenameFlags;
 
 use crate::cache::BufferCache;
@@ -41,7 +44,9 @@ use crate::format::group_desc::GroupDesc;
 use crate::format::superblock::{
     self, Geometry, STATE_ERROR, STATE_VALID, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock,
 };
+use crate::journal::change::Ineligible;
 use crate::journal::{Handle, Jbd2Options, Journal, JournalConfig};
+pub use fast_commit::FastCommitStats;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
@@ -69,6 +74,10 @@ pub struct MountOptions {
     /// Commit blocks carry a checksum and the flush before them is skipped
     /// (`-o journal_async_commit`).
     pub journal_async_commit: bool,
+    /// fsync writes fast commits on images with the fast_commit feature:
+    /// `None` (the default) where the image has it, `Some(false)` never
+    /// (`-o fast_commit=off`), `Some(true)` required (`-o fast_commit`).
+    pub fast_commit: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +99,7 @@ impl Default for MountOptions {
             atime: AtimePolicy::Relatime,
             noload: false,
             journal_async_commit: false,
+            fast_commit: None,
         }
     }
 }
@@ -130,6 +140,8 @@ pub(crate) struct Core {
     /// file), so that recording and unrecording are idempotent when
     /// operations on one inode overlap (a leaf lock).
     pub orphans: Mutex<HashSet<u32>>,
+    /// What the next fast commit records, when this mount writes them.
+    pub fast_commit: Option<Arc<fast_commit::Tracker>>,
     /// Inode numbers a front end still names (the FUSE kernel's lookup
     /// counts): the allocator does not hand them out again while named,
     /// or a stale name would reach a new, unrelated file (a leaf lock).
@@ -159,6 +171,7 @@ impl Core {
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),
+            fast_commit: None,
             reserved_blocks: sb.reserved_blocks_count,
             resuid: sb.def_resuid as u32,
             resgid: sb.def_resgid as u32,
@@ -244,6 +257,7 @@ impl Fs {
         if journaled && options.noload {
             options.read_only = true;
         }
+        let fast_commit = fast_commit_wanted(&sb, &options)?;
         let geo = Geometry::from_superblock(&sb);
         let blocks_on_device = dev.size_bytes() / geo.block_size as u64;
         if blocks_on_device < geo.blocks_count {
@@ -310,12 +324,14 @@ impl Fs {
                     async_commit: options.journal_async_commit,
                     fs_64bit: geo.has_incompat(superblock::incompat::BIT64),
                     metadata_csum: geo.metadata_csum,
+                    fast_commit,
                 };
                 Journal::jbd2(Arc::clone(&cache), area, guard, config, &jbd2_options)?
             }
             None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
-        let core = Core::new(geo, &sb, cache, journal, options);
+        let mut core = Core::new(geo, &sb, cache, journal, options);
+        core.fast_commit = fast_commit::Tracker::attach(&core.geo, &core.journal);
         let generation_seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
@@ -582,7 +598,22 @@ impl Fs {
             ]),
             None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),
         }
+        if let (Some(tracker), Some(jbd2)) = (&self.core.fast_commit, journal.jbd2) {
+            lines.extend(fast_commit_lines(
+                &tracker.stats(),
+                &jbd2,
+                self.core.geo.block_size,
+            ));
+        }
         lines.join("\n") + "\n"
+    }
+
+    /// Fast-commit counters, when this mount writes fast commits.
+    pub fn fast_commit_stats(&self) -> Option<FastCommitStats> {
+        self.core
+            .fast_commit
+            .as_ref()
+            .map(|tracker| tracker.stats())
     }
 
     pub fn cache_stats(&self) -> crate::cache::CacheStats {
@@ -627,6 +658,62 @@ impl Fs {
             name_max: 255,
         }
     }
+}
+
+/// `jext4 stats` lines about fast commits: how many, against full
+/// commits; bytes and flushes per fast commit (hundredths); each reason a
+/// change made fast commits ineligible.
+fn fast_commit_lines(
+    stats: &FastCommitStats,
+    jbd2: &crate::journal::Jbd2Stats,
+    block_size: u32,
+) -> Vec<String> {
+    let per_commit = |total: u64| match stats.commits {
+        0 => "0".to_string(),
+        commits => format!("{:.2}", total as f64 / commits as f64),
+    };
+    let mut lines = vec![
+        format!("fast_commits {}", stats.commits),
+        format!("fast_commit_fallbacks {}", stats.fallbacks),
+        format!("full_commits {}", jbd2.commits),
+        format!("fast_commit_record_bytes {}", stats.record_bytes),
+        format!(
+            "fast_commit_bytes_written {}",
+            jbd2.fast_commit_blocks * block_size as u64
+        ),
+        format!(
+            "fast_commit_bytes_per_commit {}",
+            per_commit(jbd2.fast_commit_blocks * block_size as u64)
+        ),
+        format!("fast_commit_flushes {}", stats.flushes),
+        format!(
+            "fast_commit_flushes_per_commit {}",
+            per_commit(stats.flushes)
+        ),
+    ];
+    for reason in Ineligible::ALL {
+        lines.push(format!(
+            "fast_commit_ineligible_{} {}",
+            reason.name(),
+            stats.ineligible[reason.index()]
+        ));
+    }
+    lines
+}
+
+/// Whether this mount writes fast commits: where the image has the
+/// feature, unless `-o fast_commit=off`; `-o fast_commit` on an image
+/// without it is refused (the kernel has no way to replay them there).
+fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
+    let feature = sb.has_compat(superblock::compat::FAST_COMMIT);
+    if options.fast_commit == Some(true) && !feature {
+        return Err(Error::Invalid(
+            "mount option fast_commit: the filesystem has no fast_commit feature \
+             (add it with tune2fs -O fast_commit while unmounted)"
+                .into(),
+        ));
+    }
+    Ok(feature && options.fast_commit != Some(false) && !options.read_only)
 }
 
 /// s_overhead_clusters when mke2fs recorded it, else the sum of every

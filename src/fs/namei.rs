@@ -14,6 +14,7 @@ use crate::format::dir::{self, EntryLocation};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
 use crate::format::mapping;
 use crate::format::superblock::{incompat, ro_compat};
+use crate::journal::change::{Change, Ineligible};
 
 /// ext4's EXT4_LINK_MAX: beyond it, a directory with dir_nlink reports 1.
 const LINK_MAX: u16 = 65000;
@@ -209,9 +210,16 @@ impl Tx<'_, '_> {
                 inode.links_count = 1;
                 mapping::init(inode, extents);
             }
-            NewNode::Special { rdev, .. } => {
+            NewNode::Special { rdev, mode } => {
                 inode.links_count = 1;
                 inode.set_device_number(*rdev);
+                if matches!(mode & fmt::S_IFMT, fmt::S_IFCHR | fmt::S_IFBLK) {
+                    // The device number lives in i_block, which the
+                    // kernel's fast-commit replay does not take from the
+                    // record.
+                    self.handle
+                        .note(Change::Ineligible(Ineligible::SymlinkOrDevice));
+                }
             }
             NewNode::Directory { .. } => {
                 inode.links_count = 2;
@@ -243,6 +251,9 @@ impl Tx<'_, '_> {
             return Err(Error::NameTooLong);
         }
         inode.size = target.len() as u64;
+        // The kernel's fast-commit replay cannot rebuild a new symlink.
+        self.handle
+            .note(Change::Ineligible(Ineligible::SymlinkOrDevice));
         if target.len() < fmt::I_BLOCK_SIZE {
             // A fast symlink: the target lives in i_block, no extents flag.
             inode.block = [0; fmt::I_BLOCK_SIZE];
@@ -651,6 +662,9 @@ impl Tx<'_, '_> {
         mut src_inode: Inode,
     ) -> Result<()> {
         let handle = self.handle;
+        // Replayed as records, the first UNLINK would free the inode the
+        // second LINK names (ext4_cross_rename marks this too).
+        handle.note(Change::Ineligible(Ineligible::CrossRename));
         let mut dst_inode = self.read_live_inode(dst.ino)?;
         if dst_inode.is_dir() && !dirs.same() {
             check_not_inside(self, dirs.old_parent, dst.ino)?;

@@ -14,6 +14,7 @@ use crate::format::inode::Inode;
 use crate::format::mapping::{self, Lookup};
 use crate::format::orphan as fmt;
 use crate::format::superblock::ro_compat;
+use crate::journal::change::{Change, Ineligible};
 use std::collections::HashSet;
 
 /// Upper bound on orphan-list walks: a corrupt list must end.
@@ -36,6 +37,7 @@ impl Tx<'_, '_> {
         if !self.core.orphans.lock().insert(ino) {
             return Ok(());
         }
+        self.handle.note(Change::Ineligible(Ineligible::Orphan));
         if self.orphan_file_slot_add(ino)? {
             return Ok(());
         }
@@ -50,6 +52,7 @@ impl Tx<'_, '_> {
         if !self.core.orphans.lock().remove(&ino) {
             return Ok(());
         }
+        self.handle.note(Change::Ineligible(Ineligible::Orphan));
         if self.orphan_file_slot_remove(ino)? {
             return Ok(());
         }

@@ -107,6 +107,14 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
                 )));
             }
             ("journal_async_commit", None) => engine.journal_async_commit = true,
+            // Fast commits: on by default where the image has the feature.
+            ("fast_commit", None | Some("on")) => engine.fast_commit = Some(true),
+            ("fast_commit", Some("off")) => engine.fast_commit = Some(false),
+            ("fast_commit", Some(other)) => {
+                return Err(Error::Invalid(format!(
+                    "fast_commit={other}: expected on or off"
+                )));
+            }
             ("noload", None) | ("norecovery", None) => {
                 engine.noload = true;
                 engine.read_only = true;
@@ -192,5 +200,16 @@ mod tests {
         let (engine, _) = parse_mount_options(&["noload,journal_async_commit".into()]).unwrap();
         assert!(engine.noload && engine.read_only && engine.journal_async_commit);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+    }
+
+    #[test]
+    fn fast_commit_is_on_off_or_the_images_default() {
+        let parse = |text: &str| parse_mount_options(&[text.into()]).map(|(engine, _)| engine);
+        assert_eq!(parse("rw").unwrap().fast_commit, None);
+        assert_eq!(parse("fast_commit").unwrap().fast_commit, Some(true));
+        assert_eq!(parse("fast_commit=on").unwrap().fast_commit, Some(true));
+        assert_eq!(parse("fast_commit=off").unwrap().fast_commit, Some(false));
+        let error = parse("fast_commit=maybe").unwrap_err();
+        assert!(error.to_string().contains("fast_commit=maybe"), "{error}");
     }
 }

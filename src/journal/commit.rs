@@ -52,13 +52,25 @@ impl Jbd2 {
             self.area.dev.flush()?;
         }
         let end = self.write_transaction(&locked)?;
-        self.finish_commit(locked, end)
+        let retired = self.retire_area()?;
+        self.finish_commit(locked, end)?;
+        if retired {
+            // Makes the zeroed HEAD durable; nobody waits for it.
+            self.area.dev.flush()?;
+        }
+        Ok(())
     }
 
     /// T_LOCKED: stop new handles, wait for the ones inside to leave, take
     /// the transaction's contents, and open the next transaction.
     fn lock_down(&self) -> Result<Option<LockedDown>> {
         let mut state = self.state.lock();
+        // A fast commit under way extends the running transaction: it
+        // must end before that transaction is locked down (the kernel's
+        // FULL_COMMIT_ONGOING waits for FAST_COMMIT_ONGOING too).
+        while state.fc_ongoing {
+            self.changed.wait(&mut state);
+        }
         let transaction = Arc::clone(&state.running);
         if transaction.is_empty() && transaction.updates.load(Ordering::Acquire) == 0 {
             if state
@@ -210,6 +222,11 @@ impl Jbd2 {
             buffers: locked.log,
         });
         self.commits.fetch_add(1, Ordering::Relaxed);
+        // Under the state lock, so that nobody woken below (a fast commit
+        // about to start) sees the commit before the observer does.
+        if let Some(observer) = self.observer.get() {
+            observer.committed(tid);
+        }
         self.changed.notify_all();
         Ok(())
     }

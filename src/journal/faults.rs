@@ -25,6 +25,16 @@
 //! - [`Fault::DeferOrderedData`]: data=ordered writes file data before the
 //!   commit of the metadata that points at it; broken, data writes are held
 //!   back (reads still see them) until the next commit is durable.
+//! - [`Fault::FastCommitTailFirst`]: a fast commit's TAIL becomes durable
+//!   only after its records and the data they map; broken, the TAIL's block
+//!   is written and flushed first and the other record blocks follow with
+//!   no flush before the fsync returns.
+//! - [`Fault::FastCommitDropRange`]: a fast commit records every change of
+//!   the inodes it covers; broken, it leaves out their range records
+//!   (ADD_RANGE, DEL_RANGE), so replay keeps the old mapping under the new
+//!   size.
+//! - [`Fault::FastCommitCrcSpan`]: the TAIL's CRC covers every byte from
+//!   the first record to the TAIL's tid; broken, it stops before the TAIL.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -38,15 +48,21 @@ pub enum Fault {
     DropRevoke = 1 << 2,
     EarlyTailAdvance = 1 << 3,
     DeferOrderedData = 1 << 4,
+    FastCommitTailFirst = 1 << 5,
+    FastCommitDropRange = 1 << 6,
+    FastCommitCrcSpan = 1 << 7,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 5] = [
+    pub const ALL: [Fault; 8] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
         Fault::EarlyTailAdvance,
         Fault::DeferOrderedData,
+        Fault::FastCommitTailFirst,
+        Fault::FastCommitDropRange,
+        Fault::FastCommitCrcSpan,
     ];
 }
 

@@ -27,10 +27,12 @@
 //! are also revoked, so replay never writes an older logged copy over them.
 //!
 //! Lock order: `State` (journal state) → a buffer's `journal` head → the
-//! buffer's bytes. `Transaction::buffers`/`revokes`, the pending-free map
-//! and the write-ahead guard are leaf locks. No lock is held across I/O
+//! buffer's bytes. `Transaction::buffers`/`revokes`, the pending-free map,
+//! the write-ahead guard and the change observer's own lock are leaf locks
+//! (the observer is told of a commit under `State`). No lock is held across I/O
 //! except by the commit thread on its own state.
 
+use super::change::ChangeObserver;
 use super::format::{JournalSuperblock, LogFormat, LogLayout, incompat};
 use super::recovery::JournalArea;
 use crate::cache::{Buffer, BufferCache};
@@ -39,7 +41,7 @@ use crate::error::{Error, Location, Result};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -125,6 +127,24 @@ pub(crate) struct State {
     pub stopping: bool,
     /// Set when the journal aborted: every later handle fails.
     pub error: Option<String>,
+    /// A fast commit is being written (`fc_commit.rs`): no full commit may
+    /// lock the running transaction down until it ends.
+    pub fc_ongoing: bool,
+    /// Blocks of the fast-commit area used since the last full commit.
+    pub fc_next: u32,
+}
+
+impl State {
+    /// Fails once the journal has aborted: nothing more may be started,
+    /// committed or waited for.
+    pub fn check_aborted(&self) -> Result<()> {
+        match &self.error {
+            Some(error) => Err(Error::Io(std::io::Error::other(format!(
+                "journal aborted: {error}"
+            )))),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -136,6 +156,9 @@ pub struct Jbd2Stats {
     pub checkpoints: u64,
     pub blocks_checkpointed: u64,
     pub guard_violations: u64,
+    /// Fast commits written, and the area blocks they took.
+    pub fast_commits: u64,
+    pub fast_commit_blocks: u64,
 }
 
 pub(crate) struct Jbd2 {
@@ -155,15 +178,21 @@ pub(crate) struct Jbd2 {
     pub max_transaction: u32,
     pub commit_interval: Duration,
     pub async_commit: bool,
+    /// This mount writes fast commits (the area is in `layout`).
+    pub fast_commit: bool,
     /// Freed ranges not yet allocatable: start → (end, freeing tid).
     pub pending_free: Mutex<BTreeMap<u64, (u64, u32)>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Told of every handle's logical changes and every full commit.
+    pub observer: OnceLock<Arc<dyn ChangeObserver>>,
     pub commits: AtomicU64,
     pub blocks_logged: AtomicU64,
     pub revokes_logged: AtomicU64,
     pub frozen_copies: AtomicU64,
     pub checkpoints: AtomicU64,
     pub blocks_checkpointed: AtomicU64,
+    pub fast_commits: AtomicU64,
+    pub fast_commit_blocks: AtomicU64,
 }
 
 /// Options for loading the journal.
@@ -174,6 +203,9 @@ pub struct Jbd2Options {
     /// The filesystem has the 64bit feature (journal block numbers need it).
     pub fs_64bit: bool,
     pub metadata_csum: bool,
+    /// Write fast commits: the journal gets the FAST_COMMIT feature (and
+    /// its log ends before the area), as the kernel sets it at mount.
+    pub fast_commit: bool,
 }
 
 impl Jbd2 {
@@ -186,7 +218,7 @@ impl Jbd2 {
         guard: Arc<GuardedDevice>,
         options: &Jbd2Options,
     ) -> Result<Arc<Jbd2>> {
-        let (mut sb, layout) = area.load_superblock()?;
+        let (mut sb, _) = area.load_superblock()?;
         if sb.start != 0 {
             return Err(Error::corrupt(
                 Location::Journal { block: 0 },
@@ -213,7 +245,24 @@ impl Jbd2 {
         } else {
             wanted &= !incompat::ASYNC_COMMIT;
         }
+        if options.fast_commit {
+            wanted |= incompat::FAST_COMMIT;
+        } else {
+            wanted &= !incompat::FAST_COMMIT;
+        }
         sb.feature_incompat = wanted;
+        // The log's end moves with FAST_COMMIT: the area is carved off it.
+        let mapped = area.blocks.len() as u64;
+        sb.encode();
+        let layout = match sb.check(area.fs_block_size, mapped) {
+            Err(error) if wanted & incompat::FAST_COMMIT != 0 => {
+                tracing::warn!(%error, "no fast commits: the journal has no room for their area");
+                sb.feature_incompat &= !incompat::FAST_COMMIT;
+                sb.encode();
+                sb.check(area.fs_block_size, mapped)?
+            }
+            layout => layout?,
+        };
         area.store_superblock(&mut sb)?;
         area.dev.flush()?;
         let format = sb.log_format();
@@ -234,6 +283,8 @@ impl Jbd2 {
                 sb_empty_on_disk: true,
                 stopping: false,
                 error: None,
+                fc_ongoing: false,
+                fc_next: 0,
             }),
             sb: Mutex::new(sb),
             area,
@@ -245,15 +296,20 @@ impl Jbd2 {
             changed: Condvar::new(),
             commit_interval: options.commit_interval,
             async_commit: options.async_commit,
+            fast_commit: options.fast_commit && layout.fast_commit.is_some(),
             pending_free: Mutex::new(BTreeMap::new()),
             thread: Mutex::new(None),
+            observer: OnceLock::new(),
             commits: AtomicU64::new(0),
             blocks_logged: AtomicU64::new(0),
             revokes_logged: AtomicU64::new(0),
             frozen_copies: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             blocks_checkpointed: AtomicU64::new(0),
+            fast_commits: AtomicU64::new(0),
+            fast_commit_blocks: AtomicU64::new(0),
         });
+        jbd2.prepare_fast_commit_area()?;
         Jbd2::start_thread(&jbd2);
         Ok(jbd2)
     }
@@ -311,11 +367,7 @@ impl Jbd2 {
     pub fn start_handle(&self, credits: u32) -> Result<Arc<Transaction>> {
         let mut state = self.state.lock();
         loop {
-            if let Some(error) = &state.error {
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "journal aborted: {error}"
-                ))));
-            }
+            state.check_aborted()?;
             if state.locked {
                 self.changed.wait(&mut state);
                 continue;
@@ -438,11 +490,7 @@ impl Jbd2 {
         let mut state = self.state.lock();
         let mut waited = false;
         loop {
-            if let Some(error) = &state.error {
-                return Err(Error::Io(std::io::Error::other(format!(
-                    "journal aborted: {error}"
-                ))));
-            }
+            state.check_aborted()?;
             if !super::format::tid_gt(tid, state.committed_tid) {
                 return Ok(waited);
             }
@@ -496,11 +544,7 @@ impl Jbd2 {
             let _ = thread.join();
         }
         let state = self.state.lock();
-        if let Some(error) = &state.error {
-            return Err(Error::Io(std::io::Error::other(format!(
-                "journal aborted: {error}"
-            ))));
-        }
+        state.check_aborted()?;
         Ok(())
     }
 
@@ -513,6 +557,8 @@ impl Jbd2 {
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
             blocks_checkpointed: self.blocks_checkpointed.load(Ordering::Relaxed),
             guard_violations: self.guard.violations(),
+            fast_commits: self.fast_commits.load(Ordering::Relaxed),
+            fast_commit_blocks: self.fast_commit_blocks.load(Ordering::Relaxed),
         }
     }
 
@@ -608,6 +654,9 @@ impl Jbd2 {
         let mut sb = self.sb.lock();
         sb.start = 0;
         sb.sequence = next;
+        // As the kernel at unmount: a clean journal does not say
+        // FAST_COMMIT (mke2fs leaves it off; a mount sets it again).
+        sb.feature_incompat &= !incompat::FAST_COMMIT;
         self.area.store_superblock(&mut sb)?;
         self.area.dev.flush()?;
         state.sb_empty_on_disk = true;

@@ -6,7 +6,8 @@
 //! end conditions: no magic, an unexpected tid, an unknown block type) but
 //! never stops on a bad checksum: it prints whether each checksum matches,
 //! so that a damaged journal can be looked at. Like every walk over on-disk
-//! data it is bounded by the journal size.
+//! data it is bounded by the journal size. Then the fast-commit area: its
+//! records, decoded, with whether each TAIL's CRC matches.
 
 use super::format::{
     BlockHeader, CommitBlock, JournalSuperblock, LogFormat, LogLayout, block_type, checksum_type,
@@ -15,6 +16,7 @@ use super::format::{
 };
 use super::recovery::JournalArea;
 use crate::error::Result;
+use crate::format::fast_commit::{Record, area_records};
 use std::io::Write;
 
 /// Print the journal of `area` to `out`. Fails (after printing what it
@@ -279,6 +281,9 @@ impl Dump<'_> {
         Ok(())
     }
 
+    /// The area's header line, then (when it opens with a HEAD) every
+    /// record up to the first that does not decode: the fast commits of
+    /// the HEAD's transaction, and whatever older ones follow them.
     fn fast_commit_area(&self, out: &mut dyn Write) -> Result<()> {
         let Some((first, end)) = self.layout.fast_commit else {
             return Ok(());
@@ -288,12 +293,36 @@ impl Dump<'_> {
         } else {
             None
         };
-        match head {
-            Some(head_tid) => writeln!(
+        let Some(head_tid) = head else {
+            writeln!(out, "Fast-commit area: blocks {first}..{end}, no records")?;
+            return Ok(());
+        };
+        writeln!(
+            out,
+            "Fast-commit area: blocks {first}..{end}, head for transaction {head_tid}"
+        )?;
+        let blocks = (first..end)
+            .map(|index| self.area.read_block(index as u64))
+            .collect::<Result<Vec<_>>>()?;
+        // INODE records are at most an inode; the journal does not know
+        // the filesystem's inode size, a block bounds it.
+        let inode_size = self.format.block_size.min(u16::MAX as usize) as u16;
+        for entry in area_records(&blocks, inode_size) {
+            if entry.record == Record::Pad {
+                continue;
+            }
+            let check = match entry.crc_ok {
+                Some(true) => ", crc ok",
+                Some(false) => ", crc BAD",
+                None => "",
+            };
+            writeln!(
                 out,
-                "Fast-commit area: blocks {first}..{end}, head for transaction {head_tid}"
-            )?,
-            None => writeln!(out, "Fast-commit area: blocks {first}..{end}, no records")?,
+                "  Block {} +{}: {}{check}",
+                first + entry.block,
+                entry.offset,
+                entry.record
+            )?;
         }
         Ok(())
     }

@@ -20,22 +20,26 @@
 //!   by a background flusher, by `sync`, under cache pressure and at
 //!   unmount. Same promise as ext2: a crash may leave work for `e2fsck`.
 
+pub mod change;
 mod checkpoint;
 mod commit;
 pub mod fast_commit;
 #[doc(hidden)]
 pub mod faults;
+mod fc_commit;
 pub mod format;
 mod jbd2;
 pub mod logdump;
 pub mod recovery;
 mod writeback;
 
+pub use fc_commit::{FastCommitBegin, FastCommitSlot};
 pub use jbd2::{Jbd2Options, Jbd2Stats};
 
 use crate::cache::{Buffer, BufferCache};
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Result};
+use change::{Change, ChangeObserver};
 use jbd2::{Jbd2, Transaction};
 use parking_lot::RwLockWriteGuard;
 use recovery::JournalArea;
@@ -214,6 +218,25 @@ impl Journal {
         }
     }
 
+    /// Wait until transaction `tid` is durable or a fast commit of it may
+    /// be written (`fc_commit.rs`). Unjournaled, or without a fast-commit
+    /// area: refused.
+    pub fn begin_fast_commit(&self, tid: u32) -> Result<FastCommitBegin<'_>> {
+        match &self.mode {
+            Mode::WriteBack(_) => Ok(FastCommitBegin::Refused),
+            Mode::Jbd2(jbd2) => jbd2.begin_fast_commit(tid),
+        }
+    }
+
+    /// The journal's fast-commit area `[first, end)` when this mount writes
+    /// fast commits.
+    pub fn fast_commit_area(&self) -> Option<(u32, u32)> {
+        match &self.mode {
+            Mode::WriteBack(_) => None,
+            Mode::Jbd2(jbd2) => jbd2.fast_commit_area(),
+        }
+    }
+
     /// Make everything accepted so far durable, file data included (sync,
     /// syncfs): one commit, or one flush when there is nothing to commit.
     pub fn sync(&self) -> Result<()> {
@@ -280,6 +303,16 @@ impl Journal {
                 Ok(())
             }
             Mode::Jbd2(jbd2) => jbd2.shutdown(),
+        }
+    }
+
+    /// Report every handle's logical changes (`Handle::note`) and every
+    /// full commit to `observer` from now on. Only a JBD2 journal has
+    /// observers: without a log there is nothing for them to replace.
+    pub fn set_change_observer(&self, observer: Arc<dyn ChangeObserver>) {
+        if let Mode::Jbd2(jbd2) = &self.mode {
+            let fresh = jbd2.observer.set(observer).is_ok();
+            debug_assert!(fresh, "one change observer per journal");
         }
     }
 
@@ -378,6 +411,17 @@ impl<'j> Handle<'j> {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Report a logical change this operation made (see `change.rs`): the
+    /// one place format algorithms and the engine tell the journal's
+    /// observer what changed, tagged with this handle's transaction.
+    pub fn note(&self, change: Change<'_>) {
+        if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
+            && let Some(observer) = jbd2.observer.get()
+        {
+            observer.changed(transaction.tid, change);
         }
     }
 

@@ -239,6 +239,36 @@ pub struct RecoveryReport {
     pub fast_commit: Option<FastCommitArea>,
 }
 
+/// What recovery would meet in a journal, found without changing it: for
+/// tools that must know how other replays will read the log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogShape {
+    /// The journal says FAST_COMMIT (its log ends before the area).
+    pub fast_commit: bool,
+    /// The valid log runs past the end of the log back to `s_first`.
+    pub wraps: bool,
+    /// The tid of the HEAD opening the fast-commit area, if one does.
+    pub fast_commit_head: Option<u32>,
+}
+
+/// The shape of `area`'s log (read only; a log the scan refuses reads as
+/// not wrapping).
+pub fn log_shape(area: &JournalArea) -> Result<LogShape> {
+    let (superblock, layout) = area.load_superblock()?;
+    let log = Log::new(area, &superblock, layout);
+    let wraps =
+        superblock.start != 0 && matches!(scan(&log, &superblock)?, Ok(outcome) if outcome.wrapped);
+    let fast_commit_head = match layout.fast_commit {
+        Some((first, end)) if first < end => fast_commit_head_tid(&area.read_block(first as u64)?),
+        _ => None,
+    };
+    Ok(LogShape {
+        fast_commit: layout.fast_commit.is_some(),
+        wraps,
+        fast_commit_head,
+    })
+}
+
 /// Whether the filesystem says its journal must be replayed
 /// (INCOMPAT_RECOVER in the ext4 superblock).
 pub fn needs_recovery(area: &JournalArea) -> Result<bool> {

@@ -477,6 +477,71 @@ pub fn debugfs_fast_commits(image: &Path) -> String {
 }
 
 // ---------------------------------------------------------------------------
+// Judging the replays of a crash image.
+
+/// A copy of `image` beside it, named after `suffix`.
+pub fn copy_image(image: &Path, suffix: &str) -> PathBuf {
+    let path = image.with_extension(format!("{suffix}.img"));
+    std::fs::copy(image, &path).unwrap();
+    path
+}
+
+fn fsck_clean(image: &Path) -> Result<(), String> {
+    let (code, text) = common::fsck(image);
+    if code == 0 { Ok(()) } else { Err(text) }
+}
+
+/// Replay copies of `crash` with the kernel (a loop mount), jext4
+/// (`jext4 recover`) and e2fsck: the kernel's replay keeps every file of
+/// `expected` and is e2fsck-clean; jext4's is e2fsck-clean and gives the
+/// kernel's tree; e2fsck's is reported, not judged (README: e2fsck 1.47
+/// cannot replay fast commits). `label` prefixes every message.
+pub fn replays_agree(crash: &Path, expected: &Durable, label: &str) {
+    let kernel = copy_image(crash, "kernel");
+    let kernel_tree = mounted_tree(&kernel, "rw").expect("the kernel mounts the crash");
+    fsck_clean(&kernel)
+        .unwrap_or_else(|text| panic!("{label}: e2fsck after the kernel's replay:\n{text}"));
+    let missing = expected.missing_from(&kernel_tree);
+    assert!(
+        missing.is_empty(),
+        "{label}: the kernel's replay lost {missing:?}"
+    );
+
+    let ours = copy_image(crash, "jext4");
+    let report = jext4::fs::recover_image(&ours)
+        .unwrap()
+        .expect("recovery was needed");
+    assert!(report.journal.problem.is_none(), "{label}: {report:?}");
+    fsck_clean(&ours).unwrap_or_else(|text| panic!("{label}: e2fsck after jext4 recover:\n{text}"));
+    let our_tree = mounted_tree(&ours, "ro,noload").unwrap();
+    assert_eq!(
+        our_tree,
+        kernel_tree,
+        "{label}: jext4's replay differs from the kernel's:\n{}",
+        tree_difference(&kernel_tree, &our_tree)
+    );
+
+    let theirs = copy_image(crash, "e2fsck");
+    let (code, text) = run(
+        "e2fsck",
+        &["-E", "journal_only", "-p", theirs.to_str().unwrap()],
+    );
+    let their_tree = mounted_tree(&theirs, "ro,noload").unwrap_or_default();
+    eprintln!(
+        "{label}: {} fsync'd files checked; e2fsck -E journal_only exit {code} ({}), its tree {} \
+         the kernel's, {} fsync'd files lost by it",
+        expected.files.len(),
+        text.lines().last().unwrap_or(""),
+        if their_tree == kernel_tree {
+            "matches"
+        } else {
+            "differs from"
+        },
+        expected.missing_from(&their_tree).len()
+    );
+}
+
+// ---------------------------------------------------------------------------
 // The fast-commit area of an image.
 
 /// The image's fast-commit area: its blocks' byte offsets in the image.

@@ -54,7 +54,13 @@
 //! the bitmap bits of given blocks and inodes.
 
 mod blocks;
+mod commit;
 mod records;
+mod track;
+
+pub(crate) use commit::Outcome;
+pub use track::FastCommitStats;
+pub(crate) use track::Tracker;
 
 use super::Tx;
 use crate::dev::BlockDevice;

@@ -1,0 +1,290 @@
+//! Writing fast commits: the journal's side (the kernel's
+//! `jbd2_fc_begin_commit`, `jbd2_fc_get_buf`, `jbd2_fc_end_commit`).
+//!
+//! The fast-commit area follows the log (`LogLayout::fast_commit`). Fast
+//! commits extend the running transaction: their TAIL carries its tid, and
+//! recovery replays them only when the log ends right before that
+//! transaction. So:
+//! - a fast commit starts only when no full commit is under way (the
+//!   transaction before the running one must be durable first, or a crash
+//!   would leave a log ending one transaction earlier and the records
+//!   would be skipped), and no full commit starts while a fast commit is
+//!   under way (`State::fc_ongoing`; the kernel's FAST_COMMIT_ONGOING);
+//! - fast commits are appended to the area one after another, each in
+//!   whole blocks (its TAIL runs to the end of its last block), never over
+//!   an earlier one of the same transaction: replay walks the area from
+//!   its first block and stops at the first bad TAIL;
+//! - a full commit retires them (`retire_area`): every record describes a
+//!   change the full commit now holds, so the next fast commit starts at
+//!   the area's first block again with a HEAD for the new transaction.
+//!   The old HEAD is overwritten with zeros once the commit block is
+//!   durable: the kernel and jext4 would merely stop at a HEAD for an
+//!   older transaction, but e2fsck 1.47 fails its recovery on one.
+//!
+//! Ordering on the device (`write_fast_commit`): the records and the TAIL
+//! are written together and one flush makes them durable — the TAIL's CRC
+//! covers every record byte, so a TAIL that reaches the disk without some
+//! record block is rejected by every replay, and nothing was acknowledged
+//! yet. When the records map newly written data blocks, the data must be
+//! durable before the TAIL can be: the blocks before the TAIL's are
+//! written, one flush (covering the data written before this call too),
+//! then the TAIL's block and a second flush. Two flushes then, one
+//! otherwise.
+//!
+//! Two rules come from how the kernel's replay treats damage:
+//! - it refuses to mount (EFSBADCRC, ECANCELED) when the area opens with a
+//!   HEAD for the expected transaction but no valid TAIL follows — a torn
+//!   first fast commit. So the first fast commit of a transaction writes
+//!   everything but the sector holding its HEAD, flushes, and only then
+//!   writes that sector (and flushes): a HEAD is never durable before its
+//!   TAIL. Two flushes for that fast commit, data or not (the first flush
+//!   makes the data durable too).
+//! - its scan reads the area up to and including the block one past its
+//!   end (`j_fc_last` is `s_maxlen`), which fails the whole recovery, when
+//!   no record before stops it. So the area's last block is never used and
+//!   holds zeros (written at mount): the scan always stops there at the
+//!   latest.
+//!
+//! The journal superblock: recovery scans the log only when `s_start` is
+//! not zero (the kernel returns before its fast-commit pass otherwise).
+//! After the mount's first commit it never is until a clean unmount: the
+//! checkpoint moves `s_start` to the head of the log when the log empties,
+//! with `s_sequence` the running transaction — exactly the tid fast
+//! commits carry. Before that first commit, fast commits are refused.
+
+use super::faults::{self, Fault};
+use super::format::tid_gt;
+use super::jbd2::Jbd2;
+use crate::dev::SECTOR_SIZE;
+use crate::error::Result;
+use std::sync::atomic::Ordering;
+
+/// What `Jbd2::begin_fast_commit` found.
+pub enum FastCommitBegin<'j> {
+    /// The transaction is durable already (committed in full). `flushed`:
+    /// a commit's final flush came after the call began.
+    Durable { flushed: bool },
+    /// A fast commit cannot be written now (the log has no full commit yet,
+    /// or the area has no room): commit in full.
+    Refused,
+    /// This caller may write one fast commit for the running transaction.
+    Started(FastCommitSlot<'j>),
+}
+
+/// The right to write the next fast commit: where it goes and for which
+/// transaction. One exists at a time; dropping it lets full commits and
+/// other fast commits go on.
+pub struct FastCommitSlot<'j> {
+    jbd2: &'j Jbd2,
+    /// The running transaction, whose tid the HEAD and TAIL carry.
+    pub tid: u32,
+    /// The first fast commit since the area was retired: it opens with a
+    /// HEAD.
+    pub head: bool,
+    /// Area blocks still free.
+    pub free_blocks: u32,
+    /// Journal block where this fast commit's first block goes.
+    first_block: u32,
+    /// Area blocks this fast commit wrote (or tried to).
+    written: u32,
+}
+
+impl FastCommitSlot<'_> {
+    /// Write `blocks` (records then TAIL, from `format::fast_commit`) at
+    /// the slot's place and make them durable. `data_first`: the records
+    /// expose data written since the last flush (newly mapped blocks, a
+    /// size that grew), which must be durable before the TAIL is. Returns
+    /// the device flushes issued.
+    pub fn write(&mut self, blocks: &[Vec<u8>], data_first: bool) -> Result<u32> {
+        debug_assert_eq!(self.written, 0, "one fast commit per slot");
+        debug_assert!(!blocks.is_empty() && blocks.len() as u32 <= self.free_blocks);
+        // Counted before any I/O: after an error part of it may be on disk,
+        // and the next fast commit must not mix with it.
+        self.written = blocks.len() as u32;
+        self.jbd2
+            .write_fast_commit(self.first_block, self.head, blocks, data_first)
+    }
+}
+
+impl Drop for FastCommitSlot<'_> {
+    fn drop(&mut self) {
+        self.jbd2.end_fast_commit(self.tid, self.written);
+    }
+}
+
+impl Jbd2 {
+    /// The fast-commit area `[first, end)` in journal blocks, when this
+    /// mount writes fast commits: the layout's area but its last block,
+    /// which stays zero (see the module comment).
+    pub fn fast_commit_area(&self) -> Option<(u32, u32)> {
+        let (first, end) = self
+            .fast_commit
+            .then_some(self.layout.fast_commit)
+            .flatten()?;
+        (first + 1 < end).then_some((first, end - 1))
+    }
+
+    /// Zero the block after the area this mount writes (at load: nothing
+    /// else ever writes it).
+    pub(crate) fn prepare_fast_commit_area(&self) -> Result<()> {
+        if let Some((_, end)) = self.fast_commit_area() {
+            let zeros = vec![0u8; self.area.fs_block_size as usize];
+            self.write_area_blocks(end, std::slice::from_ref(&zeros))?;
+            self.area.dev.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Wait until transaction `tid` is durable or a fast commit for it may
+    /// be written: no full commit and no other fast commit under way.
+    pub fn begin_fast_commit(&self, tid: u32) -> Result<FastCommitBegin<'_>> {
+        let Some((first, end)) = self.fast_commit_area() else {
+            return Ok(FastCommitBegin::Refused);
+        };
+        let mut state = self.state.lock();
+        let mut waited = false;
+        loop {
+            state.check_aborted()?;
+            if !tid_gt(tid, state.committed_tid) {
+                return Ok(FastCommitBegin::Durable { flushed: waited });
+            }
+            if state.locked || state.committing_tid.is_some() || state.fc_ongoing {
+                self.changed.wait(&mut state);
+                waited = true;
+                continue;
+            }
+            debug_assert_eq!(
+                tid, state.running.tid,
+                "neither committed, committing nor running"
+            );
+            let used = state.fc_next;
+            if state.sb_empty_on_disk || first + used >= end {
+                return Ok(FastCommitBegin::Refused);
+            }
+            state.fc_ongoing = true;
+            return Ok(FastCommitBegin::Started(FastCommitSlot {
+                jbd2: self,
+                tid,
+                head: used == 0,
+                free_blocks: end - first - used,
+                first_block: first + used,
+                written: 0,
+            }));
+        }
+    }
+
+    fn write_fast_commit(
+        &self,
+        first_block: u32,
+        head: bool,
+        blocks: &[Vec<u8>],
+        data_first: bool,
+    ) -> Result<u32> {
+        debug_assert!(
+            self.state.lock().fc_ongoing,
+            "a fast commit without its slot"
+        );
+        let (tail, records) = blocks.split_last().expect("a TAIL block");
+        let tail_at = first_block + records.len() as u32;
+        if faults::active(Fault::FastCommitTailFirst) {
+            // Broken on purpose: the TAIL is durable before the records
+            // (and the data); they follow with no flush of their own.
+            self.write_area_blocks(tail_at, std::slice::from_ref(tail))?;
+            self.area.dev.flush()?;
+            self.write_area_blocks(first_block, records)?;
+            return Ok(1);
+        }
+        if head {
+            // Everything but the HEAD's sector, flushed (with the data);
+            // then the HEAD's sector: a HEAD is never durable without its
+            // TAIL.
+            let sector = SECTOR_SIZE as usize;
+            let mut without_head = blocks.to_vec();
+            without_head[0][..sector].fill(0);
+            self.write_area_blocks(first_block, &without_head)?;
+            self.area.dev.flush()?;
+            self.write_area_bytes(first_block, &blocks[0][..sector])?;
+            self.area.dev.flush()?;
+            return Ok(2);
+        }
+        self.write_area_blocks(first_block, records)?;
+        let mut flushes = 0;
+        if data_first {
+            self.area.dev.flush()?;
+            flushes += 1;
+        }
+        self.write_area_blocks(tail_at, std::slice::from_ref(tail))?;
+        self.area.dev.flush()?;
+        Ok(flushes + 1)
+    }
+
+    /// The slot is given back; `written` area blocks now hold its fast
+    /// commit (or whatever part of it reached them before an error): later
+    /// fast commits of the same transaction go after them.
+    fn end_fast_commit(&self, tid: u32, written: u32) {
+        let mut state = self.state.lock();
+        debug_assert!(state.fc_ongoing);
+        debug_assert_eq!(state.running.tid, tid, "a full commit ran meanwhile");
+        state.fc_ongoing = false;
+        state.fc_next += written;
+        if written > 0 {
+            self.fast_commits.fetch_add(1, Ordering::Relaxed);
+            self.fast_commit_blocks
+                .fetch_add(written as u64, Ordering::Relaxed);
+        }
+        self.changed.notify_all();
+    }
+
+    /// A full commit's commit block is durable (called by the commit
+    /// thread before it marks the commit finished, so no fast commit can
+    /// start in between): the area's fast commits are spent. Zero its first
+    /// block if it was used — for e2fsck, which fails on a HEAD for an
+    /// older transaction. Returns whether a block was written (its flush
+    /// comes after the waiters are woken: nothing depends on it).
+    pub(crate) fn retire_area(&self) -> Result<bool> {
+        let Some((first, _)) = self.fast_commit_area() else {
+            return Ok(false);
+        };
+        let used = {
+            let mut state = self.state.lock();
+            debug_assert!(!state.fc_ongoing, "a fast commit during a full commit");
+            std::mem::take(&mut state.fc_next)
+        };
+        if used == 0 {
+            return Ok(false);
+        }
+        let zeros = vec![0u8; self.area.fs_block_size as usize];
+        self.write_area_blocks(first, std::slice::from_ref(&zeros))?;
+        Ok(true)
+    }
+
+    /// Write `bytes` (a sector) at the start of journal block `index`.
+    fn write_area_bytes(&self, index: u32, bytes: &[u8]) -> Result<()> {
+        let block_size = self.area.fs_block_size as u64;
+        let physical = self.area.blocks[index as usize];
+        self.area.dev.write_at(physical * block_size, bytes)?;
+        Ok(())
+    }
+
+    /// Write `blocks` at journal blocks `index..`, runs of contiguous
+    /// device blocks in one write.
+    fn write_area_blocks(&self, index: u32, blocks: &[Vec<u8>]) -> Result<()> {
+        let block_size = self.area.fs_block_size as u64;
+        let mut at = 0;
+        while at < blocks.len() {
+            let first_physical = self.area.blocks[index as usize + at];
+            let mut run = 1;
+            while at + run < blocks.len()
+                && self.area.blocks[index as usize + at + run] == first_physical + run as u64
+            {
+                run += 1;
+            }
+            let bytes: Vec<u8> = blocks[at..at + run].concat();
+            self.area
+                .dev
+                .write_at(first_physical * block_size, &bytes)?;
+            at += run;
+        }
+        Ok(())
+    }
+}
