@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-ensure_packages e2fsprogs fuse3 attr acl xfsprogs
+ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3
 require_cargo
 
 echo "== cargo fmt --check"

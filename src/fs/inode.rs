@@ -356,7 +356,7 @@ impl Fs {
                 changed = true;
                 if inode.file_acl != 0 || !inode.inline_xattr_area().is_empty() {
                     let mut ctx = tx.meta_ctx();
-                    super::xattr::chmod_access_acl(&mut ctx, ino, &mut inode)?;
+                    super::acl::chmod(&mut ctx, ino, &mut inode)?;
                 }
             }
             if let Some(uid) = changes.uid {

@@ -15,7 +15,9 @@
 //! Superblock and descriptor changes are collected in the state and written
 //! to their buffers once, when the operation ends.
 
+mod acl;
 mod alloc;
+mod caller;
 mod dirops;
 mod fast_commit;
 mod file;
@@ -27,6 +29,7 @@ pub mod walk;
 mod xattr;
 
 pub use crate::format::xattr::SetMode as XattrMode;
+pub use caller::Caller;
 pub use dirops::Dentry;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
@@ -92,18 +95,6 @@ impl Default for MountOptions {
             journal_async_commit: false,
         }
     }
-}
-
-/// Who asks: permission-relevant identity of the caller (reserved blocks,
-/// ownership of new inodes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller {
-    pub uid: u32,
-    pub gid: u32,
-}
-
-impl Caller {
-    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
 }
 
 /// What never changes while mounted, shared by every operation.

@@ -4,7 +4,10 @@
 //!
 //! Inode numbers: FUSE calls the root 1, ext4 calls it 2; ext4's inode 1
 //! (bad blocks) is never reachable by name, so the two are simply swapped.
-//! Permission checks are the kernel's (`default_permissions`).
+//! Permission checks are the kernel's (`default_permissions`), POSIX ACLs
+//! included (`FUSE_POSIX_ACL`); what that leaves to the server — default
+//! ACL inheritance, the umask, the mode following the ACL and back — is the
+//! engine's (`fs::acl`), so the library API behaves the same.
 
 mod options;
 pub mod serve;
@@ -94,10 +97,22 @@ fn errno(error: &Error) -> Errno {
     Errno::from_i32(error.errno())
 }
 
+/// The request's fsuid and fsgid; its pid is the calling thread's id, where
+/// `/proc` tells its supplementary groups and capabilities.
 fn caller(request: &Request) -> Caller {
     Caller {
-        uid: request.uid(),
-        gid: request.gid(),
+        tid: Some(request.pid()),
+        ..Caller::new(request.uid(), request.gid())
+    }
+}
+
+/// `caller` with the umask that create, mknod and mkdir carry: with
+/// FUSE_DONT_MASK the kernel leaves the mode unmasked, because only the
+/// server knows whether the directory's default ACL replaces the umask.
+fn creator(request: &Request, umask: u32) -> Caller {
+    Caller {
+        umask: (umask & 0o777) as u16,
+        ..caller(request)
     }
 }
 
@@ -198,6 +213,18 @@ impl Filesystem for FuseAdapter {
         ] {
             let _ = config.add_capabilities(wanted);
         }
+        // POSIX ACLs: the kernel then checks permissions against them (it
+        // checked mode bits only before) and leaves inheritance, the umask
+        // and the mode/ACL interplay to the engine (fs::acl), which needs
+        // the umask unapplied (DONT_MASK). Both or neither: with ACLs but a
+        // masked mode, inheritance would come out wrong.
+        let acls = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+        if let Err(missing) = config.add_capabilities(acls) {
+            tracing::warn!(
+                ?missing,
+                "the kernel does not offer POSIX ACL support to FUSE: ACLs are stored but not enforced"
+            );
+        }
         let _ = config.set_max_write(1 << 20);
         Ok(())
     }
@@ -264,7 +291,7 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -273,7 +300,7 @@ impl Filesystem for FuseAdapter {
             name.as_bytes(),
             mode as u16,
             rdev as u64,
-            caller(request),
+            creator(request, umask),
         );
         self.reply_entry(reply, result);
     }
@@ -284,7 +311,7 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         self.reply_entry(
@@ -293,7 +320,7 @@ impl Filesystem for FuseAdapter {
                 to_ext4(parent),
                 name.as_bytes(),
                 mode as u16,
-                caller(request),
+                creator(request, umask),
             ),
         );
     }
@@ -643,7 +670,7 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
@@ -653,7 +680,7 @@ impl Filesystem for FuseAdapter {
                 to_ext4(parent),
                 name.as_bytes(),
                 mode as u16,
-                caller(request),
+                creator(request, umask),
             )
             .and_then(|attr| self.fs.open_file(attr.ino));
         match result {
