@@ -74,6 +74,35 @@ pub struct MountOptions {
     pub journal_async_commit: bool,
 }
 
+/// The longest commit interval: the kernel refuses `commit=` above
+/// INT_MAX / HZ seconds (fs/ext4/super.c), with HZ = 250 as Debian builds
+/// its kernels. Longer intervals would overflow the commit thread's clock.
+pub const COMMIT_INTERVAL_MAX: Duration = Duration::from_secs(i32::MAX as u64 / 250);
+
+/// The smallest metadata cache worth running with.
+pub const CACHE_SIZE_MIN: u64 = 1 << 20;
+
+impl MountOptions {
+    /// Refuse values the engine cannot run with (the command line refuses
+    /// them by name first; a library caller gets the same check).
+    pub fn validate(&self) -> Result<()> {
+        if self.commit_interval.is_zero() || self.commit_interval > COMMIT_INTERVAL_MAX {
+            return Err(Error::Invalid(format!(
+                "commit interval {:?}: must be between 1 and {} seconds",
+                self.commit_interval,
+                COMMIT_INTERVAL_MAX.as_secs()
+            )));
+        }
+        if self.cache_size < CACHE_SIZE_MIN {
+            return Err(Error::Invalid(format!(
+                "cache size {} bytes: must be at least 1M",
+                self.cache_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtimePolicy {
     /// Update atime only when it is older than mtime/ctime or a day old.
@@ -216,6 +245,7 @@ impl Fs {
 
     /// Mount a filesystem on any block device.
     pub fn mount(dev: Arc<dyn BlockDevice>, mut options: MountOptions) -> Result<Arc<Fs>> {
+        options.validate()?;
         if dev.size_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
             return Err(Error::corrupt(
                 Location::Superblock,

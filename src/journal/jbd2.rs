@@ -545,16 +545,19 @@ impl Jbd2 {
     /// checkpoint. Returns false when the journal has stopped.
     fn commit_thread_step(&self) -> bool {
         let mut state = self.state.lock();
-        let deadline = state.running.created + self.commit_interval;
+        // MountOptions::validate bounds the interval; an Instant past the
+        // clock's range would still panic here, so never compute one.
+        let deadline = state.running.created.checked_add(self.commit_interval);
         while state.commit_request.is_none()
             && !state.checkpoint_request
             && !state.stopping
             && state.error.is_none()
         {
-            let timed_out = self
-                .wake_commit
-                .wait_until(&mut state, deadline)
-                .timed_out();
+            let timed_out = match deadline {
+                Some(deadline) => self.wake_commit.wait_until(&mut state, deadline),
+                None => self.wake_commit.wait_for(&mut state, self.commit_interval),
+            }
+            .timed_out();
             if timed_out {
                 break;
             }
