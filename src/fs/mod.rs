@@ -489,6 +489,15 @@ impl Fs {
         result
     }
 
+    /// Stop writing for good after a panic (a bug) in the engine or a front
+    /// end: the journal aborts (every change and every commit fails from
+    /// now on; the log on disk stays replayable), the filesystem is
+    /// read-only, reads go on until unmount, and unmount writes nothing.
+    pub fn abort(&self, reason: &str) {
+        self.errored.store(true, Ordering::Release);
+        self.core.journal.abort(reason);
+    }
+
     /// A front end hands inode number `ino` out once more (a FUSE entry
     /// reply: the kernel's lookup count grows). While any count remains the
     /// number is not reused for a new inode: the kernel may still send
@@ -574,6 +583,11 @@ impl Fs {
             format!("blocks_free {}", statfs.free_blocks),
             format!("inodes_free {}", statfs.free_files),
             format!("read_only {}", self.is_read_only()),
+            format!("errors_detected {}", self.errored.load(Ordering::Acquire)),
+            format!(
+                "journal_aborted {}",
+                self.core.journal.abort_reason().is_some()
+            ),
             format!("cache_resident_blocks {}", cache.resident),
             format!("cache_capacity_blocks {}", cache.capacity),
             format!("cache_hits {}", cache.hits),
@@ -592,6 +606,13 @@ impl Fs {
                 format!("write_ahead_guard_events {}", jbd2.guard_violations),
             ]),
             None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),
+        }
+        if let Some(reason) = self.core.journal.abort_reason() {
+            // Last: the reason is free text.
+            lines.push(format!(
+                "journal_abort_reason {}",
+                reason.replace('\n', " ")
+            ));
         }
         lines.join("\n") + "\n"
     }

@@ -15,6 +15,7 @@ use crate::format::dir::{self, EntryLocation};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
 use crate::format::superblock::{incompat, ro_compat};
 use crate::format::{mapping, xattr};
+use crate::journal::faults;
 
 /// ext4's EXT4_LINK_MAX: beyond it, a directory with dir_nlink reports 1.
 const LINK_MAX: u16 = 65000;
@@ -170,6 +171,7 @@ impl Tx<'_, '_> {
             acl::ACL_DEFAULT,
         )?;
         let ino = self.alloc_inode(parent, is_dir)?;
+        faults::panic_point(faults::PanicPoint::Create);
         let mut inode = self.new_inode(&parent_inode, mode);
         let inherited = acl::inherit(parent_default.as_deref(), &mut inode.mode, &self.caller);
         let extents = self.core.geo.has_incompat(incompat::EXTENTS);

@@ -65,6 +65,19 @@ impl FuseAdapter {
         }
     }
 
+    /// Run one request's handler. A panic (a bug) must neither take the
+    /// worker thread with it nor leave the request unanswered: the reply,
+    /// dropped while unwinding, answers EIO (fuser's `ReplyRaw`), and the
+    /// engine aborts its journal and turns read-only, as after a corruption
+    /// (the panic hook of the server has logged the panic itself).
+    fn guard(&self, operation: &str, handler: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler)) {
+            let why = crate::error::panic_message(&*panic);
+            self.fs
+                .abort(&format!("a panic in the FUSE {operation} handler: {why}"));
+        }
+    }
+
     /// Setting or removing an access ACL may change the mode: drop the
     /// kernel's cached attributes (a negative offset: attributes only).
     fn acl_changed(&self, ino: INodeNo, name: &OsStr) {
@@ -231,18 +244,22 @@ impl Filesystem for FuseAdapter {
 
     // BATCH_FORGET: fuser's default hands each node to forget().
     fn forget(&self, _request: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(to_ext4(ino), nlookup);
+        self.guard("forget", move || {
+            self.fs.forget(to_ext4(ino), nlookup);
+        });
     }
 
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.reply_entry(reply, self.fs.lookup(to_ext4(parent), name.as_bytes()));
+        self.guard("lookup", move || {
+            self.reply_entry(reply, self.fs.lookup(to_ext4(parent), name.as_bytes()));
+        });
     }
 
     fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(to_ext4(ino)) {
+        self.guard("getattr", move || match self.fs.getattr(to_ext4(ino)) {
             Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn setattr(
@@ -263,26 +280,28 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let changes = SetAttr {
-            mode: mode.map(|mode| (mode & 0o7777) as u16),
-            uid,
-            gid,
-            size,
-            atime: atime.map(time_set),
-            mtime: mtime.map(time_set),
-            ctime: ctime.map(timestamp),
-        };
-        match self.fs.setattr(to_ext4(ino), &changes, caller(request)) {
-            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("setattr", move || {
+            let changes = SetAttr {
+                mode: mode.map(|mode| (mode & 0o7777) as u16),
+                uid,
+                gid,
+                size,
+                atime: atime.map(time_set),
+                mtime: mtime.map(time_set),
+                ctime: ctime.map(timestamp),
+            };
+            match self.fs.setattr(to_ext4(ino), &changes, caller(request)) {
+                Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 
     fn readlink(&self, _request: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(to_ext4(ino)) {
+        self.guard("readlink", move || match self.fs.readlink(to_ext4(ino)) {
             Ok(target) => reply.data(&target),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn mknod(
@@ -295,14 +314,16 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let result = self.fs.mknod(
-            to_ext4(parent),
-            name.as_bytes(),
-            mode as u16,
-            rdev as u64,
-            creator(request, umask),
-        );
-        self.reply_entry(reply, result);
+        self.guard("mknod", move || {
+            let result = self.fs.mknod(
+                to_ext4(parent),
+                name.as_bytes(),
+                mode as u16,
+                rdev as u64,
+                creator(request, umask),
+            );
+            self.reply_entry(reply, result);
+        });
     }
 
     fn mkdir(
@@ -314,31 +335,37 @@ impl Filesystem for FuseAdapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.reply_entry(
-            reply,
-            self.fs.mkdir(
-                to_ext4(parent),
-                name.as_bytes(),
-                mode as u16,
-                creator(request, umask),
-            ),
-        );
+        self.guard("mkdir", move || {
+            self.reply_entry(
+                reply,
+                self.fs.mkdir(
+                    to_ext4(parent),
+                    name.as_bytes(),
+                    mode as u16,
+                    creator(request, umask),
+                ),
+            );
+        });
     }
 
     fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(
-            reply,
-            self.fs
-                .unlink(to_ext4(parent), name.as_bytes(), caller(request)),
-        );
+        self.guard("unlink", move || {
+            reply_empty(
+                reply,
+                self.fs
+                    .unlink(to_ext4(parent), name.as_bytes(), caller(request)),
+            );
+        });
     }
 
     fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(
-            reply,
-            self.fs
-                .rmdir(to_ext4(parent), name.as_bytes(), caller(request)),
-        );
+        self.guard("rmdir", move || {
+            reply_empty(
+                reply,
+                self.fs
+                    .rmdir(to_ext4(parent), name.as_bytes(), caller(request)),
+            );
+        });
     }
 
     fn symlink(
@@ -349,13 +376,15 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let result = self.fs.symlink(
-            to_ext4(parent),
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-            caller(request),
-        );
-        self.reply_entry(reply, result);
+        self.guard("symlink", move || {
+            let result = self.fs.symlink(
+                to_ext4(parent),
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+                caller(request),
+            );
+            self.reply_entry(reply, result);
+        });
     }
 
     fn rename(
@@ -368,22 +397,24 @@ impl Filesystem for FuseAdapter {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::from_i32(libc::EINVAL));
-        }
-        let flags = RenameFlags {
-            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
-        };
-        let result = self.fs.rename(
-            to_ext4(parent),
-            name.as_bytes(),
-            to_ext4(newparent),
-            newname.as_bytes(),
-            flags,
-            caller(request),
-        );
-        reply_empty(reply, result);
+        self.guard("rename", move || {
+            if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+                return reply.error(Errno::from_i32(libc::EINVAL));
+            }
+            let flags = RenameFlags {
+                noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+                exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+            };
+            let result = self.fs.rename(
+                to_ext4(parent),
+                name.as_bytes(),
+                to_ext4(newparent),
+                newname.as_bytes(),
+                flags,
+                caller(request),
+            );
+            reply_empty(reply, result);
+        });
     }
 
     fn link(
@@ -394,20 +425,22 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let result = self.fs.link(
-            to_ext4(ino),
-            to_ext4(newparent),
-            newname.as_bytes(),
-            caller(request),
-        );
-        self.reply_entry(reply, result);
+        self.guard("link", move || {
+            let result = self.fs.link(
+                to_ext4(ino),
+                to_ext4(newparent),
+                newname.as_bytes(),
+                caller(request),
+            );
+            self.reply_entry(reply, result);
+        });
     }
 
     fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open_file(to_ext4(ino)) {
+        self.guard("open", move || match self.fs.open_file(to_ext4(ino)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn read(
@@ -421,10 +454,12 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(to_ext4(ino), offset, size as usize) {
-            Ok(data) => reply.data(&data),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("read", move || {
+            match self.fs.read(to_ext4(ino), offset, size as usize) {
+                Ok(data) => reply.data(&data),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 
     fn write(
@@ -439,10 +474,12 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(to_ext4(ino), offset, data, caller(request)) {
-            Ok(written) => reply.written(written as u32),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("write", move || {
+            match self.fs.write(to_ext4(ino), offset, data, caller(request)) {
+                Ok(written) => reply.written(written as u32),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 
     fn flush(
@@ -453,7 +490,9 @@ impl Filesystem for FuseAdapter {
         _owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.guard("flush", move || {
+            reply.ok();
+        });
     }
 
     fn release(
@@ -466,7 +505,9 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        self.guard("release", move || {
+            reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        });
     }
 
     fn fsync(
@@ -477,18 +518,20 @@ impl Filesystem for FuseAdapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        self.guard("fsync", move || {
+            reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        });
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open_file(to_ext4(ino)) {
+        self.guard("opendir", move || match self.fs.open_file(to_ext4(ino)) {
             Ok(attr) if attr.kind != FileKind::Directory => {
                 let _ = self.fs.release_file(to_ext4(ino));
                 reply.error(Errno::from_i32(libc::ENOTDIR));
             }
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn readdir(
@@ -499,19 +542,21 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let result = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
-            let full = reply.add(
-                to_fuse(entry.ino),
-                entry.next,
-                file_type(entry.kind),
-                OsStr::from_bytes(&entry.name),
-            );
-            !full
+        self.guard("readdir", move || {
+            let result = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+                let full = reply.add(
+                    to_fuse(entry.ino),
+                    entry.next,
+                    file_type(entry.kind),
+                    OsStr::from_bytes(&entry.name),
+                );
+                !full
+            });
+            match result {
+                Ok(()) => reply.ok(),
+                Err(error) => reply.error(errno(&error)),
+            }
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(&error)),
-        }
     }
 
     fn readdirplus(
@@ -522,46 +567,48 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        // Collect a batch first: the attributes are read after the listing
-        // has released the filesystem lock (its read lock is not re-entrant
-        // once a writer waits).
-        let mut entries = Vec::new();
-        // Returning false means "not taken": the listing offers that entry
-        // again from the previous cookie on the next call.
-        let listed = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
-            if entries.len() >= READDIRPLUS_BATCH {
-                return false;
+        self.guard("readdirplus", move || {
+            // Collect a batch first: the attributes are read after the listing
+            // has released the filesystem lock (its read lock is not re-entrant
+            // once a writer waits).
+            let mut entries = Vec::new();
+            // Returning false means "not taken": the listing offers that entry
+            // again from the previous cookie on the next call.
+            let listed = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+                if entries.len() >= READDIRPLUS_BATCH {
+                    return false;
+                }
+                entries.push(entry);
+                true
+            });
+            if let Err(error) = listed {
+                return reply.error(errno(&error));
             }
-            entries.push(entry);
-            true
+            for entry in entries {
+                let attr = match self.fs.getattr(entry.ino) {
+                    Ok(attr) => attr,
+                    Err(error) => return reply.error(errno(&error)),
+                };
+                // The kernel counts a lookup for every entry but "." and "..";
+                // an entry that does not fit is not sent, so counted after.
+                let dots = entry.name == b"." || entry.name == b"..";
+                let full = reply.add(
+                    to_fuse(entry.ino),
+                    entry.next,
+                    OsStr::from_bytes(&entry.name),
+                    &TTL,
+                    &file_attr(&attr),
+                    Generation(attr.generation as u64),
+                );
+                if full {
+                    break; // the kernel resumes from the last entry's cookie
+                }
+                if !dots {
+                    self.fs.remember(entry.ino);
+                }
+            }
+            reply.ok();
         });
-        if let Err(error) = listed {
-            return reply.error(errno(&error));
-        }
-        for entry in entries {
-            let attr = match self.fs.getattr(entry.ino) {
-                Ok(attr) => attr,
-                Err(error) => return reply.error(errno(&error)),
-            };
-            // The kernel counts a lookup for every entry but "." and "..";
-            // an entry that does not fit is not sent, so counted after.
-            let dots = entry.name == b"." || entry.name == b"..";
-            let full = reply.add(
-                to_fuse(entry.ino),
-                entry.next,
-                OsStr::from_bytes(&entry.name),
-                &TTL,
-                &file_attr(&attr),
-                Generation(attr.generation as u64),
-            );
-            if full {
-                break; // the kernel resumes from the last entry's cookie
-            }
-            if !dots {
-                self.fs.remember(entry.ino);
-            }
-        }
-        reply.ok();
     }
 
     fn releasedir(
@@ -572,7 +619,9 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        self.guard("releasedir", move || {
+            reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        });
     }
 
     fn fsyncdir(
@@ -583,21 +632,25 @@ impl Filesystem for FuseAdapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        self.guard("fsyncdir", move || {
+            reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        });
     }
 
     fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let stat = self.fs.statfs();
-        reply.statfs(
-            stat.blocks,
-            stat.free_blocks,
-            stat.available_blocks,
-            stat.files,
-            stat.free_files,
-            stat.block_size,
-            stat.name_max,
-            stat.block_size,
-        );
+        self.guard("statfs", move || {
+            let stat = self.fs.statfs();
+            reply.statfs(
+                stat.blocks,
+                stat.free_blocks,
+                stat.available_blocks,
+                stat.files,
+                stat.free_files,
+                stat.block_size,
+                stat.name_max,
+                stat.block_size,
+            );
+        });
     }
 
     fn setxattr(
@@ -610,19 +663,21 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let mode = match flags {
-            0 => XattrMode::Any,
-            libc::XATTR_CREATE => XattrMode::Create,
-            libc::XATTR_REPLACE => XattrMode::Replace,
-            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
-        };
-        let result = self
-            .fs
-            .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request));
-        if result.is_ok() {
-            self.acl_changed(ino, name);
-        }
-        reply_empty(reply, result);
+        self.guard("setxattr", move || {
+            let mode = match flags {
+                0 => XattrMode::Any,
+                libc::XATTR_CREATE => XattrMode::Create,
+                libc::XATTR_REPLACE => XattrMode::Replace,
+                _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+            };
+            let result =
+                self.fs
+                    .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request));
+            if result.is_ok() {
+                self.acl_changed(ino, name);
+            }
+            reply_empty(reply, result);
+        });
     }
 
     fn getxattr(
@@ -633,35 +688,43 @@ impl Filesystem for FuseAdapter {
         size: u32,
         reply: ReplyXattr,
     ) {
-        reply_xattr(reply, self.fs.getxattr(to_ext4(ino), name.as_bytes()), size);
+        self.guard("getxattr", move || {
+            reply_xattr(reply, self.fs.getxattr(to_ext4(ino), name.as_bytes()), size);
+        });
     }
 
     fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let result = self.fs.listxattr(to_ext4(ino)).map(|names| {
-            let mut list = Vec::new();
-            for name in names {
-                list.extend_from_slice(&name);
-                list.push(0);
-            }
-            list
+        self.guard("listxattr", move || {
+            let result = self.fs.listxattr(to_ext4(ino)).map(|names| {
+                let mut list = Vec::new();
+                for name in names {
+                    list.extend_from_slice(&name);
+                    list.push(0);
+                }
+                list
+            });
+            reply_xattr(reply, result, size);
         });
-        reply_xattr(reply, result, size);
     }
 
     fn removexattr(&self, request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let result = self
-            .fs
-            .removexattr(to_ext4(ino), name.as_bytes(), caller(request));
-        if result.is_ok() {
-            self.acl_changed(ino, name);
-        }
-        reply_empty(reply, result);
+        self.guard("removexattr", move || {
+            let result = self
+                .fs
+                .removexattr(to_ext4(ino), name.as_bytes(), caller(request));
+            if result.is_ok() {
+                self.acl_changed(ino, name);
+            }
+            reply_empty(reply, result);
+        });
     }
 
     fn access(&self, _request: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        // The kernel checks permissions (default_permissions); we only
-        // confirm the inode exists.
-        reply_empty(reply, self.fs.getattr(to_ext4(ino)).map(|_| ()));
+        self.guard("access", move || {
+            // The kernel checks permissions (default_permissions); we only
+            // confirm the inode exists.
+            reply_empty(reply, self.fs.getattr(to_ext4(ino)).map(|_| ()));
+        });
     }
 
     fn create(
@@ -674,28 +737,30 @@ impl Filesystem for FuseAdapter {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let result = self
-            .fs
-            .create(
-                to_ext4(parent),
-                name.as_bytes(),
-                mode as u16,
-                creator(request, umask),
-            )
-            .and_then(|attr| self.fs.open_file(attr.ino));
-        match result {
-            Ok(attr) => {
-                self.fs.remember(attr.ino);
-                reply.created(
-                    &TTL,
-                    &file_attr(&attr),
-                    Generation(attr.generation as u64),
-                    FileHandle(0),
-                    FopenFlags::empty(),
+        self.guard("create", move || {
+            let result = self
+                .fs
+                .create(
+                    to_ext4(parent),
+                    name.as_bytes(),
+                    mode as u16,
+                    creator(request, umask),
                 )
+                .and_then(|attr| self.fs.open_file(attr.ino));
+            match result {
+                Ok(attr) => {
+                    self.fs.remember(attr.ino);
+                    reply.created(
+                        &TTL,
+                        &file_attr(&attr),
+                        Generation(attr.generation as u64),
+                        FileHandle(0),
+                        FopenFlags::empty(),
+                    )
+                }
+                Err(error) => reply.error(errno(&error)),
             }
-            Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn fallocate(
@@ -708,11 +773,13 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply_empty(
-            reply,
-            self.fs
-                .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request)),
-        );
+        self.guard("fallocate", move || {
+            reply_empty(
+                reply,
+                self.fs
+                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request)),
+            );
+        });
     }
 
     fn lseek(
@@ -724,17 +791,19 @@ impl Filesystem for FuseAdapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let whence = match whence {
-            libc::SEEK_DATA => SeekWhence::Data,
-            libc::SEEK_HOLE => SeekWhence::Hole,
-            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
-        };
-        if offset < 0 {
-            return reply.error(Errno::from_i32(libc::ENXIO));
-        }
-        match self.fs.seek(to_ext4(ino), offset as u64, whence) {
-            Ok(position) => reply.offset(position as i64),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("lseek", move || {
+            let whence = match whence {
+                libc::SEEK_DATA => SeekWhence::Data,
+                libc::SEEK_HOLE => SeekWhence::Hole,
+                _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+            };
+            if offset < 0 {
+                return reply.error(Errno::from_i32(libc::ENXIO));
+            }
+            match self.fs.seek(to_ext4(ino), offset as u64, whence) {
+                Ok(position) => reply.offset(position as i64),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 }
