@@ -237,10 +237,42 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
     }
 }
 
+/// The canonical path of a mount point, or a message saying what is wrong
+/// with it — a dead FUSE mount (its server was killed) named as such, with
+/// what to run.
+fn canonical_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
+    mountpoint.canonicalize().map_err(|error| {
+        if error.raw_os_error() == Some(libc::ENOTCONN) {
+            dead_mount_message(mountpoint)
+        } else {
+            format!("mountpoint {}: {error}", mountpoint.display())
+        }
+    })
+}
+
+fn dead_mount_message(mountpoint: &Path) -> String {
+    format!(
+        "{0} is a dead FUSE mount: its server is gone (killed?), the kernel still holds the mount. \
+         Run `jext4 umount {0}` (or `fusermount3 -u {0}`), then mount again; the journal is replayed then",
+        mountpoint.display()
+    )
+}
+
+/// The pid a server wrote for `mountpoint`, if any.
+fn server_pid(mountpoint: &Path) -> Option<i32> {
+    std::fs::read_to_string(serve::runtime_file(mountpoint, "pid"))
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+}
+
 fn stats(mountpoint: &Path) -> Result<(), String> {
-    let mountpoint = mountpoint
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let mountpoint = canonical_mountpoint(mountpoint)?;
+    // After an unmount the server's last report stays readable, marked as
+    // such; a dead server's report is stale, and is refused.
+    let mounted = serve::is_mount_point(&mountpoint);
+    if mounted && server_pid(&mountpoint).is_some_and(|pid| !process_alive(pid)) {
+        return Err(dead_mount_message(&mountpoint));
+    }
     let path = serve::runtime_file(&mountpoint, "stats");
     let report = std::fs::read_to_string(&path).map_err(|_| {
         format!(
@@ -248,6 +280,7 @@ fn stats(mountpoint: &Path) -> Result<(), String> {
             mountpoint.display()
         )
     })?;
+    println!("mounted {mounted}");
     print!("{report}");
     Ok(())
 }
@@ -308,9 +341,7 @@ fn mount(
     if !image.exists() {
         return Err(format!("{}: no such file or device", image.display()));
     }
-    let mountpoint = mountpoint
-        .canonicalize()
-        .map_err(|e| format!("mountpoint {}: {e}", mountpoint.display()))?;
+    let mountpoint = canonical_mountpoint(mountpoint)?;
     if !mountpoint.is_dir() {
         return Err(format!(
             "mountpoint {} is not a directory",
@@ -402,6 +433,7 @@ fn run_server(
     ready: impl FnOnce(),
 ) -> Result<(), String> {
     let read_only = engine_options.read_only;
+    serve::log_panics();
     // Before any thread starts (the engine starts its flusher), so that
     // every thread inherits the blocked signal mask.
     stop_on_signals(mountpoint.to_path_buf());
@@ -413,6 +445,8 @@ fn run_server(
     let result = serve::serve(fs, mountpoint, &config, || {
         let _ = std::fs::write(&pid_file, format!("{}\n", std::process::id()));
         tracing::info!(image = %image.display(), mountpoint = %mountpoint.display(), "mounted");
+        // Test builds: panics a test asked for, once the mount is up.
+        jext4::journal::faults::arm_panics_from_env();
         ready();
     });
     let status = match &result {
@@ -429,55 +463,119 @@ fn run_server(
 }
 
 /// SIGINT and SIGTERM unmount the filesystem, which ends the session and
-/// lets the server finish writing; they never kill it mid-write.
+/// lets the server finish writing; they never kill it mid-write. While the
+/// mount is busy (a file open, a working directory inside) the unmount is
+/// retried every second until it is free, each retry logged; further
+/// signals are logged too.
 fn stop_on_signals(mountpoint: PathBuf) {
     // SAFETY: sigset manipulation on a local set; blocking the signals in
     // this thread before any other thread exists makes every later thread
     // inherit the mask, so only the waiting thread receives them.
-    unsafe {
+    let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        std::thread::spawn(move || {
+        set
+    };
+    let spawned = std::thread::Builder::new()
+        .name("jext4-signals".into())
+        .spawn(move || {
             let mut signal = 0;
-            if libc::sigwait(&set, &mut signal) == 0 {
+            // SAFETY: sigwait on a valid set with a valid out-pointer.
+            if unsafe { libc::sigwait(&set, &mut signal) } == 0 {
                 tracing::info!(signal, "signal received: unmounting");
-                detach(&mountpoint);
+                unmount_when_free(&mountpoint, &set);
             }
         });
+    if let Err(error) = spawned {
+        tracing::error!(%error, "cannot watch for signals: SIGINT and SIGTERM will not unmount");
     }
 }
 
-/// Unmount a FUSE mount point: the syscall as root, fusermount3 otherwise.
-fn detach(mountpoint: &Path) -> bool {
+/// Unmount now, or as soon as the mount is no longer busy.
+fn unmount_when_free(mountpoint: &Path, set: &libc::sigset_t) {
+    const RETRY: Duration = Duration::from_secs(1);
+    for attempt in 1u64.. {
+        match detach_once(mountpoint) {
+            Detach::Done => return,
+            Detach::Gone => {
+                tracing::info!(mountpoint = %mountpoint.display(), "already unmounted");
+                return;
+            }
+            Detach::Busy(why) => tracing::warn!(
+                attempt,
+                mountpoint = %mountpoint.display(),
+                "cannot unmount yet ({why}): a file is open or a process works inside; \
+                 retrying every second until the mount is free"
+            ),
+        }
+        // Sleep a second, or less if another signal comes.
+        let timeout = libc::timespec {
+            tv_sec: RETRY.as_secs() as libc::time_t,
+            tv_nsec: 0,
+        };
+        // SAFETY: sigtimedwait on a valid set, a null info pointer and a
+        // valid timeout.
+        let signal = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &timeout) };
+        if signal > 0 {
+            tracing::info!(signal, "signal received again: still unmounting");
+        }
+    }
+}
+
+/// What one unmount attempt did.
+enum Detach {
+    Done,
+    /// Nothing is mounted there any more (someone else unmounted).
+    Gone,
+    Busy(String),
+}
+
+/// One unmount attempt: the syscall as root, fusermount3 otherwise.
+fn detach_once(mountpoint: &Path) -> Detach {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
-    // A file closed just before the unmount may still hold the mount: the
-    // kernel sends FUSE RELEASE asynchronously and keeps the mount busy until
-    // the server answers it. So EBUSY is retried for a short while before it
-    // is reported.
-    for _ in 0..50 {
-        // SAFETY: umount2 with a valid NUL-terminated path.
-        if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-            return true;
-        }
-        let error = std::io::Error::last_os_error().raw_os_error();
-        if error == Some(libc::EBUSY) {
-            std::thread::sleep(Duration::from_millis(40));
-            continue;
-        }
-        if error == Some(libc::EPERM) {
-            break; // not root: fusermount3 below
-        }
-        return false;
+    // SAFETY: umount2 with a valid NUL-terminated path.
+    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+        return Detach::Done;
     }
-    std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg(mountpoint)
-        .status()
-        .is_ok_and(|status| status.success())
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOENT) if !serve::is_mount_point(mountpoint) => Detach::Gone,
+        Some(libc::EPERM) => {
+            // Not root: the setuid helper.
+            match std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(mountpoint)
+                .output()
+            {
+                Ok(output) if output.status.success() => Detach::Done,
+                Ok(output) => {
+                    Detach::Busy(String::from_utf8_lossy(&output.stderr).trim().to_string())
+                }
+                Err(error) => Detach::Busy(format!("fusermount3: {error}")),
+            }
+        }
+        _ => Detach::Busy(error.to_string()),
+    }
+}
+
+/// Unmount a FUSE mount point (`jext4 umount`). A file closed just before
+/// may still hold the mount: the kernel sends FUSE RELEASE asynchronously
+/// and keeps the mount busy until the server answers it. So a busy mount
+/// is retried for a short while before it is reported.
+fn detach(mountpoint: &Path) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..50 {
+        match detach_once(mountpoint) {
+            Detach::Done | Detach::Gone => return Ok(()),
+            Detach::Busy(why) => last = why,
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    Err(last)
 }
 
 /// A process that exists and is not a zombie (a foreground server whose
@@ -493,17 +591,27 @@ fn process_alive(pid: i32) -> bool {
 }
 
 fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), String> {
-    let mountpoint = mountpoint
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let pid: Option<i32> = std::fs::read_to_string(serve::runtime_file(&mountpoint, "pid"))
-        .ok()
-        .and_then(|text| text.trim().parse().ok());
+    let mountpoint = match mountpoint.canonicalize() {
+        Ok(path) => path,
+        // A dead FUSE mount cannot be resolved, but it can be unmounted.
+        Err(error) if error.raw_os_error() == Some(libc::ENOTCONN) => {
+            let path = std::path::absolute(mountpoint).map_err(|e| e.to_string())?;
+            detach(&path).map_err(|why| format!("cannot unmount {}: {why}", path.display()))?;
+            eprintln!(
+                "jext4: unmounted the dead FUSE mount {}; its image may need its journal replayed \
+                 (the next mount does it)",
+                path.display()
+            );
+            return Ok(());
+        }
+        Err(error) => return Err(format!("{}: {error}", mountpoint.display())),
+    };
+    let pid = server_pid(&mountpoint);
     if !serve::is_mount_point(&mountpoint) {
         return Err(format!("{} is not mounted", mountpoint.display()));
     }
-    if !detach(&mountpoint) {
-        return Err(format!("cannot unmount {} (busy?)", mountpoint.display()));
+    if let Err(why) = detach(&mountpoint) {
+        return Err(format!("cannot unmount {}: {why}", mountpoint.display()));
     }
     let Some(pid) = pid else {
         return Ok(()); // not ours, or started elsewhere: nothing to wait for

@@ -94,11 +94,52 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce
     let _ = notifier.set(session.notifier());
     ready();
     let reporter = StatsReporter::start(Arc::clone(&fs), runtime_file(mountpoint, "stats"));
-    let served = session.run();
+    let served = run_until_unmounted(session);
     let unmounted = fs.unmount();
     reporter.stop(&fs);
     served.map_err(Error::Io)?;
     unmounted
+}
+
+/// Serve until the kernel ends the session (the mount point was unmounted:
+/// `jext4 umount`, `fusermount3 -u`, a signal). fuser would then unmount
+/// the mount point once more: its check whether the mount still exists
+/// takes the POLLERR of a finished connection for "mounted" (libfuse's
+/// `fuse_kern_unmount` takes it for "gone"). That second unmount fails
+/// with EINVAL — the warning "Failed to umount filesystem: Invalid
+/// argument" after every clean unmount — or, when a new mount already sits
+/// on the same mount point (a quick unmount/mount cycle), unmounts that one,
+/// and what is written next lands in the directory underneath. So fuser's
+/// mount handle is never dropped: the kernel has unmounted already.
+fn run_until_unmounted(session: fuser::Session<FuseAdapter>) -> std::io::Result<()> {
+    let background = std::mem::ManuallyDrop::new(session.spawn()?);
+    // SAFETY: `guard` is read out exactly once and `background` is never
+    // used or dropped afterwards, so the handle has one owner; the other
+    // fields (the mount handle) are leaked on purpose, see above.
+    let guard = unsafe { std::ptr::read(&background.guard) };
+    guard
+        .join()
+        .map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?
+}
+
+/// Send every panic (a bug) of any thread to the server's log, with where
+/// it happened and a backtrace: the server runs detached, so the default
+/// message on stderr would go nowhere. The threads that own the engine
+/// catch their panics and abort the journal (`Fs::abort`).
+pub fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let message = crate::error::panic_message(info.payload());
+        let location = info
+            .location()
+            .map_or_else(String::new, |location| location.to_string());
+        let backtrace = std::backtrace::Backtrace::force_capture();
+        tracing::error!(
+            thread = thread.name().unwrap_or("unnamed"),
+            %location,
+            "panic: {message}\n{backtrace}"
+        );
+    }));
 }
 
 /// Refreshes `<runtime>/<mountpoint>.stats` every few seconds, and once
@@ -122,7 +163,19 @@ impl StatsReporter {
                 let (lock, condvar) = &*flag;
                 let mut stopped = lock.lock();
                 while !*stopped {
-                    let _ = std::fs::write(&file, fs.stats_report());
+                    let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        fs.stats_report()
+                    }));
+                    match report {
+                        Ok(report) => {
+                            let _ = std::fs::write(&file, report);
+                        }
+                        Err(panic) => {
+                            let why = crate::error::panic_message(&*panic);
+                            fs.abort(&format!("the statistics thread panicked: {why}"));
+                            return;
+                        }
+                    }
                     condvar.wait_for(&mut stopped, Self::INTERVAL);
                 }
             })

@@ -162,10 +162,21 @@ impl JextMount {
         mountpoint: &Path,
         options: &str,
     ) -> Result<JextMount, (Output, String)> {
+        JextMount::try_mount_with_env(image, mountpoint, options, &[])
+    }
+
+    /// `try_mount` with extra environment variables for the server.
+    pub fn try_mount_with_env(
+        image: &Path,
+        mountpoint: &Path,
+        options: &str,
+        env: &[(&str, &str)],
+    ) -> Result<JextMount, (Output, String)> {
         fs::create_dir_all(mountpoint).expect("creating the mount point");
         let serial = MOUNT_SERIAL.fetch_add(1, Ordering::Relaxed);
         let log = image.with_extension(format!("jext4-{serial}.log"));
         let mut command = Command::new(JEXT4);
+        command.envs(env.iter().copied());
         command.arg("mount").arg("--log").arg(&log);
         if !options.is_empty() {
             command.args(["-o", options]);
@@ -194,6 +205,16 @@ impl JextMount {
 
     pub fn path(&self, relative: &str) -> PathBuf {
         self.mountpoint.join(relative)
+    }
+
+    /// The server's pid, from the runtime file it writes once mounted.
+    pub fn server_pid(&self) -> i32 {
+        let mountpoint = self.mountpoint.canonicalize().expect("the mount point");
+        let file = jext4::fuse::serve::runtime_file(&mountpoint, "pid");
+        fs::read_to_string(&file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no server pid in {}", file.display()))
     }
 
     pub fn server_log(&self) -> String {
