@@ -214,3 +214,72 @@ fn signals_unmount_once_the_mount_is_free() {
         .unwrap();
     assert_eq!(output.stdout, b"written while a signal waits");
 }
+
+fn debugfs_cat(image: &Path, path: &str) -> Vec<u8> {
+    Command::new("debugfs")
+        .args(["-R", &format!("cat {path}")])
+        .arg(image)
+        .output()
+        .unwrap()
+        .stdout
+}
+
+/// `jext4 sync` and fsync of any directory commit everything pending: after
+/// a kill -9 (with a commit interval far away) the recovered image holds
+/// what was written before them. The dead mount the kill leaves is named
+/// as such and `jext4 umount` clears it.
+#[test]
+fn jext4_sync_and_directory_fsync_survive_kill_9() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("sync");
+    let image = common::mkfs(scratch.path(), "sync", 16, &["-t", "ext4"]);
+    let mnt = scratch.path().join("mnt");
+    let mount = JextMount::mount(&image, &mnt, "commit=600");
+    let pid = mount.server_pid();
+    fs::create_dir(mount.path("a")).unwrap();
+    fs::write(mount.path("a/synced"), b"made durable by jext4 sync").unwrap();
+    e2e::run_ok(JEXT4, &["sync", e2e::path_str(&mnt)]);
+    fs::create_dir(mount.path("b")).unwrap();
+    fs::create_dir(mount.path("c")).unwrap();
+    fs::write(mount.path("b/by-dir-fsync"), b"made durable by fsync of c").unwrap();
+    fs::File::open(mount.path("c")).unwrap().sync_all().unwrap();
+    // SAFETY: kill with a pid and a signal number.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    assert!(e2e::wait_for(Duration::from_secs(10), || !process_alive(
+        pid
+    )));
+
+    let output = e2e::run(JEXT4, &["stats", e2e::path_str(&mnt)]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("dead FUSE mount"),
+        "stats on a dead mount: {stderr}"
+    );
+    let output = e2e::run(
+        JEXT4,
+        &["mount", e2e::path_str(&image), e2e::path_str(&mnt)],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success()
+            && stderr.contains("dead FUSE mount")
+            && stderr.contains("jext4 umount"),
+        "mount on a dead mount: {stderr}"
+    );
+    e2e::run_ok(JEXT4, &["umount", e2e::path_str(&mnt)]);
+    assert!(!e2e::is_mount_point(&mnt));
+    mount.forget();
+
+    e2e::run_ok(JEXT4, &["recover", e2e::path_str(&image)]);
+    e2e::fsck_clean(&image, "after kill -9 and recovery");
+    assert_eq!(
+        debugfs_cat(&image, "/a/synced"),
+        b"made durable by jext4 sync"
+    );
+    assert_eq!(
+        debugfs_cat(&image, "/b/by-dir-fsync"),
+        b"made durable by fsync of c"
+    );
+}

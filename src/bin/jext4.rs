@@ -44,8 +44,12 @@ enum Command {
     /// Try the crash states of workloads: each must recover clean and lose
     /// nothing acknowledged (see README "Crash states").
     Crashtest(CrashtestArgs),
-    /// Print a mounted filesystem's statistics (cache, journal, write-ahead guard).
+    /// Print a mounted filesystem's statistics (state, cache, journal, write-ahead guard).
     Stats { mountpoint: PathBuf },
+    /// Commit everything written so far and wait until it is durable (all
+    /// jext4 mounts, or the ones named). sync(1) cannot: the kernel never
+    /// forwards sync(2) to a FUSE server.
+    Sync { mountpoints: Vec<PathBuf> },
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
         } => umount(&mountpoint, Duration::from_secs(timeout)),
         Command::Recover { image } => recover(&image),
         Command::Stats { mountpoint } => stats(&mountpoint),
+        Command::Sync { mountpoints } => sync(&mountpoints),
         Command::Logdump { image } => {
             let stdout = std::io::stdout();
             match jext4::fs::logdump_image(&image, &mut stdout.lock()) {
@@ -241,13 +246,37 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
 /// with it — a dead FUSE mount (its server was killed) named as such, with
 /// what to run.
 fn canonical_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
-    mountpoint.canonicalize().map_err(|error| {
-        if error.raw_os_error() == Some(libc::ENOTCONN) {
+    let describe = |error: std::io::Error| {
+        if is_dead_mount(&error) {
             dead_mount_message(mountpoint)
         } else {
             format!("mountpoint {}: {error}", mountpoint.display())
         }
-    })
+    };
+    let path = mountpoint.canonicalize().map_err(describe)?;
+    // realpath(3) does not look inside the last component; stat does.
+    std::fs::metadata(&path).map_err(describe)?;
+    Ok(path)
+}
+
+/// What the kernel answers for a FUSE mount whose server is gone.
+fn is_dead_mount(error: &std::io::Error) -> bool {
+    error.raw_os_error() == Some(libc::ENOTCONN)
+}
+
+/// Whether the mount at `mountpoint` is a FUSE mount whose server is gone.
+/// statfs always reaches the server (stat may be answered from the
+/// kernel's attribute cache).
+fn mount_is_dead(mountpoint: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statvfs fills the zeroed struct we pass.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a pointer to a live struct.
+    let result = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    result != 0 && is_dead_mount(&std::io::Error::last_os_error())
 }
 
 fn dead_mount_message(mountpoint: &Path) -> String {
@@ -270,8 +299,21 @@ fn stats(mountpoint: &Path) -> Result<(), String> {
     // After an unmount the server's last report stays readable, marked as
     // such; a dead server's report is stale, and is refused.
     let mounted = serve::is_mount_point(&mountpoint);
-    if mounted && server_pid(&mountpoint).is_some_and(|pid| !process_alive(pid)) {
+    if mounted && mount_is_dead(&mountpoint) {
         return Err(dead_mount_message(&mountpoint));
+    }
+    if mounted {
+        // Live, from the server itself.
+        match jext4::fuse::control::stats(&mountpoint) {
+            Ok(report) => {
+                println!("mounted true");
+                print!("{report}");
+                return Ok(());
+            }
+            // Not a jext4 mount: say so below.
+            Err(error) if error.raw_os_error() == Some(libc::ENOTTY) => {}
+            Err(error) => return Err(format!("{}: {error}", mountpoint.display())),
+        }
     }
     let path = serve::runtime_file(&mountpoint, "stats");
     let report = std::fs::read_to_string(&path).map_err(|_| {
@@ -283,6 +325,34 @@ fn stats(mountpoint: &Path) -> Result<(), String> {
     println!("mounted {mounted}");
     print!("{report}");
     Ok(())
+}
+
+/// `jext4 sync`: one commit-and-wait per mount, through the server.
+fn sync(mountpoints: &[PathBuf]) -> Result<(), String> {
+    let targets = if mountpoints.is_empty() {
+        serve::jext4_mounts()
+    } else {
+        let mut targets = Vec::new();
+        for mountpoint in mountpoints {
+            targets.push(canonical_mountpoint(mountpoint)?);
+        }
+        targets
+    };
+    let mut failed = Vec::new();
+    for mountpoint in &targets {
+        if let Err(error) = jext4::fuse::control::sync(mountpoint) {
+            let why = match error.raw_os_error() {
+                Some(libc::ENOTTY) => "not a jext4 mount".to_string(),
+                _ => error.to_string(),
+            };
+            failed.push(format!("{}: {why}", mountpoint.display()));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("sync failed: {}", failed.join("; ")))
+    }
 }
 
 fn recover(image: &Path) -> Result<(), String> {
@@ -349,6 +419,9 @@ fn mount(
         ));
     }
     if serve::is_mount_point(&mountpoint) {
+        if mount_is_dead(&mountpoint) {
+            return Err(dead_mount_message(&mountpoint));
+        }
         return Err(format!("{} is already a mount point", mountpoint.display()));
     }
     let runtime = serve::runtime_dir();
@@ -591,10 +664,13 @@ fn process_alive(pid: i32) -> bool {
 }
 
 fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), String> {
-    let mountpoint = match mountpoint.canonicalize() {
+    let resolved = mountpoint
+        .canonicalize()
+        .and_then(|path| std::fs::metadata(&path).map(|_| path));
+    let mountpoint = match resolved {
         Ok(path) => path,
         // A dead FUSE mount cannot be resolved, but it can be unmounted.
-        Err(error) if error.raw_os_error() == Some(libc::ENOTCONN) => {
+        Err(error) if is_dead_mount(&error) => {
             let path = std::path::absolute(mountpoint).map_err(|e| e.to_string())?;
             detach(&path).map_err(|why| format!("cannot unmount {}: {why}", path.display()))?;
             eprintln!(

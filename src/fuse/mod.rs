@@ -9,6 +9,7 @@
 //! ACL inheritance, the umask, the mode following the ACL and back — is the
 //! engine's (`fs::acl`), so the library API behaves the same.
 
+pub mod control;
 mod options;
 pub mod serve;
 
@@ -20,9 +21,9 @@ use crate::format::superblock::ROOT_INO;
 use crate::fs::{Attr, Caller, FileKind, Fs, RenameFlags, SeekWhence, SetAttr, TimeSet, XattrMode};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -629,11 +630,44 @@ impl Filesystem for FuseAdapter {
         _request: &Request,
         ino: INodeNo,
         _fh: FileHandle,
-        datasync: bool,
+        _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        // fsync of a directory commits everything pending, as one JBD2
+        // commit does on ext4: the one durability request a user can send
+        // on any mount, since sync(2) never reaches a FUSE server.
         self.guard("fsyncdir", move || {
-            reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+            let result = self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync());
+            reply_empty(reply, result);
+        });
+    }
+
+    fn ioctl(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.guard("ioctl", move || match cmd {
+            control::JEXT4_IOC_SYNC => {
+                match self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync()) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
+            control::JEXT4_IOC_STATS => {
+                let report = self.fs.stats_report();
+                let length = report.len().min(out_size as usize);
+                reply.ioctl(length as i32, &report.as_bytes()[..length]);
+            }
+            // What ext4 does not know either (FS_IOC_GETFLAGS and its
+            // kin are not implemented here yet).
+            _ => reply.error(Errno::from_i32(libc::ENOTTY)),
         });
     }
 

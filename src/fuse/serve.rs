@@ -211,6 +211,26 @@ pub fn is_mount_point(path: &Path) -> bool {
     })
 }
 
+/// The mount points of every jext4 mount this user can see: type
+/// `fuse.jext4`, or (with another `subtype=`) a mount whose server left its
+/// pid in the runtime directory.
+pub fn jext4_mounts() -> Vec<PathBuf> {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mount_point = PathBuf::from(unescape_mountinfo(line.split(' ').nth(4)?));
+            // The filesystem type follows the " - " separator.
+            let fs_type = line.split_once(" - ")?.1.split(' ').next()?;
+            let ours = fs_type == "fuse.jext4"
+                || (fs_type.starts_with("fuse") && runtime_file(&mount_point, "pid").exists());
+            ours.then_some(mount_point)
+        })
+        .collect()
+}
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn unescape_mountinfo(field: &str) -> String {
     let bytes = field.as_bytes();
