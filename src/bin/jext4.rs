@@ -289,9 +289,44 @@ fn dead_mount_message(mountpoint: &Path) -> String {
 
 /// The pid a server wrote for `mountpoint`, if any.
 fn server_pid(mountpoint: &Path) -> Option<i32> {
-    std::fs::read_to_string(serve::runtime_file(mountpoint, "pid"))
-        .ok()
-        .and_then(|text| text.trim().parse().ok())
+    serve::ServerRecord::read(mountpoint).map(|record| record.pid)
+}
+
+/// How long a mount waits for the previous server of its image or mount
+/// point to finish an unmount (its last commit and checkpoint).
+const PREVIOUS_SERVER_WAIT: Duration = Duration::from_secs(60);
+
+/// After `fusermount3 -u` or `umount` the kernel has unmounted at once, but
+/// the server is still writing its last commit and holds the image: wait
+/// for it rather than refuse the image as in use (test suites and systemd
+/// cycle mounts exactly like this).
+fn wait_for_previous_server(image: &Path, mountpoint: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    let mut announced = false;
+    loop {
+        let finishing = serve::finishing_servers(image, mountpoint);
+        let Some(previous) = finishing.first() else {
+            return Ok(());
+        };
+        if !announced {
+            eprintln!(
+                "jext4: waiting for the previous server (pid {}, unmounted from {}) to finish writing {}",
+                previous.pid,
+                previous.mountpoint.display(),
+                previous.image.display()
+            );
+            announced = true;
+        }
+        if started.elapsed() > PREVIOUS_SERVER_WAIT {
+            return Err(format!(
+                "the previous server (pid {}) of {} is still writing after {}s",
+                previous.pid,
+                previous.image.display(),
+                PREVIOUS_SERVER_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn stats(mountpoint: &Path) -> Result<(), String> {
@@ -424,6 +459,7 @@ fn mount(
         }
         return Err(format!("{} is already a mount point", mountpoint.display()));
     }
+    wait_for_previous_server(image, &mountpoint)?;
     let runtime = serve::runtime_dir();
     std::fs::create_dir_all(&runtime).map_err(|e| format!("{}: {e}", runtime.display()))?;
     let log = log.or_else(|| (!foreground).then(|| serve::runtime_file(&mountpoint, "log")));
@@ -512,11 +548,15 @@ fn run_server(
     stop_on_signals(mountpoint.to_path_buf());
     let fs = Fs::open(image, engine_options).map_err(|e| format!("{}: {e}", image.display()))?;
     let config = serve::fuse_config(&fuse_options, read_only || fs.is_read_only(), image);
-    let pid_file = serve::runtime_file(mountpoint, "pid");
+    let record = serve::ServerRecord {
+        pid: std::process::id() as i32,
+        mountpoint: mountpoint.to_path_buf(),
+        image: std::path::absolute(image).unwrap_or_else(|_| image.to_path_buf()),
+    };
     let status_file = serve::runtime_file(mountpoint, "status");
     let _ = std::fs::remove_file(&status_file);
     let result = serve::serve(fs, mountpoint, &config, || {
-        let _ = std::fs::write(&pid_file, format!("{}\n", std::process::id()));
+        let _ = record.write();
         tracing::info!(image = %image.display(), mountpoint = %mountpoint.display(), "mounted");
         // Test builds: panics a test asked for, once the mount is up.
         jext4::journal::faults::arm_panics_from_env();
@@ -527,7 +567,7 @@ fn run_server(
         Err(error) => format!("error: {error}\n"),
     };
     let _ = std::fs::write(&status_file, status);
-    let _ = std::fs::remove_file(&pid_file);
+    record.remove();
     match &result {
         Ok(()) => tracing::info!("unmounted cleanly"),
         Err(error) => tracing::error!(%error, "server stopped with an error"),
@@ -651,18 +691,6 @@ fn detach(mountpoint: &Path) -> Result<(), String> {
     Err(last)
 }
 
-/// A process that exists and is not a zombie (a foreground server whose
-/// parent has not reaped it yet has finished its work).
-fn process_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name.
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), String> {
     let resolved = mountpoint
         .canonicalize()
@@ -693,7 +721,7 @@ fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), String> {
         return Ok(()); // not ours, or started elsewhere: nothing to wait for
     };
     let started = Instant::now();
-    while process_alive(pid) {
+    while serve::process_alive(pid) {
         if started.elapsed() > timeout {
             return Err(format!(
                 "server {pid} is still writing after {}s",

@@ -8,12 +8,13 @@
 //! `flush` is a barrier: everything written before it returns is durable
 //! after it. Nothing above this layer may assume durability without it.
 
+pub mod exclusive;
 mod file;
 pub mod guard;
 mod memory;
 pub mod recording;
 
-pub use file::FileDevice;
+pub use file::{Claim, FileDevice};
 pub use memory::MemoryDevice;
 pub use recording::{Record, RecordingDevice};
 

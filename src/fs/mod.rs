@@ -38,7 +38,7 @@ pub use namei::RenameFlags;
 
 use crate::cache::BufferCache;
 use crate::dev::guard::GuardedDevice;
-use crate::dev::{BlockDevice, FileDevice};
+use crate::dev::{BlockDevice, Claim, FileDevice};
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::GroupDesc;
 use crate::format::superblock::{
@@ -234,7 +234,12 @@ pub(crate) struct Tx<'a, 'j> {
 impl Fs {
     /// Open an image file or block device and mount it.
     pub fn open(path: &Path, options: MountOptions) -> Result<Arc<Fs>> {
-        let device = FileDevice::open(path, options.read_only).map_err(|error| {
+        let claim = if options.read_only {
+            Claim::Shared
+        } else {
+            Claim::Exclusive
+        };
+        let device = FileDevice::open_claimed(path, options.read_only, claim).map_err(|error| {
             Error::Io(std::io::Error::new(
                 error.kind(),
                 format!("cannot open {}: {error}", path.display()),

@@ -36,6 +36,101 @@ pub fn runtime_file(mountpoint: &Path, extension: &str) -> PathBuf {
     runtime_dir().join(format!("{hex}.{extension}"))
 }
 
+/// What a server leaves in `<runtime>/<mountpoint hex>.pid` while it runs:
+/// its pid on the first line, the image it serves on the second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerRecord {
+    pub pid: i32,
+    pub mountpoint: PathBuf,
+    pub image: PathBuf,
+}
+
+impl ServerRecord {
+    pub fn write(&self) -> std::io::Result<()> {
+        std::fs::write(
+            runtime_file(&self.mountpoint, "pid"),
+            format!("{}\n{}\n", self.pid, self.image.display()),
+        )
+    }
+
+    /// Remove the record, unless a newer server of the same mount point
+    /// has replaced it meanwhile.
+    pub fn remove(&self) {
+        if ServerRecord::read(&self.mountpoint).is_some_and(|record| record.pid == self.pid) {
+            let _ = std::fs::remove_file(runtime_file(&self.mountpoint, "pid"));
+        }
+    }
+
+    pub fn read(mountpoint: &Path) -> Option<ServerRecord> {
+        let text = std::fs::read_to_string(runtime_file(mountpoint, "pid")).ok()?;
+        let mut lines = text.lines();
+        let pid = lines.next()?.trim().parse().ok()?;
+        let image = PathBuf::from(lines.next().unwrap_or_default());
+        Some(ServerRecord {
+            pid,
+            mountpoint: mountpoint.to_path_buf(),
+            image,
+        })
+    }
+
+    /// Every record in the runtime directory.
+    fn all() -> Vec<ServerRecord> {
+        let Ok(entries) = std::fs::read_dir(runtime_dir()) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let hex = name.strip_suffix(".pid")?;
+                ServerRecord::read(&mountpoint_of_hex(hex)?)
+            })
+            .collect()
+    }
+}
+
+/// The servers still finishing an unmount (their mount is gone, they are
+/// writing the last commit and checkpoint) of `image` or on `mountpoint`:
+/// a new mount of either waits for them.
+pub fn finishing_servers(image: &Path, mountpoint: &Path) -> Vec<ServerRecord> {
+    let same_file = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    };
+    ServerRecord::all()
+        .into_iter()
+        .filter(|record| process_alive(record.pid) && !is_mount_point(&record.mountpoint))
+        .filter(|record| record.mountpoint == mountpoint || same_file(&record.image, image))
+        .collect()
+}
+
+/// A process that exists and is not a zombie (a foreground server whose
+/// parent has not reaped it yet has finished its work).
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn mountpoint_of_hex(hex: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(hex.get(at..at + 2)?, 16).ok())
+        .collect();
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes?)))
+}
+
 pub fn fuse_config(options: &FuseOptions, read_only: bool, image: &Path) -> Config {
     let mut mount_options = vec![
         MountOption::DefaultPermissions,

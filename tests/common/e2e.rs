@@ -138,6 +138,8 @@ pub struct JextMount {
     pub image: PathBuf,
     pub mountpoint: PathBuf,
     pub log: PathBuf,
+    /// What `jext4 mount` printed on stderr (it succeeded).
+    pub mount_stderr: String,
     mounted: bool,
 }
 
@@ -199,6 +201,7 @@ impl JextMount {
             image: image.to_path_buf(),
             mountpoint: mountpoint.to_path_buf(),
             log,
+            mount_stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
             mounted: true,
         })
     }
@@ -210,11 +213,9 @@ impl JextMount {
     /// The server's pid, from the runtime file it writes once mounted.
     pub fn server_pid(&self) -> i32 {
         let mountpoint = self.mountpoint.canonicalize().expect("the mount point");
-        let file = jext4::fuse::serve::runtime_file(&mountpoint, "pid");
-        fs::read_to_string(&file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no server pid in {}", file.display()))
+        jext4::fuse::serve::ServerRecord::read(&mountpoint)
+            .unwrap_or_else(|| panic!("no server record for {}", mountpoint.display()))
+            .pid
     }
 
     pub fn server_log(&self) -> String {
