@@ -7,7 +7,7 @@ use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
-use crate::format::superblock::Geometry;
+use crate::format::superblock::{Geometry, ROOT_INO};
 use crate::format::{mapping, xattr};
 
 /// Logical blocks freed per transaction when a large file is truncated or
@@ -335,6 +335,23 @@ impl Fs {
             if inode.mode == 0 {
                 return Err(Error::Stale);
             }
+            attr_of(&self.core, ino, &inode)
+        });
+        drop(st);
+        self.note_error(result)
+    }
+
+    /// The inode a file handle names by number (FUSE export support,
+    /// NFS): its attributes while it exists — linked, or unlinked but
+    /// still open — and `Stale` once it is gone. The generation in the
+    /// attributes tells a reused number from the original.
+    pub fn inode_by_number(&self, ino: u32) -> Result<Attr> {
+        if !self.core.geo.is_valid_ino(ino) || ino < self.core.geo.first_ino && ino != ROOT_INO {
+            return Err(Error::Stale);
+        }
+        let st = self.state.read();
+        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+            self.check_not_freed(ino, &inode)?;
             attr_of(&self.core, ino, &inode)
         });
         drop(st);

@@ -232,6 +232,11 @@ impl Filesystem for FuseAdapter {
         // and the mode/ACL interplay to the engine (fs::acl), which needs
         // the umask unapplied (DONT_MASK). Both or neither: with ACLs but a
         // masked mode, inheritance would come out wrong.
+        // Stable file handles (name_to_handle_at, NFS): lookups of "." and
+        // ".." by node id after the kernel forgot the inode (`lookup`).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
+            tracing::warn!(?missing, "no FUSE export support: file handles go stale");
+        }
         let acls = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
         if let Err(missing) = config.add_capabilities(acls) {
             tracing::warn!(
@@ -251,8 +256,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // With FUSE_EXPORT_SUPPORT the kernel decodes a file handle whose
+        // inode it has forgotten by looking up "." in the handle's node id
+        // (any kind of inode), and reconnects a directory through "..".
+        // It then compares the generation, so a reused number is ESTALE.
         self.guard("lookup", move || {
-            self.reply_entry(reply, self.fs.lookup(to_ext4(parent), name.as_bytes()));
+            let result = if name.as_bytes() == b"." {
+                self.fs.inode_by_number(to_ext4(parent))
+            } else {
+                self.fs.lookup(to_ext4(parent), name.as_bytes())
+            };
+            self.reply_entry(reply, result);
         });
     }
 
