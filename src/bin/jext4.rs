@@ -259,9 +259,13 @@ fn canonical_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// What the kernel answers for a FUSE mount whose server is gone.
+/// What the kernel answers for a FUSE mount whose server is gone:
+/// ENOTCONN, or ECONNABORTED for a request caught by the abort itself.
 fn is_dead_mount(error: &std::io::Error) -> bool {
-    error.raw_os_error() == Some(libc::ENOTCONN)
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ENOTCONN | libc::ECONNABORTED)
+    )
 }
 
 /// Whether the mount at `mountpoint` is a FUSE mount whose server is gone.
