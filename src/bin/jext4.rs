@@ -45,7 +45,12 @@ enum Command {
     /// nothing acknowledged (see README "Crash states").
     Crashtest(CrashtestArgs),
     /// Print a mounted filesystem's statistics (state, cache, journal, write-ahead guard).
-    Stats { mountpoint: PathBuf },
+    Stats {
+        mountpoint: PathBuf,
+        /// One JSON object instead of `name value` lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Commit everything written so far and wait until it is durable (all
     /// jext4 mounts, or the ones named). sync(1) cannot: the kernel never
     /// forwards sync(2) to a FUSE server.
@@ -95,7 +100,19 @@ struct CrashtestArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `mount -t fuse.jext4`, fstab and systemd call jext4 as a mount helper.
+    let args: Vec<String> = std::env::args().collect();
+    let cli = match jext4::fuse::helper::helper_call(&args) {
+        None => Cli::parse(),
+        Some(Ok(jext4::fuse::helper::HelperCall::Mount(mount))) => {
+            Cli::parse_from(std::iter::once("jext4".to_string()).chain(mount))
+        }
+        Some(Ok(jext4::fuse::helper::HelperCall::Fake)) => return ExitCode::SUCCESS,
+        Some(Err(message)) => {
+            eprintln!("jext4: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Crashtest(args) => return crashtest(&args),
         Command::Mount {
@@ -110,7 +127,7 @@ fn main() -> ExitCode {
             timeout,
         } => umount(&mountpoint, Duration::from_secs(timeout)),
         Command::Recover { image } => recover(&image),
-        Command::Stats { mountpoint } => stats(&mountpoint),
+        Command::Stats { mountpoint, json } => stats(&mountpoint, json),
         Command::Sync { mountpoints } => sync(&mountpoints),
         Command::Logdump { image } => {
             let stdout = std::io::stdout();
@@ -333,7 +350,51 @@ fn wait_for_previous_server(image: &Path, mountpoint: &Path) -> Result<(), Strin
     }
 }
 
-fn stats(mountpoint: &Path) -> Result<(), String> {
+/// `name value` lines as one JSON object: numbers and booleans as such,
+/// anything else as a string.
+fn stats_json(report: &str) -> String {
+    let fields: Vec<String> = report
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .map(|(name, value)| {
+            let value = if value == "true" || value == "false" || value.parse::<u64>().is_ok() {
+                value.to_string()
+            } else {
+                json_string(value)
+            };
+            format!("{}: {value}", json_string(name))
+        })
+        .collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn stats(mountpoint: &Path, json: bool) -> Result<(), String> {
+    let report = stats_report(mountpoint)?;
+    if json {
+        println!("{}", stats_json(&report));
+    } else {
+        print!("{report}");
+    }
+    Ok(())
+}
+
+/// The report of `jext4 stats`, `mounted` first.
+fn stats_report(mountpoint: &Path) -> Result<String, String> {
     let mountpoint = canonical_mountpoint(mountpoint)?;
     // After an unmount the server's last report stays readable, marked as
     // such; a dead server's report is stale, and is refused.
@@ -344,11 +405,7 @@ fn stats(mountpoint: &Path) -> Result<(), String> {
     if mounted {
         // Live, from the server itself.
         match jext4::fuse::control::stats(&mountpoint) {
-            Ok(report) => {
-                println!("mounted true");
-                print!("{report}");
-                return Ok(());
-            }
+            Ok(report) => return Ok(format!("mounted true\n{report}")),
             // Not a jext4 mount: say so below.
             Err(error) if error.raw_os_error() == Some(libc::ENOTTY) => {}
             Err(error) => return Err(format!("{}: {error}", mountpoint.display())),
@@ -361,9 +418,7 @@ fn stats(mountpoint: &Path) -> Result<(), String> {
             mountpoint.display()
         )
     })?;
-    println!("mounted {mounted}");
-    print!("{report}");
-    Ok(())
+    Ok(format!("mounted {mounted}\n{report}"))
 }
 
 /// `jext4 sync`: one commit-and-wait per mount, through the server.
@@ -381,7 +436,10 @@ fn sync(mountpoints: &[PathBuf]) -> Result<(), String> {
     for mountpoint in &targets {
         if let Err(error) = jext4::fuse::control::sync(mountpoint) {
             let why = match error.raw_os_error() {
-                Some(libc::ENOTTY) => "not a jext4 mount".to_string(),
+                Some(libc::ENOTTY) => {
+                    "its server does not answer `jext4 sync` (not jext4, or an older one)"
+                        .to_string()
+                }
                 _ => error.to_string(),
             };
             failed.push(format!("{}: {why}", mountpoint.display()));
@@ -551,7 +609,8 @@ fn run_server(
     // every thread inherits the blocked signal mask.
     stop_on_signals(mountpoint.to_path_buf());
     let fs = Fs::open(image, engine_options).map_err(|e| format!("{}: {e}", image.display()))?;
-    let config = serve::fuse_config(&fuse_options, read_only || fs.is_read_only(), image);
+    let source = std::path::absolute(image).unwrap_or_else(|_| image.to_path_buf());
+    let config = serve::fuse_config(&fuse_options, read_only || fs.is_read_only(), &source);
     let record = serve::ServerRecord {
         pid: std::process::id() as i32,
         mountpoint: mountpoint.to_path_buf(),

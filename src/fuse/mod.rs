@@ -10,6 +10,7 @@
 //! engine's (`fs::acl`), so the library API behaves the same.
 
 pub mod control;
+pub mod helper;
 mod options;
 pub mod serve;
 

@@ -158,6 +158,13 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("allow_other", None) => fuse.allow_other = true,
             ("allow_root", None) => fuse.allow_root = true,
             ("default_permissions", None) => {} // always on
+            // What fstab lines and mount(8) carry for userspace (mount
+            // helpers get them passed through): no meaning for the mount.
+            (
+                "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users" | "nouser",
+                None,
+            ) => {}
+            (name, _) if name.starts_with("x-") || name == "comment" => {}
             ("dev", None) => fuse.dev = true,
             ("nodev", None) => fuse.dev = false,
             ("suid", None) => fuse.suid = true,

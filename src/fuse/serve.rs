@@ -140,7 +140,15 @@ pub fn fuse_config(options: &FuseOptions, read_only: bool, image: &Path) -> Conf
                 .clone()
                 .unwrap_or_else(|| image.display().to_string()),
         ),
-        MountOption::Subtype(options.subtype.clone().unwrap_or_else(|| "jext4".into())),
+        // As a mount option the kernel reads, not fuser's Subtype: fuser's
+        // own mount(2) (as root) calls every mount plain "fuse" and uses
+        // Subtype only as the source name, so findmnt -t fuse.jext4,
+        // /proc/mounts and systemd would not see the type. fusermount3 (not
+        // root) understands subtype= too.
+        MountOption::CUSTOM(format!(
+            "subtype={}",
+            options.subtype.as_deref().unwrap_or("jext4")
+        )),
         if read_only {
             MountOption::RO
         } else {
