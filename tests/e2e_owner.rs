@@ -139,3 +139,113 @@ fn loop_devices_and_kernel_mounts_are_refused_by_name() {
     }
     e2e::fsck_clean(&image, "after the ownership checks");
 }
+
+/// `debugfs -R dump_mmp`'s sequence line.
+fn mmp_sequence(image: &Path) -> String {
+    let output = e2e::run_ok("debugfs", &["-R", "dump_mmp", e2e::path_str(image)]);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("sequence: "))
+        .expect("dump_mmp prints the sequence")
+        .to_string()
+}
+
+const SEQ_CLEAN: &str = "ff4d4d50";
+
+/// jext4 holds an MMP image: the kernel's loop mount of it (which the
+/// image file's lock cannot stop) waits and refuses; jext4 goes on; its
+/// unmount leaves the block clean.
+fn kernel_refuses_what_jext4_serves(scratch: &Path) {
+    let image = common::mkfs(
+        scratch,
+        "mmp-jext4",
+        32,
+        &["-t", "ext4", "-O", "mmp", "-E", "mmp_update_interval=1"],
+    );
+    let mnt = scratch.join("jext4-holds");
+    let mount = JextMount::mount(&image, &mnt, "");
+    fs::write(mount.path("mine"), b"served by jext4").unwrap();
+    let kmnt = scratch.join("kernel-tries");
+    fs::create_dir_all(&kmnt).unwrap();
+    let output = e2e::run(
+        "mount",
+        &[
+            "-t",
+            "ext4",
+            "-o",
+            "loop",
+            e2e::path_str(&image),
+            e2e::path_str(&kmnt),
+        ],
+    );
+    assert!(
+        !output.status.success(),
+        "the kernel mounted an image jext4 serves"
+    );
+    assert!(!e2e::is_mount_point(&kmnt));
+    e2e::detach_loops(&image);
+    assert_eq!(fs::read(mount.path("mine")).unwrap(), b"served by jext4");
+    fs::write(mount.path("after"), b"still writable").unwrap();
+    mount.unmount();
+    assert_eq!(mmp_sequence(&image), SEQ_CLEAN);
+    e2e::fsck_clean(&image, "after the kernel was refused");
+    // A clean MMP image mounts in the kernel.
+    let kernel = KernelMount::mount(&image, &kmnt, false);
+    assert_eq!(fs::read(kernel.path("after")).unwrap(), b"still writable");
+    kernel.unmount();
+}
+
+/// The kernel holds an MMP image: jext4, reaching the same bytes through a
+/// second loop device (as another machine would reach a shared disk, where
+/// no lock can help), waits and refuses, naming the kernel's node and
+/// device; the kernel's data is untouched.
+fn jext4_refuses_what_the_kernel_serves(scratch: &Path) {
+    let image = common::mkfs(
+        scratch,
+        "mmp-kernel",
+        32,
+        &["-t", "ext4", "-O", "mmp", "-E", "mmp_update_interval=1"],
+    );
+    let kmnt = scratch.join("kernel-holds");
+    let kernel = KernelMount::mount(&image, &kmnt, false);
+    fs::write(kernel.path("kernels"), b"served by the kernel").unwrap();
+    let output = e2e::run("losetup", &["-f", "--show", e2e::path_str(&image)]);
+    let second = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert!(second.starts_with("/dev/loop"), "losetup: {output:?}");
+    let mnt = scratch.join("jext4-tries");
+    assert_refused(
+        Path::new(&second),
+        &mnt,
+        "",
+        &[
+            "multi-mount protection",
+            "in use on another node",
+            "node \"",
+        ],
+    );
+    e2e::run_ok("losetup", &["-d", &second]);
+    assert_eq!(
+        fs::read(kernel.path("kernels")).unwrap(),
+        b"served by the kernel"
+    );
+    kernel.unmount();
+    assert_eq!(mmp_sequence(&image), SEQ_CLEAN);
+    e2e::fsck_clean(&image, "after jext4 was refused");
+}
+
+/// MMP both ways, the kernel as the other party. Every MMP mount waits as
+/// the kernel's does (11 s), so the two directions run side by side.
+#[test]
+fn mmp_images_are_refused_both_ways_and_mount_when_clean() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("mmp");
+    let root = scratch.path().to_path_buf();
+    let other = root.clone();
+    let jext4_holds = std::thread::spawn(move || kernel_refuses_what_jext4_serves(&other));
+    jext4_refuses_what_the_kernel_serves(&root);
+    jext4_holds
+        .join()
+        .expect("the kernel-side direction failed");
+}

@@ -12,6 +12,11 @@ pub struct FileDevice {
     file: File,
     size: u64,
     read_only: bool,
+    /// A second, O_DIRECT descriptor of a block device, for
+    /// `read_uncached`/`write_uncached` (opened on first use).
+    direct: std::sync::OnceLock<Option<File>>,
+    path: std::path::PathBuf,
+    is_block_device: bool,
     /// The backing file of a loop device given as the image, locked as the
     /// image would be: nobody else may serve it by its own name meanwhile.
     _backing_lock: Option<File>,
@@ -97,6 +102,9 @@ impl FileDevice {
             file,
             size,
             read_only,
+            direct: std::sync::OnceLock::new(),
+            path: path.to_path_buf(),
+            is_block_device,
             _backing_lock: backing_lock,
         })
     }
@@ -170,7 +178,94 @@ fn refuse_loop_devices(path: &Path, claim: Claim) -> io::Result<()> {
     Err(io::Error::new(io::ErrorKind::ResourceBusy, how))
 }
 
+/// `_IO(0x12, 104)`: the logical sector size of a block device.
+const BLKSSZGET: libc::c_ulong = 0x1268;
+
+impl FileDevice {
+    /// The O_DIRECT descriptor of a block device, if it can be had. An
+    /// image file needs none: its page cache is where every local user of
+    /// the file — jext4, a loop device over it — reads and writes.
+    fn direct(&self) -> Option<&File> {
+        self.direct
+            .get_or_init(|| {
+                if !self.is_block_device {
+                    return None;
+                }
+                OpenOptions::new()
+                    .read(true)
+                    .write(!self.read_only)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&self.path)
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// Run `io` on a buffer aligned for O_DIRECT (the logical sector size),
+    /// when `offset` and `len` are aligned too; None otherwise.
+    fn with_aligned<R>(
+        file: &File,
+        offset: u64,
+        len: usize,
+        io: impl FnOnce(&mut [u8]) -> io::Result<R>,
+    ) -> Option<io::Result<R>> {
+        let mut sector: libc::c_int = 0;
+        // SAFETY: BLKSSZGET writes one int through the pointer we pass.
+        if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut sector) } != 0 || sector <= 0 {
+            return None;
+        }
+        let sector = sector as usize;
+        if offset % sector as u64 != 0 || len % sector != 0 || len == 0 {
+            return None;
+        }
+        let layout = std::alloc::Layout::from_size_align(len, sector.max(4096)).ok()?;
+        // SAFETY: a non-zero size; freed below with the same layout.
+        let pointer = unsafe { std::alloc::alloc_zeroed(layout) };
+        if pointer.is_null() {
+            return None;
+        }
+        // SAFETY: `pointer` is valid for `len` bytes until freed below.
+        let buffer = unsafe { std::slice::from_raw_parts_mut(pointer, len) };
+        let result = io(buffer);
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(pointer, layout) };
+        Some(result)
+    }
+}
+
 impl BlockDevice for FileDevice {
+    fn read_uncached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        if let Some(direct) = self.direct()
+            && let Some(result) = FileDevice::with_aligned(direct, offset, buf.len(), |aligned| {
+                direct.read_exact_at(aligned, offset)?;
+                buf.copy_from_slice(aligned);
+                Ok(())
+            })
+        {
+            return result;
+        }
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_uncached(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        check_range(offset, buf.len(), self.size)?;
+        if let Some(direct) = self.direct()
+            && let Some(result) = FileDevice::with_aligned(direct, offset, buf.len(), |aligned| {
+                aligned.copy_from_slice(buf);
+                direct.write_all_at(aligned, offset)?;
+                direct.sync_data()
+            })
+        {
+            return result;
+        }
+        self.file.write_all_at(buf, offset)?;
+        self.file.sync_data()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
         self.file.read_exact_at(buf, offset)

@@ -35,6 +35,18 @@ pub trait BlockDevice: Send + Sync {
     fn is_read_only(&self) -> bool {
         false
     }
+    /// Read what the medium holds now, past any cache of this machine that
+    /// another writer of the same medium would not update (the MMP block:
+    /// the page cache of a block device is not refreshed by writes through
+    /// another device node, another machine, a loop device).
+    fn read_uncached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_at(offset, buf)
+    }
+    /// Write straight to the medium, durably (the MMP block).
+    fn write_uncached(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.write_at(offset, buf)?;
+        self.flush()
+    }
 }
 
 /// Checks shared by every implementation: sector alignment and bounds.

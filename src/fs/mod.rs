@@ -23,6 +23,7 @@ mod fast_commit;
 mod file;
 mod inode;
 mod journal;
+mod mmp;
 mod namei;
 mod orphan;
 pub mod walk;
@@ -218,6 +219,9 @@ pub struct Fs {
     /// Set after a corruption was found at run time (errors=remount-ro).
     errored: AtomicBool,
     unmounted: AtomicBool,
+    /// The claimed MMP block of a read-write mount with `mmp`, released
+    /// (marked clean) last at unmount.
+    mmp: Mutex<Option<mmp::Protection>>,
 }
 
 /// One operation's view of the filesystem while it changes it.
@@ -245,11 +249,24 @@ impl Fs {
                 format!("cannot open {}: {error}", path.display()),
             ))
         })?;
-        Fs::mount(Arc::new(device), options)
+        let name = path
+            .file_name()
+            .unwrap_or(path.as_os_str())
+            .to_string_lossy();
+        Fs::mount_named(Arc::new(device), options, &name)
     }
 
     /// Mount a filesystem on any block device.
-    pub fn mount(dev: Arc<dyn BlockDevice>, mut options: MountOptions) -> Result<Arc<Fs>> {
+    pub fn mount(dev: Arc<dyn BlockDevice>, options: MountOptions) -> Result<Arc<Fs>> {
+        Fs::mount_named(dev, options, "jext4")
+    }
+
+    /// `mount`, with the device's name for the MMP block.
+    fn mount_named(
+        dev: Arc<dyn BlockDevice>,
+        mut options: MountOptions,
+        device_name: &str,
+    ) -> Result<Arc<Fs>> {
         options.validate()?;
         if dev.size_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
             return Err(Error::corrupt(
@@ -285,6 +302,11 @@ impl Fs {
                 ),
             ));
         }
+        // Before anything is written, journal replay included.
+        let protection = match !options.read_only && sb.has_incompat(superblock::incompat::MMP) {
+            true => Some(mmp::claim(&dev, &sb, &geo, device_name)?),
+            false => None,
+        };
         let mut journal_parts = None;
         if journaled && !options.noload {
             let needs = sb.has_incompat(superblock::incompat::RECOVER);
@@ -364,7 +386,18 @@ impl Fs {
             open_files: Mutex::new(HashMap::new()),
             errored: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
+            mmp: Mutex::new(None),
         });
+        if let Some(protection) = protection {
+            // Another node writing the block: stop writing at once.
+            let weak = Arc::downgrade(&fs);
+            protection.on_conflict(Box::new(move |why| {
+                if let Some(fs) = weak.upgrade() {
+                    fs.abort(why);
+                }
+            }));
+            *fs.mmp.lock() = Some(protection);
+        }
         fs.check_root()?;
         if !fs.core.options.read_only {
             fs.mark_mounted()?;
@@ -535,6 +568,17 @@ impl Fs {
         if self.unmounted.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        let result = self.write_out_for_unmount();
+        // Last: once the MMP block says clean, another node may mount.
+        let released = match self.mmp.lock().take() {
+            Some(protection) => protection.stop(),
+            None => Ok(()),
+        };
+        result.and(released)
+    }
+
+    /// The work of `unmount`: release orphans, mark clean, stop the journal.
+    fn write_out_for_unmount(&self) -> Result<()> {
         let writable = !self.is_read_only();
         if writable {
             // Whatever is still open is closed by the unmount.
