@@ -81,10 +81,18 @@ impl FuseAdapter {
     }
 
     /// Setting or removing an access ACL may change the mode: drop the
-    /// kernel's cached attributes (a negative offset: attributes only).
+    /// kernel's cached attributes.
     fn acl_changed(&self, ino: INodeNo, name: &OsStr) {
-        if name.as_bytes().starts_with(b"system.posix_acl")
-            && let Some(notifier) = self.notifier.get()
+        if name.as_bytes().starts_with(b"system.posix_acl") {
+            self.attributes_changed(ino);
+        }
+    }
+
+    /// The inode's attributes changed in a way the kernel will not learn
+    /// from the reply (an error reply after part of the work was done):
+    /// drop its cached attributes (a negative offset: attributes only).
+    fn attributes_changed(&self, ino: INodeNo) {
+        if let Some(notifier) = self.notifier.get()
             && let Err(error) = notifier.inval_inode(ino, -1, 0)
         {
             tracing::debug!(%error, "attribute invalidation not delivered");
@@ -823,11 +831,16 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         self.guard("fallocate", move || {
-            reply_empty(
-                reply,
+            let result =
                 self.fs
-                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request)),
-            );
+                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request));
+            if result.is_err() {
+                // Running out of space part-way keeps what was allocated
+                // and the size over it (as ext4 does); the error reply
+                // does not tell the kernel.
+                self.attributes_changed(ino);
+            }
+            reply_empty(reply, result);
         });
     }
 
