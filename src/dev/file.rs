@@ -12,6 +12,8 @@ pub struct FileDevice {
     file: File,
     size: u64,
     read_only: bool,
+    /// The image file was found shorter than at open (logged once).
+    shrink_reported: std::sync::atomic::AtomicBool,
     /// A second, O_DIRECT descriptor of a block device, for
     /// `read_uncached`/`write_uncached` (opened on first use).
     direct: std::sync::OnceLock<Option<File>>,
@@ -102,6 +104,7 @@ impl FileDevice {
             file,
             size,
             read_only,
+            shrink_reported: std::sync::atomic::AtomicBool::new(false),
             direct: std::sync::OnceLock::new(),
             path: path.to_path_buf(),
             is_block_device,
@@ -233,6 +236,37 @@ impl FileDevice {
     }
 }
 
+impl FileDevice {
+    /// A read past the file's end inside the size it had at open: someone
+    /// truncated the image under the mount. Say so, once, in the log and
+    /// in the error, instead of a bare EIO.
+    fn explain_short_read(&self, error: io::Error) -> io::Error {
+        if error.kind() != io::ErrorKind::UnexpectedEof || self.is_block_device {
+            return error;
+        }
+        let now = self
+            .file
+            .metadata()
+            .map(|metadata| metadata.len())
+            .unwrap_or(0);
+        if now >= self.size {
+            return error;
+        }
+        let why = format!(
+            "{} shrank to {now} bytes while in use (it had {} at mount): truncated under the mount?",
+            self.path.display(),
+            self.size
+        );
+        if !self
+            .shrink_reported
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!("{why}");
+        }
+        io::Error::new(io::ErrorKind::UnexpectedEof, why)
+    }
+}
+
 impl BlockDevice for FileDevice {
     fn read_uncached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
@@ -268,7 +302,9 @@ impl BlockDevice for FileDevice {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        self.file.read_exact_at(buf, offset)
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|error| self.explain_short_read(error))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
