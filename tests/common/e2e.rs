@@ -62,8 +62,7 @@ pub fn skip_reason() -> Option<String> {
 /// false. Missing tools fail the test instead: CI must have them.
 pub fn require_e2e() -> bool {
     if let Some(reason) = skip_reason() {
-        eprintln!("SKIP: {reason}");
-        return false;
+        return super::skip(&reason);
     }
     for tool in TOOLS {
         assert!(

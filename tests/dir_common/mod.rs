@@ -3,6 +3,9 @@
 //! and kernel loop mounts.
 #![allow(dead_code)]
 
+#[path = "../common/skip.rs"]
+mod skip;
+
 use jext4::cache::{Buffer, BufferCache};
 use jext4::dev::{BlockDevice, MemoryDevice};
 use jext4::error::{Error, Result};
@@ -132,7 +135,7 @@ pub fn can_mount() -> bool {
     if mounted {
         run("umount", &[mount_point.to_str().unwrap()]);
     } else {
-        eprintln!("SKIP: cannot loop-mount images here");
+        skip::skip("cannot loop-mount images here");
     }
     mounted
 }
@@ -402,10 +405,7 @@ pub fn can_run(tool: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if !found {
-        eprintln!("SKIP: {tool} is not installed");
-    }
-    found
+    found || skip::skip(&format!("{tool} is not installed"))
 }
 
 /// Pairs of distinct names with equal major hash under `version` (found by
