@@ -316,7 +316,7 @@ impl Tally {
 }
 
 fn mutations_for(seed: &Seed, rng: &mut Rng) -> Vec<Mutation> {
-    let count = if rng.chance(20) {
+    let count = if Source::chance(rng, 20) {
         2 + rng.below(3) as usize
     } else {
         1

@@ -886,15 +886,7 @@ pub fn syncfs(path: &Path) {
 
 /// A deterministic byte pattern, different per `seed`.
 pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..length)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 24) as u8
-        })
-        .collect()
+    jext4::crash::rng::Rng::derive(seed, "pattern").bytes(length)
 }
 
 pub fn read_all(path: &Path) -> Vec<u8> {

@@ -364,22 +364,8 @@ impl Drop for MemEnv {
     }
 }
 
-/// Deterministic pseudo-random numbers (xorshift), so failures replay.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+/// The crate's seeded generator (SplitMix64), so failures replay.
+pub use jext4::crash::rng::Rng;
 
 /// A unique name: `tag` in hex, then letters, digits and some high bytes
 /// (where signed and unsigned hashes differ) up to `len` bytes. Never '/',
