@@ -152,16 +152,18 @@ fn mmp_sequence(image: &Path) -> String {
 
 const SEQ_CLEAN: &str = "ff4d4d50";
 
+/// An MMP image with the shortest update interval (the kernel still waits
+/// 11 s at every mount: its check interval is at least 5 s).
+fn mmp_image(scratch: &Path, name: &str) -> std::path::PathBuf {
+    let args = ["-t", "ext4", "-O", "mmp", "-E", "mmp_update_interval=1"];
+    common::mkfs(scratch, name, 32, &args)
+}
+
 /// jext4 holds an MMP image: the kernel's loop mount of it (which the
 /// image file's lock cannot stop) waits and refuses; jext4 goes on; its
 /// unmount leaves the block clean.
 fn kernel_refuses_what_jext4_serves(scratch: &Path) {
-    let image = common::mkfs(
-        scratch,
-        "mmp-jext4",
-        32,
-        &["-t", "ext4", "-O", "mmp", "-E", "mmp_update_interval=1"],
-    );
+    let image = mmp_image(scratch, "mmp-jext4");
     let mnt = scratch.join("jext4-holds");
     let mount = JextMount::mount(&image, &mnt, "");
     fs::write(mount.path("mine"), b"served by jext4").unwrap();
@@ -200,21 +202,14 @@ fn kernel_refuses_what_jext4_serves(scratch: &Path) {
 /// no lock can help), waits and refuses, naming the kernel's node and
 /// device; the kernel's data is untouched.
 fn jext4_refuses_what_the_kernel_serves(scratch: &Path) {
-    let image = common::mkfs(
-        scratch,
-        "mmp-kernel",
-        32,
-        &["-t", "ext4", "-O", "mmp", "-E", "mmp_update_interval=1"],
-    );
+    let image = mmp_image(scratch, "mmp-kernel");
     let kmnt = scratch.join("kernel-holds");
     let kernel = KernelMount::mount(&image, &kmnt, false);
     fs::write(kernel.path("kernels"), b"served by the kernel").unwrap();
-    let output = e2e::run("losetup", &["-f", "--show", e2e::path_str(&image)]);
-    let second = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    assert!(second.starts_with("/dev/loop"), "losetup: {output:?}");
+    let second = Loop::attach(&image, false);
     let mnt = scratch.join("jext4-tries");
     assert_refused(
-        Path::new(&second),
+        Path::new(&second.0),
         &mnt,
         "",
         &[
@@ -223,7 +218,7 @@ fn jext4_refuses_what_the_kernel_serves(scratch: &Path) {
             "node \"",
         ],
     );
-    e2e::run_ok("losetup", &["-d", &second]);
+    drop(second);
     assert_eq!(
         fs::read(kernel.path("kernels")).unwrap(),
         b"served by the kernel"

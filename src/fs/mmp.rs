@@ -81,6 +81,18 @@ impl Shared {
         Ok(())
     }
 
+    /// Wait `wait`, then refuse if the block no longer holds `seq`: someone
+    /// else updates it.
+    fn wait_unchanged(&self, seq: u32, wait: Duration, why: &str) -> Result<()> {
+        tracing::info!(seconds = wait.as_secs(), "multi-mount protection: {why}");
+        std::thread::sleep(wait);
+        let found = self.read()?;
+        if found.seq != seq {
+            return Err(in_use(&found, "the filesystem is in use on another node"));
+        }
+        Ok(())
+    }
+
     /// Sleep `duration` unless stopped first; true when stopped.
     fn sleep(&self, duration: Duration) -> bool {
         let deadline = Instant::now() + duration;
@@ -128,30 +140,20 @@ pub(crate) fn claim(
         seq if seq > mmp::SEQ_MAX => {
             return Err(in_use(&first, &format!("invalid MMP sequence {seq:#x}")));
         }
-        seq => {
-            tracing::info!(
-                seconds = wait.as_secs(),
-                "multi-mount protection: the filesystem was not unmounted cleanly or is in use; waiting to see"
-            );
-            std::thread::sleep(wait);
-            let again = shared.read()?;
-            if again.seq != seq {
-                return Err(in_use(&again, "the filesystem is in use on another node"));
-            }
-        }
+        seq => shared.wait_unchanged(
+            seq,
+            wait,
+            "the filesystem was not unmounted cleanly or is in use; waiting to see",
+        )?,
     }
     let seq = random_seq();
     let check_interval = initial_check_interval(sb.mmp_update_interval);
     shared.write(seq, check_interval)?;
-    tracing::info!(
-        seconds = wait.as_secs(),
-        "multi-mount protection: claimed the MMP block, waiting to make sure nobody else does"
-    );
-    std::thread::sleep(wait);
-    let claimed = shared.read()?;
-    if claimed.seq != seq {
-        return Err(in_use(&claimed, "the filesystem is in use on another node"));
-    }
+    shared.wait_unchanged(
+        seq,
+        wait,
+        "claimed the MMP block, waiting to make sure nobody else does",
+    )?;
     let heartbeat = Arc::clone(&shared);
     let thread = std::thread::Builder::new()
         .name("jext4-mmp".into())
