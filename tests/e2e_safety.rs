@@ -111,7 +111,9 @@ fn panic_aborts_the_journal(point: &str, work: impl FnOnce(&JextMount)) {
     );
     let log = mount.server_log();
     assert!(
-        log.contains("panic: injected panic") && log.contains("journal aborted"),
+        log.contains("panicked at")
+            && log.contains("injected panic")
+            && log.contains("journal aborted"),
         "the panic is not in the log:\n{log}"
     );
     // Unmount ends the server, which reports the abort.

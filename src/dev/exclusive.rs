@@ -98,6 +98,31 @@ fn parse_lock_line(line: &str) -> Option<(u32, (u64, u64, u64))> {
 pub struct LoopDevice {
     pub device: PathBuf,
     pub read_only: bool,
+    /// Set to detach itself at its last close (`mount -o loop` sets it).
+    pub autoclear: bool,
+}
+
+/// How long a self-clearing loop device that nothing mounts may take to
+/// go away: the kernel detaches it asynchronously after its last close, so
+/// right after `umount` of a kernel loop mount it is still listed.
+const AUTOCLEAR_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `loop_devices_backed_by`, after giving self-clearing loop devices that
+/// no kernel mount holds the time to finish detaching.
+pub fn settled_loop_devices_backed_by(path: &Path) -> Vec<LoopDevice> {
+    let started = std::time::Instant::now();
+    loop {
+        let found = loop_devices_backed_by(path);
+        let leaving = |device: &LoopDevice| {
+            device.autoclear
+                && std::fs::metadata(&device.device)
+                    .is_ok_and(|metadata| kernel_mounts_of(metadata.rdev()).is_empty())
+        };
+        if !found.iter().any(leaving) || started.elapsed() > AUTOCLEAR_WAIT {
+            return found;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// The loop devices whose backing file is the file at `path` (same device
@@ -121,11 +146,14 @@ pub fn loop_devices_backed_by(path: &Path) -> Vec<LoopDevice> {
         let same = std::fs::metadata(&backing)
             .is_ok_and(|b| b.dev() == metadata.dev() && b.ino() == metadata.ino());
         if same {
-            let read_only = std::fs::read_to_string(entry.path().join("ro"))
-                .is_ok_and(|text| text.trim() == "1");
+            let flag = |file: &str| {
+                std::fs::read_to_string(entry.path().join(file))
+                    .is_ok_and(|text| text.trim() == "1")
+            };
             found.push(LoopDevice {
                 device: PathBuf::from("/dev").join(&name),
-                read_only,
+                read_only: flag("ro"),
+                autoclear: flag("loop/autoclear"),
             });
         }
     }

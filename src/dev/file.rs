@@ -156,7 +156,7 @@ fn claim_block_device(metadata: &std::fs::Metadata, claim: Claim) -> io::Result<
 /// the file's lock: refuse it (a reader only when the loop device can
 /// write).
 fn refuse_loop_devices(path: &Path, claim: Claim) -> io::Result<()> {
-    let loops = exclusive::loop_devices_backed_by(path);
+    let loops = exclusive::settled_loop_devices_backed_by(path);
     let Some(device) = loops
         .iter()
         .find(|device| claim == Claim::Exclusive || !device.read_only)

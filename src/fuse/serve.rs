@@ -237,10 +237,11 @@ pub fn log_panics() {
             .location()
             .map_or_else(String::new, |location| location.to_string());
         let backtrace = std::backtrace::Backtrace::force_capture();
+        // Worded as the standard hook words it, for whoever greps logs
+        // for "panicked".
         tracing::error!(
-            thread = thread.name().unwrap_or("unnamed"),
-            %location,
-            "panic: {message}\n{backtrace}"
+            "thread '{}' panicked at {location}: {message}\n{backtrace}",
+            thread.name().unwrap_or("unnamed")
         );
     }));
 }
