@@ -140,3 +140,15 @@ macro_rules! ensure_format {
         }
     };
 }
+
+/// The message a panic carried (`panic!` with a literal or a formatted
+/// string), for the log line that reports it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        text.to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}

@@ -32,7 +32,7 @@ fn hashes_match_debugfs() {
         "01020304-0506-0708-090a-0b0c0d0e0f10",
         "eb6a64ea-1dbb-4ad5-ada5-b4673058fe81",
     ];
-    let mut rng = Rng(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     let mut names: Vec<Vec<u8>> = vec![b"a".to_vec(), b"hello".to_vec()];
     for tag in 0..120u64 {
         let len = [1, 3, 4, 15, 16, 17, 31, 32, 33, 64, 100, 200, 255][tag as usize % 13];

@@ -299,7 +299,7 @@ fn mixed_workload(
 ) -> impl FnOnce(&mut TestDir, &Journal) -> Model {
     let files = files.to_vec();
     move |d, journal| {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut model = Model::new();
         let mut live: Vec<Vec<u8>> = Vec::new();
         for op in 0..ops {
@@ -378,7 +378,7 @@ fn kernel_changes_then_we_read(prep: &Prepared, mut model: Model) {
             std::fs::remove_file(new.join(OsStr::from_bytes(&name))).unwrap();
             model.remove(&name);
         }
-        let mut rng = Rng(99);
+        let mut rng = Rng::new(99);
         for tag in 0..3000u64 {
             let name = random_name(&mut rng, 30, 1 << 40 | tag);
             std::fs::hard_link(&target, new.join(OsStr::from_bytes(&name))).unwrap();

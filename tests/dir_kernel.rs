@@ -79,7 +79,7 @@ fn link_names(root: &Path, d: &Path, names: &[Vec<u8>]) -> Model {
 }
 
 fn names(count: u64, len: (usize, usize), seed: u64) -> Vec<Vec<u8>> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     (0..count)
         .map(|tag| {
             let n = len.0 + rng.below((len.1 - len.0 + 1) as u64) as usize;

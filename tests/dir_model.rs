@@ -49,7 +49,7 @@ fn random_ino(geo: &Geometry, rng: &mut Rng) -> u32 {
 /// replacement against the model and sampling lookups as it goes.
 fn run_workload(geo: &Geometry, device_blocks: u64, work: &Workload) -> Run {
     let (env, mut d) = new_dir(geo, device_blocks);
-    let mut rng = Rng(work.seed);
+    let mut rng = Rng::new(work.seed);
     let mut model = BTreeMap::new();
     let mut live: Vec<Vec<u8>> = Vec::new();
     let mut gone: Vec<Vec<u8>> = Vec::new();
@@ -233,7 +233,7 @@ fn colliding_names_follow_continuation_bits() {
     let pairs = dir_common::colliding_pairs(version, &geo.hash_seed, 600);
     let (env, mut d) = new_dir(&geo, 10_000);
     let mut model = BTreeMap::new();
-    let mut rng = Rng(6);
+    let mut rng = Rng::new(6);
     for (a, b) in &pairs {
         let handle = env.journal.start(16).unwrap();
         for name in [a, b] {
@@ -265,7 +265,7 @@ fn full_index_is_no_space_and_leaves_directory_intact() {
     let geo = geometry_for(&["-t", "ext4", "-b", "1024"], 64);
     let (env, mut d) = new_dir(&geo, 80_000);
     let mut model = BTreeMap::new();
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut refused = None;
     for tag in 0..80_000u64 {
         let name = random_name(&mut rng, 255, tag);
@@ -309,7 +309,7 @@ fn assert_stable_listing(
     removed: usize,
 ) {
     let (env, mut d) = new_dir(geo, 60_000);
-    let mut rng = Rng(8);
+    let mut rng = Rng::new(8);
     let mut volatile = Vec::new();
     let mut stable = HashSet::new();
     let handle = env.journal.start(16).unwrap();
@@ -400,7 +400,7 @@ fn corrupt_blocks_never_panic() {
         run.env.journal.sync().unwrap();
         let image = run.env.dev.snapshot();
         let names: Vec<_> = run.model.keys().take(200).cloned().collect();
-        let mut rng = Rng(10);
+        let mut rng = Rng::new(10);
         let mut detected = 0;
         for _ in 0..300 {
             let (env, mut d) = damaged_copy(&geo, &image, &run.dir, &mut rng);
@@ -438,7 +438,7 @@ fn damaged_copy(
         bytes[at] = match rng.below(3) {
             0 => bytes[at] ^ (1 << rng.below(8)),
             1 => 0,
-            _ => rng.next() as u8,
+            _ => rng.next_u64() as u8,
         };
     }
     jext4::dev::BlockDevice::write_at(&*env.dev, 0, &bytes).unwrap();

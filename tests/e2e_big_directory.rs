@@ -24,14 +24,9 @@ fn name(i: usize) -> String {
 
 /// A fixed pseudo-random sample of indices below `bound`.
 fn sample(bound: usize, count: usize) -> Vec<usize> {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut rng = jext4::crash::rng::Rng::new(0x2545_F491_4F6C_DD1D);
     (0..count)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % bound as u64) as usize
-        })
+        .map(|_| rng.below(bound as u64) as usize)
         .collect()
 }
 

@@ -6,6 +6,8 @@
 
 mod common;
 
+use jext4::crash::rng::Rng;
+
 use common::e2e::{self, JextMount, KernelMount};
 use std::fs;
 use std::io::Write;
@@ -16,25 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const WORKERS: u64 = 4;
 const STEPS: u64 = 3000;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-}
-
 /// One worker's steps. Errors a concurrent change explains (the name went
 /// away or appeared meanwhile, a directory became non-empty) are expected;
 /// anything else fails the test.
 fn worker(root: &Path, id: u64) {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((id + 1) * 0x1234_5678_9ABC));
+    let mut rng = Rng::derive(id, "worker");
     let own = root.join(format!("w{id}"));
     let shared = root.join("shared");
     fs::create_dir_all(&own).unwrap();

@@ -186,3 +186,63 @@ fn reserved_blocks_stay_for_root(image: &Path, mnt: &Path, reserved: u64) {
     mount.unmount();
     e2e::fsck_clean(image, "after the unprivileged fill");
 }
+
+/// fallocate(2) that runs out of space part-way: the kernel keeps what it
+/// allocated and grows the size over it (ext4_alloc_file_blocks), so the
+/// size never hides allocated blocks; jext4 must leave the same shape.
+fn fallocate_until_enospc(root: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::io::AsRawFd;
+    let path = root.join("preallocated");
+    let file = fs::File::create(&path).unwrap();
+    // SAFETY: fallocate on an open descriptor.
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, (IMAGE_MIB as i64) << 20) };
+    let error = std::io::Error::last_os_error();
+    assert_eq!(result, -1, "fallocate of the whole volume succeeded");
+    assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+    let meta = fs::metadata(&path).unwrap();
+    (meta.size(), meta.blocks() * 512)
+}
+
+#[test]
+fn fallocate_enospc_grows_the_size_like_the_kernel() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("falloc-enospc");
+    let image = common::mkfs(scratch.path(), "falloc", IMAGE_MIB, &["-t", "ext4"]);
+    let reference = scratch.path().join("kernel.img");
+    fs::copy(&image, &reference).unwrap();
+    let mnt = scratch.path().join("mnt");
+    let mount = JextMount::mount(&image, &mnt, "");
+    let (size, allocated) = fallocate_until_enospc(&mnt);
+    mount.unmount();
+    e2e::fsck_clean(&image, "after fallocate ran out of space");
+    let kmnt = scratch.path().join("kernel");
+    let kernel = e2e::KernelMount::mount(&reference, &kmnt, false);
+    let (kernel_size, kernel_allocated) = fallocate_until_enospc(&kmnt);
+    kernel.unmount();
+    eprintln!(
+        "jext4: size {size}, {allocated} bytes allocated; kernel: size {kernel_size}, {kernel_allocated}"
+    );
+    // Allocators differ; the shape must not: a size grown over most of
+    // what was allocated (the kernel's, like ours, stops at the last
+    // extent that fit), never zero with the blocks kept.
+    for (who, size, allocated) in [
+        ("jext4", size, allocated),
+        ("kernel", kernel_size, kernel_allocated),
+    ] {
+        assert!(
+            size > 0 && allocated > 0,
+            "{who}: size {size}, {allocated} allocated"
+        );
+        assert!(
+            size <= allocated,
+            "{who}: size {size} beyond the {allocated} bytes allocated"
+        );
+        assert!(
+            size >= allocated / 2,
+            "{who}: size {size} hides most of the {allocated} bytes allocated"
+        );
+    }
+}

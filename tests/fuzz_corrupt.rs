@@ -115,7 +115,7 @@ fn env_u64(name: &str) -> Option<u64> {
 fn undamaged_seeds_walk_clean() {
     let seeds = seeds();
     if seeds.is_empty() {
-        eprintln!("SKIP: no seed image could be made here");
+        fuzz_support::skip("no seed image could be made here");
         return;
     }
     for seed in seeds {
@@ -316,7 +316,7 @@ impl Tally {
 }
 
 fn mutations_for(seed: &Seed, rng: &mut Rng) -> Vec<Mutation> {
-    let count = if rng.chance(20) {
+    let count = if Source::chance(rng, 20) {
         2 + rng.below(3) as usize
     } else {
         1
@@ -328,7 +328,7 @@ fn mutations_for(seed: &Seed, rng: &mut Rng) -> Vec<Mutation> {
 fn mutated_images_never_panic_or_hang() {
     let seeds = seeds();
     if seeds.is_empty() {
-        eprintln!("SKIP: no seed image could be made here");
+        fuzz_support::skip("no seed image could be made here");
         return;
     }
     let base = env_u64("JEXT4_FUZZ_SEED").unwrap_or(0x006a_6578_7434);
@@ -462,7 +462,7 @@ fn stale_checksums_are_reported_as_corruption() {
 fn seed_named(name: &str) -> Option<&'static Seed> {
     let seed = seeds().iter().find(|seed| seed.spec.name == name);
     if seed.is_none() {
-        eprintln!("SKIP: seed {name} is not available here");
+        fuzz_support::skip(&format!("seed {name} is not available here"));
     }
     seed
 }

@@ -5,6 +5,8 @@
 
 mod common;
 
+use jext4::crash::rng::Rng;
+
 use common::journal::*;
 use jext4::journal::format::block_type;
 use jext4::journal::recovery::{RecoveryProblem, RecoveryReport};
@@ -233,22 +235,6 @@ fn damaged_async_commit_journal_replays_like_e2fsck() {
     assert_eq!(report.failed_commit, Some(descriptor.tid), "{report:?}");
 }
 
-/// xorshift64*: a fixed-seed generator, so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-}
-
 /// Flip random bits in the live log (metadata and logged blocks) and
 /// compare with e2fsck each time.
 fn random_damage(image: &Path, rounds: usize, seed: u64) {
@@ -256,7 +242,7 @@ fn random_damage(image: &Path, rounds: usize, seed: u64) {
     let first = log.first().unwrap().index;
     let last = log.last().unwrap().index;
     let block_size = fs_superblock(image).block_size() as u64;
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut compared = 0;
     for round in 0..rounds {
         let index = first + rng.below(last - first + 1);

@@ -284,10 +284,7 @@ fn kernel_reads(path: &Path, content: &BTreeMap<u64, Content>, size: u64, bs: u6
         .output();
     match mounted {
         Ok(output) if output.status.success() => {}
-        other => {
-            eprintln!("SKIP kernel read: mount failed: {other:?}");
-            return false;
-        }
+        other => return common::skip(&format!("kernel read: mount failed: {other:?}")),
     }
     let result = std::panic::catch_unwind(|| {
         let file = std::fs::File::open(mountpoint.path().join("f")).unwrap();
@@ -490,10 +487,7 @@ fn mount(args: &[&str], image: &Path, mountpoint: &Path) -> bool {
         .output();
     match output {
         Ok(output) if output.status.success() => true,
-        other => {
-            eprintln!("SKIP: mount failed: {other:?}");
-            false
-        }
+        other => common::skip(&format!("mount failed: {other:?}")),
     }
 }
 

@@ -46,11 +46,10 @@ impl Image {
         Ok(Image {
             fs: Fs::open(path.as_ref(), options)?,
             // New files belong to the calling process's user.
-            caller: Caller {
-                // SAFETY: getuid/getgid have no preconditions.
-                uid: unsafe { libc::getuid() },
-                gid: unsafe { libc::getgid() },
-            },
+            // No umask: a mode given is the mode used, unless the
+            // directory's default ACL restricts it, as it would the kernel's.
+            // SAFETY: getuid/getgid have no preconditions.
+            caller: Caller::new(unsafe { libc::getuid() }, unsafe { libc::getgid() }),
         })
     }
 

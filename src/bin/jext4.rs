@@ -44,8 +44,17 @@ enum Command {
     /// Try the crash states of workloads: each must recover clean and lose
     /// nothing acknowledged (see README "Crash states").
     Crashtest(CrashtestArgs),
-    /// Print a mounted filesystem's statistics (cache, journal, write-ahead guard).
-    Stats { mountpoint: PathBuf },
+    /// Print a mounted filesystem's statistics (state, cache, journal, write-ahead guard).
+    Stats {
+        mountpoint: PathBuf,
+        /// One JSON object instead of `name value` lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Commit everything written so far and wait until it is durable (all
+    /// jext4 mounts, or the ones named). sync(1) cannot: the kernel never
+    /// forwards sync(2) to a FUSE server.
+    Sync { mountpoints: Vec<PathBuf> },
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -94,7 +103,19 @@ struct CrashtestArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `mount -t fuse.jext4`, fstab and systemd call jext4 as a mount helper.
+    let args: Vec<String> = std::env::args().collect();
+    let cli = match jext4::fuse::helper::helper_call(&args) {
+        None => Cli::parse(),
+        Some(Ok(jext4::fuse::helper::HelperCall::Mount(mount))) => {
+            Cli::parse_from(std::iter::once("jext4".to_string()).chain(mount))
+        }
+        Some(Ok(jext4::fuse::helper::HelperCall::Fake)) => return ExitCode::SUCCESS,
+        Some(Err(message)) => {
+            eprintln!("jext4: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Crashtest(args) => return crashtest(&args),
         Command::Mount {
@@ -109,7 +130,8 @@ fn main() -> ExitCode {
             timeout,
         } => umount(&mountpoint, Duration::from_secs(timeout)),
         Command::Recover { image } => recover(&image),
-        Command::Stats { mountpoint } => stats(&mountpoint),
+        Command::Stats { mountpoint, json } => stats(&mountpoint, json),
+        Command::Sync { mountpoints } => sync(&mountpoints),
         Command::Logdump { image } => {
             let stdout = std::io::stdout();
             match jext4::fs::logdump_image(&image, &mut stdout.lock()) {
@@ -254,10 +276,158 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
     }
 }
 
-fn stats(mountpoint: &Path) -> Result<(), String> {
-    let mountpoint = mountpoint
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+/// The canonical path of a mount point, or a message saying what is wrong
+/// with it — a dead FUSE mount (its server was killed) named as such, with
+/// what to run.
+fn canonical_mountpoint(mountpoint: &Path) -> Result<PathBuf, String> {
+    let describe = |error: std::io::Error| {
+        if is_dead_mount(&error) {
+            dead_mount_message(mountpoint)
+        } else {
+            format!("mountpoint {}: {error}", mountpoint.display())
+        }
+    };
+    let path = mountpoint.canonicalize().map_err(describe)?;
+    // realpath(3) does not look inside the last component; stat does.
+    std::fs::metadata(&path).map_err(describe)?;
+    Ok(path)
+}
+
+/// What the kernel answers for a FUSE mount whose server is gone:
+/// ENOTCONN, or ECONNABORTED for a request caught by the abort itself.
+fn is_dead_mount(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ENOTCONN | libc::ECONNABORTED)
+    )
+}
+
+/// Whether the mount at `mountpoint` is a FUSE mount whose server is gone.
+/// statfs always reaches the server (stat may be answered from the
+/// kernel's attribute cache).
+fn mount_is_dead(mountpoint: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statvfs fills the zeroed struct we pass.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and a pointer to a live struct.
+    let result = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    result != 0 && is_dead_mount(&std::io::Error::last_os_error())
+}
+
+fn dead_mount_message(mountpoint: &Path) -> String {
+    format!(
+        "{0} is a dead FUSE mount: its server is gone (killed?), the kernel still holds the mount. \
+         Run `jext4 umount {0}` (or `fusermount3 -u {0}`), then mount again; the journal is replayed then",
+        mountpoint.display()
+    )
+}
+
+/// The pid a server wrote for `mountpoint`, if any.
+fn server_pid(mountpoint: &Path) -> Option<i32> {
+    serve::ServerRecord::read(mountpoint).map(|record| record.pid)
+}
+
+/// How long a mount waits for the previous server of its image or mount
+/// point to finish an unmount (its last commit and checkpoint).
+const PREVIOUS_SERVER_WAIT: Duration = Duration::from_secs(60);
+
+/// After `fusermount3 -u` or `umount` the kernel has unmounted at once, but
+/// the server is still writing its last commit and holds the image: wait
+/// for it rather than refuse the image as in use (test suites and systemd
+/// cycle mounts exactly like this).
+fn wait_for_previous_server(image: &Path, mountpoint: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    let mut announced = false;
+    loop {
+        let finishing = serve::finishing_servers(image, mountpoint);
+        let Some(previous) = finishing.first() else {
+            return Ok(());
+        };
+        if !announced {
+            eprintln!(
+                "jext4: waiting for the previous server (pid {}, unmounted from {}) to finish writing {}",
+                previous.pid,
+                previous.mountpoint.display(),
+                previous.image.display()
+            );
+            announced = true;
+        }
+        if started.elapsed() > PREVIOUS_SERVER_WAIT {
+            return Err(format!(
+                "the previous server (pid {}) of {} is still writing after {}s",
+                previous.pid,
+                previous.image.display(),
+                PREVIOUS_SERVER_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `name value` lines as one JSON object: numbers and booleans as such,
+/// anything else as a string.
+fn stats_json(report: &str) -> String {
+    let fields: Vec<String> = report
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .map(|(name, value)| {
+            let value = if value == "true" || value == "false" || value.parse::<u64>().is_ok() {
+                value.to_string()
+            } else {
+                json_string(value)
+            };
+            format!("{}: {value}", json_string(name))
+        })
+        .collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn stats(mountpoint: &Path, json: bool) -> Result<(), String> {
+    let report = stats_report(mountpoint)?;
+    if json {
+        println!("{}", stats_json(&report));
+    } else {
+        print!("{report}");
+    }
+    Ok(())
+}
+
+/// The report of `jext4 stats`, `mounted` first.
+fn stats_report(mountpoint: &Path) -> Result<String, String> {
+    let mountpoint = canonical_mountpoint(mountpoint)?;
+    // After an unmount the server's last report stays readable, marked as
+    // such; a dead server's report is stale, and is refused.
+    let mounted = serve::is_mount_point(&mountpoint);
+    if mounted && mount_is_dead(&mountpoint) {
+        return Err(dead_mount_message(&mountpoint));
+    }
+    if mounted {
+        // Live, from the server itself.
+        match jext4::fuse::control::stats(&mountpoint) {
+            Ok(report) => return Ok(format!("mounted true\n{report}")),
+            // Not a jext4 mount: say so below.
+            Err(error) if error.raw_os_error() == Some(libc::ENOTTY) => {}
+            Err(error) => return Err(format!("{}: {error}", mountpoint.display())),
+        }
+    }
     let path = serve::runtime_file(&mountpoint, "stats");
     let report = std::fs::read_to_string(&path).map_err(|_| {
         format!(
@@ -265,8 +435,38 @@ fn stats(mountpoint: &Path) -> Result<(), String> {
             mountpoint.display()
         )
     })?;
-    print!("{report}");
-    Ok(())
+    Ok(format!("mounted {mounted}\n{report}"))
+}
+
+/// `jext4 sync`: one commit-and-wait per mount, through the server.
+fn sync(mountpoints: &[PathBuf]) -> Result<(), String> {
+    let targets = if mountpoints.is_empty() {
+        serve::jext4_mounts()
+    } else {
+        let mut targets = Vec::new();
+        for mountpoint in mountpoints {
+            targets.push(canonical_mountpoint(mountpoint)?);
+        }
+        targets
+    };
+    let mut failed = Vec::new();
+    for mountpoint in &targets {
+        if let Err(error) = jext4::fuse::control::sync(mountpoint) {
+            let why = match error.raw_os_error() {
+                Some(libc::ENOTTY) => {
+                    "its server does not answer `jext4 sync` (not jext4, or an older one)"
+                        .to_string()
+                }
+                _ => error.to_string(),
+            };
+            failed.push(format!("{}: {why}", mountpoint.display()));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("sync failed: {}", failed.join("; ")))
+    }
 }
 
 fn recover(image: &Path) -> Result<(), String> {
@@ -325,9 +525,7 @@ fn mount(
     if !jext4::dev::is_nbd_uri(&image.to_string_lossy()) && !image.exists() {
         return Err(format!("{}: no such file or device", image.display()));
     }
-    let mountpoint = mountpoint
-        .canonicalize()
-        .map_err(|e| format!("mountpoint {}: {e}", mountpoint.display()))?;
+    let mountpoint = canonical_mountpoint(mountpoint)?;
     if !mountpoint.is_dir() {
         return Err(format!(
             "mountpoint {} is not a directory",
@@ -335,8 +533,12 @@ fn mount(
         ));
     }
     if serve::is_mount_point(&mountpoint) {
+        if mount_is_dead(&mountpoint) {
+            return Err(dead_mount_message(&mountpoint));
+        }
         return Err(format!("{} is already a mount point", mountpoint.display()));
     }
+    wait_for_previous_server(image, &mountpoint)?;
     let runtime = serve::runtime_dir();
     std::fs::create_dir_all(&runtime).map_err(|e| format!("{}: {e}", runtime.display()))?;
     let log = log.or_else(|| (!foreground).then(|| serve::runtime_file(&mountpoint, "log")));
@@ -419,17 +621,25 @@ fn run_server(
     ready: impl FnOnce(),
 ) -> Result<(), String> {
     let read_only = engine_options.read_only;
+    serve::log_panics();
     // Before any thread starts (the engine starts its flusher), so that
     // every thread inherits the blocked signal mask.
     stop_on_signals(mountpoint.to_path_buf());
     let fs = Fs::open(image, engine_options).map_err(|e| format!("{}: {e}", image.display()))?;
-    let config = serve::fuse_config(&fuse_options, read_only || fs.is_read_only(), image);
-    let pid_file = serve::runtime_file(mountpoint, "pid");
+    let source = std::path::absolute(image).unwrap_or_else(|_| image.to_path_buf());
+    let config = serve::fuse_config(&fuse_options, read_only || fs.is_read_only(), &source);
+    let record = serve::ServerRecord {
+        pid: std::process::id() as i32,
+        mountpoint: mountpoint.to_path_buf(),
+        image: std::path::absolute(image).unwrap_or_else(|_| image.to_path_buf()),
+    };
     let status_file = serve::runtime_file(mountpoint, "status");
     let _ = std::fs::remove_file(&status_file);
     let result = serve::serve(fs, mountpoint, &config, || {
-        let _ = std::fs::write(&pid_file, format!("{}\n", std::process::id()));
+        let _ = record.write();
         tracing::info!(image = %image.display(), mountpoint = %mountpoint.display(), "mounted");
+        // Test builds: panics a test asked for, once the mount is up.
+        jext4::journal::faults::arm_panics_from_env();
         ready();
     });
     let status = match &result {
@@ -437,7 +647,7 @@ fn run_server(
         Err(error) => format!("error: {error}\n"),
     };
     let _ = std::fs::write(&status_file, status);
-    let _ = std::fs::remove_file(&pid_file);
+    record.remove();
     match &result {
         Ok(()) => tracing::info!("unmounted cleanly"),
         Err(error) => tracing::error!(%error, "server stopped with an error"),
@@ -446,87 +656,152 @@ fn run_server(
 }
 
 /// SIGINT and SIGTERM unmount the filesystem, which ends the session and
-/// lets the server finish writing; they never kill it mid-write.
+/// lets the server finish writing; they never kill it mid-write. While the
+/// mount is busy (a file open, a working directory inside) the unmount is
+/// retried every second until it is free, each retry logged; further
+/// signals are logged too.
 fn stop_on_signals(mountpoint: PathBuf) {
     // SAFETY: sigset manipulation on a local set; blocking the signals in
     // this thread before any other thread exists makes every later thread
     // inherit the mask, so only the waiting thread receives them.
-    unsafe {
+    let set = unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        std::thread::spawn(move || {
+        set
+    };
+    let spawned = std::thread::Builder::new()
+        .name("jext4-signals".into())
+        .spawn(move || {
             let mut signal = 0;
-            if libc::sigwait(&set, &mut signal) == 0 {
+            // SAFETY: sigwait on a valid set with a valid out-pointer.
+            if unsafe { libc::sigwait(&set, &mut signal) } == 0 {
                 tracing::info!(signal, "signal received: unmounting");
-                detach(&mountpoint);
+                unmount_when_free(&mountpoint, &set);
             }
         });
+    if let Err(error) = spawned {
+        tracing::error!(%error, "cannot watch for signals: SIGINT and SIGTERM will not unmount");
     }
 }
 
-/// Unmount a FUSE mount point: the syscall as root, fusermount3 otherwise.
-fn detach(mountpoint: &Path) -> bool {
+/// Unmount now, or as soon as the mount is no longer busy.
+fn unmount_when_free(mountpoint: &Path, set: &libc::sigset_t) {
+    const RETRY: Duration = Duration::from_secs(1);
+    for attempt in 1u64.. {
+        match detach_once(mountpoint) {
+            Detach::Done => return,
+            Detach::Gone => {
+                tracing::info!(mountpoint = %mountpoint.display(), "already unmounted");
+                return;
+            }
+            Detach::Busy(why) => tracing::warn!(
+                attempt,
+                mountpoint = %mountpoint.display(),
+                "cannot unmount yet ({why}): a file is open or a process works inside; \
+                 retrying every second until the mount is free"
+            ),
+        }
+        // Sleep a second, or less if another signal comes.
+        let timeout = libc::timespec {
+            tv_sec: RETRY.as_secs() as libc::time_t,
+            tv_nsec: 0,
+        };
+        // SAFETY: sigtimedwait on a valid set, a null info pointer and a
+        // valid timeout.
+        let signal = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &timeout) };
+        if signal > 0 {
+            tracing::info!(signal, "signal received again: still unmounting");
+        }
+    }
+}
+
+/// What one unmount attempt did.
+enum Detach {
+    Done,
+    /// Nothing is mounted there any more (someone else unmounted).
+    Gone,
+    Busy(String),
+}
+
+/// One unmount attempt: the syscall as root, fusermount3 otherwise.
+fn detach_once(mountpoint: &Path) -> Detach {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).unwrap_or_default();
-    // A file closed just before the unmount may still hold the mount: the
-    // kernel sends FUSE RELEASE asynchronously and keeps the mount busy until
-    // the server answers it. So EBUSY is retried for a short while before it
-    // is reported.
-    for _ in 0..50 {
-        // SAFETY: umount2 with a valid NUL-terminated path.
-        if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
-            return true;
-        }
-        let error = std::io::Error::last_os_error().raw_os_error();
-        if error == Some(libc::EBUSY) {
-            std::thread::sleep(Duration::from_millis(40));
-            continue;
-        }
-        if error == Some(libc::EPERM) {
-            break; // not root: fusermount3 below
-        }
-        return false;
+    // SAFETY: umount2 with a valid NUL-terminated path.
+    if unsafe { libc::umount2(path.as_ptr(), 0) } == 0 {
+        return Detach::Done;
     }
-    std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg(mountpoint)
-        .status()
-        .is_ok_and(|status| status.success())
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOENT) if !serve::is_mount_point(mountpoint) => Detach::Gone,
+        Some(libc::EPERM) => {
+            // Not root: the setuid helper.
+            match std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(mountpoint)
+                .output()
+            {
+                Ok(output) if output.status.success() => Detach::Done,
+                Ok(output) => {
+                    Detach::Busy(String::from_utf8_lossy(&output.stderr).trim().to_string())
+                }
+                Err(error) => Detach::Busy(format!("fusermount3: {error}")),
+            }
+        }
+        _ => Detach::Busy(error.to_string()),
+    }
 }
 
-/// A process that exists and is not a zombie (a foreground server whose
-/// parent has not reaped it yet has finished its work).
-fn process_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name.
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
-        Err(_) => false,
+/// Unmount a FUSE mount point (`jext4 umount`). A file closed just before
+/// may still hold the mount: the kernel sends FUSE RELEASE asynchronously
+/// and keeps the mount busy until the server answers it. So a busy mount
+/// is retried for a short while before it is reported.
+fn detach(mountpoint: &Path) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..50 {
+        match detach_once(mountpoint) {
+            Detach::Done | Detach::Gone => return Ok(()),
+            Detach::Busy(why) => last = why,
+        }
+        std::thread::sleep(Duration::from_millis(40));
     }
+    Err(last)
 }
 
 fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), String> {
-    let mountpoint = mountpoint
+    let resolved = mountpoint
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let pid: Option<i32> = std::fs::read_to_string(serve::runtime_file(&mountpoint, "pid"))
-        .ok()
-        .and_then(|text| text.trim().parse().ok());
+        .and_then(|path| std::fs::metadata(&path).map(|_| path));
+    let mountpoint = match resolved {
+        Ok(path) => path,
+        // A dead FUSE mount cannot be resolved, but it can be unmounted.
+        Err(error) if is_dead_mount(&error) => {
+            let path = std::path::absolute(mountpoint).map_err(|e| e.to_string())?;
+            detach(&path).map_err(|why| format!("cannot unmount {}: {why}", path.display()))?;
+            eprintln!(
+                "jext4: unmounted the dead FUSE mount {}; its image may need its journal replayed \
+                 (the next mount does it)",
+                path.display()
+            );
+            return Ok(());
+        }
+        Err(error) => return Err(format!("{}: {error}", mountpoint.display())),
+    };
+    let pid = server_pid(&mountpoint);
     if !serve::is_mount_point(&mountpoint) {
         return Err(format!("{} is not mounted", mountpoint.display()));
     }
-    if !detach(&mountpoint) {
-        return Err(format!("cannot unmount {} (busy?)", mountpoint.display()));
+    if let Err(why) = detach(&mountpoint) {
+        return Err(format!("cannot unmount {}: {why}", mountpoint.display()));
     }
     let Some(pid) = pid else {
         return Ok(()); // not ours, or started elsewhere: nothing to wait for
     };
     let started = Instant::now();
-    while process_alive(pid) {
+    while serve::process_alive(pid) {
         if started.elapsed() > timeout {
             return Err(format!(
                 "server {pid} is still writing after {}s",

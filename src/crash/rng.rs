@@ -1,6 +1,8 @@
 //! A small deterministic random source (SplitMix64): the same seed gives
 //! the same workloads and the same crash states on every machine, with no
-//! dependency whose stream could change between versions.
+//! dependency whose stream could change between versions. The one
+//! generator of the crate and of its tests (workloads, fuzzing, data
+//! patterns, directory models).
 
 #[derive(Debug, Clone)]
 pub struct Rng {
@@ -50,6 +52,16 @@ impl Rng {
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len() as u64) as usize]
+    }
+
+    /// `len` pseudo-random bytes.
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(len + 8);
+        while bytes.len() < len {
+            bytes.extend_from_slice(&self.next_u64().to_le_bytes());
+        }
+        bytes.truncate(len);
+        bytes
     }
 
     pub fn shuffle<T>(&mut self, items: &mut [T]) {

@@ -1,10 +1,10 @@
 //! A regular image file or a block device, through `pread`/`pwrite` and
 //! `fdatasync`.
 
-use super::{BlockDevice, check_range};
+use super::{BlockDevice, check_range, exclusive};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
@@ -12,16 +12,52 @@ pub struct FileDevice {
     file: File,
     size: u64,
     read_only: bool,
+    /// The image file was found shorter than at open (logged once).
+    shrink_reported: std::sync::atomic::AtomicBool,
+    /// A second, O_DIRECT descriptor of a block device, for
+    /// `read_uncached`/`write_uncached` (opened on first use).
+    direct: std::sync::OnceLock<Option<File>>,
+    path: std::path::PathBuf,
+    is_block_device: bool,
+    /// The backing file of a loop device given as the image, locked as the
+    /// image would be: nobody else may serve it by its own name meanwhile.
+    _backing_lock: Option<File>,
 }
 
 /// `_IOR(0x12, 114, size_t)`: the size of a block device in bytes.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
+/// How an open claims the image against other users (`dev::exclusive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// A writer: nobody else may write or serve it (a read-write mount).
+    Exclusive,
+    /// A reader that must not see it change (a read-only mount): other
+    /// readers are fine, writers are not.
+    Shared,
+    /// A look that tolerates a live writer (logdump, like debugfs).
+    Inspect,
+}
+
 impl FileDevice {
-    /// Open an image file or block device. A read-write open takes an
-    /// exclusive lock (`O_EXCL` on a block device, `flock` on a file) so that
-    /// two servers can never write the same image.
+    /// Open an image file or block device. A read-write open claims it
+    /// exclusively (see `open_claimed`); a read-only one claims nothing.
     pub fn open(path: &Path, read_only: bool) -> io::Result<Self> {
+        let claim = if read_only {
+            Claim::Inspect
+        } else {
+            Claim::Exclusive
+        };
+        FileDevice::open_claimed(path, read_only, claim)
+    }
+
+    /// Open an image file or block device and claim it: `flock` on a file
+    /// (exclusive or shared), `O_EXCL` on a block device for a writer, and
+    /// the checks of `dev::exclusive` — loop devices backed by the file,
+    /// kernel mounts of the device, the backing file of a loop device. A
+    /// refusal names the holder.
+    pub fn open_claimed(path: &Path, read_only: bool, claim: Claim) -> io::Result<Self> {
+        debug_assert!(!(claim == Claim::Exclusive && read_only));
         let metadata = std::fs::metadata(path)?;
         let is_block_device = metadata.file_type().is_block_device();
         if !is_block_device && !metadata.is_file() {
@@ -32,20 +68,27 @@ impl FileDevice {
         }
         let mut options = OpenOptions::new();
         options.read(true).write(!read_only);
-        if is_block_device && !read_only {
+        if is_block_device && claim == Claim::Exclusive {
             options.custom_flags(libc::O_EXCL);
         }
-        let file = options.open(path)?;
-        if !is_block_device && !read_only {
-            // SAFETY: flock on a valid, owned descriptor; no memory is shared.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc != 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::ResourceBusy,
-                    "image is in use by another process (locked)",
-                ));
+        let file = options.open(path).map_err(|error| {
+            if error.raw_os_error() == Some(libc::EBUSY) {
+                io::Error::new(io::ErrorKind::ResourceBusy, busy_device_message(&metadata))
+            } else {
+                error
             }
-        }
+        })?;
+        let backing_lock = match claim {
+            Claim::Inspect => None,
+            Claim::Exclusive | Claim::Shared if is_block_device => {
+                claim_block_device(&metadata, claim)?
+            }
+            Claim::Exclusive | Claim::Shared => {
+                exclusive::lock(&file, path, claim == Claim::Shared)?;
+                refuse_loop_devices(path, claim)?;
+                None
+            }
+        };
         let size = if is_block_device {
             let mut bytes: u64 = 0;
             // SAFETY: BLKGETSIZE64 writes one u64 through the pointer we pass.
@@ -61,14 +104,207 @@ impl FileDevice {
             file,
             size,
             read_only,
+            shrink_reported: std::sync::atomic::AtomicBool::new(false),
+            direct: std::sync::OnceLock::new(),
+            path: path.to_path_buf(),
+            is_block_device,
+            _backing_lock: backing_lock,
         })
     }
 }
 
+/// Why `O_EXCL` on a block device failed: the kernel's mount of it, if it
+/// has one, else someone else's exclusive open.
+fn busy_device_message(metadata: &std::fs::Metadata) -> String {
+    let mounts = exclusive::kernel_mounts_of(metadata.rdev());
+    match mounts.first() {
+        Some((mount_point, _)) => format!("mounted by the kernel at {}", mount_point.display()),
+        None => "in use (opened exclusively by another program)".to_string(),
+    }
+}
+
+/// A block device: a reader refuses one the kernel has mounted read-write;
+/// a loop device's backing file is locked as the image itself would be.
+fn claim_block_device(metadata: &std::fs::Metadata, claim: Claim) -> io::Result<Option<File>> {
+    if claim == Claim::Shared
+        && let Some((mount_point, _)) = exclusive::kernel_mounts_of(metadata.rdev())
+            .into_iter()
+            .find(|(_, read_write)| *read_write)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!(
+                "mounted read-write by the kernel at {}",
+                mount_point.display()
+            ),
+        ));
+    }
+    let Some(backing) = exclusive::loop_backing_file(metadata) else {
+        return Ok(None);
+    };
+    let file = File::open(&backing)?;
+    exclusive::lock(&file, &backing, claim == Claim::Shared).map_err(|error| {
+        io::Error::new(
+            error.kind(),
+            format!("backed by {}, which is {error}", backing.display()),
+        )
+    })?;
+    Ok(Some(file))
+}
+
+/// An image file that a loop device exposes is written through it without
+/// the file's lock: refuse it (a reader only when the loop device can
+/// write).
+fn refuse_loop_devices(path: &Path, claim: Claim) -> io::Result<()> {
+    let loops = exclusive::settled_loop_devices_backed_by(path);
+    let Some(device) = loops
+        .iter()
+        .find(|device| claim == Claim::Exclusive || !device.read_only)
+    else {
+        return Ok(());
+    };
+    let mounted = std::fs::metadata(&device.device)
+        .ok()
+        .map(|metadata| exclusive::kernel_mounts_of(metadata.rdev()))
+        .and_then(|mounts| mounts.into_iter().next());
+    let how = match mounted {
+        Some((mount_point, _)) => format!(
+            "mounted by the kernel at {} through {}",
+            mount_point.display(),
+            device.device.display()
+        ),
+        None => format!(
+            "attached to the loop device {0} (`losetup -d {0}` frees it)",
+            device.device.display()
+        ),
+    };
+    Err(io::Error::new(io::ErrorKind::ResourceBusy, how))
+}
+
+/// `_IO(0x12, 104)`: the logical sector size of a block device.
+const BLKSSZGET: libc::c_ulong = 0x1268;
+
+impl FileDevice {
+    /// The O_DIRECT descriptor of a block device, if it can be had. An
+    /// image file needs none: its page cache is where every local user of
+    /// the file — jext4, a loop device over it — reads and writes.
+    fn direct(&self) -> Option<&File> {
+        self.direct
+            .get_or_init(|| {
+                if !self.is_block_device {
+                    return None;
+                }
+                OpenOptions::new()
+                    .read(true)
+                    .write(!self.read_only)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&self.path)
+                    .ok()
+            })
+            .as_ref()
+    }
+
+    /// Run `io` on a buffer aligned for O_DIRECT (the logical sector size),
+    /// when `offset` and `len` are aligned too; None otherwise.
+    fn with_aligned<R>(
+        file: &File,
+        offset: u64,
+        len: usize,
+        io: impl FnOnce(&mut [u8]) -> io::Result<R>,
+    ) -> Option<io::Result<R>> {
+        let mut sector: libc::c_int = 0;
+        // SAFETY: BLKSSZGET writes one int through the pointer we pass.
+        if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut sector) } != 0 || sector <= 0 {
+            return None;
+        }
+        let sector = sector as usize;
+        if offset % sector as u64 != 0 || len % sector != 0 || len == 0 {
+            return None;
+        }
+        let layout = std::alloc::Layout::from_size_align(len, sector.max(4096)).ok()?;
+        // SAFETY: a non-zero size; freed below with the same layout.
+        let pointer = unsafe { std::alloc::alloc_zeroed(layout) };
+        if pointer.is_null() {
+            return None;
+        }
+        // SAFETY: `pointer` is valid for `len` bytes until freed below.
+        let buffer = unsafe { std::slice::from_raw_parts_mut(pointer, len) };
+        let result = io(buffer);
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(pointer, layout) };
+        Some(result)
+    }
+}
+
+impl FileDevice {
+    /// A read past the file's end inside the size it had at open: someone
+    /// truncated the image under the mount. Say so, once, in the log and
+    /// in the error, instead of a bare EIO.
+    fn explain_short_read(&self, error: io::Error) -> io::Error {
+        if error.kind() != io::ErrorKind::UnexpectedEof || self.is_block_device {
+            return error;
+        }
+        let now = self
+            .file
+            .metadata()
+            .map(|metadata| metadata.len())
+            .unwrap_or(0);
+        if now >= self.size {
+            return error;
+        }
+        let why = format!(
+            "{} shrank to {now} bytes while in use (it had {} at mount): truncated under the mount?",
+            self.path.display(),
+            self.size
+        );
+        if !self
+            .shrink_reported
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!("{why}");
+        }
+        io::Error::new(io::ErrorKind::UnexpectedEof, why)
+    }
+}
+
 impl BlockDevice for FileDevice {
+    fn read_uncached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(offset, buf.len(), self.size)?;
+        if let Some(direct) = self.direct()
+            && let Some(result) = FileDevice::with_aligned(direct, offset, buf.len(), |aligned| {
+                direct.read_exact_at(aligned, offset)?;
+                buf.copy_from_slice(aligned);
+                Ok(())
+            })
+        {
+            return result;
+        }
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_uncached(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        check_range(offset, buf.len(), self.size)?;
+        if let Some(direct) = self.direct()
+            && let Some(result) = FileDevice::with_aligned(direct, offset, buf.len(), |aligned| {
+                aligned.copy_from_slice(buf);
+                direct.write_all_at(aligned, offset)?;
+                direct.sync_data()
+            })
+        {
+            return result;
+        }
+        self.file.write_all_at(buf, offset)?;
+        self.file.sync_data()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.size)?;
-        self.file.read_exact_at(buf, offset)
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|error| self.explain_short_read(error))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {

@@ -8,13 +8,14 @@
 //! `flush` is a barrier: everything written before it returns is durable
 //! after it. Nothing above this layer may assume durability without it.
 
+pub mod exclusive;
 mod file;
 pub mod guard;
 mod memory;
 pub mod nbd;
 pub mod recording;
 
-pub use file::FileDevice;
+pub use file::{Claim, FileDevice};
 pub use memory::MemoryDevice;
 pub use nbd::{NbdDevice, NbdUri, is_nbd_uri};
 pub use recording::{Record, RecordingDevice};
@@ -38,12 +39,39 @@ pub trait BlockDevice: Send + Sync {
     fn is_read_only(&self) -> bool {
         false
     }
+    /// Read what the medium holds now, past any cache of this machine that
+    /// another writer of the same medium would not update (the MMP block:
+    /// the page cache of a block device is not refreshed by writes through
+    /// another device node, another machine, a loop device).
+    fn read_uncached(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.read_at(offset, buf)
+    }
+    /// Write straight to the medium, durably (the MMP block).
+    fn write_uncached(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.write_at(offset, buf)?;
+        self.flush()
+    }
 }
 
 /// Open what an image argument names: an NBD URI (`nbd://HOST[:PORT]/EXPORT`,
 /// `nbd+unix:///EXPORT?socket=PATH`) or an image file or block device.
 /// The error is one line that names what was opened.
 pub fn open_image(image: &Path, read_only: bool) -> io::Result<Arc<dyn BlockDevice>> {
+    let claim = if read_only {
+        Claim::Inspect
+    } else {
+        Claim::Exclusive
+    };
+    open_image_claimed(image, read_only, claim)
+}
+
+/// `open_image` with the claim a file or block device is opened with (an
+/// NBD export cannot be claimed: the protocol has no lock).
+pub fn open_image_claimed(
+    image: &Path,
+    read_only: bool,
+    claim: Claim,
+) -> io::Result<Arc<dyn BlockDevice>> {
     let cannot_open = |error: io::Error| {
         io::Error::new(
             error.kind(),
@@ -57,7 +85,7 @@ pub fn open_image(image: &Path, read_only: bool) -> io::Result<Arc<dyn BlockDevi
         return Ok(Arc::new(device));
     }
     Ok(Arc::new(
-        FileDevice::open(image, read_only).map_err(cannot_open)?,
+        FileDevice::open_claimed(image, read_only, claim).map_err(cannot_open)?,
     ))
 }
 

@@ -251,29 +251,6 @@ pub(crate) fn is_empty_disk(value: &[u8]) -> bool {
     value.len() <= HEADER_SIZE
 }
 
-/// The permission bits (0o777) an access ACL in VFS xattr format is
-/// equivalent to, when it holds only USER_OBJ, GROUP_OBJ and OTHER
-/// (`posix_acl_equiv_mode`); then the kernel stores no ACL and sets the mode
-/// instead. `None` when named entries or a mask make it richer, or when it is
-/// not a valid ACL.
-pub fn acl_equivalent_mode(value: &[u8]) -> Option<u16> {
-    let entries = parse_xattr(value).ok()?;
-    if entries.is_empty() || validate(&entries).is_err() {
-        return None;
-    }
-    let mut mode = 0u16;
-    for entry in &entries {
-        let perm = entry.perm & PERM_MASK;
-        match entry.tag {
-            tag::USER_OBJ => mode |= perm << 6,
-            tag::GROUP_OBJ => mode |= perm << 3,
-            tag::OTHER => mode |= perm,
-            _ => return None,
-        }
-    }
-    Some(mode)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,20 +320,5 @@ mod tests {
         let mut bad = disk;
         put_u32(&mut bad, 0, 2);
         assert!(parse_disk(&bad).is_err());
-    }
-
-    #[test]
-    fn equivalent_mode_only_for_minimal_acls() {
-        let minimal = vec![
-            entry(tag::USER_OBJ, 6, UNDEFINED_ID),
-            entry(tag::GROUP_OBJ, 4, UNDEFINED_ID),
-            entry(tag::OTHER, 1, UNDEFINED_ID),
-        ];
-        assert_eq!(acl_equivalent_mode(&encode_xattr(&minimal)), Some(0o641));
-        assert_eq!(acl_equivalent_mode(&encode_xattr(&rich_acl())), None);
-        let mut with_mask = minimal.clone();
-        with_mask.insert(2, entry(tag::MASK, 7, UNDEFINED_ID));
-        assert_eq!(acl_equivalent_mode(&encode_xattr(&with_mask)), None);
-        assert_eq!(acl_equivalent_mode(&encode_xattr(&[])), None);
     }
 }

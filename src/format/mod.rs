@@ -21,6 +21,7 @@ pub mod group_desc;
 pub mod htree;
 pub mod inode;
 pub mod mapping;
+pub mod mmp;
 pub mod orphan;
 pub mod superblock;
 pub mod xattr;

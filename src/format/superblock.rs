@@ -89,6 +89,7 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::EXTENTS
     | incompat::BIT64
     | incompat::FLEX_BG
+    | incompat::MMP
     | incompat::CSUM_SEED;
 
 /// RO_COMPAT features this build keeps consistent when writing. Any other
@@ -202,6 +203,8 @@ const S_FREE_BLOCKS_HI: usize = 0x158;
 const S_MIN_EXTRA_ISIZE: usize = 0x15C;
 const S_WANT_EXTRA_ISIZE: usize = 0x15E;
 const S_FLAGS: usize = 0x160;
+const S_MMP_UPDATE_INTERVAL: usize = 0x166;
+const S_MMP_BLOCK: usize = 0x168;
 const S_LOG_GROUPS_PER_FLEX: usize = 0x174;
 const S_CHECKSUM_TYPE: usize = 0x175;
 const S_KBYTES_WRITTEN: usize = 0x178;
@@ -262,6 +265,10 @@ pub struct Superblock {
     pub backup_bgs: [u32; 2],
     pub checksum_seed: u32,
     pub orphan_file_inum: u32,
+    /// Seconds between updates of the MMP block (`mmp` feature).
+    pub mmp_update_interval: u16,
+    /// The MMP block (`mmp` feature).
+    pub mmp_block: u64,
 }
 
 impl std::fmt::Debug for Superblock {
@@ -371,6 +378,8 @@ impl Superblock {
             ],
             checksum_seed: get_u32(&raw[..], S_CHECKSUM_SEED),
             orphan_file_inum: get_u32(&raw[..], S_ORPHAN_FILE_INUM),
+            mmp_update_interval: get_u16(&raw[..], S_MMP_UPDATE_INTERVAL),
+            mmp_block: get_u64(&raw[..], S_MMP_BLOCK),
             raw,
         };
         sb.validate()?;
@@ -434,6 +443,14 @@ impl Superblock {
             "first inode {} out of range",
             self.first_ino
         );
+        if self.has_incompat(incompat::MMP) {
+            ensure_format!(
+                self.mmp_block > self.first_data_block as u64 && self.mmp_block < self.blocks_count,
+                location,
+                "MMP block {} is outside the filesystem",
+                self.mmp_block
+            );
+        }
         if self.feature_incompat & incompat::BIT64 != 0 {
             ensure_format!(
                 self.desc_size >= 64 && self.desc_size.is_power_of_two() && self.desc_size <= 1024,

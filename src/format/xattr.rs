@@ -1121,14 +1121,12 @@ mod tests {
     fn garbage_never_panics() {
         // Bounded loops and checked offsets: arbitrary bytes parse or fail.
         let geo = geometry(false);
-        let mut seed = 0x1234_5678u32;
+        let mut rng = crate::crash::rng::Rng::new(0x1234_5678);
         for round in 0..2000 {
             let mut bytes = vec![0u8; 256];
             for byte in bytes.iter_mut() {
-                seed ^= seed << 13;
-                seed ^= seed >> 17;
-                seed ^= seed << 5;
-                *byte = if seed % 3 == 0 { 0 } else { seed as u8 };
+                let value = rng.next_u64();
+                *byte = if value % 3 == 0 { 0 } else { value as u8 };
             }
             let first = 4 + (round % 8) * 4;
             let _ = parse_entries(&geo, &bytes, first, first, Location::Inode { ino: 1 });

@@ -508,13 +508,25 @@ impl Tx<'_, '_> {
                     mapping::punch(&mut ctx, ino, inode, first_full, Some(end_full))?;
                 }
                 if mode & FALLOC_FL_ZERO_RANGE != 0 {
-                    tx.preallocate(ino, inode, first_full * block_size, end_full * block_size)?;
+                    let mut reached = 0;
+                    let (from, to) = (first_full * block_size, end_full * block_size);
+                    tx.preallocate(ino, inode, from, to, &mut reached)?;
                 }
                 inode.mtime = now;
                 inode.ctime = now;
             } else {
-                tx.preallocate(ino, inode, offset, end)?;
+                let mut reached = 0;
+                let allocated = tx.preallocate(ino, inode, offset, end, &mut reached);
                 inode.ctime = now;
+                if let Err(error) = allocated {
+                    // What was allocated stays, and so does the size that
+                    // covers it, as the kernel leaves them.
+                    if mode & FALLOC_FL_KEEP_SIZE == 0 && reached > inode.size {
+                        inode.size = reached;
+                        inode.mtime = now;
+                    }
+                    return Err(error);
+                }
             }
             if mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size {
                 inode.size = end;
@@ -616,7 +628,18 @@ impl Fs {
 
 impl Tx<'_, '_> {
     /// Allocate unwritten extents over the holes of bytes `from..to`.
-    fn preallocate(&mut self, ino: u32, inode: &mut Inode, from: u64, to: u64) -> Result<()> {
+    /// Map `from..to` with unwritten extents where there are holes. On an
+    /// error (ENOSPC part-way), `reached` says up to which byte the range
+    /// is mapped from `from` on: the kernel's `ext4_alloc_file_blocks`
+    /// grows the size that far before it fails.
+    fn preallocate(
+        &mut self,
+        ino: u32,
+        inode: &mut Inode,
+        from: u64,
+        to: u64,
+        reached: &mut u64,
+    ) -> Result<()> {
         let geo = &self.core.geo;
         let block_size = geo.block_size as u64;
         let mut lblk = from / block_size;
@@ -633,6 +656,7 @@ impl Tx<'_, '_> {
                     lblk = extent.logical + extent.len as u64;
                 }
             }
+            *reached = (lblk * block_size).min(to);
         }
         Ok(())
     }

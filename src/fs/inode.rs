@@ -7,7 +7,7 @@ use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
-use crate::format::superblock::Geometry;
+use crate::format::superblock::{Geometry, ROOT_INO};
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
 
@@ -343,6 +343,23 @@ impl Fs {
         self.note_error(result)
     }
 
+    /// The inode a file handle names by number (FUSE export support,
+    /// NFS): its attributes while it exists — linked, or unlinked but
+    /// still open — and `Stale` once it is gone. The generation in the
+    /// attributes tells a reused number from the original.
+    pub fn inode_by_number(&self, ino: u32) -> Result<Attr> {
+        if !self.core.geo.is_valid_ino(ino) || ino < self.core.geo.first_ino && ino != ROOT_INO {
+            return Err(Error::Stale);
+        }
+        let st = self.state.read();
+        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+            self.check_not_freed(ino, &inode)?;
+            attr_of(&self.core, ino, &inode)
+        });
+        drop(st);
+        self.note_error(result)
+    }
+
     /// Change attributes (chmod, chown, truncate, utimes).
     pub fn setattr(&self, ino: u32, changes: &SetAttr, caller: Caller) -> Result<Attr> {
         if let Some(size) = changes.size {
@@ -365,7 +382,7 @@ impl Fs {
                 changed = true;
                 if inode.file_acl != 0 || !inode.inline_xattr_area().is_empty() {
                     let mut ctx = tx.meta_ctx();
-                    super::xattr::chmod_access_acl(&mut ctx, ino, &mut inode)?;
+                    super::acl::chmod(&mut ctx, ino, &mut inode)?;
                 }
             }
             if let Some(uid) = changes.uid {

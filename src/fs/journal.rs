@@ -163,7 +163,20 @@ pub struct ImageRecovery {
 /// journal needed nothing.
 pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
     let (dev, sb, geo) = open_journaled(path, false)?;
-    let Some(journal) = recover_if_needed(&geo, &sb, &dev)? else {
+    // Replay writes: with `mmp`, only once nobody else uses the filesystem
+    // (as e2fsck claims it). Released before the orphans' mount claims it.
+    let protection = match sb.has_incompat(incompat::MMP) {
+        true => {
+            let name = path.file_name().unwrap_or(path.as_os_str());
+            Some(super::mmp::claim(&dev, &sb, &geo, &name.to_string_lossy())?)
+        }
+        false => None,
+    };
+    let replayed = recover_if_needed(&geo, &sb, &dev);
+    if let Some(protection) = protection {
+        protection.stop()?;
+    }
+    let Some(journal) = replayed? else {
         return Ok(None);
     };
     let orphans_released = has_orphans(&*dev)?;

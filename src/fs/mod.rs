@@ -18,18 +18,22 @@
 //! Superblock and descriptor changes are collected in the state and written
 //! to their buffers once, when the operation ends.
 
+mod acl;
 mod alloc;
+mod caller;
 mod dirops;
 mod fast_commit;
 mod file;
 mod inode;
 mod journal;
+mod mmp;
 mod namei;
 mod orphan;
 pub mod walk;
 mod xattr;
 
 pub use crate::format::xattr::SetMode as XattrMode;
+pub use caller::Caller;
 pub use dirops::Dentry;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
@@ -38,6 +42,7 @@ pub use namei::RenameFlags;
 
 use crate::cache::BufferCache;
 use crate::dev::BlockDevice;
+use crate::dev::Claim;
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::GroupDesc;
@@ -80,6 +85,35 @@ pub struct MountOptions {
     pub fast_commit: Option<bool>,
 }
 
+/// The longest commit interval: the kernel refuses `commit=` above
+/// INT_MAX / HZ seconds (fs/ext4/super.c), with HZ = 250 as Debian builds
+/// its kernels. Longer intervals would overflow the commit thread's clock.
+pub const COMMIT_INTERVAL_MAX: Duration = Duration::from_secs(i32::MAX as u64 / 250);
+
+/// The smallest metadata cache worth running with.
+pub const CACHE_SIZE_MIN: u64 = 1 << 20;
+
+impl MountOptions {
+    /// Refuse values the engine cannot run with (the command line refuses
+    /// them by name first; a library caller gets the same check).
+    pub fn validate(&self) -> Result<()> {
+        if self.commit_interval.is_zero() || self.commit_interval > COMMIT_INTERVAL_MAX {
+            return Err(Error::Invalid(format!(
+                "commit interval {:?}: must be between 1 and {} seconds",
+                self.commit_interval,
+                COMMIT_INTERVAL_MAX.as_secs()
+            )));
+        }
+        if self.cache_size < CACHE_SIZE_MIN {
+            return Err(Error::Invalid(format!(
+                "cache size {} bytes: must be at least 1M",
+                self.cache_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AtimePolicy {
     /// Update atime only when it is older than mtime/ctime or a day old.
@@ -102,18 +136,6 @@ impl Default for MountOptions {
             fast_commit: None,
         }
     }
-}
-
-/// Who asks: permission-relevant identity of the caller (reserved blocks,
-/// ownership of new inodes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller {
-    pub uid: u32,
-    pub gid: u32,
-}
-
-impl Caller {
-    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
 }
 
 /// What never changes while mounted, shared by every operation.
@@ -213,6 +235,9 @@ pub struct Fs {
     /// Set after the device failed an I/O (the filesystem is read-only).
     device_failed: AtomicBool,
     unmounted: AtomicBool,
+    /// The claimed MMP block of a read-write mount with `mmp`, released
+    /// (marked clean) last at unmount.
+    mmp: Mutex<Option<mmp::Protection>>,
 }
 
 /// One operation's view of the filesystem while it changes it.
@@ -229,11 +254,31 @@ pub(crate) struct Tx<'a, 'j> {
 impl Fs {
     /// Open an image file, block device or NBD URI and mount it.
     pub fn open(path: &Path, options: MountOptions) -> Result<Arc<Fs>> {
-        Fs::mount(crate::dev::open_image(path, options.read_only)?, options)
+        let claim = if options.read_only {
+            Claim::Shared
+        } else {
+            Claim::Exclusive
+        };
+        let device = crate::dev::open_image_claimed(path, options.read_only, claim)?;
+        let name = path
+            .file_name()
+            .unwrap_or(path.as_os_str())
+            .to_string_lossy();
+        Fs::mount_named(device, options, &name)
     }
 
     /// Mount a filesystem on any block device.
-    pub fn mount(dev: Arc<dyn BlockDevice>, mut options: MountOptions) -> Result<Arc<Fs>> {
+    pub fn mount(dev: Arc<dyn BlockDevice>, options: MountOptions) -> Result<Arc<Fs>> {
+        Fs::mount_named(dev, options, "jext4")
+    }
+
+    /// `mount`, with the device's name for the MMP block.
+    fn mount_named(
+        dev: Arc<dyn BlockDevice>,
+        mut options: MountOptions,
+        device_name: &str,
+    ) -> Result<Arc<Fs>> {
+        options.validate()?;
         if dev.size_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
             return Err(Error::corrupt(
                 Location::Superblock,
@@ -269,6 +314,11 @@ impl Fs {
                 ),
             ));
         }
+        // Before anything is written, journal replay included.
+        let protection = match !options.read_only && sb.has_incompat(superblock::incompat::MMP) {
+            true => Some(mmp::claim(&dev, &sb, &geo, device_name)?),
+            false => None,
+        };
         let mut journal_parts = None;
         if journaled && !options.noload {
             let needs = sb.has_incompat(superblock::incompat::RECOVER);
@@ -351,7 +401,18 @@ impl Fs {
             errored: AtomicBool::new(false),
             device_failed: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
+            mmp: Mutex::new(None),
         });
+        if let Some(protection) = protection {
+            // Another node writing the block: stop writing at once.
+            let weak = Arc::downgrade(&fs);
+            protection.on_conflict(Box::new(move |why| {
+                if let Some(fs) = weak.upgrade() {
+                    fs.abort(why);
+                }
+            }));
+            *fs.mmp.lock() = Some(protection);
+        }
         fs.check_root()?;
         if !fs.core.options.read_only {
             fs.mark_mounted()?;
@@ -494,6 +555,15 @@ impl Fs {
         result
     }
 
+    /// Stop writing for good after a panic (a bug) in the engine or a front
+    /// end: the journal aborts (every change and every commit fails from
+    /// now on; the log on disk stays replayable), the filesystem is
+    /// read-only, reads go on until unmount, and unmount writes nothing.
+    pub fn abort(&self, reason: &str) {
+        self.errored.store(true, Ordering::Release);
+        self.core.journal.abort(reason);
+    }
+
     /// A front end hands inode number `ino` out once more (a FUSE entry
     /// reply: the kernel's lookup count grows). While any count remains the
     /// number is not reused for a new inode: the kernel may still send
@@ -526,6 +596,17 @@ impl Fs {
         if self.unmounted.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        let result = self.write_out_for_unmount();
+        // Last: once the MMP block says clean, another node may mount.
+        let released = match self.mmp.lock().take() {
+            Some(protection) => protection.stop(),
+            None => Ok(()),
+        };
+        result.and(released)
+    }
+
+    /// The work of `unmount`: release orphans, mark clean, stop the journal.
+    fn write_out_for_unmount(&self) -> Result<()> {
         let writable = !self.is_read_only();
         if writable {
             // Whatever is still open is closed by the unmount.
@@ -579,6 +660,11 @@ impl Fs {
             format!("blocks_free {}", statfs.free_blocks),
             format!("inodes_free {}", statfs.free_files),
             format!("read_only {}", self.is_read_only()),
+            format!("errors_detected {}", self.errored.load(Ordering::Acquire)),
+            format!(
+                "journal_aborted {}",
+                self.core.journal.abort_reason().is_some()
+            ),
             format!("cache_resident_blocks {}", cache.resident),
             format!("cache_capacity_blocks {}", cache.capacity),
             format!("cache_hits {}", cache.hits),
@@ -603,6 +689,13 @@ impl Fs {
                 &tracker.stats(),
                 &jbd2,
                 self.core.geo.block_size,
+            ));
+        }
+        if let Some(reason) = self.core.journal.abort_reason() {
+            // Last: the reason is free text.
+            lines.push(format!(
+                "journal_abort_reason {}",
+                reason.replace('\n', " ")
             ));
         }
         lines.join("\n") + "\n"

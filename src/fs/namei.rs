@@ -6,15 +6,17 @@
 //! it, a name is removed before the link count drops, and an inode is freed
 //! only when no name and no open file refer to it.
 
+use super::acl;
 use super::dirops::{DirReader, DirWriter};
 use super::inode::{Attr, attr_of, check_live, read_inode};
 use super::{Caller, Fs, Tx};
 use crate::error::{Error, Location, Result};
 use crate::format::dir::{self, EntryLocation};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
-use crate::format::mapping;
 use crate::format::superblock::{incompat, ro_compat};
+use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
+use crate::journal::faults;
 
 /// ext4's EXT4_LINK_MAX: beyond it, a directory with dir_nlink reports 1.
 const LINK_MAX: u16 = 65000;
@@ -24,6 +26,8 @@ const NAME_MAX: usize = 255;
 /// upper bounds: inode, bitmap, descriptor, superblock, directory blocks
 /// through two htree levels with splits, and the mapping blocks behind them.
 pub(crate) const CREDITS_CREATE: u32 = 32;
+/// A new inode, with the ACLs it may inherit from its directory.
+const CREDITS_CREATE_NODE: u32 = CREDITS_CREATE + acl::INHERIT_CREDITS;
 pub(crate) const CREDITS_UNLINK: u32 = 24;
 pub(crate) const CREDITS_RENAME: u32 = 48;
 
@@ -160,10 +164,22 @@ impl Tx<'_, '_> {
             let mut probe = parent_inode.clone();
             self.inc_dir_links(&mut probe)?;
         }
+        let parent_default = xattr::get(
+            &self.core.geo,
+            &self.core.cache,
+            parent,
+            &parent_inode,
+            acl::ACL_DEFAULT,
+        )?;
         let ino = self.alloc_inode(parent, is_dir)?;
+        faults::panic_point(faults::PanicPoint::Create);
         let mut inode = self.new_inode(&parent_inode, mode);
+        let inherited = acl::inherit(parent_default.as_deref(), &mut inode.mode, &self.caller);
         let extents = self.core.geo.has_incompat(incompat::EXTENTS);
-        let built = self.fill_new_node(ino, &mut inode, &node, parent, extents);
+        let built = inherited.and_then(|inherited| {
+            self.fill_new_node(ino, &mut inode, &node, parent, extents)?;
+            acl::apply_inherited(&mut self.meta_ctx(), ino, &mut inode, &inherited)
+        });
         if let Err(error) = built {
             // Undo: nothing points at the inode yet.
             self.discard_new_inode(ino, inode, is_dir)?;
@@ -279,6 +295,9 @@ impl Tx<'_, '_> {
         if inode.has_data_blocks(&self.core.geo) && inode.blocks > 0 {
             self.release_all_blocks(ino, &mut inode)?;
         }
+        if inode.file_acl != 0 {
+            xattr::release_block(&mut self.meta_ctx(), ino, &mut inode)?;
+        }
         inode.links_count = 0;
         inode.dtime = super::inode::now_seconds() as u32;
         self.write_inode(ino, &inode)?;
@@ -339,7 +358,7 @@ impl Fs {
 
     /// Create a regular file.
     pub fn create(&self, parent: u32, name: &[u8], mode: u16, caller: Caller) -> Result<Attr> {
-        self.transact(CREDITS_CREATE, caller, |tx| {
+        self.transact(CREDITS_CREATE_NODE, caller, |tx| {
             let (ino, inode) = tx.create_node(parent, name, NewNode::File { mode })?;
             attr_of(tx.core, ino, &inode)
         })
@@ -362,14 +381,14 @@ impl Fs {
             }
             _ => return Err(Error::Invalid(format!("mknod of mode {mode:o}"))),
         };
-        self.transact(CREDITS_CREATE, caller, |tx| {
+        self.transact(CREDITS_CREATE_NODE, caller, |tx| {
             let (ino, inode) = tx.create_node(parent, name, node)?;
             attr_of(tx.core, ino, &inode)
         })
     }
 
     pub fn mkdir(&self, parent: u32, name: &[u8], mode: u16, caller: Caller) -> Result<Attr> {
-        self.transact(CREDITS_CREATE, caller, |tx| {
+        self.transact(CREDITS_CREATE_NODE, caller, |tx| {
             let (ino, inode) = tx.create_node(parent, name, NewNode::Directory { mode })?;
             attr_of(tx.core, ino, &inode)
         })

@@ -2,17 +2,13 @@
 //! setxattr and removexattr. The formats (in-inode area, xattr block,
 //! ACL encoding) are in `format::xattr`.
 
+use super::acl::{self, ACL_ACCESS};
 use super::inode::{check_live, read_inode};
 use super::{Caller, Fs};
 use crate::error::{Error, Result};
-use crate::format::MetaCtx;
-use crate::format::acl::{self, AclEntry, tag};
-use crate::format::inode::Inode;
 use crate::format::inode::Timestamp;
 use crate::format::superblock::compat;
 use crate::format::xattr::{self, SetMode};
-
-const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 
 /// An xattr change: the format layer's own blocks plus the inode's.
 const CREDITS_XATTR: u32 = xattr::SET_CREDITS + 1;
@@ -88,7 +84,7 @@ impl Fs {
             let result = {
                 let mut ctx = tx.meta_ctx();
                 if name == ACL_ACCESS {
-                    set_access_acl(&mut ctx, ino, &mut inode, value, mode)
+                    acl::set_access(&mut ctx, ino, &mut inode, value, &caller)
                 } else {
                     xattr::set(&mut ctx, ino, &mut inode, name, value, mode)
                 }
@@ -101,85 +97,4 @@ impl Fs {
             result
         })
     }
-}
-
-/// Setting an access ACL also sets the mode (posix_acl_update_mode): the
-/// owner, group-class (the mask when there is one) and other bits follow
-/// the ACL, and an ACL that says no more than a mode is stored as the mode
-/// alone. This is how `cp -a` and `setfacl` set permissions.
-fn set_access_acl(
-    ctx: &mut MetaCtx<'_, '_>,
-    ino: u32,
-    inode: &mut Inode,
-    value: Option<&[u8]>,
-    mode: SetMode,
-) -> Result<()> {
-    let Some(value) = value else {
-        return xattr::set(ctx, ino, inode, ACL_ACCESS, None, mode);
-    };
-    let entries = acl::parse_xattr(value)?;
-    if entries.is_empty() {
-        return xattr::set(ctx, ino, inode, ACL_ACCESS, None, mode);
-    }
-    acl::validate(&entries)?;
-    let permissions = mode_of_acl(&entries);
-    if acl::acl_equivalent_mode(value).is_some() {
-        match xattr::set(ctx, ino, inode, ACL_ACCESS, None, SetMode::Any) {
-            Ok(()) | Err(Error::NoAttribute) => {}
-            Err(error) => return Err(error),
-        }
-    } else {
-        xattr::set(ctx, ino, inode, ACL_ACCESS, Some(value), mode)?;
-    }
-    inode.mode = (inode.mode & !0o777) | permissions;
-    Ok(())
-}
-
-/// The permission bits an access ACL implies for the mode.
-fn mode_of_acl(entries: &[AclEntry]) -> u16 {
-    let mut permissions = 0;
-    let mut group = 0;
-    let mut mask = None;
-    for entry in entries {
-        let perm = entry.perm & acl::PERM_MASK;
-        match entry.tag {
-            tag::USER_OBJ => permissions |= perm << 6,
-            tag::GROUP_OBJ => group = perm,
-            tag::MASK => mask = Some(perm),
-            tag::OTHER => permissions |= perm,
-            _ => {}
-        }
-    }
-    permissions | mask.unwrap_or(group) << 3
-}
-
-/// chmod of an inode with an access ACL rewrites the ACL's owner, mask (or
-/// group) and other entries to the new mode (posix_acl_chmod).
-pub(crate) fn chmod_access_acl(
-    ctx: &mut MetaCtx<'_, '_>,
-    ino: u32,
-    inode: &mut Inode,
-) -> Result<()> {
-    let Some(value) = xattr::get(ctx.geo, ctx.cache, ino, inode, ACL_ACCESS)? else {
-        return Ok(());
-    };
-    let mut entries = acl::parse_xattr(&value)?;
-    let has_mask = entries.iter().any(|entry| entry.tag == tag::MASK);
-    for entry in &mut entries {
-        entry.perm = match entry.tag {
-            tag::USER_OBJ => inode.mode >> 6 & 7,
-            tag::MASK => inode.mode >> 3 & 7,
-            tag::GROUP_OBJ if !has_mask => inode.mode >> 3 & 7,
-            tag::OTHER => inode.mode & 7,
-            _ => entry.perm,
-        };
-    }
-    xattr::set(
-        ctx,
-        ino,
-        inode,
-        ACL_ACCESS,
-        Some(&acl::encode_xattr(&entries)),
-        SetMode::Any,
-    )
 }

@@ -4,8 +4,13 @@
 //!
 //! Inode numbers: FUSE calls the root 1, ext4 calls it 2; ext4's inode 1
 //! (bad blocks) is never reachable by name, so the two are simply swapped.
-//! Permission checks are the kernel's (`default_permissions`).
+//! Permission checks are the kernel's (`default_permissions`), POSIX ACLs
+//! included (`FUSE_POSIX_ACL`); what that leaves to the server — default
+//! ACL inheritance, the umask, the mode following the ACL and back — is the
+//! engine's (`fs::acl`), so the library API behaves the same.
 
+pub mod control;
+pub mod helper;
 mod options;
 pub mod serve;
 
@@ -17,9 +22,9 @@ use crate::format::superblock::ROOT_INO;
 use crate::fs::{Attr, Caller, FileKind, Fs, RenameFlags, SeekWhence, SetAttr, TimeSet, XattrMode};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -62,11 +67,32 @@ impl FuseAdapter {
         }
     }
 
+    /// Run one request's handler. A panic (a bug) must neither take the
+    /// worker thread with it nor leave the request unanswered: the reply,
+    /// dropped while unwinding, answers EIO (fuser's `ReplyRaw`), and the
+    /// engine aborts its journal and turns read-only, as after a corruption
+    /// (the panic hook of the server has logged the panic itself).
+    fn guard(&self, operation: &str, handler: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler)) {
+            let why = crate::error::panic_message(&*panic);
+            self.fs
+                .abort(&format!("a panic in the FUSE {operation} handler: {why}"));
+        }
+    }
+
     /// Setting or removing an access ACL may change the mode: drop the
-    /// kernel's cached attributes (a negative offset: attributes only).
+    /// kernel's cached attributes.
     fn acl_changed(&self, ino: INodeNo, name: &OsStr) {
-        if name.as_bytes().starts_with(b"system.posix_acl")
-            && let Some(notifier) = self.notifier.get()
+        if name.as_bytes().starts_with(b"system.posix_acl") {
+            self.attributes_changed(ino);
+        }
+    }
+
+    /// The inode's attributes changed in a way the kernel will not learn
+    /// from the reply (an error reply after part of the work was done):
+    /// drop its cached attributes (a negative offset: attributes only).
+    fn attributes_changed(&self, ino: INodeNo) {
+        if let Some(notifier) = self.notifier.get()
             && let Err(error) = notifier.inval_inode(ino, -1, 0)
         {
             tracing::debug!(%error, "attribute invalidation not delivered");
@@ -94,10 +120,22 @@ fn errno(error: &Error) -> Errno {
     Errno::from_i32(error.errno())
 }
 
+/// The request's fsuid and fsgid; its pid is the calling thread's id, where
+/// `/proc` tells its supplementary groups and capabilities.
 fn caller(request: &Request) -> Caller {
     Caller {
-        uid: request.uid(),
-        gid: request.gid(),
+        tid: Some(request.pid()),
+        ..Caller::new(request.uid(), request.gid())
+    }
+}
+
+/// `caller` with the umask that create, mknod and mkdir carry: with
+/// FUSE_DONT_MASK the kernel leaves the mode unmasked, because only the
+/// server knows whether the directory's default ACL replaces the umask.
+fn creator(request: &Request, umask: u32) -> Caller {
+    Caller {
+        umask: (umask & 0o777) as u16,
+        ..caller(request)
     }
 }
 
@@ -198,24 +236,54 @@ impl Filesystem for FuseAdapter {
         ] {
             let _ = config.add_capabilities(wanted);
         }
+        // POSIX ACLs: the kernel then checks permissions against them (it
+        // checked mode bits only before) and leaves inheritance, the umask
+        // and the mode/ACL interplay to the engine (fs::acl), which needs
+        // the umask unapplied (DONT_MASK). Both or neither: with ACLs but a
+        // masked mode, inheritance would come out wrong.
+        // Stable file handles (name_to_handle_at, NFS): lookups of "." and
+        // ".." by node id after the kernel forgot the inode (`lookup`).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
+            tracing::warn!(?missing, "no FUSE export support: file handles go stale");
+        }
+        let acls = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+        if let Err(missing) = config.add_capabilities(acls) {
+            tracing::warn!(
+                ?missing,
+                "the kernel does not offer POSIX ACL support to FUSE: ACLs are stored but not enforced"
+            );
+        }
         let _ = config.set_max_write(1 << 20);
         Ok(())
     }
 
     // BATCH_FORGET: fuser's default hands each node to forget().
     fn forget(&self, _request: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(to_ext4(ino), nlookup);
+        self.guard("forget", move || {
+            self.fs.forget(to_ext4(ino), nlookup);
+        });
     }
 
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.reply_entry(reply, self.fs.lookup(to_ext4(parent), name.as_bytes()));
+        // With FUSE_EXPORT_SUPPORT the kernel decodes a file handle whose
+        // inode it has forgotten by looking up "." in the handle's node id
+        // (any kind of inode), and reconnects a directory through "..".
+        // It then compares the generation, so a reused number is ESTALE.
+        self.guard("lookup", move || {
+            let result = if name.as_bytes() == b"." {
+                self.fs.inode_by_number(to_ext4(parent))
+            } else {
+                self.fs.lookup(to_ext4(parent), name.as_bytes())
+            };
+            self.reply_entry(reply, result);
+        });
     }
 
     fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(to_ext4(ino)) {
+        self.guard("getattr", move || match self.fs.getattr(to_ext4(ino)) {
             Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn setattr(
@@ -236,26 +304,28 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let changes = SetAttr {
-            mode: mode.map(|mode| (mode & 0o7777) as u16),
-            uid,
-            gid,
-            size,
-            atime: atime.map(time_set),
-            mtime: mtime.map(time_set),
-            ctime: ctime.map(timestamp),
-        };
-        match self.fs.setattr(to_ext4(ino), &changes, caller(request)) {
-            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("setattr", move || {
+            let changes = SetAttr {
+                mode: mode.map(|mode| (mode & 0o7777) as u16),
+                uid,
+                gid,
+                size,
+                atime: atime.map(time_set),
+                mtime: mtime.map(time_set),
+                ctime: ctime.map(timestamp),
+            };
+            match self.fs.setattr(to_ext4(ino), &changes, caller(request)) {
+                Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 
     fn readlink(&self, _request: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(to_ext4(ino)) {
+        self.guard("readlink", move || match self.fs.readlink(to_ext4(ino)) {
             Ok(target) => reply.data(&target),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn mknod(
@@ -264,18 +334,20 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let result = self.fs.mknod(
-            to_ext4(parent),
-            name.as_bytes(),
-            mode as u16,
-            rdev as u64,
-            caller(request),
-        );
-        self.reply_entry(reply, result);
+        self.guard("mknod", move || {
+            let result = self.fs.mknod(
+                to_ext4(parent),
+                name.as_bytes(),
+                mode as u16,
+                rdev as u64,
+                creator(request, umask),
+            );
+            self.reply_entry(reply, result);
+        });
     }
 
     fn mkdir(
@@ -284,34 +356,40 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        self.reply_entry(
-            reply,
-            self.fs.mkdir(
-                to_ext4(parent),
-                name.as_bytes(),
-                mode as u16,
-                caller(request),
-            ),
-        );
+        self.guard("mkdir", move || {
+            self.reply_entry(
+                reply,
+                self.fs.mkdir(
+                    to_ext4(parent),
+                    name.as_bytes(),
+                    mode as u16,
+                    creator(request, umask),
+                ),
+            );
+        });
     }
 
     fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(
-            reply,
-            self.fs
-                .unlink(to_ext4(parent), name.as_bytes(), caller(request)),
-        );
+        self.guard("unlink", move || {
+            reply_empty(
+                reply,
+                self.fs
+                    .unlink(to_ext4(parent), name.as_bytes(), caller(request)),
+            );
+        });
     }
 
     fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(
-            reply,
-            self.fs
-                .rmdir(to_ext4(parent), name.as_bytes(), caller(request)),
-        );
+        self.guard("rmdir", move || {
+            reply_empty(
+                reply,
+                self.fs
+                    .rmdir(to_ext4(parent), name.as_bytes(), caller(request)),
+            );
+        });
     }
 
     fn symlink(
@@ -322,13 +400,15 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let result = self.fs.symlink(
-            to_ext4(parent),
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-            caller(request),
-        );
-        self.reply_entry(reply, result);
+        self.guard("symlink", move || {
+            let result = self.fs.symlink(
+                to_ext4(parent),
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+                caller(request),
+            );
+            self.reply_entry(reply, result);
+        });
     }
 
     fn rename(
@@ -341,22 +421,24 @@ impl Filesystem for FuseAdapter {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
-            return reply.error(Errno::from_i32(libc::EINVAL));
-        }
-        let flags = RenameFlags {
-            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
-        };
-        let result = self.fs.rename(
-            to_ext4(parent),
-            name.as_bytes(),
-            to_ext4(newparent),
-            newname.as_bytes(),
-            flags,
-            caller(request),
-        );
-        reply_empty(reply, result);
+        self.guard("rename", move || {
+            if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+                return reply.error(Errno::from_i32(libc::EINVAL));
+            }
+            let flags = RenameFlags {
+                noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+                exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+            };
+            let result = self.fs.rename(
+                to_ext4(parent),
+                name.as_bytes(),
+                to_ext4(newparent),
+                newname.as_bytes(),
+                flags,
+                caller(request),
+            );
+            reply_empty(reply, result);
+        });
     }
 
     fn link(
@@ -367,20 +449,22 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let result = self.fs.link(
-            to_ext4(ino),
-            to_ext4(newparent),
-            newname.as_bytes(),
-            caller(request),
-        );
-        self.reply_entry(reply, result);
+        self.guard("link", move || {
+            let result = self.fs.link(
+                to_ext4(ino),
+                to_ext4(newparent),
+                newname.as_bytes(),
+                caller(request),
+            );
+            self.reply_entry(reply, result);
+        });
     }
 
     fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open_file(to_ext4(ino)) {
+        self.guard("open", move || match self.fs.open_file(to_ext4(ino)) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn read(
@@ -394,10 +478,12 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(to_ext4(ino), offset, size as usize) {
-            Ok(data) => reply.data(&data),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("read", move || {
+            match self.fs.read(to_ext4(ino), offset, size as usize) {
+                Ok(data) => reply.data(&data),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 
     fn write(
@@ -412,10 +498,12 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(to_ext4(ino), offset, data, caller(request)) {
-            Ok(written) => reply.written(written as u32),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("write", move || {
+            match self.fs.write(to_ext4(ino), offset, data, caller(request)) {
+                Ok(written) => reply.written(written as u32),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 
     fn flush(
@@ -426,7 +514,9 @@ impl Filesystem for FuseAdapter {
         _owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.guard("flush", move || {
+            reply.ok();
+        });
     }
 
     fn release(
@@ -439,7 +529,9 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        self.guard("release", move || {
+            reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        });
     }
 
     fn fsync(
@@ -450,18 +542,20 @@ impl Filesystem for FuseAdapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        self.guard("fsync", move || {
+            reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        });
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open_file(to_ext4(ino)) {
+        self.guard("opendir", move || match self.fs.open_file(to_ext4(ino)) {
             Ok(attr) if attr.kind != FileKind::Directory => {
                 let _ = self.fs.release_file(to_ext4(ino));
                 reply.error(Errno::from_i32(libc::ENOTDIR));
             }
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn readdir(
@@ -472,19 +566,21 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let result = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
-            let full = reply.add(
-                to_fuse(entry.ino),
-                entry.next,
-                file_type(entry.kind),
-                OsStr::from_bytes(&entry.name),
-            );
-            !full
+        self.guard("readdir", move || {
+            let result = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+                let full = reply.add(
+                    to_fuse(entry.ino),
+                    entry.next,
+                    file_type(entry.kind),
+                    OsStr::from_bytes(&entry.name),
+                );
+                !full
+            });
+            match result {
+                Ok(()) => reply.ok(),
+                Err(error) => reply.error(errno(&error)),
+            }
         });
-        match result {
-            Ok(()) => reply.ok(),
-            Err(error) => reply.error(errno(&error)),
-        }
     }
 
     fn readdirplus(
@@ -495,46 +591,48 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        // Collect a batch first: the attributes are read after the listing
-        // has released the filesystem lock (its read lock is not re-entrant
-        // once a writer waits).
-        let mut entries = Vec::new();
-        // Returning false means "not taken": the listing offers that entry
-        // again from the previous cookie on the next call.
-        let listed = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
-            if entries.len() >= READDIRPLUS_BATCH {
-                return false;
+        self.guard("readdirplus", move || {
+            // Collect a batch first: the attributes are read after the listing
+            // has released the filesystem lock (its read lock is not re-entrant
+            // once a writer waits).
+            let mut entries = Vec::new();
+            // Returning false means "not taken": the listing offers that entry
+            // again from the previous cookie on the next call.
+            let listed = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+                if entries.len() >= READDIRPLUS_BATCH {
+                    return false;
+                }
+                entries.push(entry);
+                true
+            });
+            if let Err(error) = listed {
+                return reply.error(errno(&error));
             }
-            entries.push(entry);
-            true
+            for entry in entries {
+                let attr = match self.fs.getattr(entry.ino) {
+                    Ok(attr) => attr,
+                    Err(error) => return reply.error(errno(&error)),
+                };
+                // The kernel counts a lookup for every entry but "." and "..";
+                // an entry that does not fit is not sent, so counted after.
+                let dots = entry.name == b"." || entry.name == b"..";
+                let full = reply.add(
+                    to_fuse(entry.ino),
+                    entry.next,
+                    OsStr::from_bytes(&entry.name),
+                    &TTL,
+                    &file_attr(&attr),
+                    Generation(attr.generation as u64),
+                );
+                if full {
+                    break; // the kernel resumes from the last entry's cookie
+                }
+                if !dots {
+                    self.fs.remember(entry.ino);
+                }
+            }
+            reply.ok();
         });
-        if let Err(error) = listed {
-            return reply.error(errno(&error));
-        }
-        for entry in entries {
-            let attr = match self.fs.getattr(entry.ino) {
-                Ok(attr) => attr,
-                Err(error) => return reply.error(errno(&error)),
-            };
-            // The kernel counts a lookup for every entry but "." and "..";
-            // an entry that does not fit is not sent, so counted after.
-            let dots = entry.name == b"." || entry.name == b"..";
-            let full = reply.add(
-                to_fuse(entry.ino),
-                entry.next,
-                OsStr::from_bytes(&entry.name),
-                &TTL,
-                &file_attr(&attr),
-                Generation(attr.generation as u64),
-            );
-            if full {
-                break; // the kernel resumes from the last entry's cookie
-            }
-            if !dots {
-                self.fs.remember(entry.ino);
-            }
-        }
-        reply.ok();
     }
 
     fn releasedir(
@@ -545,7 +643,9 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        self.guard("releasedir", move || {
+            reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        });
     }
 
     fn fsyncdir(
@@ -553,24 +653,61 @@ impl Filesystem for FuseAdapter {
         _request: &Request,
         ino: INodeNo,
         _fh: FileHandle,
-        datasync: bool,
+        _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        // fsync of a directory commits everything pending, as one JBD2
+        // commit does on ext4: the one durability request a user can send
+        // on any mount, since sync(2) never reaches a FUSE server.
+        self.guard("fsyncdir", move || {
+            let result = self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync());
+            reply_empty(reply, result);
+        });
+    }
+
+    fn ioctl(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.guard("ioctl", move || match cmd {
+            control::JEXT4_IOC_SYNC => {
+                match self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync()) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
+            control::JEXT4_IOC_STATS => {
+                let report = self.fs.stats_report();
+                let length = report.len().min(out_size as usize);
+                reply.ioctl(length as i32, &report.as_bytes()[..length]);
+            }
+            // What ext4 does not know either (FS_IOC_GETFLAGS and its
+            // kin are not implemented here yet).
+            _ => reply.error(Errno::from_i32(libc::ENOTTY)),
+        });
     }
 
     fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let stat = self.fs.statfs();
-        reply.statfs(
-            stat.blocks,
-            stat.free_blocks,
-            stat.available_blocks,
-            stat.files,
-            stat.free_files,
-            stat.block_size,
-            stat.name_max,
-            stat.block_size,
-        );
+        self.guard("statfs", move || {
+            let stat = self.fs.statfs();
+            reply.statfs(
+                stat.blocks,
+                stat.free_blocks,
+                stat.available_blocks,
+                stat.files,
+                stat.free_files,
+                stat.block_size,
+                stat.name_max,
+                stat.block_size,
+            );
+        });
     }
 
     fn setxattr(
@@ -583,19 +720,21 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let mode = match flags {
-            0 => XattrMode::Any,
-            libc::XATTR_CREATE => XattrMode::Create,
-            libc::XATTR_REPLACE => XattrMode::Replace,
-            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
-        };
-        let result = self
-            .fs
-            .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request));
-        if result.is_ok() {
-            self.acl_changed(ino, name);
-        }
-        reply_empty(reply, result);
+        self.guard("setxattr", move || {
+            let mode = match flags {
+                0 => XattrMode::Any,
+                libc::XATTR_CREATE => XattrMode::Create,
+                libc::XATTR_REPLACE => XattrMode::Replace,
+                _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+            };
+            let result =
+                self.fs
+                    .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request));
+            if result.is_ok() {
+                self.acl_changed(ino, name);
+            }
+            reply_empty(reply, result);
+        });
     }
 
     fn getxattr(
@@ -606,35 +745,43 @@ impl Filesystem for FuseAdapter {
         size: u32,
         reply: ReplyXattr,
     ) {
-        reply_xattr(reply, self.fs.getxattr(to_ext4(ino), name.as_bytes()), size);
+        self.guard("getxattr", move || {
+            reply_xattr(reply, self.fs.getxattr(to_ext4(ino), name.as_bytes()), size);
+        });
     }
 
     fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let result = self.fs.listxattr(to_ext4(ino)).map(|names| {
-            let mut list = Vec::new();
-            for name in names {
-                list.extend_from_slice(&name);
-                list.push(0);
-            }
-            list
+        self.guard("listxattr", move || {
+            let result = self.fs.listxattr(to_ext4(ino)).map(|names| {
+                let mut list = Vec::new();
+                for name in names {
+                    list.extend_from_slice(&name);
+                    list.push(0);
+                }
+                list
+            });
+            reply_xattr(reply, result, size);
         });
-        reply_xattr(reply, result, size);
     }
 
     fn removexattr(&self, request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let result = self
-            .fs
-            .removexattr(to_ext4(ino), name.as_bytes(), caller(request));
-        if result.is_ok() {
-            self.acl_changed(ino, name);
-        }
-        reply_empty(reply, result);
+        self.guard("removexattr", move || {
+            let result = self
+                .fs
+                .removexattr(to_ext4(ino), name.as_bytes(), caller(request));
+            if result.is_ok() {
+                self.acl_changed(ino, name);
+            }
+            reply_empty(reply, result);
+        });
     }
 
     fn access(&self, _request: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        // The kernel checks permissions (default_permissions); we only
-        // confirm the inode exists.
-        reply_empty(reply, self.fs.getattr(to_ext4(ino)).map(|_| ()));
+        self.guard("access", move || {
+            // The kernel checks permissions (default_permissions); we only
+            // confirm the inode exists.
+            reply_empty(reply, self.fs.getattr(to_ext4(ino)).map(|_| ()));
+        });
     }
 
     fn create(
@@ -643,32 +790,34 @@ impl Filesystem for FuseAdapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let result = self
-            .fs
-            .create(
-                to_ext4(parent),
-                name.as_bytes(),
-                mode as u16,
-                caller(request),
-            )
-            .and_then(|attr| self.fs.open_file(attr.ino));
-        match result {
-            Ok(attr) => {
-                self.fs.remember(attr.ino);
-                reply.created(
-                    &TTL,
-                    &file_attr(&attr),
-                    Generation(attr.generation as u64),
-                    FileHandle(0),
-                    FopenFlags::empty(),
+        self.guard("create", move || {
+            let result = self
+                .fs
+                .create(
+                    to_ext4(parent),
+                    name.as_bytes(),
+                    mode as u16,
+                    creator(request, umask),
                 )
+                .and_then(|attr| self.fs.open_file(attr.ino));
+            match result {
+                Ok(attr) => {
+                    self.fs.remember(attr.ino);
+                    reply.created(
+                        &TTL,
+                        &file_attr(&attr),
+                        Generation(attr.generation as u64),
+                        FileHandle(0),
+                        FopenFlags::empty(),
+                    )
+                }
+                Err(error) => reply.error(errno(&error)),
             }
-            Err(error) => reply.error(errno(&error)),
-        }
+        });
     }
 
     fn fallocate(
@@ -681,11 +830,18 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply_empty(
-            reply,
-            self.fs
-                .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request)),
-        );
+        self.guard("fallocate", move || {
+            let result =
+                self.fs
+                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request));
+            if result.is_err() {
+                // Running out of space part-way keeps what was allocated
+                // and the size over it (as ext4 does); the error reply
+                // does not tell the kernel.
+                self.attributes_changed(ino);
+            }
+            reply_empty(reply, result);
+        });
     }
 
     fn lseek(
@@ -697,17 +853,19 @@ impl Filesystem for FuseAdapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let whence = match whence {
-            libc::SEEK_DATA => SeekWhence::Data,
-            libc::SEEK_HOLE => SeekWhence::Hole,
-            _ => return reply.error(Errno::from_i32(libc::EINVAL)),
-        };
-        if offset < 0 {
-            return reply.error(Errno::from_i32(libc::ENXIO));
-        }
-        match self.fs.seek(to_ext4(ino), offset as u64, whence) {
-            Ok(position) => reply.offset(position as i64),
-            Err(error) => reply.error(errno(&error)),
-        }
+        self.guard("lseek", move || {
+            let whence = match whence {
+                libc::SEEK_DATA => SeekWhence::Data,
+                libc::SEEK_HOLE => SeekWhence::Hole,
+                _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+            };
+            if offset < 0 {
+                return reply.error(Errno::from_i32(libc::ENXIO));
+            }
+            match self.fs.seek(to_ext4(ino), offset as u64, whence) {
+                Ok(position) => reply.offset(position as i64),
+                Err(error) => reply.error(errno(&error)),
+            }
+        });
     }
 }

@@ -3,7 +3,7 @@
 //! silently mount with defaults.
 
 use crate::error::{Error, Result};
-use crate::fs::{AtimePolicy, MountOptions};
+use crate::fs::{AtimePolicy, CACHE_SIZE_MIN, COMMIT_INTERVAL_MAX, MountOptions};
 use std::time::Duration;
 
 /// Options that concern the FUSE mount rather than the engine.
@@ -46,6 +46,57 @@ fn parse_number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
         .map_err(|_| Error::Invalid(format!("mount option {name}={value}: not a number")))
 }
 
+/// `commit=SECONDS` as the kernel bounds it (fs/ext4/super.c): 0 means the
+/// default (5), at most INT_MAX / HZ.
+fn parse_commit(value: &str) -> Result<Duration> {
+    // Parsed wide so that a huge value is told it is too big, not "not a
+    // number"; anything above the bound is refused either way.
+    let seconds: u64 = parse_number("commit", value)?;
+    let max = COMMIT_INTERVAL_MAX.as_secs();
+    match seconds {
+        0 => Ok(MountOptions::default().commit_interval),
+        seconds if seconds > max => Err(Error::Invalid(format!(
+            "mount option commit={value}: the commit interval must be at most {max} seconds \
+             (the kernel's INT_MAX / HZ)"
+        ))),
+        seconds => Ok(Duration::from_secs(seconds)),
+    }
+}
+
+/// `cache_size=SIZE`: at least 1M, and no more than the machine's memory (a
+/// bound on what the cache may pin, so a typo cannot promise more).
+fn parse_cache_size(value: &str) -> Result<u64> {
+    let size = parse_size(value).map_err(|error| match error {
+        Error::Invalid(why) => Error::Invalid(format!("mount option cache_size={value}: {why}")),
+        other => other,
+    })?;
+    if size < CACHE_SIZE_MIN {
+        return Err(Error::Invalid(format!(
+            "mount option cache_size={value}: must be at least 1M"
+        )));
+    }
+    if let Some(memory) = physical_memory()
+        && size > memory
+    {
+        return Err(Error::Invalid(format!(
+            "mount option cache_size={value}: more than this machine's memory ({} MiB)",
+            memory >> 20
+        )));
+    }
+    Ok(size)
+}
+
+/// Total RAM, from sysinfo(2).
+fn physical_memory() -> Option<u64> {
+    // SAFETY: sysinfo fills the zeroed struct we pass and reads nothing.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the pointer is to a live, writable struct.
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return None;
+    }
+    (info.totalram as u64).checked_mul(info.mem_unit.max(1) as u64)
+}
+
 /// Parse the comma-separated lists given with `-o` (possibly several).
 pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOptions)> {
     let mut engine = MountOptions::default();
@@ -76,16 +127,9 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("relatime", None) => engine.atime = AtimePolicy::Relatime,
             ("strictatime", None) | ("atime", None) => engine.atime = AtimePolicy::Strict,
             ("cache_size", value) => {
-                engine.cache_size = parse_size(needs_value(name, value)?)?;
-                if engine.cache_size < 1 << 20 {
-                    return Err(Error::Invalid("cache_size must be at least 1M".into()));
-                }
+                engine.cache_size = parse_cache_size(needs_value(name, value)?)?
             }
-            ("commit", value) => {
-                let seconds: u64 = parse_number(name, needs_value(name, value)?)?;
-                engine.commit_interval =
-                    Duration::from_secs(if seconds == 0 { 5 } else { seconds });
-            }
+            ("commit", value) => engine.commit_interval = parse_commit(needs_value(name, value)?)?,
             ("errors", Some("remount-ro")) => {}
             ("errors", Some(other)) => {
                 return Err(Error::Invalid(format!(
@@ -122,6 +166,13 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("allow_other", None) => fuse.allow_other = true,
             ("allow_root", None) => fuse.allow_root = true,
             ("default_permissions", None) => {} // always on
+            // What fstab lines and mount(8) carry for userspace (mount
+            // helpers get them passed through): no meaning for the mount.
+            (
+                "defaults" | "auto" | "noauto" | "nofail" | "_netdev" | "user" | "users" | "nouser",
+                None,
+            ) => {}
+            (name, _) if name.starts_with("x-") || name == "comment" => {}
             ("dev", None) => fuse.dev = true,
             ("nodev", None) => fuse.dev = false,
             ("suid", None) => fuse.suid = true,
@@ -133,7 +184,10 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("threads", value) => {
                 fuse.threads = parse_number(name, needs_value(name, value)?)?;
                 if !(1..=64).contains(&fuse.threads) {
-                    return Err(Error::Invalid("threads must be between 1 and 64".into()));
+                    return Err(Error::Invalid(format!(
+                        "mount option threads={}: must be between 1 and 64",
+                        fuse.threads
+                    )));
                 }
             }
             (_, Some(_)) if is_flag_option(name) => {
@@ -197,6 +251,25 @@ mod tests {
         assert!(parse_mount_options(&["ro=1".into()]).is_err());
         assert!(parse_mount_options(&["data=journal".into()]).is_err());
         assert!(parse_mount_options(&["data=writeback".into()]).is_ok());
+        // Numbers bounded as the kernel bounds them, refused by name.
+        for bad in [
+            "commit=9223372036854775807",
+            "commit=8589935",
+            "commit=-1",
+            "commit=4294967296",
+            "cache_size=512K",
+            "cache_size=16777215T",
+            "threads=0",
+            "threads=65",
+        ] {
+            let error = parse_mount_options(&[bad.into()]).unwrap_err();
+            let name = bad.split('=').next().unwrap();
+            assert!(error.to_string().contains(name), "{bad}: {error}");
+        }
+        let (engine, _) = parse_mount_options(&["commit=8589934".into()]).unwrap();
+        assert_eq!(engine.commit_interval, COMMIT_INTERVAL_MAX);
+        let (engine, _) = parse_mount_options(&["commit=0".into()]).unwrap();
+        assert_eq!(engine.commit_interval, Duration::from_secs(5));
         let (engine, _) = parse_mount_options(&["noload,journal_async_commit".into()]).unwrap();
         assert!(engine.noload && engine.read_only && engine.journal_async_commit);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);

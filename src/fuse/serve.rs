@@ -36,6 +36,101 @@ pub fn runtime_file(mountpoint: &Path, extension: &str) -> PathBuf {
     runtime_dir().join(format!("{hex}.{extension}"))
 }
 
+/// What a server leaves in `<runtime>/<mountpoint hex>.pid` while it runs:
+/// its pid on the first line, the image it serves on the second.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerRecord {
+    pub pid: i32,
+    pub mountpoint: PathBuf,
+    pub image: PathBuf,
+}
+
+impl ServerRecord {
+    pub fn write(&self) -> std::io::Result<()> {
+        std::fs::write(
+            runtime_file(&self.mountpoint, "pid"),
+            format!("{}\n{}\n", self.pid, self.image.display()),
+        )
+    }
+
+    /// Remove the record, unless a newer server of the same mount point
+    /// has replaced it meanwhile.
+    pub fn remove(&self) {
+        if ServerRecord::read(&self.mountpoint).is_some_and(|record| record.pid == self.pid) {
+            let _ = std::fs::remove_file(runtime_file(&self.mountpoint, "pid"));
+        }
+    }
+
+    pub fn read(mountpoint: &Path) -> Option<ServerRecord> {
+        let text = std::fs::read_to_string(runtime_file(mountpoint, "pid")).ok()?;
+        let mut lines = text.lines();
+        let pid = lines.next()?.trim().parse().ok()?;
+        let image = PathBuf::from(lines.next().unwrap_or_default());
+        Some(ServerRecord {
+            pid,
+            mountpoint: mountpoint.to_path_buf(),
+            image,
+        })
+    }
+
+    /// Every record in the runtime directory.
+    fn all() -> Vec<ServerRecord> {
+        let Ok(entries) = std::fs::read_dir(runtime_dir()) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let hex = name.strip_suffix(".pid")?;
+                ServerRecord::read(&mountpoint_of_hex(hex)?)
+            })
+            .collect()
+    }
+}
+
+/// The servers still finishing an unmount (their mount is gone, they are
+/// writing the last commit and checkpoint) of `image` or on `mountpoint`:
+/// a new mount of either waits for them.
+pub fn finishing_servers(image: &Path, mountpoint: &Path) -> Vec<ServerRecord> {
+    let same_file = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    };
+    ServerRecord::all()
+        .into_iter()
+        .filter(|record| process_alive(record.pid) && !is_mount_point(&record.mountpoint))
+        .filter(|record| record.mountpoint == mountpoint || same_file(&record.image, image))
+        .collect()
+}
+
+/// A process that exists and is not a zombie (a foreground server whose
+/// parent has not reaped it yet has finished its work).
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn mountpoint_of_hex(hex: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(hex.get(at..at + 2)?, 16).ok())
+        .collect();
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes?)))
+}
+
 pub fn fuse_config(options: &FuseOptions, read_only: bool, image: &Path) -> Config {
     let mut mount_options = vec![
         MountOption::DefaultPermissions,
@@ -45,7 +140,15 @@ pub fn fuse_config(options: &FuseOptions, read_only: bool, image: &Path) -> Conf
                 .clone()
                 .unwrap_or_else(|| image.display().to_string()),
         ),
-        MountOption::Subtype(options.subtype.clone().unwrap_or_else(|| "jext4".into())),
+        // As a mount option the kernel reads, not fuser's Subtype: fuser's
+        // own mount(2) (as root) calls every mount plain "fuse" and uses
+        // Subtype only as the source name, so findmnt -t fuse.jext4,
+        // /proc/mounts and systemd would not see the type. fusermount3 (not
+        // root) understands subtype= too.
+        MountOption::CUSTOM(format!(
+            "subtype={}",
+            options.subtype.as_deref().unwrap_or("jext4")
+        )),
         if read_only {
             MountOption::RO
         } else {
@@ -94,11 +197,53 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce
     let _ = notifier.set(session.notifier());
     ready();
     let reporter = StatsReporter::start(Arc::clone(&fs), runtime_file(mountpoint, "stats"));
-    let served = session.run();
+    let served = run_until_unmounted(session);
     let unmounted = fs.unmount();
     reporter.stop(&fs);
     served.map_err(Error::Io)?;
     unmounted
+}
+
+/// Serve until the kernel ends the session (the mount point was unmounted:
+/// `jext4 umount`, `fusermount3 -u`, a signal). fuser would then unmount
+/// the mount point once more: its check whether the mount still exists
+/// takes the POLLERR of a finished connection for "mounted" (libfuse's
+/// `fuse_kern_unmount` takes it for "gone"). That second unmount fails
+/// with EINVAL — the warning "Failed to umount filesystem: Invalid
+/// argument" after every clean unmount — or, when a new mount already sits
+/// on the same mount point (a quick unmount/mount cycle), unmounts that one,
+/// and what is written next lands in the directory underneath. So fuser's
+/// mount handle is never dropped: the kernel has unmounted already.
+fn run_until_unmounted(session: fuser::Session<FuseAdapter>) -> std::io::Result<()> {
+    let background = std::mem::ManuallyDrop::new(session.spawn()?);
+    // SAFETY: `guard` is read out exactly once and `background` is never
+    // used or dropped afterwards, so the handle has one owner; the other
+    // fields (the mount handle) are leaked on purpose, see above.
+    let guard = unsafe { std::ptr::read(&background.guard) };
+    guard
+        .join()
+        .map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?
+}
+
+/// Send every panic (a bug) of any thread to the server's log, with where
+/// it happened and a backtrace: the server runs detached, so the default
+/// message on stderr would go nowhere. The threads that own the engine
+/// catch their panics and abort the journal (`Fs::abort`).
+pub fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let message = crate::error::panic_message(info.payload());
+        let location = info
+            .location()
+            .map_or_else(String::new, |location| location.to_string());
+        let backtrace = std::backtrace::Backtrace::force_capture();
+        // Worded as the standard hook words it, for whoever greps logs
+        // for "panicked".
+        tracing::error!(
+            "thread '{}' panicked at {location}: {message}\n{backtrace}",
+            thread.name().unwrap_or("unnamed")
+        );
+    }));
 }
 
 /// Refreshes `<runtime>/<mountpoint>.stats` every few seconds, and once
@@ -122,7 +267,19 @@ impl StatsReporter {
                 let (lock, condvar) = &*flag;
                 let mut stopped = lock.lock();
                 while !*stopped {
-                    let _ = std::fs::write(&file, fs.stats_report());
+                    let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        fs.stats_report()
+                    }));
+                    match report {
+                        Ok(report) => {
+                            let _ = std::fs::write(&file, report);
+                        }
+                        Err(panic) => {
+                            let why = crate::error::panic_message(&*panic);
+                            fs.abort(&format!("the statistics thread panicked: {why}"));
+                            return;
+                        }
+                    }
                     condvar.wait_for(&mut stopped, Self::INTERVAL);
                 }
             })
@@ -156,6 +313,26 @@ pub fn is_mount_point(path: &Path) -> bool {
             .map(unescape_mountinfo)
             .is_some_and(|mount_point| mount_point == wanted)
     })
+}
+
+/// The mount points of every jext4 mount this user can see: type
+/// `fuse.jext4`, or (with another `subtype=`) a mount whose server left its
+/// pid in the runtime directory.
+pub fn jext4_mounts() -> Vec<PathBuf> {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mount_point = PathBuf::from(unescape_mountinfo(line.split(' ').nth(4)?));
+            // The filesystem type follows the " - " separator.
+            let fs_type = line.split_once(" - ")?.1.split(' ').next()?;
+            let ours = fs_type == "fuse.jext4"
+                || (fs_type.starts_with("fuse") && runtime_file(&mount_point, "pid").exists());
+            ours.then_some(mount_point)
+        })
+        .collect()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.

@@ -42,6 +42,7 @@ impl Jbd2 {
             return Ok(());
         };
         let tid = locked.transaction.tid;
+        faults::panic_point(faults::PanicPoint::Commit);
         if locked.point_superblock {
             // The superblock said "empty log": point it at this transaction
             // before the transaction can be found in the log.

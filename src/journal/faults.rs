@@ -111,3 +111,52 @@ mod tests {
         assert!(!any_active());
     }
 }
+
+/// Points where a test can make the server panic, once each: to show that
+/// a panic in any thread ends in an aborted journal and a server that exits
+/// once unmounted — never a hang holding the image. Armed from the
+/// environment (`JEXT4_PANIC_AT=commit,create`) by the server, and only in
+/// builds with debug assertions (the CI profile), never in release builds.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PanicPoint {
+    /// The commit thread, as it starts a commit.
+    Commit = 1 << 0,
+    /// Creating a file, after its inode is allocated in the running
+    /// transaction and before its name exists: half of a change.
+    Create = 1 << 1,
+}
+
+/// The armed panic points, one bit per `PanicPoint`.
+static PANIC_AT: AtomicU32 = AtomicU32::new(0);
+
+/// Arm the panic points named in `JEXT4_PANIC_AT` (debug builds only).
+#[doc(hidden)]
+pub fn arm_panics_from_env() {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    let Ok(names) = std::env::var("JEXT4_PANIC_AT") else {
+        return;
+    };
+    for name in names.split(',').map(str::trim) {
+        let point = match name {
+            "commit" => PanicPoint::Commit,
+            "create" => PanicPoint::Create,
+            _ => continue,
+        };
+        PANIC_AT.fetch_or(point as u32, Ordering::SeqCst);
+    }
+}
+
+/// Panic here if `point` is armed (then disarm it): the hook at each site.
+#[doc(hidden)]
+#[inline]
+pub fn panic_point(point: PanicPoint) {
+    if PANIC_AT.load(Ordering::Relaxed) & point as u32 != 0
+        && PANIC_AT.fetch_and(!(point as u32), Ordering::SeqCst) & point as u32 != 0
+    {
+        panic!("injected panic at {point:?} (JEXT4_PANIC_AT)");
+    }
+}

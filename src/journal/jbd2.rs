@@ -40,7 +40,7 @@ use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -185,6 +185,8 @@ pub(crate) struct Jbd2 {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Told of every handle's logical changes and every full commit.
     pub observer: OnceLock<Arc<dyn ChangeObserver>>,
+    /// `state.error` is set (read without the state lock on every handle).
+    aborted: AtomicBool,
     pub commits: AtomicU64,
     pub blocks_logged: AtomicU64,
     pub revokes_logged: AtomicU64,
@@ -300,6 +302,7 @@ impl Jbd2 {
             pending_free: Mutex::new(BTreeMap::new()),
             thread: Mutex::new(None),
             observer: OnceLock::new(),
+            aborted: AtomicBool::new(false),
             commits: AtomicU64::new(0),
             blocks_logged: AtomicU64::new(0),
             revokes_logged: AtomicU64::new(0),
@@ -568,8 +571,28 @@ impl Jbd2 {
         if state.error.is_none() {
             tracing::error!(%error, "journal aborted");
             state.error = Some(error.to_string());
+            self.aborted.store(true, Ordering::Release);
         }
         self.changed.notify_all();
+    }
+
+    /// Abort from outside the commit path (`Journal::abort`).
+    pub fn abort_with(&self, reason: &str) {
+        let mut state = self.state.lock();
+        self.abort(
+            &mut state,
+            &Error::Io(std::io::Error::other(reason.to_string())),
+        );
+        self.wake_commit.notify_all();
+    }
+
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// The error the journal aborted with, if it did.
+    pub fn error(&self) -> Option<String> {
+        self.state.lock().error.clone()
     }
 
     fn start_thread(jbd2: &Arc<Jbd2>) {
@@ -578,8 +601,21 @@ impl Jbd2 {
             .name("jext4-commit".into())
             .spawn(move || {
                 while let Some(jbd2) = weak.upgrade() {
-                    if !jbd2.commit_thread_step() {
-                        return;
+                    // A panic (a bug) ends the thread; waiters for a commit
+                    // would sleep forever unless the journal aborts, which
+                    // wakes them with an error. The state lock was released
+                    // by the unwinding.
+                    let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        jbd2.commit_thread_step()
+                    }));
+                    match step {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(panic) => {
+                            let why = crate::error::panic_message(&*panic);
+                            jbd2.abort_with(&format!("the commit thread panicked: {why}"));
+                            return;
+                        }
                     }
                 }
             })
@@ -591,16 +627,19 @@ impl Jbd2 {
     /// checkpoint. Returns false when the journal has stopped.
     fn commit_thread_step(&self) -> bool {
         let mut state = self.state.lock();
-        let deadline = state.running.created + self.commit_interval;
+        // MountOptions::validate bounds the interval; an Instant past the
+        // clock's range would still panic here, so never compute one.
+        let deadline = state.running.created.checked_add(self.commit_interval);
         while state.commit_request.is_none()
             && !state.checkpoint_request
             && !state.stopping
             && state.error.is_none()
         {
-            let timed_out = self
-                .wake_commit
-                .wait_until(&mut state, deadline)
-                .timed_out();
+            let timed_out = match deadline {
+                Some(deadline) => self.wake_commit.wait_until(&mut state, deadline),
+                None => self.wake_commit.wait_for(&mut state, self.commit_interval),
+            }
+            .timed_out();
             if timed_out {
                 break;
             }

@@ -82,6 +82,9 @@ pub struct Journal {
     /// Set when the filesystem is mounted read-only or turned read-only after
     /// an error: no handle may start.
     read_only: AtomicBool,
+    /// Why nothing more may be written, once the journal aborted (a panic
+    /// in the engine; a JBD2 commit failure also lives in its own state).
+    abort_reason: parking_lot::Mutex<Option<String>>,
 }
 
 /// Statistics for `jext4` status reports.
@@ -104,6 +107,7 @@ impl Journal {
             cache,
             config,
             read_only: AtomicBool::new(read_only),
+            abort_reason: parking_lot::Mutex::new(None),
         });
         if !read_only {
             WriteBack::start_flusher(&journal);
@@ -126,6 +130,7 @@ impl Journal {
             cache,
             config,
             read_only: AtomicBool::new(false),
+            abort_reason: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -144,8 +149,55 @@ impl Journal {
         matches!(self.mode, Mode::Jbd2(_))
     }
 
+    /// Read-only as mounted, after an error, or because the journal
+    /// aborted.
     pub fn is_read_only(&self) -> bool {
         self.read_only.load(Ordering::Acquire)
+            || matches!(&self.mode, Mode::Jbd2(jbd2) if jbd2.is_aborted())
+    }
+
+    /// Why the journal aborted, if it did: nothing more is written and the
+    /// log on disk stays as the last commit left it (replayable).
+    pub fn abort_reason(&self) -> Option<String> {
+        if let Some(reason) = self.abort_reason.lock().clone() {
+            return Some(reason);
+        }
+        match &self.mode {
+            Mode::Jbd2(jbd2) => jbd2.error(),
+            Mode::WriteBack(_) => None,
+        }
+    }
+
+    /// Stop writing for good (the kernel's jbd2_journal_abort): every
+    /// handle and every waiter for a commit fails from now on, and unmount
+    /// writes nothing. For a state the engine can no longer trust — a
+    /// panic part-way through an operation — where committing what is in
+    /// memory could write a half-made change.
+    pub fn abort(&self, reason: &str) {
+        self.read_only.store(true, Ordering::Release);
+        {
+            let mut stored = self.abort_reason.lock();
+            if stored.is_some() {
+                return;
+            }
+            *stored = Some(reason.to_string());
+        }
+        match &self.mode {
+            Mode::Jbd2(jbd2) => jbd2.abort_with(reason),
+            Mode::WriteBack(write_back) => {
+                tracing::error!(reason, "write-back stopped: nothing more is written");
+                write_back.stop_flusher();
+            }
+        }
+    }
+
+    fn check_not_aborted(&self) -> Result<()> {
+        match self.abort_reason.lock().as_ref() {
+            Some(reason) => Err(Error::Io(std::io::Error::other(format!(
+                "journal aborted: {reason}"
+            )))),
+            None => Ok(()),
+        }
     }
 
     /// Refuse every further change (errors=remount-ro). What was accepted
@@ -240,6 +292,7 @@ impl Journal {
     /// Make everything accepted so far durable, file data included (sync,
     /// syncfs): one commit, or one flush when there is nothing to commit.
     pub fn sync(&self) -> Result<()> {
+        self.check_not_aborted()?;
         match &self.mode {
             Mode::WriteBack(write_back) => {
                 write_back.write_all()?;
@@ -278,7 +331,7 @@ impl Journal {
 
     /// Called after handles stop: keep pinned memory within the cache bound.
     fn relieve_pressure(&self) -> Result<()> {
-        if !self.cache.over_capacity() {
+        if !self.cache.over_capacity() || self.abort_reason.lock().is_some() {
             return Ok(());
         }
         match &self.mode {
@@ -296,6 +349,7 @@ impl Journal {
         match &self.mode {
             Mode::WriteBack(write_back) => {
                 write_back.stop_flusher();
+                self.check_not_aborted()?;
                 if !self.is_read_only() || write_back.has_dirty() {
                     write_back.write_all()?;
                     self.cache.flush_device()?;
@@ -507,8 +561,14 @@ impl<'j> Handle<'j> {
 
 impl Drop for Handle<'_> {
     /// A handle abandoned by an error path or a panic still leaves its
-    /// transaction, or the next commit would wait for it forever.
+    /// transaction, or the next commit would wait for it forever. A panic
+    /// part-way through an operation aborts the journal first: the
+    /// transaction may hold half of the change, and must never commit.
     fn drop(&mut self) {
+        if !self.stopped && std::thread::panicking() {
+            self.journal
+                .abort("a panic interrupted an operation inside its transaction");
+        }
         self.leave();
     }
 }

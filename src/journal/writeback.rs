@@ -107,8 +107,19 @@ impl WriteBack {
                     let Some(mode) = journal.write_back_mode() else {
                         return;
                     };
-                    if let Err(error) = mode.write_all() {
-                        tracing::error!(%error, "background write-back failed");
+                    if journal.abort_reason().is_some() {
+                        return;
+                    }
+                    let pass =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| mode.write_all()));
+                    match pass {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => tracing::error!(%error, "background write-back failed"),
+                        Err(panic) => {
+                            let why = crate::error::panic_message(&*panic);
+                            journal.abort(&format!("the flusher thread panicked: {why}"));
+                            return;
+                        }
                     }
                 }
             })

@@ -402,10 +402,7 @@ pub fn kernel_available() -> bool {
             mount.unmount();
             true
         }
-        Err(text) => {
-            eprintln!("SKIP: cannot loop-mount here: {text}");
-            false
-        }
+        Err(text) => super::skip(&format!("cannot loop-mount here: {text}")),
     }
 }
 

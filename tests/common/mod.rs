@@ -6,7 +6,10 @@ pub mod e2e;
 pub mod journal;
 pub mod nbd;
 pub mod server;
+mod skip;
 pub mod workload;
+
+pub use skip::skip;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,10 +44,7 @@ pub fn require_tool(tool: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if !found {
-        eprintln!("SKIP: {tool} is not installed");
-    }
-    found
+    found || skip(&format!("{tool} is not installed"))
 }
 
 /// Create an image of `size_mib` MiB with mke2fs and the given arguments.

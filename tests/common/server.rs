@@ -19,8 +19,7 @@ const UNMOUNT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Whether FUSE mounts can work here (root or fusermount3, and /dev/fuse).
 pub fn fuse_available() -> bool {
     if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIP: /dev/fuse is missing");
-        return false;
+        return super::skip("/dev/fuse is missing");
     }
     super::require_tool("fusermount3")
 }

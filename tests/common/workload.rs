@@ -14,38 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// SplitMix64: small, seedable, good enough to pick operations and moments.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..bound` (bound > 0).
-    pub fn below(&mut self, bound: u64) -> u64 {
-        assert!(bound > 0);
-        self.next_u64() % bound
-    }
-
-    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(len + 8);
-        while bytes.len() < len {
-            bytes.extend_from_slice(&self.next_u64().to_le_bytes());
-        }
-        bytes.truncate(len);
-        bytes
-    }
-}
+/// The one seeded generator (SplitMix64), shared with the crash tests.
+pub use jext4::crash::rng::Rng;
 
 /// The seed for a randomised test: `$var` if set, else from the clock.
 /// Printed, so that a failure can be replayed.

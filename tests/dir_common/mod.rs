@@ -3,6 +3,9 @@
 //! and kernel loop mounts.
 #![allow(dead_code)]
 
+#[path = "../common/skip.rs"]
+mod skip;
+
 use jext4::cache::{Buffer, BufferCache};
 use jext4::dev::{BlockDevice, MemoryDevice};
 use jext4::error::{Error, Result};
@@ -132,7 +135,7 @@ pub fn can_mount() -> bool {
     if mounted {
         run("umount", &[mount_point.to_str().unwrap()]);
     } else {
-        eprintln!("SKIP: cannot loop-mount images here");
+        skip::skip("cannot loop-mount images here");
     }
     mounted
 }
@@ -361,22 +364,8 @@ impl Drop for MemEnv {
     }
 }
 
-/// Deterministic pseudo-random numbers (xorshift), so failures replay.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+/// The crate's seeded generator (SplitMix64), so failures replay.
+pub use jext4::crash::rng::Rng;
 
 /// A unique name: `tag` in hex, then letters, digits and some high bytes
 /// (where signed and unsigned hashes differ) up to `len` bytes. Never '/',
@@ -402,10 +391,7 @@ pub fn can_run(tool: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if !found {
-        eprintln!("SKIP: {tool} is not installed");
-    }
-    found
+    found || skip::skip(&format!("{tool} is not installed"))
 }
 
 /// Pairs of distinct names with equal major hash under `version` (found by

@@ -8,6 +8,8 @@ pub mod map;
 pub mod mutate;
 pub mod seeds;
 
+pub use seeds::skip;
+
 use jext4::dev::MemoryDevice;
 use jext4::error::Error;
 use jext4::fs::walk::{self, Budget, Stats};

@@ -9,6 +9,11 @@
 //! timestamps) varies, which is why failures name mutations by structure
 //! and field rather than by byte offset.
 
+#[path = "../common/skip.rs"]
+mod skip_support;
+
+pub use skip_support::skip;
+
 use jext4::api::Image;
 use jext4::fs::{Caller, FALLOC_FL_KEEP_SIZE, MountOptions};
 use std::ffi::CString;
@@ -170,7 +175,7 @@ pub fn load_or_make(spec: &SeedSpec) -> Option<Vec<u8>> {
         return Some(bytes);
     }
     if !tool_present("mke2fs") {
-        eprintln!("SKIP seed {}: mke2fs is not installed", spec.name);
+        skip(&format!("seed {}: mke2fs is not installed", spec.name));
         return None;
     }
     std::fs::create_dir_all(seed_dir()).expect("creating the seed directory");
@@ -446,9 +451,11 @@ fn fill_with_kernel(image: &Path, spec: &SeedSpec) -> bool {
         .map(|output| output.status.success())
         .unwrap_or(false);
     if !mounted {
-        eprintln!("SKIP seed {}: cannot loop-mount images here", spec.name);
         let _ = std::fs::remove_dir(&mount_point);
-        return false;
+        return skip(&format!(
+            "seed {}: cannot loop-mount images here",
+            spec.name
+        ));
     }
     // s_log_block_size, straight from the superblock mke2fs wrote.
     let superblock = std::fs::read(image).unwrap();

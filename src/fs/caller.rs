@@ -1,0 +1,108 @@
+//! Who asks for an operation: the credentials the engine needs for the
+//! decisions the kernel leaves to the filesystem — ownership of new inodes,
+//! blocks reserved for root, the umask of a new inode whose directory has no
+//! default ACL, and whether setting an access ACL keeps the setgid bit.
+//!
+//! Permission checks themselves are the kernel's (FUSE `default_permissions`
+//! with `FUSE_POSIX_ACL`); the library API makes none.
+
+/// The kernel's CAP_FSETID (linux/capability.h): keep setgid on a file whose
+/// group the caller is not in.
+const CAP_FSETID: u32 = 4;
+
+/// Identity of the caller of one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// File-system uid and gid (FUSE requests carry the fsuid and fsgid).
+    pub uid: u32,
+    pub gid: u32,
+    /// The file-mode creation mask: applied to a new inode's mode when its
+    /// directory has no default ACL, ignored when it has one
+    /// (posix_acl_create). FUSE passes it with create, mknod and mkdir.
+    pub umask: u16,
+    /// The calling thread, whose supplementary groups and capabilities
+    /// `/proc/<tid>/status` reports; `None` means this thread (the library).
+    pub tid: Option<u32>,
+}
+
+impl Caller {
+    /// Root in this process, no umask: recovery, tests, internal work.
+    pub const ROOT: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+        tid: None,
+    };
+
+    /// A caller with the given ids, no umask, in this process.
+    pub const fn new(uid: u32, gid: u32) -> Caller {
+        Caller {
+            uid,
+            gid,
+            umask: 0,
+            tid: None,
+        }
+    }
+
+    /// The kernel's `in_group_or_capable`: is `gid` the caller's group or
+    /// one of its supplementary groups, or may it keep setgid anyway
+    /// (CAP_FSETID)? Read from `/proc` as libfuse's `fuse_req_getgroups`
+    /// does; a thread that is gone counts as neither (setgid is cleared: the
+    /// safe side).
+    pub fn in_group_or_capable(&self, gid: u32) -> bool {
+        if self.gid == gid {
+            return true;
+        }
+        let path = match self.tid {
+            Some(tid) => format!("/proc/{tid}/status"),
+            None => "/proc/thread-self/status".to_string(),
+        };
+        let Ok(status) = std::fs::read_to_string(path) else {
+            return false;
+        };
+        status_in_group_or_capable(&status, gid)
+    }
+}
+
+/// `in_group_or_capable` from the text of a `/proc/<tid>/status`.
+fn status_in_group_or_capable(status: &str, gid: u32) -> bool {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::trim)
+    };
+    let in_groups = field("Groups:").is_some_and(|groups| {
+        groups
+            .split_whitespace()
+            .any(|group| group.parse() == Ok(gid))
+    });
+    let capable = field("CapEff:")
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0);
+    in_groups || capable
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_groups_and_capabilities_from_status() {
+        let user = "Name:\tsh\nGroups:\t3001 3003 \nCapEff:\t0000000000000000\n";
+        assert!(status_in_group_or_capable(user, 3003));
+        assert!(!status_in_group_or_capable(user, 300));
+        let root = "Groups:\nCapEff:\t000001ffffffffff\n";
+        assert!(status_in_group_or_capable(root, 12345));
+        let only_fsetid = "Groups:\t1\nCapEff:\t0000000000000010\n";
+        assert!(status_in_group_or_capable(only_fsetid, 7));
+        assert!(!status_in_group_or_capable("", 7));
+        // The caller's own group needs no /proc at all.
+        let caller = Caller {
+            tid: Some(u32::MAX),
+            ..Caller::new(5, 6)
+        };
+        assert!(caller.in_group_or_capable(6));
+        assert!(!caller.in_group_or_capable(7));
+    }
+}

@@ -1,0 +1,82 @@
+//! Requests to a running server through the mount itself: ioctls on any
+//! file or directory of the mount (usually its root), answered by the
+//! server. The kernel never forwards sync(2) or syncfs(2) to a /dev/fuse
+//! server (only virtiofs gets FUSE_SYNCFS), so `jext4 sync` asks this way,
+//! and `jext4 stats` reads the live statistics this way.
+//!
+//! FUSE passes "restricted" ioctls only: the size and direction of the
+//! argument come from the command number (linux/ioctl.h `_IOC`), which is
+//! how the kernel knows what to copy.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+const IOC_NONE: u32 = 0;
+const IOC_READ: u32 = 2;
+
+/// linux/ioctl.h `_IOC(dir, type, nr, size)`.
+const fn ioc(direction: u32, kind: u8, number: u8, size: u32) -> u32 {
+    direction << 30 | size << 16 | (kind as u32) << 8 | number as u32
+}
+
+/// The ioctl type byte of jext4's requests.
+const KIND: u8 = b'j';
+
+/// Commit everything accepted so far and wait until it is durable, file
+/// data included (`jext4 sync`): `_IO('j', 1)`.
+pub const JEXT4_IOC_SYNC: u32 = ioc(IOC_NONE, KIND, 1, 0);
+
+/// The live statistics report (`jext4 stats`): `_IOR('j', 2, [u8; 8192])`;
+/// the ioctl returns the report's length.
+pub const STATS_SIZE: usize = 8192;
+pub const JEXT4_IOC_STATS: u32 = ioc(IOC_READ, KIND, 2, STATS_SIZE as u32);
+
+/// Open `path` (a file or directory on the mount) for an ioctl, without
+/// following a final symlink out of the mount and without blocking.
+fn open(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Ask the server of the mount holding `path` to commit everything and
+/// wait for it.
+pub fn sync(path: &Path) -> std::io::Result<()> {
+    let file = open(path)?;
+    // SAFETY: an argument-less ioctl on a descriptor we own.
+    let result = unsafe { libc::ioctl(file.as_raw_fd(), JEXT4_IOC_SYNC as _) };
+    if result < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The live statistics report of the server of the mount holding `path`.
+pub fn stats(path: &Path) -> std::io::Result<String> {
+    let file = open(path)?;
+    let mut buffer = vec![0u8; STATS_SIZE];
+    // SAFETY: the kernel copies at most STATS_SIZE bytes (the size in the
+    // command number) into the buffer, which holds that many.
+    let length =
+        unsafe { libc::ioctl(file.as_raw_fd(), JEXT4_IOC_STATS as _, buffer.as_mut_ptr()) };
+    if length < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buffer.truncate((length as usize).min(STATS_SIZE));
+    Ok(String::from_utf8_lossy(&buffer).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_numbers_follow_the_kernel_encoding() {
+        // _IO('j', 1) and _IOR('j', 2, char[8192]) as C computes them.
+        assert_eq!(JEXT4_IOC_SYNC, 0x0000_6a01);
+        assert_eq!(JEXT4_IOC_STATS, 0x8000_0000 | 8192 << 16 | 0x6a02);
+    }
+}

@@ -1,0 +1,120 @@
+//! Small file operations the standard library lacks (times, exchange,
+//! mknod, syncfs, statvfs), data patterns, waiting.
+
+use super::*;
+
+/// utimensat with nanoseconds, not following a final symlink.
+pub fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) {
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    let times = [
+        libc::timespec {
+            tv_sec: atime.0,
+            tv_nsec: atime.1,
+        },
+        libc::timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1,
+        },
+    ];
+    // SAFETY: valid path and a two-element timespec array.
+    let result = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(
+        result,
+        0,
+        "utimensat {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// renameat2 with RENAME_EXCHANGE.
+pub fn exchange(a: &Path, b: &Path) {
+    let ca = CString::new(a.as_os_str().as_bytes()).expect("path without NUL");
+    let cb = CString::new(b.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: valid NUL-terminated paths.
+    let result = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    assert_eq!(
+        result,
+        0,
+        "renameat2(EXCHANGE) {} {}: {}",
+        a.display(),
+        b.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// mknod for fifos and device nodes.
+pub fn mknod(path: &Path, mode: u32, rdev: u64) {
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: a valid path.
+    let result = unsafe { libc::mknod(c_path.as_ptr(), mode, rdev) };
+    assert_eq!(
+        result,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// syncfs on the filesystem holding `path`.
+pub fn syncfs(path: &Path) {
+    let file = fs::File::open(path).expect("opening for syncfs");
+    // SAFETY: a descriptor we own.
+    assert_eq!(unsafe { libc::syncfs(file.as_raw_fd()) }, 0, "syncfs");
+}
+
+/// A deterministic byte pattern, different per `seed`.
+pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
+    jext4::crash::rng::Rng::derive(seed, "pattern").bytes(length)
+}
+
+pub fn read_all(path: &Path) -> Vec<u8> {
+    let mut data = Vec::new();
+    fs::File::open(path)
+        .and_then(|mut file| file.read_to_end(&mut data))
+        .unwrap_or_else(|error| panic!("reading {}: {error}", path.display()));
+    data
+}
+
+/// Wait until `condition` holds, up to `limit`.
+pub fn wait_for(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    condition()
+}
+
+/// statvfs: (block size, free blocks, blocks available to non-root).
+pub fn statvfs(path: &Path) -> (u64, u64, u64) {
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: zeroed is a valid statvfs; the call fills it.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out pointer.
+    let result = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    assert_eq!(result, 0, "statvfs: {}", std::io::Error::last_os_error());
+    (
+        stat.f_frsize as u64,
+        stat.f_bfree as u64,
+        stat.f_bavail as u64,
+    )
+}
