@@ -316,11 +316,7 @@ fn kernel_reads(path: &Path, content: &BTreeMap<u64, Content>, size: u64, bs: u6
             );
         }
     });
-    let unmounted = Command::new("umount")
-        .arg(mountpoint.path())
-        .status()
-        .unwrap();
-    assert!(unmounted.success());
+    common::kernel_umount(mountpoint.path());
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
@@ -519,13 +515,7 @@ fn kernel_made_extent_tree_is_read_and_punched() {
         }
         file.sync_all().unwrap();
     }
-    assert!(
-        Command::new("umount")
-            .arg(mountpoint.path())
-            .status()
-            .unwrap()
-            .success()
-    );
+    common::kernel_umount(mountpoint.path());
     assert_fsck_clean(&path, "after the kernel wrote");
 
     let (leaves, tree_blocks) = parse_ex(&debugfs(&path, "ex f", false));

@@ -92,3 +92,70 @@ pub fn assert_fsck_clean(image: &Path) {
         image.display()
     );
 }
+
+/// Unmount a kernel mount, waiting out a transient EBUSY: any process's
+/// path walk through the mount (a mount-table scanner resolving mount
+/// points, a child of another test thread holding an inherited descriptor
+/// until its exec closes it) holds a reference for a moment, and umount(2)
+/// refuses while it does. A holder still there after `UMOUNT_PATIENCE` is
+/// a real leak, and the failure names every process with a descriptor,
+/// working directory or root under the mount point.
+pub fn kernel_umount(mountpoint: &Path) {
+    const UMOUNT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+    let began = std::time::Instant::now();
+    loop {
+        let output = Command::new("umount")
+            .arg(mountpoint)
+            .output()
+            .expect("running umount");
+        if output.status.success() {
+            if began.elapsed() > std::time::Duration::from_millis(15) {
+                eprintln!(
+                    "umount {}: busy for {:?} before it went",
+                    mountpoint.display(),
+                    began.elapsed()
+                );
+            }
+            return;
+        }
+        let text = String::from_utf8_lossy(&output.stderr).into_owned();
+        if !text.contains("busy") || began.elapsed() > UMOUNT_PATIENCE {
+            panic!(
+                "umount {}: {}; holders: {:?}",
+                mountpoint.display(),
+                text.trim(),
+                holders_under(mountpoint)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Processes with a descriptor, working directory or root under `dir`:
+/// `pid (command): path` for each.
+pub fn holders_under(dir: &Path) -> Vec<String> {
+    let mut holders = Vec::new();
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return holders;
+    };
+    for process in processes.flatten() {
+        let pid = process.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|byte| byte.is_ascii_digit()) {
+            continue;
+        }
+        let base = process.path();
+        let command = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
+        let mut links = vec![base.join("cwd"), base.join("root")];
+        if let Ok(descriptors) = std::fs::read_dir(base.join("fd")) {
+            links.extend(descriptors.flatten().map(|entry| entry.path()));
+        }
+        for link in links {
+            if let Ok(target) = std::fs::read_link(&link)
+                && target.starts_with(dir)
+            {
+                holders.push(format!("{pid} ({}): {}", command.trim(), target.display()));
+            }
+        }
+    }
+    holders
+}

@@ -316,8 +316,7 @@ impl Mount {
     }
 
     pub fn unmount(mut self) {
-        let output = run("umount", &[self.dir.to_str().unwrap()]);
-        assert!(output.status.success(), "umount: {output:?}");
+        crate::common::kernel_umount(&self.dir);
         self.mounted = false;
     }
 }

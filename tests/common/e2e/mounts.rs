@@ -214,7 +214,7 @@ impl KernelMount {
 
     pub fn unmount(mut self) {
         self.mounted = false;
-        run_ok("umount", &[path_str(&self.mountpoint)]);
+        crate::common::kernel_umount(&self.mountpoint);
         detach_loops(&self.image);
     }
 }
