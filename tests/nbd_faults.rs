@@ -6,7 +6,9 @@
 //! reconnected to, the writes it lost replayed; a server that stays away
 //! longer than the reconnect timeout turns the filesystem read-only, and
 //! `jext4 recover` once it is back leaves a clean image with every
-//! fsync'd file.
+//! fsync'd file; so does a server that hangs (stopped: connections open,
+//! nothing answered), once `x-io-timeout` and the reconnect timeout run
+//! out — never a hang.
 
 mod common;
 
@@ -231,6 +233,50 @@ fn delayed_server() {
         "the delay filter did nothing"
     );
     drop(server);
+    assert_recovered_with(&raw, &durable);
+}
+
+/// A hung server (SIGSTOP: its socket still accepts, nothing answers):
+/// the reply timeout (`x-io-timeout`) takes the connection for lost, the
+/// reconnects time out in their handshake, and after the reconnect
+/// timeout the filesystem turns read-only with EIO — bounded, where
+/// without a reply timeout the fsync would wait forever. Once the server
+/// runs again, `jext4 recover` leaves every fsync'd file.
+#[test]
+fn hung_server_times_out() {
+    if !servers_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let raw = common::mkfs(dir.path(), "img", 32, &["-t", "ext4", "-b", "1024"]);
+    let server = NbdServer::nbdkit(
+        dir.path(),
+        "hung",
+        Listen::Unix,
+        &["file", e2e::path_str(&raw)],
+    );
+    let uri = server.uri_with("", "x-io-timeout=1&x-reconnect-timeout=2");
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let image = Image::open(&uri).unwrap();
+        let (durable, failure) = fsync_until_error(&image, 20, || server.freeze(true));
+        let _ = done.send(());
+        assert_eq!(failure.errno(), libc::EIO, "{failure}");
+        let said = failure.to_string();
+        assert!(said.contains("gave up reconnecting"), "{said}");
+        assert_read_only(&image);
+        server.freeze(false);
+        let _ = image.close();
+        (server, durable)
+    });
+    // Bounded by the timeouts (about 4 s); a hang is the failure.
+    if finished.recv_timeout(Duration::from_secs(120)).is_err() {
+        panic!("the fsync to a hung server never returned");
+    }
+    let (server, durable) = worker.join().unwrap();
+    recover(&server.uri);
+    drop(server);
+    assert!(durable.len() >= 20);
     assert_recovered_with(&raw, &durable);
 }
 

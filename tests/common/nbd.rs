@@ -187,6 +187,16 @@ impl NbdServer {
         }
     }
 
+    /// SIGSTOP (`true`) or SIGCONT: a hung server, which keeps its
+    /// connections open and its socket listening but answers nothing.
+    pub fn freeze(&self, frozen: bool) {
+        if let Some(child) = &self.child {
+            let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: kill(2) on the pid of our own unreaped child.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
     pub fn read_log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -194,6 +204,7 @@ impl NbdServer {
 
 impl Drop for NbdServer {
     fn drop(&mut self) {
+        self.freeze(false);
         if let Some(mut child) = self.child.take() {
             // SAFETY: kill(2) on the pid of our own unreaped child; SIGTERM
             // lets qemu-nbd and nbdkit flush and remove their sockets.

@@ -158,6 +158,11 @@ pub struct NbdDevice {
     failed: Mutex<Option<String>>,
     /// Set when reconnecting gave up: why, for every later request.
     dead: Mutex<Option<String>>,
+    /// When the current outage began: the first reconnect since the last
+    /// request that succeeded. The reconnect timeout runs from here, so a
+    /// server that accepts connections and then never answers (or drops
+    /// each one) is given up on as surely as one that refuses them.
+    outage: Mutex<Option<Instant>>,
 }
 
 impl NbdDevice {
@@ -226,6 +231,7 @@ impl NbdDevice {
             partial: Mutex::new(()),
             failed: Mutex::new(None),
             dead: Mutex::new(None),
+            outage: Mutex::new(None),
         })
     }
 
@@ -368,7 +374,10 @@ impl NbdDevice {
                 (generation, result)
             };
             match result {
-                Ok(value) => return Ok(Ok(value)),
+                Ok(value) => {
+                    self.end_outage();
+                    return Ok(Ok(value));
+                }
                 Err(Failure::Server(protocol::ESHUTDOWN)) => {
                     let cause = io::Error::other("the server is shutting down (NBD_ESHUTDOWN)");
                     self.reconnect(generation, &cause)?;
@@ -376,6 +385,14 @@ impl NbdDevice {
                 Err(Failure::Server(errno)) => return Ok(Err(errno)),
                 Err(Failure::Transport(cause)) => self.reconnect(generation, &cause)?,
             }
+        }
+    }
+
+    /// A request succeeded: the connection works again.
+    fn end_outage(&self) {
+        let mut outage = self.outage.lock();
+        if let Some(began) = outage.take() {
+            tracing::debug!(uri = %self.uri, after = ?began.elapsed(), "NBD server answering again");
         }
     }
 
@@ -447,7 +464,7 @@ impl NbdDevice {
             %cause,
             "NBD connection lost; reconnecting for up to {timeout:?}"
         );
-        let started = Instant::now();
+        let started = *self.outage.lock().get_or_insert_with(Instant::now);
         let mut pause = BACKOFF_FIRST;
         loop {
             let error = match self.reopen_all() {

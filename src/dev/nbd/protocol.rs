@@ -261,13 +261,24 @@ impl Connection {
     /// Connect and negotiate the export named in `uri`.
     pub fn open(uri: &NbdUri) -> io::Result<(Connection, ExportInfo)> {
         let stream = Stream::connect(uri)?;
-        stream.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let handshake_timeout = uri
+            .io_timeout
+            .map_or(HANDSHAKE_TIMEOUT, |io| io.min(HANDSHAKE_TIMEOUT));
+        stream.set_timeout(Some(handshake_timeout))?;
         let mut connection = Connection {
             stream: BufReader::with_capacity(REPLY_BUFFER, stream),
             cookie: 0,
         };
-        let info = connection.handshake(&uri.export)?;
-        connection.stream.get_ref().set_timeout(None)?;
+        let info = connection
+            .handshake(&uri.export)
+            .map_err(|error| match error.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the server did not answer the handshake within {handshake_timeout:?}"),
+                ),
+                _ => error,
+            })?;
+        connection.stream.get_ref().set_timeout(uri.io_timeout)?;
         Ok((connection, info))
     }
 
@@ -434,6 +445,13 @@ impl Connection {
                 io::ErrorKind::UnexpectedEof => io::Error::new(
                     io::ErrorKind::ConnectionAborted,
                     "the server closed the connection",
+                ),
+                // SO_RCVTIMEO ran out (`x-io-timeout`): the reply may
+                // have been half read, so the connection cannot be
+                // used again; the caller reconnects.
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no reply from the server within x-io-timeout",
                 ),
                 _ => error,
             })

@@ -26,8 +26,12 @@ pub const MAX_CONNECTIONS: usize = 16;
 /// How long a lost connection is retried before the device gives up, when
 /// the URI does not say (`x-reconnect-timeout=SECONDS`).
 pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Upper bound of `x-reconnect-timeout=`: one hour.
-const MAX_RECONNECT_TIMEOUT_SECONDS: u64 = 3600;
+/// How long a reply may take before the connection is taken for lost,
+/// when the URI does not say (`x-io-timeout=SECONDS`; 0: wait forever).
+/// The kernel's `nbd` client waits 30 s by default too.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upper bound of `x-reconnect-timeout=` and `x-io-timeout=`: one hour.
+const MAX_TIMEOUT_SECONDS: u64 = 3600;
 /// proto.md: strings "MUST be no longer than 4096 bytes".
 const MAX_EXPORT_NAME: usize = 4096;
 
@@ -66,6 +70,9 @@ pub struct NbdUri {
     pub connections: usize,
     /// How long a lost connection is retried.
     pub reconnect_timeout: Duration,
+    /// How long a reply may take (`None`: forever); a server that stays
+    /// silent longer is treated as a lost connection.
+    pub io_timeout: Option<Duration>,
     /// The URI as given, for messages.
     text: String,
 }
@@ -135,6 +142,7 @@ impl NbdUri {
             export,
             connections: DEFAULT_CONNECTIONS,
             reconnect_timeout: DEFAULT_RECONNECT_TIMEOUT,
+            io_timeout: Some(DEFAULT_IO_TIMEOUT),
             text: text.to_string(),
         };
         let mut socket = None;
@@ -149,9 +157,14 @@ impl NbdUri {
                         .map_err(|why| bad(&format!("x-connections: {why}")))?
                 }
                 "x-reconnect-timeout" => {
-                    let seconds = parse_number(&value, 0, MAX_RECONNECT_TIMEOUT_SECONDS)
+                    let seconds = parse_number(&value, 0, MAX_TIMEOUT_SECONDS)
                         .map_err(|why| bad(&format!("x-reconnect-timeout: {why}")))?;
                     uri.reconnect_timeout = Duration::from_secs(seconds);
+                }
+                "x-io-timeout" => {
+                    let seconds = parse_number(&value, 0, MAX_TIMEOUT_SECONDS)
+                        .map_err(|why| bad(&format!("x-io-timeout: {why}")))?;
+                    uri.io_timeout = (seconds > 0).then(|| Duration::from_secs(seconds));
                 }
                 key if key.starts_with("tls-") => {
                     return Err(bad("TLS parameters given, but jext4 does not support TLS"));
@@ -313,8 +326,16 @@ mod tests {
         );
         let uri = NbdUri::parse("nbd://h/e?x-connections=2&x-reconnect-timeout=0").unwrap();
         assert_eq!(
-            (uri.connections, uri.reconnect_timeout),
-            (2, Duration::ZERO)
+            (uri.connections, uri.reconnect_timeout, uri.io_timeout),
+            (2, Duration::ZERO, Some(DEFAULT_IO_TIMEOUT))
+        );
+        let uri = NbdUri::parse("nbd://h/e?x-io-timeout=5").unwrap();
+        assert_eq!(uri.io_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(
+            NbdUri::parse("nbd://h/e?x-io-timeout=0")
+                .unwrap()
+                .io_timeout,
+            None
         );
     }
 
@@ -344,6 +365,7 @@ mod tests {
             ("nbd://h/x?x-connections=0", "x-connections"),
             ("nbd://h/x?x-connections=17", "x-connections"),
             ("nbd://h/x?x-reconnect-timeout=-1", "x-reconnect-timeout"),
+            ("nbd://h/x?x-io-timeout=3601", "x-io-timeout"),
         ] {
             let error = NbdUri::parse(text).unwrap_err();
             assert!(error.contains(says), "{text}: {error}");
