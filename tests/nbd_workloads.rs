@@ -505,3 +505,87 @@ fn crash_states_recorded_over_nbd() {
         }
     }
 }
+
+/// `jext4 stats` of an image that is not mounted: the superblocks'
+/// figures, the same as dumpe2fs's, the same through an NBD URI as from
+/// the file; an image a jext4 server holds is refused, naming it (its
+/// on-disk figures lag the live mount's).
+#[test]
+fn stats_of_an_unmounted_image_file_and_uri() {
+    if !servers_available() || !e2e::require_e2e() {
+        return;
+    }
+    let dir = e2e::scratch("nbd-stats");
+    let raw = common::mkfs(
+        dir.path(),
+        "img",
+        IMAGE_MIB,
+        &["-t", "ext4", "-b", "1024", "-O", "fast_commit"],
+    );
+    let stats = |target: &str| {
+        let output = e2e::run(common::server::JEXT4, &["stats", target]);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let said = String::from_utf8_lossy(&output.stderr).into_owned();
+        (output.status.success(), text, said)
+    };
+    let (ok, local, said) = stats(e2e::path_str(&raw));
+    assert!(ok, "{said}");
+    let field = |report: &str, name: &str| -> String {
+        report
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in:\n{report}"))
+            .to_string()
+    };
+    let header = e2e::run_ok("dumpe2fs", &["-h", e2e::path_str(&raw)]);
+    let header = String::from_utf8_lossy(&header.stdout).into_owned();
+    let dumped = |name: &str| -> String {
+        header
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("dumpe2fs says no {name}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(field(&local, "mounted"), "false");
+    assert_eq!(field(&local, "blocks_free"), dumped("Free blocks"));
+    assert_eq!(field(&local, "inodes_free"), dumped("Free inodes"));
+    assert_eq!(field(&local, "blocks_total"), dumped("Block count"));
+    assert_eq!(field(&local, "needs_recovery"), "false");
+    let features = field(&local, "features");
+    for feature in dumped("Filesystem features").split_whitespace() {
+        assert!(
+            features.split(' ').any(|f| f == feature),
+            "{feature} missing from {features}"
+        );
+    }
+    assert!(
+        field(&local, "journal_fast_commit_blocks")
+            .parse::<u32>()
+            .unwrap()
+            > 0
+    );
+
+    let server = NbdServer::nbdkit(
+        dir.path(),
+        "stats",
+        Listen::Unix,
+        &["--readonly", "file", e2e::path_str(&raw)],
+    );
+    let (ok, remote, said) = stats(&server.uri);
+    assert!(ok, "{said}");
+    assert_eq!(remote, local, "the URI's report differs from the file's");
+    drop(server);
+
+    let mountpoint = dir.path().join("mnt");
+    let mount = e2e::JextMount::mount(&raw, &mountpoint, "");
+    let (ok, _, said) = stats(e2e::path_str(&raw));
+    assert!(!ok, "stats of a mounted image's file succeeded");
+    assert!(
+        said.contains("in use by pid") && said.contains("MOUNTPOINT"),
+        "{said}"
+    );
+    let (ok, live, said) = stats(e2e::path_str(&mountpoint));
+    assert!(ok && field(&live, "mounted") == "true", "{said}");
+    mount.unmount();
+}

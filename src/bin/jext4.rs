@@ -44,8 +44,11 @@ enum Command {
     /// Try the crash states of workloads: each must recover clean and lose
     /// nothing acknowledged (see README "Crash states").
     Crashtest(CrashtestArgs),
-    /// Print a mounted filesystem's statistics (state, cache, journal, write-ahead guard).
+    /// Print a mounted filesystem's statistics (state, cache, journal,
+    /// write-ahead guard) — or, given an image file, block device or NBD
+    /// URI that is not mounted, what its superblocks say.
     Stats {
+        #[arg(value_name = "MOUNTPOINT|IMAGE")]
         mountpoint: PathBuf,
         /// One JSON object instead of `name value` lines.
         #[arg(long)]
@@ -412,6 +415,22 @@ fn stats(mountpoint: &Path, json: bool) -> Result<(), String> {
 
 /// The report of `jext4 stats`, `mounted` first.
 fn stats_report(mountpoint: &Path) -> Result<String, String> {
+    let is_image = jext4::dev::is_nbd_uri(&mountpoint.to_string_lossy())
+        || std::fs::metadata(mountpoint).is_ok_and(|m| !m.is_dir());
+    if is_image {
+        // A live server's image lags its journal and cache: the figures
+        // would be stale, so send the user to the live ones.
+        let holders = jext4::dev::exclusive::flock_holders(mountpoint);
+        if let Some(holder) = holders.first() {
+            return Err(format!(
+                "{} is in use by {holder}: `jext4 stats MOUNTPOINT` gives its live statistics",
+                mountpoint.display()
+            ));
+        }
+        let report = jext4::fs::image_stats(mountpoint)
+            .map_err(|error| format!("{}: {error}", mountpoint.display()))?;
+        return Ok(format!("mounted false\n{report}"));
+    }
     let mountpoint = canonical_mountpoint(mountpoint)?;
     // After an unmount the server's last report stays readable, marked as
     // such; a dead server's report is stale, and is refused.

@@ -106,6 +106,18 @@ pub const RO_COMPAT_SUPPORTED: u32 = ro_compat::SPARSE_SUPER
 
 fn feature_names(kind: &str, bits: u32) -> Vec<String> {
     let table: &[(u32, &str)] = match kind {
+        "compat" => &[
+            (compat::DIR_PREALLOC, "dir_prealloc"),
+            (compat::IMAGIC_INODES, "imagic_inodes"),
+            (compat::HAS_JOURNAL, "has_journal"),
+            (compat::EXT_ATTR, "ext_attr"),
+            (compat::RESIZE_INODE, "resize_inode"),
+            (compat::DIR_INDEX, "dir_index"),
+            (compat::SPARSE_SUPER2, "sparse_super2"),
+            (compat::FAST_COMMIT, "fast_commit"),
+            (compat::STABLE_INODES, "stable_inodes"),
+            (compat::ORPHAN_FILE, "orphan_file"),
+        ],
         "incompat" => &[
             (incompat::COMPRESSION, "compression"),
             (incompat::FILETYPE, "filetype"),
@@ -500,6 +512,15 @@ impl Superblock {
             ));
         }
         Ok(self.feature_ro_compat & !RO_COMPAT_SUPPORTED == 0)
+    }
+
+    /// Every feature set, by the names mke2fs and dumpe2fs use: compat,
+    /// then incompat, then ro_compat.
+    pub fn feature_list(&self) -> Vec<String> {
+        let mut names = feature_names("compat", self.feature_compat);
+        names.extend(feature_names("incompat", self.feature_incompat));
+        names.extend(feature_names("ro_compat", self.feature_ro_compat));
+        names
     }
 
     /// Names of RO_COMPAT features that force a read-only mount.

@@ -200,6 +200,52 @@ fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
         || sb.has_ro_compat(crate::format::superblock::ro_compat::ORPHAN_PRESENT))
 }
 
+/// `jext4 stats IMAGE` of an image that is not mounted (a file, a block
+/// device or an NBD URI): what its superblocks say, as `name value`
+/// lines like a live mount's report. Reads only; works on images that
+/// need recovery, have errors recorded or use features jext4 cannot
+/// mount, which is when one wants to know.
+pub fn image_stats(path: &std::path::Path) -> Result<String> {
+    let dev = crate::dev::open_image(path, true)?;
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
+    let sb = Superblock::decode(&bytes)
+        .map_err(|error| Error::Invalid(format!("{}: {error}", path.display())))?;
+    let geo = Geometry::from_superblock(&sb);
+    use crate::format::superblock::{STATE_ERROR, STATE_VALID, compat, incompat};
+    let mut lines = vec![
+        format!("block_size {}", geo.block_size),
+        format!("blocks_total {}", sb.blocks_count),
+        format!("blocks_free {}", sb.free_blocks_count),
+        format!("blocks_reserved {}", sb.reserved_blocks_count),
+        format!("inodes_total {}", sb.inodes_count),
+        format!("inodes_free {}", sb.free_inodes_count),
+        format!("clean {}", sb.state & STATE_VALID != 0),
+        format!("errors_detected {}", sb.state & STATE_ERROR != 0),
+        format!("needs_recovery {}", sb.has_incompat(incompat::RECOVER)),
+        format!("mount_count {}", sb.mount_count),
+        format!("last_mount_time {}", sb.mount_time),
+        format!("last_write_time {}", sb.write_time),
+        format!("journaled {}", sb.has_compat(compat::HAS_JOURNAL)),
+    ];
+    // The journal's own superblock, when jext4 can find the journal (an
+    // internal one, on a filesystem whose features it knows).
+    if sb.has_compat(compat::HAS_JOURNAL) && sb.check_features().is_ok() {
+        let area = journal_area(&geo, &dev)?;
+        let journal = crate::journal::format::JournalSuperblock::decode(&area.read_block(0)?)?;
+        lines.extend([
+            format!("journal_blocks {}", journal.max_len),
+            format!("journal_fast_commit_blocks {}", journal.num_fc_blocks),
+            format!("journal_sequence {}", journal.sequence),
+            format!("journal_empty {}", journal.start == 0),
+            format!("journal_errno {}", journal.errno),
+        ]);
+    }
+    // Last: free text.
+    lines.push(format!("features {}", sb.feature_list().join(" ")));
+    Ok(lines.join("\n") + "\n")
+}
+
 /// `jext4 logdump IMAGE`: print the journal superblock and every
 /// transaction still in the log.
 pub fn logdump_image(path: &std::path::Path, out: &mut dyn std::io::Write) -> Result<()> {

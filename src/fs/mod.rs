@@ -37,7 +37,9 @@ pub use caller::Caller;
 pub use dirops::Dentry;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
-pub use journal::{ImageRecovery, journal_shape, logdump_image, recover_device, recover_image};
+pub use journal::{
+    ImageRecovery, image_stats, journal_shape, logdump_image, recover_device, recover_image,
+};
 pub use namei::RenameFlags;
 
 use crate::cache::BufferCache;
