@@ -191,7 +191,7 @@ impl Fs {
                 return Err(Error::NotDirectory);
             }
             if inode.links_count == 0 {
-                return Ok(()); // removed while open: empty
+                return Ok(None); // removed while open: empty
             }
             let mut reader = DirReader::new(&self.core, ino, &inode);
             let mut failure = None;
@@ -220,9 +220,16 @@ impl Fs {
                     next,
                 })
             })?;
-            failure.map_or(Ok(()), Err)
+            failure.map_or(Ok(Some(inode)), Err)
         })();
         drop(st);
-        self.note_error(result)
+        // A listing is an access, as the kernel's iterate_dir counts it
+        // (file_accessed), under the same atime policy as a file read.
+        if let Some(inode) = self.note_error(result)? {
+            if !self.core.options.nodiratime {
+                self.touch_atime(ino, &inode);
+            }
+        }
+        Ok(())
     }
 }

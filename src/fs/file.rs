@@ -341,7 +341,7 @@ impl Fs {
 
     /// relatime: record an access when the old atime predates the last
     /// change or is a day old. Best effort: a read never fails for it.
-    fn touch_atime(&self, ino: u32, inode: &Inode) {
+    pub(super) fn touch_atime(&self, ino: u32, inode: &Inode) {
         let now = Timestamp::now();
         let wanted = match self.core.options.atime {
             AtimePolicy::Never => false,

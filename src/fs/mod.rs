@@ -75,6 +75,9 @@ pub struct MountOptions {
     pub dirsync: bool,
     /// Access-time policy.
     pub atime: AtimePolicy,
+    /// Directories' atime is never updated (`-o nodiratime`); files'
+    /// follows `atime`.
+    pub nodiratime: bool,
     /// Do not load (or replay) the journal: read-only, possibly
     /// inconsistent (`-o noload` / `norecovery`).
     pub noload: bool,
@@ -133,6 +136,7 @@ impl Default for MountOptions {
             sync: false,
             dirsync: false,
             atime: AtimePolicy::Relatime,
+            nodiratime: false,
             noload: false,
             journal_async_commit: false,
             fast_commit: None,

@@ -123,7 +123,9 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("sync", None) => engine.sync = true,
             ("async", None) => engine.sync = false,
             ("dirsync", None) => engine.dirsync = true,
-            ("noatime", None) | ("nodiratime", None) => engine.atime = AtimePolicy::Never,
+            ("noatime", None) => engine.atime = AtimePolicy::Never,
+            ("nodiratime", None) => engine.nodiratime = true,
+            ("diratime", None) => engine.nodiratime = false,
             ("relatime", None) => engine.atime = AtimePolicy::Relatime,
             ("strictatime", None) | ("atime", None) => engine.atime = AtimePolicy::Strict,
             ("cache_size", value) => {

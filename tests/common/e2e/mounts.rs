@@ -188,8 +188,19 @@ impl KernelMount {
     /// `mount -t ext4 -o loop[,ro]`: the ext4 driver reads ext2 and ext3 too,
     /// with nanosecond timestamps where the inodes have room for them.
     pub fn mount(image: &Path, mountpoint: &Path, read_only: bool) -> KernelMount {
+        KernelMount::mount_with(image, mountpoint, if read_only { "ro" } else { "" })
+    }
+
+    /// The same with mount `options` besides `loop`.
+    #[allow(dead_code)]
+    pub fn mount_with(image: &Path, mountpoint: &Path, options: &str) -> KernelMount {
         fs::create_dir_all(mountpoint).expect("creating the mount point");
-        let options = if read_only { "loop,ro" } else { "loop" };
+        let options = if options.is_empty() {
+            "loop".to_string()
+        } else {
+            format!("loop,{options}")
+        };
+        let options = options.as_str();
         run_ok(
             "mount",
             &[
