@@ -1,7 +1,8 @@
 //! Issue 12, "cycle mounts just work": `fusermount3 -u` returns as soon as
 //! the kernel has unmounted, while the server still writes its last commit
 //! and holds the image; a `jext4 mount` of the same image right away waits
-//! for it (saying so) instead of refusing it as in use. Every write of
+//! for it (saying so when that takes over a second) instead of refusing
+//! it as in use. Every write of
 //! every cycle must land on the image, never in the directory under the
 //! mount point, and no server may unmount its successor's mount (fuser's
 //! second unmount once did) or warn about a failed unmount.
