@@ -43,6 +43,10 @@ fn mount_t_fuse_jext4_and_fstab_lines_work() {
     .unwrap();
     let script = format!(
         r#"set -e
+# Copies of other programs' FUSE and loop mounts would keep their
+# filesystems alive after they unmount them: detach them, here only.
+findmnt -rn -o TARGET,FSTYPE,SOURCE | awk '$2 ~ /^fuse(\.|blk|$)/ || $3 ~ /^\/dev\/loop/ {{ print $1 }}' |
+    sort -r | while read -r target; do umount -l "$(printf '%b' "$target")" 2>/dev/null || true; done
 mount --bind '{bin}' /usr/local/bin
 mount -t fuse.jext4 '{image}' '{mnt}' -o sync,noatime
 findmnt -n -o FSTYPE,SOURCE '{mnt}'
