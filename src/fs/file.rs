@@ -598,7 +598,7 @@ impl Fs {
             .core
             .inode_tids
             .lock()
-            .get(&ino)
+            .get(ino)
             .map(|tids| if datasync { tids.datasync } else { tids.sync });
         let Some(tid) = pending else {
             return self.core.journal.flush_data();

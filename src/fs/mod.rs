@@ -152,7 +152,7 @@ pub(crate) struct Core {
     /// what statfs leaves out of the total, as the kernel does.
     pub overhead_blocks: u64,
     /// The transactions holding each inode's latest changes (fsync).
-    pub inode_tids: Mutex<HashMap<u32, InodeTids>>,
+    pub inode_tids: Mutex<inode::InodeTidMap>,
     /// Inodes whose last link is gone while a file handle keeps them:
     /// recorded as orphans on disk, freed at their last release. An inode
     /// with no links that is not here is gone, whatever a stale handle
@@ -189,7 +189,7 @@ impl Core {
     ) -> Core {
         Core {
             overhead_blocks: overhead_blocks(&geo, sb),
-            inode_tids: Mutex::new(HashMap::new()),
+            inode_tids: Mutex::new(inode::InodeTidMap::default()),
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),
