@@ -16,6 +16,43 @@ use std::collections::HashMap;
 /// deleted (see `Fs::punch_in_chunks`).
 pub(crate) const PUNCH_CHUNK_BLOCKS: u64 = 1024;
 
+const S_ISUID: u16 = 0o4000;
+const S_ISGID: u16 = 0o2000;
+const S_IXGRP: u16 = 0o0010;
+
+/// File capabilities (linux/xattr.h XATTR_NAME_CAPS): what the kernel
+/// removes on a write, truncate or chown of the file.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// The setuid and setgid bits a write or truncate (`chown` false) or a
+/// chown by `caller` takes from `inode`, as the kernel decides them: setuid
+/// always, setgid when group-executable or when the caller is neither in
+/// the file's group nor CAP_FSETID (`setattr_should_drop_sgid`); after a
+/// write or truncate, only from a regular file and only when the caller
+/// lacks CAP_FSETID (`setattr_should_drop_suidgid`); after a chown, from
+/// anything but a directory. `/proc` is read only when a bit is there to
+/// lose.
+pub(crate) fn setid_bits_to_drop(inode: &Inode, caller: &Caller, chown: bool) -> u16 {
+    let mode = inode.mode;
+    if mode & (S_ISUID | S_ISGID) == 0 || inode.is_dir() {
+        return 0;
+    }
+    if !chown && (!inode.is_reg() || caller.capable_fsetid()) {
+        return 0;
+    }
+    let mut drop = mode & S_ISUID;
+    if mode & S_ISGID != 0 && (mode & S_IXGRP != 0 || !caller.in_group_or_capable(inode.gid)) {
+        drop |= S_ISGID;
+    }
+    drop
+}
+
+/// Whether the inode has any extended attribute (in the inode or in a
+/// block): only then can it carry file capabilities.
+pub(crate) fn has_xattrs(inode: &Inode) -> bool {
+    inode.file_acl != 0 || inode.inline_xattr_area().iter().any(|&byte| byte != 0)
+}
+
 /// Inodes whose transaction ids are remembered for fsync before old
 /// entries are dropped.
 const MAX_TRACKED_INODES: usize = 1 << 16;
@@ -314,6 +351,42 @@ impl Tx<'_, '_> {
         mapping::punch(&mut ctx, ino, inode, from, to)
     }
 
+    /// What a write, a truncate or a chown takes away, as the kernel's
+    /// `file_remove_privs` and `notify_change` do (and as
+    /// FUSE_HANDLE_KILLPRIV_V2 asks of the server): the mode bits `setid`
+    /// (from `setid_bits_to_drop`) and, from a regular file, its
+    /// capabilities (`security.capability`) always. Returns whether the
+    /// inode changed; the caller writes it.
+    pub fn kill_privileges(&mut self, ino: u32, inode: &mut Inode, setid: u16) -> Result<bool> {
+        debug_assert_eq!(setid & !(S_ISUID | S_ISGID), 0, "only setuid and setgid");
+        let mut changed = inode.mode & setid != 0;
+        inode.mode &= !setid;
+        if inode.is_reg()
+            && has_xattrs(inode)
+            && xattr::get(
+                &self.core.geo,
+                &self.core.cache,
+                ino,
+                inode,
+                CAPABILITY_XATTR,
+            )?
+            .is_some()
+        {
+            let mut ctx = self.meta_ctx();
+            xattr::set(
+                &mut ctx,
+                ino,
+                inode,
+                CAPABILITY_XATTR,
+                None,
+                xattr::SetMode::Replace,
+            )?;
+            changed = true;
+        }
+        debug_assert_eq!(inode.mode & setid, 0);
+        Ok(changed)
+    }
+
     pub fn meta_ctx(&mut self) -> crate::format::MetaCtx<'_, '_> {
         let core = self.core;
         let handle = self.handle;
@@ -427,6 +500,16 @@ impl Fs {
                     super::acl::chmod(&mut ctx, ino, &mut inode)?;
                 }
             }
+            let chown = changes.uid.is_some() || changes.gid.is_some();
+            // chown takes setuid and setgid (decided against the old group),
+            // a truncate too unless the caller holds CAP_FSETID; neither
+            // when the caller sets the mode in the same call. Both drop
+            // file capabilities.
+            let setid = if changes.mode.is_none() && (chown || changes.size.is_some()) {
+                setid_bits_to_drop(&inode, &caller, chown)
+            } else {
+                0
+            };
             if let Some(uid) = changes.uid {
                 inode.uid = uid;
                 changed = true;
@@ -435,16 +518,8 @@ impl Fs {
                 inode.gid = gid;
                 changed = true;
             }
-            if changes.uid.is_some() || changes.gid.is_some() {
-                // chown clears setuid, and setgid when group-executable
-                // (the kernel's should_remove_suid), unless the caller set
-                // the mode in the same call.
-                if changes.mode.is_none() && inode.file_type() != fmt::S_IFDIR {
-                    inode.mode &= !0o4000;
-                    if inode.mode & 0o0010 != 0 {
-                        inode.mode &= !0o2000;
-                    }
-                }
+            if chown || changes.size.is_some() {
+                changed |= tx.kill_privileges(ino, &mut inode, setid)?;
             }
             if let Some(time) = changes.atime {
                 inode.atime = resolve(time, now);

@@ -35,7 +35,9 @@ mod xattr;
 pub use crate::format::xattr::SetMode as XattrMode;
 pub use caller::Caller;
 pub use dirops::Dentry;
-pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
+pub use file::{
+    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence, Written,
+};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
 pub use journal::{ImageRecovery, journal_shape, logdump_image, recover_device, recover_image};
 pub use namei::RenameFlags;

@@ -34,10 +34,82 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may cache names and attributes. We are the only
-/// writer of the image, and every change goes through the kernel, which
-/// invalidates what the change affects.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache names (found or not) and attributes.
+/// jext4 owns the image (the device layer refuses a second writer) and
+/// every change goes through the kernel, which invalidates what the change
+/// affects; where the engine changes more than the kernel can tell (a
+/// write that drops setuid, an ACL that changes the mode, an fallocate
+/// that fails part-way), the adapter invalidates it (`attributes_changed`).
+/// Hence a long timeout: libfuse's default of 1 s made the kernel ask again
+/// for every directory and file a long walk or untar came back to.
+const TTL: Duration = Duration::from_secs(3600);
+
+/// The libfuse default, for measuring what the long timeout saves.
+const SHORT_TTL: Duration = Duration::from_secs(1);
+
+/// The round-trip savers the adapter asks of the kernel. Each can be
+/// switched off for a measurement with `JEXT4_FUSE_OFF=NAME,...` in the
+/// server's environment (README, "FUSE requests").
+#[derive(Debug, Clone, Copy)]
+struct Tuning {
+    /// FUSE_HANDLE_KILLPRIV_V2: the engine drops setuid, setgid and file
+    /// capabilities on write, truncate and chown, so the kernel stops
+    /// asking getxattr("security.capability") before writes.
+    killpriv_v2: bool,
+    /// FOPEN_NOFLUSH: no FLUSH on close (writes are write-through: a flush
+    /// has no deferred error to report, release does the rest).
+    noflush: bool,
+    /// The long TTL instead of libfuse's 1 s.
+    long_ttl: bool,
+    /// ENOENT lookups answered as negative entries the kernel may cache.
+    negative_entries: bool,
+}
+
+impl Tuning {
+    const NAMES: [&str; 4] = ["killpriv_v2", "noflush", "long_ttl", "negative_entries"];
+
+    fn from_env() -> Tuning {
+        let mut tuning = Tuning {
+            killpriv_v2: true,
+            noflush: true,
+            long_ttl: true,
+            negative_entries: true,
+        };
+        let off = std::env::var("JEXT4_FUSE_OFF").unwrap_or_default();
+        for name in off
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+        {
+            match name {
+                "killpriv_v2" => tuning.killpriv_v2 = false,
+                "noflush" => tuning.noflush = false,
+                "long_ttl" => tuning.long_ttl = false,
+                "negative_entries" => tuning.negative_entries = false,
+                unknown => tracing::warn!(
+                    "JEXT4_FUSE_OFF: unknown {unknown:?} ignored (known: {})",
+                    Tuning::NAMES.join(", ")
+                ),
+            }
+        }
+        if !off.is_empty() {
+            tracing::info!(?tuning, "FUSE round-trip savers");
+        }
+        tuning
+    }
+
+    fn ttl(&self) -> &'static Duration {
+        if self.long_ttl { &TTL } else { &SHORT_TTL }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        if self.noflush {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::empty()
+        }
+    }
+}
 
 /// Entries listed per readdirplus request before reading their attributes;
 /// more than a reply buffer holds, so a reply is always full or final.
@@ -51,6 +123,10 @@ pub struct FuseAdapter {
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Requests by operation, their latency and where it went.
     metrics: Arc<RequestMetrics>,
+    tuning: Tuning,
+    /// Whether the kernel took FUSE_HANDLE_KILLPRIV_V2 (set by `init`):
+    /// then a write tells whether the caller keeps setuid and setgid.
+    killpriv_v2: bool,
 }
 
 impl FuseAdapter {
@@ -63,6 +139,8 @@ impl FuseAdapter {
             fs,
             notifier,
             metrics,
+            tuning: Tuning::from_env(),
+            killpriv_v2: false,
         }
     }
 
@@ -78,10 +156,40 @@ impl FuseAdapter {
         match result {
             Ok(attr) => {
                 self.fs.remember(attr.ino);
-                reply.entry(&TTL, &file_attr(&attr), Generation(attr.generation as u64))
+                reply.entry(
+                    self.tuning.ttl(),
+                    &file_attr(&attr),
+                    Generation(attr.generation as u64),
+                )
             }
             Err(error) => reply.error(errno(&error)),
         }
+    }
+
+    /// A name that does not exist, as an entry with node id 0: the kernel
+    /// keeps it as a negative dentry for the entry timeout (fuse.h: "a zero
+    /// nodeid is the same as ENOENT, but with a valid timeout") instead of
+    /// asking again. Creating the name goes through the kernel, which
+    /// replaces the negative dentry; the engine never adds a name by itself.
+    fn reply_negative(&self, reply: ReplyEntry) {
+        let attr = FileAttr {
+            ino: INodeNo(0),
+            size: 0,
+            blocks: 0,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind: FileType::RegularFile,
+            perm: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 0,
+            flags: 0,
+        };
+        reply.entry(self.tuning.ttl(), &attr, Generation(0));
     }
 
     /// Run one request's handler, timed and counted (`metrics`). A panic
@@ -272,6 +380,14 @@ impl Filesystem for FuseAdapter {
         ] {
             let _ = config.add_capabilities(wanted);
         }
+        // The engine removes setuid, setgid and file capabilities on write,
+        // truncate and chown as the kernel would (Tx::kill_privileges); the
+        // kernel then marks the mount SB_NOSEC and stops asking
+        // getxattr("security.capability") before every write.
+        self.killpriv_v2 = self.tuning.killpriv_v2
+            && config
+                .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+                .is_ok();
         // POSIX ACLs: the kernel then checks permissions against them (it
         // checked mode bits only before) and leaves inheritance, the umask
         // and the mode/ACL interplay to the engine (fs::acl), which needs
@@ -306,21 +422,27 @@ impl Filesystem for FuseAdapter {
         // (any kind of inode), and reconnects a directory through "..".
         // It then compares the generation, so a reused number is ESTALE.
         self.guard(Operation::Lookup, move |clock| {
+            let dot = name.as_bytes() == b".";
             let result = clock.engine(|| {
-                if name.as_bytes() == b"." {
+                if dot {
                     self.fs.inode_by_number(to_ext4(parent))
                 } else {
                     self.fs.lookup(to_ext4(parent), name.as_bytes())
                 }
             });
-            self.reply_entry(reply, result);
+            match result {
+                Err(Error::NotFound) if self.tuning.negative_entries && !dot => {
+                    self.reply_negative(reply)
+                }
+                result => self.reply_entry(reply, result),
+            }
         });
     }
 
     fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.guard(Operation::Getattr, move |clock| {
             match clock.engine(|| self.fs.getattr(to_ext4(ino))) {
-                Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+                Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
                 Err(error) => reply.error(errno(&error)),
             }
         });
@@ -355,7 +477,7 @@ impl Filesystem for FuseAdapter {
                 ctime: ctime.map(timestamp),
             };
             match clock.engine(|| self.fs.setattr(to_ext4(ino), &changes, caller(request))) {
-                Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+                Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
                 Err(error) => reply.error(errno(&error)),
             }
         });
@@ -514,7 +636,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.guard(Operation::Open, move |clock| {
             match clock.engine(|| self.fs.open_file(to_ext4(ino))) {
-                Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Ok(_) => reply.opened(FileHandle(0), self.tuning.open_flags()),
                 Err(error) => reply.error(errno(&error)),
             }
         });
@@ -546,14 +668,29 @@ impl Filesystem for FuseAdapter {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         self.guard(Operation::Write, move |clock| {
-            match clock.engine(|| self.fs.write(to_ext4(ino), offset, data, caller(request))) {
-                Ok(written) => reply.written(written as u32),
+            // With KILLPRIV_V2 the kernel says whether the caller lacks
+            // CAP_FSETID (setuid and setgid go) instead of removing them
+            // itself; the engine asks /proc otherwise.
+            let caller = Caller {
+                fsetid: self
+                    .killpriv_v2
+                    .then(|| !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)),
+                ..caller(request)
+            };
+            match clock.engine(|| self.fs.write_file(to_ext4(ino), offset, data, caller)) {
+                Ok(written) => {
+                    if written.privileges_killed {
+                        // The mode the kernel caches still has the bits.
+                        self.attributes_changed(ino);
+                    }
+                    reply.written(written.bytes as u32)
+                }
                 Err(error) => reply.error(errno(&error)),
             }
         });
@@ -683,7 +820,7 @@ impl Filesystem for FuseAdapter {
                     to_fuse(entry.ino),
                     entry.next,
                     OsStr::from_bytes(&entry.name),
-                    &TTL,
+                    self.tuning.ttl(),
                     &file_attr(&attr),
                     Generation(attr.generation as u64),
                 );
@@ -887,11 +1024,11 @@ impl Filesystem for FuseAdapter {
                 Ok(attr) => {
                     self.fs.remember(attr.ino);
                     reply.created(
-                        &TTL,
+                        self.tuning.ttl(),
                         &file_attr(&attr),
                         Generation(attr.generation as u64),
                         FileHandle(0),
-                        FopenFlags::empty(),
+                        self.tuning.open_flags(),
                     )
                 }
                 Err(error) => reply.error(errno(&error)),
