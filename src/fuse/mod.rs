@@ -430,8 +430,11 @@ impl Filesystem for FuseAdapter {
                     self.fs.lookup(to_ext4(parent), name.as_bytes())
                 }
             });
+            // "." and ".." come from file-handle decoding, which wants a
+            // plain ENOENT (ESTALE to its caller), not a cached dentry.
+            let by_handle = dot || name.as_bytes() == b"..";
             match result {
-                Err(Error::NotFound) if self.tuning.negative_entries && !dot => {
+                Err(Error::NotFound) if self.tuning.negative_entries && !by_handle => {
                     self.reply_negative(reply)
                 }
                 result => self.reply_entry(reply, result),
