@@ -18,7 +18,9 @@ fi
 work=$(mktemp -d /tmp/jext4-pjdfstest.XXXXXX)
 # pjdfstest 0.2.2 miscomputes path lengths when its base path is exactly 31
 # characters long; a fixed-length mount point under /mnt avoids that.
-mnt=/mnt/jext4-pjdfstest
+# PJDFSTEST_MNT picks another (not 31 characters long either), for two runs
+# side by side.
+mnt=${PJDFSTEST_MNT:-/mnt/jext4-pjdfstest}
 mkdir -p "$mnt"
 cleanup() {
     mountpoint -q "$mnt" && { "$jext4" umount "$mnt" || fusermount3 -uz "$mnt"; } || true

@@ -6,7 +6,9 @@ jext4) open the image file themselves. The ext family is checked with
 `e2fsck -fn` after unmounting, xfs with `xfs_repair -n`.
 """
 
+import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -345,6 +347,20 @@ class Jext4(FuseFs):
         if mounted_at(mount.mountpoint):
             run([self.binary, "umount", mount.mountpoint], timeout=UMOUNT_TIMEOUT)
         self._wait_server_exit(mount)
+
+    def request_counts(self, mountpoint):
+        """The server's FUSE request counters (`jext4 stats`): the total and
+        one count per operation; None when the server does not report them."""
+        result = run([self.binary, "stats", "--json", mountpoint], timeout=30, check=False)
+        if result.returncode != 0:
+            return None
+        stats = json.loads(result.stdout)
+        if "fuse_requests" not in stats:
+            return None
+        return {
+            key: value for key, value in stats.items()
+            if key == "fuse_requests" or re.fullmatch(r"fuse_op_[a-z]+", key)
+        }
 
 
 class Jext4Nbd(Jext4):

@@ -162,6 +162,31 @@ def headline(workloads, aggregated, filesystems):
     return "\n".join(lines) + "\n"
 
 
+def requests_table(workloads, aggregated, filesystems):
+    """Requests the FUSE server answered per file made (untar, copy): the
+    median over the runs, and the operations that made them (first run)."""
+    lines = [
+        "| workload | case | filesystem | files | requests per file | by operation, per file |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload in workloads:
+        data = aggregated[workload.name]
+        for case in data["cases"]:
+            for fs in filesystems:
+                cell = data["cells"].get((case, fs.name))
+                extras = [extra for _, extra in cell["extras"] if "requests_per_file" in extra] if cell else []
+                if not extras:
+                    continue
+                per_file = median([extra["requests_per_file"] for extra in extras])
+                operations = ", ".join(
+                    f"{name} {count}" for name, count in extras[0]["requests_by_operation_per_file"].items()
+                )
+                lines.append(
+                    f"| {workload.name} | {case} | {fs.name} | {extras[0]['files']} | {number(per_file)} | {operations} |"
+                )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def integrity_table(records, filesystems, workloads):
     lines = [
         "| filesystem | workload | check after unmount (per run) | FUSE server peak RSS (MiB) | wall time per run (s) |",
@@ -224,6 +249,9 @@ def markdown(context, workloads, filesystems, records, aggregated):
     parts += ["## Workloads", ""]
     for workload in workloads:
         parts.append(workload_table(workload, aggregated[workload.name], filesystems, context["runs"]))
+    requests = requests_table(workloads, aggregated, filesystems)
+    if requests:
+        parts += ["## FUSE requests per file (jext4 `jext4 stats`)", "", requests]
     parts += ["## Integrity and memory", "", integrity_table(records, filesystems, workloads)]
     return "\n".join(parts)
 

@@ -7,6 +7,7 @@ explains why they are what they are (the full run fits in 30 minutes on 2 cores)
 """
 
 import json
+import os
 import re
 import shutil
 import time
@@ -85,6 +86,34 @@ class Context:
     cache: Path
     sizes: dict = field(default_factory=dict)
     round: int = 0
+    # The mounted filesystem's FUSE request counters, for jext4 (a callable
+    # returning {"fuse_requests": n, "fuse_op_lookup": n, ...} or None).
+    request_counts: object = None
+
+
+def read_request_counts(ctx):
+    return ctx.request_counts() if ctx.request_counts else None
+
+
+def requests_per_file(before, after, tree):
+    """What the FUSE server was asked while a tree was made, per entry of the
+    tree (files, directories and symlinks): {} where nobody counted."""
+    if before is None or after is None:
+        return {}
+    files = sum(len(dirs) + len(names) for _, dirs, names in os.walk(tree))
+    if files == 0:
+        return {}
+    asked = {key: after[key] - before.get(key, 0) for key in after}
+    by_operation = {
+        key.removeprefix("fuse_op_"): round(count / files, 2)
+        for key, count in sorted(asked.items(), key=lambda item: -item[1])
+        if key.startswith("fuse_op_") and count > 0
+    }
+    return {
+        "files": files,
+        "requests_per_file": round(asked["fuse_requests"] / files, 2),
+        "requests_by_operation_per_file": by_operation,
+    }
 
 
 class Workload:
@@ -158,16 +187,18 @@ class Untar(Workload):
                 continue
             target = directory / ("untar-" + re.sub(r"\W+", "-", label))
             target.mkdir()
+            before = read_request_counts(ctx)
             began = time.monotonic()
             run(["tar", "-xf", self.tarball(ctx, member), "-C", target], timeout=900)
             extracted = time.monotonic()
             run(["sync"], timeout=600)
             ended = time.monotonic()
+            requests = requests_per_file(before, read_request_counts(ctx), target)
             results.append({
                 "case": label,
                 "params": {"member": member},
                 "values": {"seconds": ended - began},
-                "extra": {"sync_seconds": ended - extracted},
+                "extra": {"sync_seconds": ended - extracted, **requests},
             })
         return results
 
@@ -206,16 +237,18 @@ class CopyTree(Untar):
             # Warm the page cache so the source side costs the same for all.
             run(["tar", "-cf", "/dev/null", "-C", source.parent, source.name], timeout=600)
             target = directory / ("copy-" + re.sub(r"\W+", "-", label))
+            before = read_request_counts(ctx)
             began = time.monotonic()
             run(["cp", "-a", source, target], timeout=900)
             copied = time.monotonic()
             run(["sync"], timeout=600)
             ended = time.monotonic()
+            requests = requests_per_file(before, read_request_counts(ctx), target)
             results.append({
                 "case": label,
                 "params": {"member": member},
                 "values": {"seconds": ended - began},
-                "extra": {"sync_seconds": ended - copied},
+                "extra": {"sync_seconds": ended - copied, **requests},
             })
         return results
 

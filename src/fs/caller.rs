@@ -1,7 +1,9 @@
 //! Who asks for an operation: the credentials the engine needs for the
 //! decisions the kernel leaves to the filesystem — ownership of new inodes,
 //! blocks reserved for root, the umask of a new inode whose directory has no
-//! default ACL, and whether setting an access ACL keeps the setgid bit.
+//! default ACL, whether setting an access ACL keeps the setgid bit, and
+//! whether a write or truncate keeps setuid and setgid (CAP_FSETID, with
+//! FUSE_HANDLE_KILLPRIV_V2).
 //!
 //! Permission checks themselves are the kernel's (FUSE `default_permissions`
 //! with `FUSE_POSIX_ACL`); the library API makes none.
@@ -23,6 +25,9 @@ pub struct Caller {
     /// The calling thread, whose supplementary groups and capabilities
     /// `/proc/<tid>/status` reports; `None` means this thread (the library).
     pub tid: Option<u32>,
+    /// Whether the caller holds CAP_FSETID, when the front end was told
+    /// (a FUSE write without FUSE_WRITE_KILL_SUIDGID); `None`: ask `/proc`.
+    pub fsetid: Option<bool>,
 }
 
 impl Caller {
@@ -32,6 +37,7 @@ impl Caller {
         gid: 0,
         umask: 0,
         tid: None,
+        fsetid: None,
     };
 
     /// A caller with the given ids, no umask, in this process.
@@ -41,6 +47,7 @@ impl Caller {
             gid,
             umask: 0,
             tid: None,
+            fsetid: None,
         }
     }
 
@@ -50,17 +57,31 @@ impl Caller {
     /// does; a thread that is gone counts as neither (setgid is cleared: the
     /// safe side).
     pub fn in_group_or_capable(&self, gid: u32) -> bool {
-        if self.gid == gid {
+        if self.gid == gid || self.fsetid == Some(true) {
             return true;
         }
+        self.status()
+            .is_some_and(|status| status_in_group_or_capable(&status, gid))
+    }
+
+    /// Does the caller hold CAP_FSETID (a write or truncate keeps setuid
+    /// and setgid: the kernel's `setattr_should_drop_suidgid`)? A thread
+    /// that is gone does not (the bits are cleared: the safe side).
+    pub fn capable_fsetid(&self) -> bool {
+        match self.fsetid {
+            Some(capable) => capable,
+            None => self
+                .status()
+                .is_some_and(|status| status_capable(&status, CAP_FSETID)),
+        }
+    }
+
+    fn status(&self) -> Option<String> {
         let path = match self.tid {
             Some(tid) => format!("/proc/{tid}/status"),
             None => "/proc/thread-self/status".to_string(),
         };
-        let Ok(status) = std::fs::read_to_string(path) else {
-            return false;
-        };
-        status_in_group_or_capable(&status, gid)
+        std::fs::read_to_string(path).ok()
     }
 }
 
@@ -77,10 +98,17 @@ fn status_in_group_or_capable(status: &str, gid: u32) -> bool {
             .split_whitespace()
             .any(|group| group.parse() == Ok(gid))
     });
-    let capable = field("CapEff:")
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0);
-    in_groups || capable
+    in_groups || status_capable(status, CAP_FSETID)
+}
+
+/// Whether the effective capabilities in a `/proc/<tid>/status` hold
+/// `capability`.
+fn status_capable(status: &str, capability: u32) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << capability) != 0)
 }
 
 #[cfg(test)]
@@ -97,6 +125,8 @@ mod tests {
         let only_fsetid = "Groups:\t1\nCapEff:\t0000000000000010\n";
         assert!(status_in_group_or_capable(only_fsetid, 7));
         assert!(!status_in_group_or_capable("", 7));
+        assert!(status_capable(only_fsetid, CAP_FSETID));
+        assert!(!status_capable(user, CAP_FSETID));
         // The caller's own group needs no /proc at all.
         let caller = Caller {
             tid: Some(u32::MAX),
@@ -104,5 +134,13 @@ mod tests {
         };
         assert!(caller.in_group_or_capable(6));
         assert!(!caller.in_group_or_capable(7));
+        assert!(!caller.capable_fsetid());
+        // What the front end was told wins over /proc.
+        let told = Caller {
+            fsetid: Some(true),
+            ..caller
+        };
+        assert!(told.capable_fsetid());
+        assert!(told.in_group_or_capable(7));
     }
 }

@@ -9,13 +9,21 @@
 
 use super::fast_commit::Outcome;
 use super::inode::PUNCH_CHUNK_BLOCKS;
-use super::inode::{Attr, attr_of, check_live, read_inode};
+use super::inode::{Attr, attr_of, check_live, has_xattrs, read_inode, setid_bits_to_drop};
 use super::{AtimePolicy, Caller, Fs, Tx};
 use crate::error::{Error, Result};
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::Geometry;
+use crate::format::xattr;
 use crate::journal::change::Change;
+
+/// What a write did: its length, and whether it took privileges away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub bytes: usize,
+    pub privileges_killed: bool,
+}
 
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
@@ -364,8 +372,25 @@ impl Fs {
 
     /// Write `data` at `offset`; returns the number of bytes written.
     pub fn write(&self, ino: u32, offset: u64, data: &[u8], caller: Caller) -> Result<usize> {
+        self.write_file(ino, offset, data, caller)
+            .map(|written| written.bytes)
+    }
+
+    /// `write`, telling also whether the write took setuid, setgid or file
+    /// capabilities away (a front end that caches the mode must drop it).
+    pub fn write_file(
+        &self,
+        ino: u32,
+        offset: u64,
+        data: &[u8],
+        caller: Caller,
+    ) -> Result<Written> {
+        let mut written = Written {
+            bytes: 0,
+            privileges_killed: false,
+        };
         if data.is_empty() {
-            return Ok(0);
+            return Ok(written);
         }
         let block_size = self.core.geo.block_size as u64;
         let mut done = 0usize;
@@ -375,8 +400,16 @@ impl Fs {
             let chunk_len = (data.len() - done).min((WRITE_CHUNK_BLOCKS * block_size) as usize);
             let chunk = &data[done..done + chunk_len];
             let position = offset + done as u64;
-            let written = self.transact(CREDITS_WRITE, caller, |tx| {
+            // The first chunk also takes the privileges the write removes
+            // (the kernel's file_remove_privs before a write).
+            let first = done == 0;
+            let credits = CREDITS_WRITE + if first { xattr::SET_CREDITS } else { 0 };
+            let chunk_written = self.transact(credits, caller, |tx| {
                 tx.with_regular_file(ino, |tx, inode| {
+                    if first && (inode.mode & 0o6000 != 0 || has_xattrs(inode)) {
+                        let setid = setid_bits_to_drop(inode, &caller, false);
+                        written.privileges_killed = tx.kill_privileges(ino, inode, setid)?;
+                    }
                     let written = tx.write_data(ino, inode, position, chunk)?;
                     let now = Timestamp::now();
                     inode.mtime = now;
@@ -387,10 +420,10 @@ impl Fs {
                     Ok(written)
                 })
             });
-            match written {
-                Ok(written) => {
-                    done += written;
-                    if written < chunk_len {
+            match chunk_written {
+                Ok(bytes) => {
+                    done += bytes;
+                    if bytes < chunk_len {
                         break;
                     }
                 }
@@ -399,7 +432,8 @@ impl Fs {
                 Err(error) => return Err(error),
             }
         }
-        Ok(done)
+        written.bytes = done;
+        Ok(written)
     }
 
     /// Change the size of a regular file.
@@ -598,7 +632,7 @@ impl Fs {
             .core
             .inode_tids
             .lock()
-            .get(&ino)
+            .get(ino)
             .map(|tids| if datasync { tids.datasync } else { tids.sync });
         let Some(tid) = pending else {
             return self.core.journal.flush_data();

@@ -2,7 +2,7 @@
 //! table, their attributes, `setattr`, and freeing them when the last link
 //! and the last open reference are gone.
 
-use super::{Caller, Core, Fs, State, Tx};
+use super::{Caller, Core, Fs, InodeTids, State, Tx};
 use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
@@ -10,14 +10,98 @@ use crate::format::inode::{self as fmt, Inode, Timestamp};
 use crate::format::superblock::{Geometry, ROOT_INO};
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
+use std::collections::HashMap;
 
 /// Logical blocks freed per transaction when a large file is truncated or
 /// deleted (see `Fs::punch_in_chunks`).
 pub(crate) const PUNCH_CHUNK_BLOCKS: u64 = 1024;
 
+const S_ISUID: u16 = 0o4000;
+const S_ISGID: u16 = 0o2000;
+const S_IXGRP: u16 = 0o0010;
+
+/// File capabilities (linux/xattr.h XATTR_NAME_CAPS): what the kernel
+/// removes on a write, truncate or chown of the file.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// The setuid and setgid bits a write or truncate (`chown` false) or a
+/// chown by `caller` takes from `inode`, as the kernel decides them: setuid
+/// always, setgid when group-executable or when the caller is neither in
+/// the file's group nor CAP_FSETID (`setattr_should_drop_sgid`); after a
+/// write or truncate, only from a regular file and only when the caller
+/// lacks CAP_FSETID (`setattr_should_drop_suidgid`); after a chown, from
+/// anything but a directory. `/proc` is read only when a bit is there to
+/// lose.
+pub(crate) fn setid_bits_to_drop(inode: &Inode, caller: &Caller, chown: bool) -> u16 {
+    let mode = inode.mode;
+    if mode & (S_ISUID | S_ISGID) == 0 || inode.is_dir() {
+        return 0;
+    }
+    if !chown && (!inode.is_reg() || caller.capable_fsetid()) {
+        return 0;
+    }
+    let mut drop = mode & S_ISUID;
+    if mode & S_ISGID != 0 && (mode & S_IXGRP != 0 || !caller.in_group_or_capable(inode.gid)) {
+        drop |= S_ISGID;
+    }
+    drop
+}
+
+/// Whether the inode has any extended attribute (in the inode or in a
+/// block): only then can it carry file capabilities.
+pub(crate) fn has_xattrs(inode: &Inode) -> bool {
+    inode.file_acl != 0 || inode.inline_xattr_area().iter().any(|&byte| byte != 0)
+}
+
 /// Inodes whose transaction ids are remembered for fsync before old
 /// entries are dropped.
 const MAX_TRACKED_INODES: usize = 1 << 16;
+
+/// The transactions holding each inode's latest changes, for fsync
+/// (`Fs::fsync`). Entries of durable transactions are dropped once the map
+/// reaches `prune_at`; entries of the running and the committing
+/// transaction must stay, and when they alone fill the map the threshold
+/// doubles, so that pruning stays amortised O(1) per change instead of a
+/// scan of every entry at every change.
+#[derive(Debug)]
+pub(crate) struct InodeTidMap {
+    tids: HashMap<u32, InodeTids>,
+    prune_at: usize,
+}
+
+impl Default for InodeTidMap {
+    fn default() -> Self {
+        InodeTidMap {
+            tids: HashMap::new(),
+            prune_at: MAX_TRACKED_INODES,
+        }
+    }
+}
+
+impl InodeTidMap {
+    pub(crate) fn get(&self, ino: u32) -> Option<InodeTids> {
+        self.tids.get(&ino).copied()
+    }
+
+    /// Inode `ino` changed in transaction `tid` (its timestamps only, or
+    /// more).
+    fn note(&mut self, ino: u32, tid: u32, timestamps_only: bool) {
+        if self.tids.len() >= self.prune_at {
+            // Entries of transactions before the committing one (tid - 1)
+            // are durable: fsync of those inodes needs no commit.
+            let committing = tid.wrapping_sub(1);
+            self.tids
+                .retain(|_, entry| entry.sync == tid || entry.sync == committing);
+            self.prune_at = (self.tids.len() * 2).max(MAX_TRACKED_INODES);
+        }
+        debug_assert!(self.tids.len() < self.prune_at);
+        let entry = self.tids.entry(ino).or_default();
+        entry.sync = tid;
+        if !timestamps_only {
+            entry.datasync = tid;
+        }
+    }
+}
 
 /// The kind of an inode, from the file-type bits of its mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,20 +260,15 @@ impl Tx<'_, '_> {
     }
 
     /// Remember which transaction holds the inode's latest change (fsync).
+    /// Unjournaled there is no transaction to remember: fsync writes
+    /// everything back (and every change would carry tid 0, so no entry
+    /// would ever be dropped).
     fn note_tid(&self, ino: u32, timestamps_only: bool) {
+        if !self.core.journal.is_journaled() {
+            return;
+        }
         let tid = self.handle.tid();
-        let mut tids = self.core.inode_tids.lock();
-        if tids.len() >= MAX_TRACKED_INODES {
-            // Entries of transactions before the committing one (tid - 1)
-            // are durable: fsync of those inodes needs no commit.
-            let committing = tid.wrapping_sub(1);
-            tids.retain(|_, entry| entry.sync == tid || entry.sync == committing);
-        }
-        let entry = tids.entry(ino).or_default();
-        entry.sync = tid;
-        if !timestamps_only {
-            entry.datasync = tid;
-        }
+        self.core.inode_tids.lock().note(ino, tid, timestamps_only);
     }
 
     pub fn next_generation(&mut self) -> u32 {
@@ -270,6 +349,42 @@ impl Tx<'_, '_> {
         }
         let mut ctx = self.meta_ctx();
         mapping::punch(&mut ctx, ino, inode, from, to)
+    }
+
+    /// What a write, a truncate or a chown takes away, as the kernel's
+    /// `file_remove_privs` and `notify_change` do (and as
+    /// FUSE_HANDLE_KILLPRIV_V2 asks of the server): the mode bits `setid`
+    /// (from `setid_bits_to_drop`) and, from a regular file, its
+    /// capabilities (`security.capability`) always. Returns whether the
+    /// inode changed; the caller writes it.
+    pub fn kill_privileges(&mut self, ino: u32, inode: &mut Inode, setid: u16) -> Result<bool> {
+        debug_assert_eq!(setid & !(S_ISUID | S_ISGID), 0, "only setuid and setgid");
+        let mut changed = inode.mode & setid != 0;
+        inode.mode &= !setid;
+        if inode.is_reg()
+            && has_xattrs(inode)
+            && xattr::get(
+                &self.core.geo,
+                &self.core.cache,
+                ino,
+                inode,
+                CAPABILITY_XATTR,
+            )?
+            .is_some()
+        {
+            let mut ctx = self.meta_ctx();
+            xattr::set(
+                &mut ctx,
+                ino,
+                inode,
+                CAPABILITY_XATTR,
+                None,
+                xattr::SetMode::Replace,
+            )?;
+            changed = true;
+        }
+        debug_assert_eq!(inode.mode & setid, 0);
+        Ok(changed)
     }
 
     pub fn meta_ctx(&mut self) -> crate::format::MetaCtx<'_, '_> {
@@ -385,6 +500,16 @@ impl Fs {
                     super::acl::chmod(&mut ctx, ino, &mut inode)?;
                 }
             }
+            let chown = changes.uid.is_some() || changes.gid.is_some();
+            // chown takes setuid and setgid (decided against the old group),
+            // a truncate too unless the caller holds CAP_FSETID; neither
+            // when the caller sets the mode in the same call. Both drop
+            // file capabilities.
+            let setid = if changes.mode.is_none() && (chown || changes.size.is_some()) {
+                setid_bits_to_drop(&inode, &caller, chown)
+            } else {
+                0
+            };
             if let Some(uid) = changes.uid {
                 inode.uid = uid;
                 changed = true;
@@ -393,16 +518,8 @@ impl Fs {
                 inode.gid = gid;
                 changed = true;
             }
-            if changes.uid.is_some() || changes.gid.is_some() {
-                // chown clears setuid, and setgid when group-executable
-                // (the kernel's should_remove_suid), unless the caller set
-                // the mode in the same call.
-                if changes.mode.is_none() && inode.file_type() != fmt::S_IFDIR {
-                    inode.mode &= !0o4000;
-                    if inode.mode & 0o0010 != 0 {
-                        inode.mode &= !0o2000;
-                    }
-                }
+            if chown || changes.size.is_some() {
+                changed |= tx.kill_privileges(ino, &mut inode, setid)?;
             }
             if let Some(time) = changes.atime {
                 inode.atime = resolve(time, now);
@@ -452,5 +569,41 @@ impl crate::format::BlockAllocator for FreeAsMetadata<'_, '_, '_> {
         _metadata: bool,
     ) -> Result<()> {
         self.0.release_blocks(start, count, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_transactions_keep_their_entries_and_durable_ones_go() {
+        let mut map = InodeTidMap::default();
+        // More inodes than the first threshold, all changed in transactions
+        // 7 and 8 (committing and running): every one must stay, or fsync
+        // of it would skip the commit it needs.
+        let live = (MAX_TRACKED_INODES + MAX_TRACKED_INODES / 2) as u32;
+        let tid_of = |ino: u32| if ino < live / 3 { 7 } else { 8 };
+        for ino in 0..live {
+            map.note(ino, tid_of(ino), false);
+        }
+        for ino in 0..live {
+            assert_eq!(map.get(ino).map(|tids| tids.sync), Some(tid_of(ino)));
+        }
+        assert!(map.prune_at > live as usize, "{}", map.prune_at);
+        // Later transactions: 7 and 8 become durable and are dropped at the
+        // next prune, the new changes stay.
+        let mut ino = live;
+        while map.get(0).is_some() {
+            map.note(ino, 20, ino % 3 == 0);
+            ino += 1;
+            assert!(ino < live * 4, "durable entries were never dropped");
+        }
+        let newest = map.get(ino - 1).unwrap();
+        assert_eq!(newest.sync, 20);
+        assert_eq!(newest.datasync, if (ino - 1) % 3 == 0 { 0 } else { 20 });
+        assert!(map.tids.len() < map.prune_at);
+        // The threshold follows what stays, never below the floor.
+        assert!(map.prune_at >= MAX_TRACKED_INODES);
     }
 }

@@ -35,7 +35,9 @@ mod xattr;
 pub use crate::format::xattr::SetMode as XattrMode;
 pub use caller::Caller;
 pub use dirops::Dentry;
-pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence};
+pub use file::{
+    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, SeekWhence, Written,
+};
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
 pub use journal::{
     ImageRecovery, image_stats, journal_shape, logdump_image, recover_device, recover_image,
@@ -158,7 +160,7 @@ pub(crate) struct Core {
     /// what statfs leaves out of the total, as the kernel does.
     pub overhead_blocks: u64,
     /// The transactions holding each inode's latest changes (fsync).
-    pub inode_tids: Mutex<HashMap<u32, InodeTids>>,
+    pub inode_tids: Mutex<inode::InodeTidMap>,
     /// Inodes whose last link is gone while a file handle keeps them:
     /// recorded as orphans on disk, freed at their last release. An inode
     /// with no links that is not here is gone, whatever a stale handle
@@ -195,7 +197,7 @@ impl Core {
     ) -> Core {
         Core {
             overhead_blocks: overhead_blocks(&geo, sb),
-            inode_tids: Mutex::new(HashMap::new()),
+            inode_tids: Mutex::new(inode::InodeTidMap::default()),
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),

@@ -28,10 +28,17 @@ const KIND: u8 = b'j';
 /// data included (`jext4 sync`): `_IO('j', 1)`.
 pub const JEXT4_IOC_SYNC: u32 = ioc(IOC_NONE, KIND, 1, 0);
 
-/// The live statistics report (`jext4 stats`): `_IOR('j', 2, [u8; 8192])`;
-/// the ioctl returns the report's length.
-pub const STATS_SIZE: usize = 8192;
+/// The live statistics report (`jext4 stats`): `_IOR('j', 2, [u8; 16383])`
+/// (the largest size the command number can carry); the ioctl returns the
+/// report's length.
+pub const STATS_SIZE: usize = (1 << 14) - 1;
 pub const JEXT4_IOC_STATS: u32 = ioc(IOC_READ, KIND, 2, STATS_SIZE as u32);
+
+/// The same request as servers before the FUSE request counters knew it,
+/// with an 8 KiB buffer: still answered (the report cut to fit), and tried
+/// when a server does not know the larger one.
+pub const STATS_SIZE_8K: usize = 8192;
+pub const JEXT4_IOC_STATS_8K: u32 = ioc(IOC_READ, KIND, 2, STATS_SIZE_8K as u32);
 
 /// Open `path` (a file or directory on the mount) for an ioctl, without
 /// following a final symlink out of the mount and without blocking.
@@ -57,15 +64,25 @@ pub fn sync(path: &Path) -> std::io::Result<()> {
 /// The live statistics report of the server of the mount holding `path`.
 pub fn stats(path: &Path) -> std::io::Result<String> {
     let file = open(path)?;
-    let mut buffer = vec![0u8; STATS_SIZE];
-    // SAFETY: the kernel copies at most STATS_SIZE bytes (the size in the
-    // command number) into the buffer, which holds that many.
-    let length =
-        unsafe { libc::ioctl(file.as_raw_fd(), JEXT4_IOC_STATS as _, buffer.as_mut_ptr()) };
+    match stats_ioctl(&file, JEXT4_IOC_STATS, STATS_SIZE) {
+        // An older server: ask the way it knows.
+        Err(error) if error.raw_os_error() == Some(libc::ENOTTY) => {
+            stats_ioctl(&file, JEXT4_IOC_STATS_8K, STATS_SIZE_8K)
+        }
+        answer => answer,
+    }
+}
+
+fn stats_ioctl(file: &File, command: u32, size: usize) -> std::io::Result<String> {
+    debug_assert_eq!((command >> 16) as usize & 0x3fff, size);
+    let mut buffer = vec![0u8; size];
+    // SAFETY: the kernel copies at most `size` bytes (the size in the
+    // command number, checked above) into the buffer, which holds that many.
+    let length = unsafe { libc::ioctl(file.as_raw_fd(), command as _, buffer.as_mut_ptr()) };
     if length < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    buffer.truncate((length as usize).min(STATS_SIZE));
+    buffer.truncate((length as usize).min(size));
     Ok(String::from_utf8_lossy(&buffer).into_owned())
 }
 
@@ -75,8 +92,10 @@ mod tests {
 
     #[test]
     fn command_numbers_follow_the_kernel_encoding() {
-        // _IO('j', 1) and _IOR('j', 2, char[8192]) as C computes them.
+        // _IO('j', 1), _IOR('j', 2, char[16383]) and _IOR('j', 2,
+        // char[8192]) as C computes them.
         assert_eq!(JEXT4_IOC_SYNC, 0x0000_6a01);
-        assert_eq!(JEXT4_IOC_STATS, 0x8000_0000 | 8192 << 16 | 0x6a02);
+        assert_eq!(JEXT4_IOC_STATS, 0xbfff_6a02);
+        assert_eq!(JEXT4_IOC_STATS_8K, 0x8000_0000 | 8192 << 16 | 0x6a02);
     }
 }

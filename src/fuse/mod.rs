@@ -11,11 +11,13 @@
 
 pub mod control;
 pub mod helper;
+pub mod metrics;
 mod options;
 pub mod serve;
 
 pub use options::{FuseOptions, parse_mount_options};
 
+use self::metrics::{Operation, RequestClock, RequestMetrics};
 use crate::error::Error;
 use crate::format::inode::Timestamp;
 use crate::format::superblock::ROOT_INO;
@@ -30,12 +32,84 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may cache names and attributes. We are the only
-/// writer of the image, and every change goes through the kernel, which
-/// invalidates what the change affects.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache names (found or not) and attributes.
+/// jext4 owns the image (the device layer refuses a second writer) and
+/// every change goes through the kernel, which invalidates what the change
+/// affects; where the engine changes more than the kernel can tell (a
+/// write that drops setuid, an ACL that changes the mode, an fallocate
+/// that fails part-way), the adapter invalidates it (`attributes_changed`).
+/// Hence a long timeout: libfuse's default of 1 s made the kernel ask again
+/// for every directory and file a long walk or untar came back to.
+const TTL: Duration = Duration::from_secs(3600);
+
+/// The libfuse default, for measuring what the long timeout saves.
+const SHORT_TTL: Duration = Duration::from_secs(1);
+
+/// The round-trip savers the adapter asks of the kernel. Each can be
+/// switched off for a measurement with `JEXT4_FUSE_OFF=NAME,...` in the
+/// server's environment (README, "FUSE requests").
+#[derive(Debug, Clone, Copy)]
+struct Tuning {
+    /// FUSE_HANDLE_KILLPRIV_V2: the engine drops setuid, setgid and file
+    /// capabilities on write, truncate and chown, so the kernel stops
+    /// asking getxattr("security.capability") before writes.
+    killpriv_v2: bool,
+    /// FOPEN_NOFLUSH: no FLUSH on close (writes are write-through: a flush
+    /// has no deferred error to report, release does the rest).
+    noflush: bool,
+    /// The long TTL instead of libfuse's 1 s.
+    long_ttl: bool,
+    /// ENOENT lookups answered as negative entries the kernel may cache.
+    negative_entries: bool,
+}
+
+impl Tuning {
+    const NAMES: [&str; 4] = ["killpriv_v2", "noflush", "long_ttl", "negative_entries"];
+
+    fn from_env() -> Tuning {
+        let mut tuning = Tuning {
+            killpriv_v2: true,
+            noflush: true,
+            long_ttl: true,
+            negative_entries: true,
+        };
+        let off = std::env::var("JEXT4_FUSE_OFF").unwrap_or_default();
+        for name in off
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+        {
+            match name {
+                "killpriv_v2" => tuning.killpriv_v2 = false,
+                "noflush" => tuning.noflush = false,
+                "long_ttl" => tuning.long_ttl = false,
+                "negative_entries" => tuning.negative_entries = false,
+                unknown => tracing::warn!(
+                    "JEXT4_FUSE_OFF: unknown {unknown:?} ignored (known: {})",
+                    Tuning::NAMES.join(", ")
+                ),
+            }
+        }
+        if !off.is_empty() {
+            tracing::info!(?tuning, "FUSE round-trip savers");
+        }
+        tuning
+    }
+
+    fn ttl(&self) -> &'static Duration {
+        if self.long_ttl { &TTL } else { &SHORT_TTL }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        if self.noflush {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            FopenFlags::empty()
+        }
+    }
+}
 
 /// Entries listed per readdirplus request before reading their attributes;
 /// more than a reply buffer holds, so a reply is always full or final.
@@ -47,11 +121,32 @@ pub struct FuseAdapter {
     /// attributes it caches changed behind its back (an ACL changing the
     /// mode).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Requests by operation, their latency and where it went.
+    metrics: Arc<RequestMetrics>,
+    tuning: Tuning,
+    /// Whether the kernel took FUSE_HANDLE_KILLPRIV_V2 (set by `init`):
+    /// then a write tells whether the caller keeps setuid and setgid.
+    killpriv_v2: bool,
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<Fs>, notifier: Arc<OnceLock<fuser::Notifier>>) -> Self {
-        FuseAdapter { fs, notifier }
+    pub fn new(
+        fs: Arc<Fs>,
+        notifier: Arc<OnceLock<fuser::Notifier>>,
+        metrics: Arc<RequestMetrics>,
+    ) -> Self {
+        FuseAdapter {
+            fs,
+            notifier,
+            metrics,
+            tuning: Tuning::from_env(),
+            killpriv_v2: false,
+        }
+    }
+
+    /// The engine's statistics followed by the request counters.
+    fn stats_report(&self) -> String {
+        stats_report(&self.fs, &self.metrics)
     }
 
     /// Every entry the kernel receives raises its lookup count for that
@@ -61,22 +156,60 @@ impl FuseAdapter {
         match result {
             Ok(attr) => {
                 self.fs.remember(attr.ino);
-                reply.entry(&TTL, &file_attr(&attr), Generation(attr.generation as u64))
+                reply.entry(
+                    self.tuning.ttl(),
+                    &file_attr(&attr),
+                    Generation(attr.generation as u64),
+                )
             }
             Err(error) => reply.error(errno(&error)),
         }
     }
 
-    /// Run one request's handler. A panic (a bug) must neither take the
-    /// worker thread with it nor leave the request unanswered: the reply,
-    /// dropped while unwinding, answers EIO (fuser's `ReplyRaw`), and the
-    /// engine aborts its journal and turns read-only, as after a corruption
-    /// (the panic hook of the server has logged the panic itself).
-    fn guard(&self, operation: &str, handler: impl FnOnce()) {
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(handler)) {
+    /// A name that does not exist, as an entry with node id 0: the kernel
+    /// keeps it as a negative dentry for the entry timeout (fuse.h: "a zero
+    /// nodeid is the same as ENOENT, but with a valid timeout") instead of
+    /// asking again. Creating the name goes through the kernel, which
+    /// replaces the negative dentry; the engine never adds a name by itself.
+    fn reply_negative(&self, reply: ReplyEntry) {
+        let attr = FileAttr {
+            ino: INodeNo(0),
+            size: 0,
+            blocks: 0,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind: FileType::RegularFile,
+            perm: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 0,
+            flags: 0,
+        };
+        reply.entry(self.tuning.ttl(), &attr, Generation(0));
+    }
+
+    /// Run one request's handler, timed and counted (`metrics`). A panic
+    /// (a bug) must neither take the worker thread with it nor leave the
+    /// request unanswered: the reply, dropped while unwinding, answers EIO
+    /// (fuser's `ReplyRaw`), and the engine aborts its journal and turns
+    /// read-only, as after a corruption (the panic hook of the server has
+    /// logged the panic itself).
+    fn guard(&self, operation: Operation, handler: impl FnOnce(&mut RequestClock<'_>)) {
+        let mut clock = self.metrics.begin(operation, Instant::now());
+        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handler(&mut clock);
+        }));
+        if let Err(panic) = handled {
+            clock.fail();
             let why = crate::error::panic_message(&*panic);
-            self.fs
-                .abort(&format!("a panic in the FUSE {operation} handler: {why}"));
+            self.fs.abort(&format!(
+                "a panic in the FUSE {} handler: {why}",
+                operation.name()
+            ));
         }
     }
 
@@ -98,6 +231,17 @@ impl FuseAdapter {
             tracing::debug!(%error, "attribute invalidation not delivered");
         }
     }
+}
+
+/// What `jext4 stats` shows of a FUSE mount: the engine's report, then
+/// the request counters.
+pub fn stats_report(fs: &Fs, metrics: &RequestMetrics) -> String {
+    let mut report = fs.stats_report();
+    for line in metrics.report_lines() {
+        report.push_str(&line);
+        report.push('\n');
+    }
+    report
 }
 
 fn to_ext4(ino: INodeNo) -> u32 {
@@ -236,6 +380,14 @@ impl Filesystem for FuseAdapter {
         ] {
             let _ = config.add_capabilities(wanted);
         }
+        // The engine removes setuid, setgid and file capabilities on write,
+        // truncate and chown as the kernel would (Tx::kill_privileges); the
+        // kernel then marks the mount SB_NOSEC and stops asking
+        // getxattr("security.capability") before every write.
+        self.killpriv_v2 = self.tuning.killpriv_v2
+            && config
+                .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
+                .is_ok();
         // POSIX ACLs: the kernel then checks permissions against them (it
         // checked mode bits only before) and leaves inheritance, the umask
         // and the mode/ACL interplay to the engine (fs::acl), which needs
@@ -259,8 +411,8 @@ impl Filesystem for FuseAdapter {
 
     // BATCH_FORGET: fuser's default hands each node to forget().
     fn forget(&self, _request: &Request, ino: INodeNo, nlookup: u64) {
-        self.guard("forget", move || {
-            self.fs.forget(to_ext4(ino), nlookup);
+        self.guard(Operation::Forget, move |clock| {
+            clock.timed(|| self.fs.forget(to_ext4(ino), nlookup));
         });
     }
 
@@ -269,20 +421,33 @@ impl Filesystem for FuseAdapter {
         // inode it has forgotten by looking up "." in the handle's node id
         // (any kind of inode), and reconnects a directory through "..".
         // It then compares the generation, so a reused number is ESTALE.
-        self.guard("lookup", move || {
-            let result = if name.as_bytes() == b"." {
-                self.fs.inode_by_number(to_ext4(parent))
-            } else {
-                self.fs.lookup(to_ext4(parent), name.as_bytes())
-            };
-            self.reply_entry(reply, result);
+        self.guard(Operation::Lookup, move |clock| {
+            let dot = name.as_bytes() == b".";
+            let result = clock.engine(|| {
+                if dot {
+                    self.fs.inode_by_number(to_ext4(parent))
+                } else {
+                    self.fs.lookup(to_ext4(parent), name.as_bytes())
+                }
+            });
+            // "." and ".." come from file-handle decoding, which wants a
+            // plain ENOENT (ESTALE to its caller), not a cached dentry.
+            let by_handle = dot || name.as_bytes() == b"..";
+            match result {
+                Err(Error::NotFound) if self.tuning.negative_entries && !by_handle => {
+                    self.reply_negative(reply)
+                }
+                result => self.reply_entry(reply, result),
+            }
         });
     }
 
     fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.guard("getattr", move || match self.fs.getattr(to_ext4(ino)) {
-            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
-            Err(error) => reply.error(errno(&error)),
+        self.guard(Operation::Getattr, move |clock| {
+            match clock.engine(|| self.fs.getattr(to_ext4(ino))) {
+                Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
+                Err(error) => reply.error(errno(&error)),
+            }
         });
     }
 
@@ -304,7 +469,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.guard("setattr", move || {
+        self.guard(Operation::Setattr, move |clock| {
             let changes = SetAttr {
                 mode: mode.map(|mode| (mode & 0o7777) as u16),
                 uid,
@@ -314,17 +479,19 @@ impl Filesystem for FuseAdapter {
                 mtime: mtime.map(time_set),
                 ctime: ctime.map(timestamp),
             };
-            match self.fs.setattr(to_ext4(ino), &changes, caller(request)) {
-                Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            match clock.engine(|| self.fs.setattr(to_ext4(ino), &changes, caller(request))) {
+                Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
                 Err(error) => reply.error(errno(&error)),
             }
         });
     }
 
     fn readlink(&self, _request: &Request, ino: INodeNo, reply: ReplyData) {
-        self.guard("readlink", move || match self.fs.readlink(to_ext4(ino)) {
-            Ok(target) => reply.data(&target),
-            Err(error) => reply.error(errno(&error)),
+        self.guard(Operation::Readlink, move |clock| {
+            match clock.engine(|| self.fs.readlink(to_ext4(ino))) {
+                Ok(target) => reply.data(&target),
+                Err(error) => reply.error(errno(&error)),
+            }
         });
     }
 
@@ -338,14 +505,16 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.guard("mknod", move || {
-            let result = self.fs.mknod(
-                to_ext4(parent),
-                name.as_bytes(),
-                mode as u16,
-                rdev as u64,
-                creator(request, umask),
-            );
+        self.guard(Operation::Mknod, move |clock| {
+            let result = clock.engine(|| {
+                self.fs.mknod(
+                    to_ext4(parent),
+                    name.as_bytes(),
+                    mode as u16,
+                    rdev as u64,
+                    creator(request, umask),
+                )
+            });
             self.reply_entry(reply, result);
         });
     }
@@ -359,36 +528,36 @@ impl Filesystem for FuseAdapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.guard("mkdir", move || {
-            self.reply_entry(
-                reply,
+        self.guard(Operation::Mkdir, move |clock| {
+            let result = clock.engine(|| {
                 self.fs.mkdir(
                     to_ext4(parent),
                     name.as_bytes(),
                     mode as u16,
                     creator(request, umask),
-                ),
-            );
+                )
+            });
+            self.reply_entry(reply, result);
         });
     }
 
     fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.guard("unlink", move || {
-            reply_empty(
-                reply,
+        self.guard(Operation::Unlink, move |clock| {
+            let result = clock.engine(|| {
                 self.fs
-                    .unlink(to_ext4(parent), name.as_bytes(), caller(request)),
-            );
+                    .unlink(to_ext4(parent), name.as_bytes(), caller(request))
+            });
+            reply_empty(reply, result);
         });
     }
 
     fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.guard("rmdir", move || {
-            reply_empty(
-                reply,
+        self.guard(Operation::Rmdir, move |clock| {
+            let result = clock.engine(|| {
                 self.fs
-                    .rmdir(to_ext4(parent), name.as_bytes(), caller(request)),
-            );
+                    .rmdir(to_ext4(parent), name.as_bytes(), caller(request))
+            });
+            reply_empty(reply, result);
         });
     }
 
@@ -400,13 +569,15 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.guard("symlink", move || {
-            let result = self.fs.symlink(
-                to_ext4(parent),
-                link_name.as_bytes(),
-                target.as_os_str().as_bytes(),
-                caller(request),
-            );
+        self.guard(Operation::Symlink, move |clock| {
+            let result = clock.engine(|| {
+                self.fs.symlink(
+                    to_ext4(parent),
+                    link_name.as_bytes(),
+                    target.as_os_str().as_bytes(),
+                    caller(request),
+                )
+            });
             self.reply_entry(reply, result);
         });
     }
@@ -421,22 +592,25 @@ impl Filesystem for FuseAdapter {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.guard("rename", move || {
+        self.guard(Operation::Rename, move |clock| {
             if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
+                clock.fail();
                 return reply.error(Errno::from_i32(libc::EINVAL));
             }
             let flags = RenameFlags {
                 noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
                 exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
             };
-            let result = self.fs.rename(
-                to_ext4(parent),
-                name.as_bytes(),
-                to_ext4(newparent),
-                newname.as_bytes(),
-                flags,
-                caller(request),
-            );
+            let result = clock.engine(|| {
+                self.fs.rename(
+                    to_ext4(parent),
+                    name.as_bytes(),
+                    to_ext4(newparent),
+                    newname.as_bytes(),
+                    flags,
+                    caller(request),
+                )
+            });
             reply_empty(reply, result);
         });
     }
@@ -449,21 +623,25 @@ impl Filesystem for FuseAdapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.guard("link", move || {
-            let result = self.fs.link(
-                to_ext4(ino),
-                to_ext4(newparent),
-                newname.as_bytes(),
-                caller(request),
-            );
+        self.guard(Operation::Link, move |clock| {
+            let result = clock.engine(|| {
+                self.fs.link(
+                    to_ext4(ino),
+                    to_ext4(newparent),
+                    newname.as_bytes(),
+                    caller(request),
+                )
+            });
             self.reply_entry(reply, result);
         });
     }
 
     fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.guard("open", move || match self.fs.open_file(to_ext4(ino)) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(error) => reply.error(errno(&error)),
+        self.guard(Operation::Open, move |clock| {
+            match clock.engine(|| self.fs.open_file(to_ext4(ino))) {
+                Ok(_) => reply.opened(FileHandle(0), self.tuning.open_flags()),
+                Err(error) => reply.error(errno(&error)),
+            }
         });
     }
 
@@ -478,8 +656,8 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.guard("read", move || {
-            match self.fs.read(to_ext4(ino), offset, size as usize) {
+        self.guard(Operation::Read, move |clock| {
+            match clock.engine(|| self.fs.read(to_ext4(ino), offset, size as usize)) {
                 Ok(data) => reply.data(&data),
                 Err(error) => reply.error(errno(&error)),
             }
@@ -493,14 +671,29 @@ impl Filesystem for FuseAdapter {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.guard("write", move || {
-            match self.fs.write(to_ext4(ino), offset, data, caller(request)) {
-                Ok(written) => reply.written(written as u32),
+        self.guard(Operation::Write, move |clock| {
+            // With KILLPRIV_V2 the kernel says whether the caller lacks
+            // CAP_FSETID (setuid and setgid go) instead of removing them
+            // itself; the engine asks /proc otherwise.
+            let caller = Caller {
+                fsetid: self
+                    .killpriv_v2
+                    .then(|| !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)),
+                ..caller(request)
+            };
+            match clock.engine(|| self.fs.write_file(to_ext4(ino), offset, data, caller)) {
+                Ok(written) => {
+                    if written.privileges_killed {
+                        // The mode the kernel caches still has the bits.
+                        self.attributes_changed(ino);
+                    }
+                    reply.written(written.bytes as u32)
+                }
                 Err(error) => reply.error(errno(&error)),
             }
         });
@@ -514,7 +707,7 @@ impl Filesystem for FuseAdapter {
         _owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.guard("flush", move || {
+        self.guard(Operation::Flush, move |_clock| {
             reply.ok();
         });
     }
@@ -529,8 +722,8 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.guard("release", move || {
-            reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        self.guard(Operation::Release, move |clock| {
+            reply_empty(reply, clock.engine(|| self.fs.release_file(to_ext4(ino))));
         });
     }
 
@@ -542,19 +735,25 @@ impl Filesystem for FuseAdapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.guard("fsync", move || {
-            reply_empty(reply, self.fs.fsync(to_ext4(ino), datasync));
+        self.guard(Operation::Fsync, move |clock| {
+            reply_empty(
+                reply,
+                clock.engine(|| self.fs.fsync(to_ext4(ino), datasync)),
+            );
         });
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.guard("opendir", move || match self.fs.open_file(to_ext4(ino)) {
-            Ok(attr) if attr.kind != FileKind::Directory => {
-                let _ = self.fs.release_file(to_ext4(ino));
-                reply.error(Errno::from_i32(libc::ENOTDIR));
+        self.guard(Operation::Opendir, move |clock| {
+            match clock.engine(|| self.fs.open_file(to_ext4(ino))) {
+                Ok(attr) if attr.kind != FileKind::Directory => {
+                    let _ = clock.engine(|| self.fs.release_file(to_ext4(ino)));
+                    clock.fail();
+                    reply.error(Errno::from_i32(libc::ENOTDIR));
+                }
+                Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Err(error) => reply.error(errno(&error)),
             }
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
-            Err(error) => reply.error(errno(&error)),
         });
     }
 
@@ -566,15 +765,17 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.guard("readdir", move || {
-            let result = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
-                let full = reply.add(
-                    to_fuse(entry.ino),
-                    entry.next,
-                    file_type(entry.kind),
-                    OsStr::from_bytes(&entry.name),
-                );
-                !full
+        self.guard(Operation::Readdir, move |clock| {
+            let result = clock.engine(|| {
+                self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+                    let full = reply.add(
+                        to_fuse(entry.ino),
+                        entry.next,
+                        file_type(entry.kind),
+                        OsStr::from_bytes(&entry.name),
+                    );
+                    !full
+                })
             });
             match result {
                 Ok(()) => reply.ok(),
@@ -591,25 +792,27 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        self.guard("readdirplus", move || {
+        self.guard(Operation::Readdirplus, move |clock| {
             // Collect a batch first: the attributes are read after the listing
             // has released the filesystem lock (its read lock is not re-entrant
             // once a writer waits).
             let mut entries = Vec::new();
             // Returning false means "not taken": the listing offers that entry
             // again from the previous cookie on the next call.
-            let listed = self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
-                if entries.len() >= READDIRPLUS_BATCH {
-                    return false;
-                }
-                entries.push(entry);
-                true
+            let listed = clock.engine(|| {
+                self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
+                    if entries.len() >= READDIRPLUS_BATCH {
+                        return false;
+                    }
+                    entries.push(entry);
+                    true
+                })
             });
             if let Err(error) = listed {
                 return reply.error(errno(&error));
             }
             for entry in entries {
-                let attr = match self.fs.getattr(entry.ino) {
+                let attr = match clock.engine(|| self.fs.getattr(entry.ino)) {
                     Ok(attr) => attr,
                     Err(error) => return reply.error(errno(&error)),
                 };
@@ -620,7 +823,7 @@ impl Filesystem for FuseAdapter {
                     to_fuse(entry.ino),
                     entry.next,
                     OsStr::from_bytes(&entry.name),
-                    &TTL,
+                    self.tuning.ttl(),
                     &file_attr(&attr),
                     Generation(attr.generation as u64),
                 );
@@ -643,8 +846,8 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.guard("releasedir", move || {
-            reply_empty(reply, self.fs.release_file(to_ext4(ino)));
+        self.guard(Operation::Releasedir, move |clock| {
+            reply_empty(reply, clock.engine(|| self.fs.release_file(to_ext4(ino))));
         });
     }
 
@@ -659,8 +862,9 @@ impl Filesystem for FuseAdapter {
         // fsync of a directory commits everything pending, as one JBD2
         // commit does on ext4: the one durability request a user can send
         // on any mount, since sync(2) never reaches a FUSE server.
-        self.guard("fsyncdir", move || {
-            let result = self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync());
+        self.guard(Operation::Fsyncdir, move |clock| {
+            let result =
+                clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync()));
             reply_empty(reply, result);
         });
     }
@@ -676,27 +880,30 @@ impl Filesystem for FuseAdapter {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.guard("ioctl", move || match cmd {
+        self.guard(Operation::Ioctl, move |clock| match cmd {
             control::JEXT4_IOC_SYNC => {
-                match self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync()) {
+                match clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync())) {
                     Ok(()) => reply.ioctl(0, &[]),
                     Err(error) => reply.error(errno(&error)),
                 }
             }
-            control::JEXT4_IOC_STATS => {
-                let report = self.fs.stats_report();
+            control::JEXT4_IOC_STATS | control::JEXT4_IOC_STATS_8K => {
+                let report = clock.timed(|| self.stats_report());
                 let length = report.len().min(out_size as usize);
                 reply.ioctl(length as i32, &report.as_bytes()[..length]);
             }
             // What ext4 does not know either (FS_IOC_GETFLAGS and its
             // kin are not implemented here yet).
-            _ => reply.error(Errno::from_i32(libc::ENOTTY)),
+            _ => {
+                clock.fail();
+                reply.error(Errno::from_i32(libc::ENOTTY))
+            }
         });
     }
 
     fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.guard("statfs", move || {
-            let stat = self.fs.statfs();
+        self.guard(Operation::Statfs, move |clock| {
+            let stat = clock.timed(|| self.fs.statfs());
             reply.statfs(
                 stat.blocks,
                 stat.free_blocks,
@@ -720,16 +927,20 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.guard("setxattr", move || {
+        self.guard(Operation::Setxattr, move |clock| {
             let mode = match flags {
                 0 => XattrMode::Any,
                 libc::XATTR_CREATE => XattrMode::Create,
                 libc::XATTR_REPLACE => XattrMode::Replace,
-                _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+                _ => {
+                    clock.fail();
+                    return reply.error(Errno::from_i32(libc::EINVAL));
+                }
             };
-            let result =
+            let result = clock.engine(|| {
                 self.fs
-                    .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request));
+                    .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request))
+            });
             if result.is_ok() {
                 self.acl_changed(ino, name);
             }
@@ -745,30 +956,34 @@ impl Filesystem for FuseAdapter {
         size: u32,
         reply: ReplyXattr,
     ) {
-        self.guard("getxattr", move || {
-            reply_xattr(reply, self.fs.getxattr(to_ext4(ino), name.as_bytes()), size);
+        self.guard(Operation::Getxattr, move |clock| {
+            let result = clock.engine(|| self.fs.getxattr(to_ext4(ino), name.as_bytes()));
+            reply_xattr(reply, result, size);
         });
     }
 
     fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.guard("listxattr", move || {
-            let result = self.fs.listxattr(to_ext4(ino)).map(|names| {
-                let mut list = Vec::new();
-                for name in names {
-                    list.extend_from_slice(&name);
-                    list.push(0);
-                }
-                list
-            });
+        self.guard(Operation::Listxattr, move |clock| {
+            let result = clock
+                .engine(|| self.fs.listxattr(to_ext4(ino)))
+                .map(|names| {
+                    let mut list = Vec::new();
+                    for name in names {
+                        list.extend_from_slice(&name);
+                        list.push(0);
+                    }
+                    list
+                });
             reply_xattr(reply, result, size);
         });
     }
 
     fn removexattr(&self, request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.guard("removexattr", move || {
-            let result = self
-                .fs
-                .removexattr(to_ext4(ino), name.as_bytes(), caller(request));
+        self.guard(Operation::Removexattr, move |clock| {
+            let result = clock.engine(|| {
+                self.fs
+                    .removexattr(to_ext4(ino), name.as_bytes(), caller(request))
+            });
             if result.is_ok() {
                 self.acl_changed(ino, name);
             }
@@ -777,10 +992,13 @@ impl Filesystem for FuseAdapter {
     }
 
     fn access(&self, _request: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        self.guard("access", move || {
+        self.guard(Operation::Access, move |clock| {
             // The kernel checks permissions (default_permissions); we only
             // confirm the inode exists.
-            reply_empty(reply, self.fs.getattr(to_ext4(ino)).map(|_| ()));
+            reply_empty(
+                reply,
+                clock.engine(|| self.fs.getattr(to_ext4(ino))).map(|_| ()),
+            );
         });
     }
 
@@ -794,25 +1012,26 @@ impl Filesystem for FuseAdapter {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        self.guard("create", move || {
-            let result = self
-                .fs
-                .create(
-                    to_ext4(parent),
-                    name.as_bytes(),
-                    mode as u16,
-                    creator(request, umask),
-                )
-                .and_then(|attr| self.fs.open_file(attr.ino));
+        self.guard(Operation::Create, move |clock| {
+            let result = clock.engine(|| {
+                self.fs
+                    .create(
+                        to_ext4(parent),
+                        name.as_bytes(),
+                        mode as u16,
+                        creator(request, umask),
+                    )
+                    .and_then(|attr| self.fs.open_file(attr.ino))
+            });
             match result {
                 Ok(attr) => {
                     self.fs.remember(attr.ino);
                     reply.created(
-                        &TTL,
+                        self.tuning.ttl(),
                         &file_attr(&attr),
                         Generation(attr.generation as u64),
                         FileHandle(0),
-                        FopenFlags::empty(),
+                        self.tuning.open_flags(),
                     )
                 }
                 Err(error) => reply.error(errno(&error)),
@@ -830,10 +1049,11 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.guard("fallocate", move || {
-            let result =
+        self.guard(Operation::Fallocate, move |clock| {
+            let result = clock.engine(|| {
                 self.fs
-                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request));
+                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request))
+            });
             if result.is_err() {
                 // Running out of space part-way keeps what was allocated
                 // and the size over it (as ext4 does); the error reply
@@ -853,16 +1073,20 @@ impl Filesystem for FuseAdapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        self.guard("lseek", move || {
+        self.guard(Operation::Lseek, move |clock| {
             let whence = match whence {
                 libc::SEEK_DATA => SeekWhence::Data,
                 libc::SEEK_HOLE => SeekWhence::Hole,
-                _ => return reply.error(Errno::from_i32(libc::EINVAL)),
+                _ => {
+                    clock.fail();
+                    return reply.error(Errno::from_i32(libc::EINVAL));
+                }
             };
             if offset < 0 {
+                clock.fail();
                 return reply.error(Errno::from_i32(libc::ENXIO));
             }
-            match self.fs.seek(to_ext4(ino), offset as u64, whence) {
+            match clock.engine(|| self.fs.seek(to_ext4(ino), offset as u64, whence)) {
                 Ok(position) => reply.offset(position as i64),
                 Err(error) => reply.error(errno(&error)),
             }

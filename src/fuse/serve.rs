@@ -2,7 +2,8 @@
 //! (`<runtime>/jext4/<mountpoint hex>.pid|.status|.log`) that let
 //! `jext4 umount` find the server and wait until it has written everything.
 
-use super::{FuseAdapter, FuseOptions};
+use super::metrics::RequestMetrics;
+use super::{FuseAdapter, FuseOptions, stats_report};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 use fuser::{Config, MountOption, SessionACL};
@@ -187,7 +188,8 @@ pub fn fuse_config(options: &FuseOptions, read_only: bool, image: &Path) -> Conf
 /// write-out, clean state).
 pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce()) -> Result<()> {
     let notifier = Arc::new(OnceLock::new());
-    let adapter = FuseAdapter::new(Arc::clone(&fs), Arc::clone(&notifier));
+    let metrics = Arc::new(RequestMetrics::default());
+    let adapter = FuseAdapter::new(Arc::clone(&fs), Arc::clone(&notifier), Arc::clone(&metrics));
     let session = fuser::Session::new(adapter, mountpoint, config).map_err(|error| {
         Error::Io(std::io::Error::new(
             error.kind(),
@@ -196,10 +198,14 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce
     })?;
     let _ = notifier.set(session.notifier());
     ready();
-    let reporter = StatsReporter::start(Arc::clone(&fs), runtime_file(mountpoint, "stats"));
+    let reporter = StatsReporter::start(
+        Arc::clone(&fs),
+        Arc::clone(&metrics),
+        runtime_file(mountpoint, "stats"),
+    );
     let served = run_until_unmounted(session);
     let unmounted = fs.unmount();
-    reporter.stop(&fs);
+    reporter.stop(&fs, &metrics);
     served.map_err(Error::Io)?;
     unmounted
 }
@@ -257,7 +263,7 @@ struct StatsReporter {
 impl StatsReporter {
     const INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
-    fn start(fs: Arc<Fs>, path: PathBuf) -> Self {
+    fn start(fs: Arc<Fs>, metrics: Arc<RequestMetrics>, path: PathBuf) -> Self {
         let stop = Arc::new((parking_lot::Mutex::new(false), parking_lot::Condvar::new()));
         let flag = Arc::clone(&stop);
         let file = path.clone();
@@ -268,7 +274,7 @@ impl StatsReporter {
                 let mut stopped = lock.lock();
                 while !*stopped {
                     let report = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        fs.stats_report()
+                        stats_report(&fs, &metrics)
                     }));
                     match report {
                         Ok(report) => {
@@ -287,7 +293,7 @@ impl StatsReporter {
         StatsReporter { stop, thread, path }
     }
 
-    fn stop(mut self, fs: &Fs) {
+    fn stop(mut self, fs: &Fs, metrics: &RequestMetrics) {
         {
             let (lock, condvar) = &*self.stop;
             *lock.lock() = true;
@@ -296,7 +302,7 @@ impl StatsReporter {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = std::fs::write(&self.path, fs.stats_report());
+        let _ = std::fs::write(&self.path, stats_report(fs, metrics));
     }
 }
 
