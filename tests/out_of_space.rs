@@ -44,19 +44,14 @@ fn expect_enospc(error: std::io::Error, what: &str) {
     assert!(is_enospc(&error), "{what}: want ENOSPC, got {error}");
 }
 
-/// Fill the volume with one file of zeros until only `leave_kib` KiB are
-/// free for root, then syncfs.
+/// Fill the volume with one file until ENOSPC (all root may have), then
+/// give `leave_kib` KiB back by truncating it, and syncfs.
 fn fill_leaving(mnt: &Path, leave_kib: u64) {
-    let (block_size, free, _) = e2e::statvfs(mnt);
-    let bytes = (free * block_size).saturating_sub(leave_kib << 10);
-    let mut file = fs::File::create(mnt.join("filler")).unwrap();
-    let chunk = vec![0x5au8; 256 << 10];
-    let mut written = 0u64;
-    while written < bytes {
-        let length = chunk.len().min((bytes - written) as usize);
-        file.write_all(&chunk[..length]).unwrap();
-        written += length as u64;
-    }
+    let filler = mnt.join("filler");
+    let written = write_until_enospc(&filler, 256 << 10);
+    assert!(written > leave_kib << 10, "only {written} bytes fitted");
+    let file = fs::File::options().write(true).open(&filler).unwrap();
+    file.set_len(written - (leave_kib << 10)).unwrap();
     file.sync_all().unwrap();
     e2e::syncfs(mnt);
 }
@@ -85,12 +80,31 @@ fn write_until_enospc(path: &Path, chunk: usize) -> u64 {
     }
 }
 
-/// Metric 1's "nothing went wrong inside": no journal abort, no error or
-/// read-only switch in the server's log, and the filesystem still takes a
-/// write once some space is freed.
+/// Metric 1's "nothing went wrong inside": `jext4 stats` shows no journal
+/// abort, no detected error and no read-only switch; the server logged no
+/// I/O error, corruption or panic (fuser's own transport messages aside);
+/// and the filesystem still takes a write once some space is freed.
 fn assert_commits_never_failed(mount: &JextMount, freed: &Path) {
+    let stats = e2e::run_ok(e2e::JEXT4, &["stats", e2e::path_str(&mount.mountpoint)]);
+    let stats = String::from_utf8_lossy(&stats.stdout);
+    for healthy in [
+        "journal_aborted false",
+        "errors_detected false",
+        "read_only false",
+    ] {
+        assert!(
+            stats.lines().any(|line| line == healthy),
+            "jext4 stats: want {healthy:?}:\n{stats}"
+        );
+    }
     let log = mount.server_log();
-    for sign in ["journal aborted", "ERROR", "read-only", "panicked"] {
+    for sign in [
+        "journal aborted",
+        "I/O error",
+        "corruption",
+        "read-only",
+        "panicked",
+    ] {
         assert!(!log.contains(sign), "server log shows {sign:?}:\n{log}");
     }
     if freed.is_dir() {
@@ -247,14 +261,9 @@ fn metric1_mkdir_xattr_and_htree_split_storms_at_the_wall_never_fail_a_commit() 
 
 /// df's "Use%": used ÷ (used + available), rounded up, as coreutils does.
 fn df_percent(mnt: &Path) -> u64 {
-    let c_path = std::ffi::CString::new(mnt.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: zeroed is a valid statvfs; the call fills it.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path and out pointer.
-    assert_eq!(unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) }, 0);
-    let used = stat.f_blocks - stat.f_bfree;
-    let total = used + stat.f_bavail;
-    (used * 100).div_ceil(total.max(1))
+    let (blocks, free, available) = block_counts(mnt);
+    let used = blocks - free;
+    (used * 100).div_ceil((used + available).max(1))
 }
 
 #[test]
@@ -548,4 +557,41 @@ fn fallocate_far_larger_than_the_volume_is_enospc_like_the_kernel() {
     fs::write(mnt.join("fits"), &data).unwrap();
     mount.unmount();
     e2e::fsck_clean(&image, "after oversized fallocates");
+}
+
+/// statvfs of `path`: (f_blocks, f_bfree, f_bavail).
+fn block_counts(path: &Path) -> (u64, u64, u64) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: zeroed is a valid statvfs; the call fills it.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out pointer.
+    assert_eq!(unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) }, 0);
+    (stat.f_blocks, stat.f_bfree, stat.f_bavail)
+}
+
+#[test]
+fn statfs_reports_the_reserves_as_the_kernel_does() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-statfs");
+        let image = make_image(scratch.path(), block_size, mib);
+        let reference = scratch.path().join("kernel.img");
+        fs::copy(&image, &reference).unwrap();
+        let kmnt = scratch.path().join("kernel");
+        let kernel = e2e::KernelMount::mount(&reference, &kmnt, false);
+        let expected = block_counts(&kmnt);
+        kernel.unmount();
+        let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+        let counts = block_counts(&mount.mountpoint);
+        mount.unmount();
+        // f_bfree counts every free block; f_bavail leaves out root's
+        // blocks and the kernel's s_resv_clusters (our emergency reserve),
+        // so df's Size, Used and Avail columns are the kernel's.
+        assert_eq!(
+            counts, expected,
+            "{block_size}-byte blocks: (blocks, free, available) jext4 vs kernel"
+        );
+    }
 }
