@@ -595,3 +595,42 @@ fn statfs_reports_the_reserves_as_the_kernel_does() {
         );
     }
 }
+
+#[test]
+fn rm_rf_works_on_a_full_volume_with_the_smallest_journal() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    // mke2fs's smallest journal, 1,024 blocks: deleting thousands of
+    // files fills it many times over, so the deletion also meets a full
+    // journal (handles wait for checkpoint) on a full volume.
+    let scratch = e2e::scratch("oos-journal");
+    let image = common::mkfs(
+        scratch.path(),
+        "journal",
+        16,
+        &["-t", "ext4", "-b", "1024", "-J", "size=1"],
+    );
+    let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+    let mnt = &mount.mountpoint;
+    let data = e2e::pattern(31, 1500);
+    for dir in 0..20 {
+        let path = mnt.join(format!("tree/d{dir:02}"));
+        fs::create_dir_all(&path).unwrap();
+        for file in 0..150 {
+            fs::write(path.join(format!("f{file:03}")), &data).unwrap();
+        }
+    }
+    fill_to_the_last_block(mnt);
+    assert_eq!(df_percent(mnt), 100);
+    fs::remove_dir_all(mnt.join("tree")).unwrap();
+    e2e::syncfs(mnt);
+    let (_, _, available) = e2e::statvfs(mnt);
+    assert!(
+        available > 3000,
+        "rm -rf of 3,000 files gave back {available} blocks"
+    );
+    assert_commits_never_failed(&mount, &mnt.join("full-big"));
+    mount.unmount();
+    e2e::fsck_clean(&image, "after rm -rf on a full volume with a 1 MiB journal");
+}
