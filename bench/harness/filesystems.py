@@ -22,6 +22,7 @@ MKFS_EXT2 = ["mkfs.ext2", "-F", "-q"]
 # from jext4 in the journal alone.
 MKFS_EXT4_NOJOURNAL = ["mkfs.ext4", "-F", "-q", "-O", "^has_journal"]
 MKFS_XFS = ["mkfs.xfs", "-f", "-q"]
+MKFS_BTRFS = ["mkfs.btrfs", "-f", "-q"]
 
 UMOUNT_TIMEOUT = 300
 MOUNT_TIMEOUT = 60
@@ -222,10 +223,11 @@ class Filesystem:
 
 
 class KernelFs(Filesystem):
-    def __init__(self, name, mkfs, fstype, description):
+    def __init__(self, name, mkfs, fstype, description, opt_in=False):
         super().__init__(name, mkfs, description)
         self.fstype = fstype
-        self.family = "xfs" if fstype == "xfs" else "ext"
+        self.family = fstype if fstype in ("xfs", "btrfs") else "ext"
+        self.opt_in = opt_in
 
     def _mount(self, mount):
         mount.loop = run(["losetup", "-f", "--show", mount.image], timeout=30).stdout.strip()
@@ -239,9 +241,10 @@ class KernelFs(Filesystem):
             mount.loop = None
 
     def check(self, image):
-        if self.family != "xfs":
+        if self.family == "ext":
             return super().check(image)
-        result = run(["xfs_repair", "-n", image], timeout=600, check=False)
+        checker = ["xfs_repair", "-n"] if self.family == "xfs" else ["btrfs", "check", "--readonly"]
+        result = run(checker + [image], timeout=600, check=False)
         if result.returncode == 0:
             return "clean"
         return f"errors (exit {result.returncode}): {last_line(result.stdout + result.stderr)}"
@@ -475,6 +478,7 @@ def catalogue(repo):
         KernelFs("ext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "ext4", "kernel ext4 with -O fast_commit"),
         KernelFs("ext2", MKFS_EXT2, "ext2", "kernel ext2 (no journal)"),
         KernelFs("xfs", MKFS_XFS, "xfs", "kernel xfs, loop device, defaults"),
+        KernelFs("btrfs", MKFS_BTRFS, "btrfs", "kernel btrfs, loop device, defaults (btrfs-progs)", opt_in=True),
         Fuse2fs("fuse2fs", MKFS_EXT4, "fuse2fs -o fakeroot (e2fsprogs), ext4 image as for kernel ext4"),
         Jext4("jext4", MKFS_EXT4, "jext4 FUSE server, default options, ext4 image as for kernel ext4", binary),
         Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary),
@@ -485,8 +489,18 @@ def catalogue(repo):
     ]
 
 
-# `--fs nbd`: the opt-in NBD group with its local-file peer.
-GROUPS = {"nbd": ["jext4", "jext4-nbd-unix", "jext4-nbd-tcp", "jext4-kernel-nbd"]}
+# `--fs nbd`: the opt-in NBD group with its local-file peer; `--fs oos`: the
+# peers of the out-of-space workloads (issue 10, after the Tux3 post).
+GROUPS = {
+    "nbd": ["jext4", "jext4-nbd-unix", "jext4-nbd-tcp", "jext4-kernel-nbd"],
+    "oos": ["ext4", "xfs", "btrfs", "fuse2fs", "jext4"],
+}
+
+
+def ram_images(workdir):
+    """Where RAM-backed images of this workdir live (/dev/shm, one directory
+    per workdir so that concurrent runs with their own workdirs stay apart)."""
+    return Path("/dev/shm") / ("jext4-bench-" + str(Path(workdir).resolve()).strip("/").replace("/", "-"))
 
 
 def cleanup_all(reason=""):
@@ -543,8 +557,9 @@ def cleanup_stale(workdir):
         log(f"stale mount {point}: lazily unmounting")
         abort_fuse_connection(point)
         _try(["umount", "-l", point])
-    images = Path(workdir) / "images"
-    if images.is_dir():
+    for images in (Path(workdir) / "images", ram_images(workdir)):
+        if not images.is_dir():
+            continue
         for image in images.iterdir():
             listing = run(["losetup", "-j", image], timeout=30, check=False).stdout
             for line in listing.splitlines():

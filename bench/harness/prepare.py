@@ -12,6 +12,7 @@ from util import Failure, fail_line, last_line, log, run
 PACKAGE_OF = {
     "e2fsck": "e2fsprogs",
     "mkfs.xfs": "xfsprogs",
+    "mkfs.btrfs": "btrfs-progs",
     "fuse2fs": "fuse2fs",
     "fusermount3": "fuse3",
     "fio": "fio",

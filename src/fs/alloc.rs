@@ -35,14 +35,20 @@ impl Tx<'_, '_> {
             || self.caller.gid == self.core.resgid
     }
 
-    /// Blocks this caller may still allocate.
+    /// Blocks this caller may still allocate: not root's reserved blocks
+    /// unless it may use them, not the emergency reserve unless the
+    /// operation frees space (ext4_has_free_clusters with and without
+    /// EXT4_MB_USE_RESERVED).
     pub fn available_blocks(&self) -> u64 {
         let free = self.st.sb.free_blocks_count;
-        if self.may_use_reserved() {
-            free
-        } else {
-            free.saturating_sub(self.core.reserved_blocks)
+        let mut withheld = 0;
+        if !self.may_use_reserved() {
+            withheld += self.core.reserved_blocks;
         }
+        if !self.draws_on_emergency_reserve {
+            withheld += self.core.emergency_reserve;
+        }
+        free.saturating_sub(withheld)
     }
 
     /// The block bitmap of `group`, initialised (in the transaction) if the

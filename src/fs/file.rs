@@ -443,7 +443,9 @@ impl Fs {
         // A small cut happens in one transaction; a large one sets the size
         // with the inode on the orphan records, frees the blocks in chunks,
         // then takes it off (a crash midway: the next mount finishes it).
-        let chunked = self.transact(CREDITS_TRUNCATE, caller, |tx| {
+        // Growing a file allocates nothing; shrinking frees, and may need
+        // the emergency reserve to split an extent on a full volume.
+        let chunked = self.transact_releasing(CREDITS_TRUNCATE, caller, |tx| {
             self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
             tx.with_regular_file(ino, |tx, inode| {
                 if inode.size == size {
@@ -469,7 +471,7 @@ impl Fs {
         })?;
         if chunked {
             self.punch_in_chunks(ino, keep_blocks)?;
-            self.transact(CREDITS_TRUNCATE, caller, |tx| {
+            self.transact_releasing(CREDITS_TRUNCATE, caller, |tx| {
                 let mut inode = tx.read_live_inode(ino)?;
                 tx.orphan_remove(ino, &mut inode)?;
                 tx.write_inode(ino, &inode)
@@ -501,11 +503,17 @@ impl Fs {
             return Err(Error::Invalid("zero-length fallocate".into()));
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
-        self.transact(64, caller, |tx| {
+        let body = |tx: &mut Tx<'_, '_>| {
             tx.with_regular_file(ino, |tx, inode| {
                 tx.fallocate_inode(ino, inode, offset, end, mode)
             })
-        })
+        };
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            // Punching frees, but splitting an extent may take a block.
+            self.transact_releasing(64, caller, body)
+        } else {
+            self.transact(64, caller, body)
+        }
     }
 }
 

@@ -154,6 +154,12 @@ pub(crate) struct Core {
     pub options: MountOptions,
     /// Blocks reserved for root (s_r_blocks_count).
     pub reserved_blocks: u64,
+    /// The emergency reserve: blocks only operations that free space may
+    /// allocate (`Tx::draws_on_emergency_reserve`). Sized as the kernel's
+    /// `s_resv_clusters` (ext4_calculate_resv_clusters: 2 % of the volume,
+    /// at most 4,096 clusters) and reported by statfs as the kernel
+    /// reports it: in f_bfree, not in f_bavail.
+    pub emergency_reserve: u64,
     pub resuid: u32,
     pub resgid: u32,
     /// Blocks that never hold file data (group metadata, the journal):
@@ -203,6 +209,7 @@ impl Core {
             orphans: Mutex::new(HashSet::new()),
             fast_commit: None,
             reserved_blocks: sb.reserved_blocks_count,
+            emergency_reserve: emergency_reserve_blocks(geo.blocks_count),
             resuid: sb.def_resuid as u32,
             resgid: sb.def_resgid as u32,
             geo,
@@ -215,6 +222,13 @@ impl Core {
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
         self.cache.device()
     }
+}
+
+/// The kernel's reserve for metadata that deletions need
+/// (ext4_calculate_resv_clusters, without bigalloc: one cluster is a block).
+fn emergency_reserve_blocks(blocks_count: u64) -> u64 {
+    const RESERVE_BLOCKS_MAX: u64 = 4096;
+    (blocks_count / 50).min(RESERVE_BLOCKS_MAX)
 }
 
 /// Mutable filesystem state, under `Fs::state`.
@@ -257,6 +271,11 @@ pub(crate) struct Tx<'a, 'j> {
     /// A block mapping changed in ways the inode's size and root do not
     /// show (an unwritten extent converted deep in the tree).
     pub mapping_changed: bool,
+    /// This operation frees space (unlink, rmdir, truncate, hole punching,
+    /// rename over a file) and may allocate from the emergency reserve
+    /// the blocks it needs to do so — an extent split, a deeper tree — so
+    /// that deleting works on a full volume.
+    pub draws_on_emergency_reserve: bool,
 }
 
 impl Fs {
@@ -492,6 +511,27 @@ impl Fs {
         &self,
         credits: u32,
         caller: Caller,
+        body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_with(credits, caller, false, body)
+    }
+
+    /// `transact` for an operation that frees space (unlink, rmdir,
+    /// truncate, hole punching): it may draw on the emergency reserve.
+    pub(crate) fn transact_releasing<R>(
+        &self,
+        credits: u32,
+        caller: Caller,
+        body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_with(credits, caller, true, body)
+    }
+
+    fn transact_with<R>(
+        &self,
+        credits: u32,
+        caller: Caller,
+        releases_space: bool,
         mut body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
         if self.is_read_only() {
@@ -509,6 +549,7 @@ impl Fs {
                     handle: &handle,
                     caller,
                     mapping_changed: false,
+                    draws_on_emergency_reserve: releases_space,
                 };
                 let result = body(&mut tx);
                 // Whatever the body managed before an error is consistent on
@@ -666,6 +707,9 @@ impl Fs {
         let mut lines = vec![
             format!("blocks_total {}", statfs.blocks),
             format!("blocks_free {}", statfs.free_blocks),
+            format!("blocks_available {}", statfs.available_blocks),
+            format!("blocks_reserved_root {}", self.core.reserved_blocks),
+            format!("blocks_reserved_emergency {}", self.core.emergency_reserve),
             format!("inodes_free {}", statfs.free_files),
             format!("read_only {}", self.is_read_only()),
             format!("errors_detected {}", self.errored.load(Ordering::Acquire)),
@@ -753,7 +797,12 @@ impl Fs {
             block_size: core.geo.block_size,
             blocks: core.geo.blocks_count.saturating_sub(core.overhead_blocks),
             free_blocks: st.sb.free_blocks_count,
-            available_blocks: st.sb.free_blocks_count.saturating_sub(core.reserved_blocks),
+            // As ext4_statfs: f_bavail leaves out root's blocks and the
+            // emergency reserve (the kernel's s_resv_clusters).
+            available_blocks: st
+                .sb
+                .free_blocks_count
+                .saturating_sub(core.reserved_blocks + core.emergency_reserve),
             files: core.geo.inodes_count as u64,
             free_files: st.sb.free_inodes_count as u64,
             name_max: 255,
@@ -889,6 +938,8 @@ impl Fs {
                 handle: &handle,
                 caller: Caller::ROOT,
                 mapping_changed: false,
+                // Mount-time work (recovery, orphan cleanup) frees space.
+                draws_on_emergency_reserve: true,
             };
             let value = body(&mut tx)?;
             tx.finish()?;

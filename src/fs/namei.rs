@@ -506,7 +506,7 @@ impl Fs {
             return Err(Error::NotEmpty);
         }
         check_name(name)?;
-        self.transact(CREDITS_UNLINK, caller, |tx| {
+        self.transact_releasing(CREDITS_UNLINK, caller, |tx| {
             let mut parent_inode = tx.writable_dir(parent)?;
             let entry = tx
                 .find_entry(parent, &parent_inode, name)?
@@ -615,6 +615,9 @@ impl Tx<'_, '_> {
         match dst {
             Some(_) if flags.noreplace => return Err(Error::Exists),
             Some(dst) => {
+                // Rename over a file frees the target: like a deletion, it
+                // may need the emergency reserve on a full volume.
+                self.draws_on_emergency_reserve = true;
                 let mut dst_inode = self.read_live_inode(dst.ino)?;
                 if src_inode.is_dir() {
                     if !dst_inode.is_dir() {

@@ -210,7 +210,7 @@ impl Tx<'_, '_> {
 impl Fs {
     /// At mount: free the orphans a crash left behind.
     pub(crate) fn recover_orphans(&self) -> Result<()> {
-        let resolved = self.transact(64, Caller::ROOT, |tx| {
+        let resolved = self.transact_releasing(64, Caller::ROOT, |tx| {
             let mut pending = tx.orphan_file_entries()?;
             let mut ino = tx.st.sb.last_orphan;
             let mut steps = 0;
@@ -257,7 +257,7 @@ impl Fs {
         if !self.core.open_orphans.lock().remove(&ino) {
             return Ok(());
         }
-        self.transact(16, Caller::ROOT, |tx| {
+        self.transact_releasing(16, Caller::ROOT, |tx| {
             let inode = tx.read_inode(ino)?;
             // A link cannot come back to an inode with none (link() refuses
             // it), but stay safe against a corrupt count.
@@ -296,7 +296,7 @@ impl Fs {
         let credits = self.punch_chunk_credits();
         let mut position = from;
         loop {
-            let next = self.transact(credits, Caller::ROOT, |tx| {
+            let next = self.transact_releasing(credits, Caller::ROOT, |tx| {
                 let mut inode = tx.read_live_inode(ino)?;
                 let geo = &tx.core.geo;
                 if position >= mapping::max_blocks(geo, &inode) {
@@ -327,7 +327,7 @@ impl Fs {
                 return Ok(());
             };
             self.punch_in_chunks(ino, 0)?;
-            self.transact(16, Caller::ROOT, |tx| {
+            self.transact_releasing(16, Caller::ROOT, |tx| {
                 let inode = tx.read_inode(ino)?;
                 tx.evict_inode_now(ino, inode)
             })?;

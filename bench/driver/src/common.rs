@@ -114,3 +114,14 @@ pub fn emit(value: serde_json::Value) {
 pub fn at(path: &Path) -> impl FnOnce(io::Error) -> io::Error + '_ {
     move |error| io::Error::new(error.kind(), format!("{}: {error}", path.display()))
 }
+
+/// syncfs(2) of the filesystem that holds `dir`.
+pub fn syncfs(dir: &Path) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    let directory = File::open(dir).map_err(at(dir))?;
+    // SAFETY: syncfs on an open descriptor of the filesystem under test.
+    if unsafe { libc::syncfs(directory.as_raw_fd()) } != 0 {
+        return Err(at(dir)(io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -3,6 +3,7 @@
 //! test and prints one JSON line with its figures; bench/run does the rest
 //! (images, mounts, repetitions, medians, tables).
 
+mod blurt;
 mod common;
 mod exim;
 mod lsm;
@@ -99,6 +100,23 @@ enum Workload {
         #[arg(long, default_value_t = 1024)]
         record_bytes: usize,
     },
+    /// Tux3's blurt loop: PASSES × DIRECTORIES steps of TASKS processes,
+    /// each rewriting DIR/<step>/f<task> WRITES × CHUNK bytes; stops at the
+    /// first step with a failed task (ENOSPC is the expected end).
+    Blurt {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 9)]
+        passes: usize,
+        #[arg(long, default_value_t = 9)]
+        directories: usize,
+        #[arg(long, default_value_t = 40)]
+        writes: usize,
+        #[arg(long, default_value_t = 1000)]
+        tasks: usize,
+        #[arg(long, default_value_t = 1024)]
+        chunk_bytes: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -149,6 +167,21 @@ fn main() -> ExitCode {
             writes,
             record_bytes,
         } => smallwriters::run(dir, procs, writes, record_bytes),
+        Workload::Blurt {
+            dir,
+            passes,
+            directories,
+            writes,
+            tasks,
+            chunk_bytes,
+        } => blurt::run(blurt::Options {
+            dir,
+            passes,
+            directories,
+            writes,
+            tasks,
+            chunk_bytes,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

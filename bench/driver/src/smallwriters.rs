@@ -5,18 +5,19 @@
 //! release to the end of syncfs), not fork's.
 
 use std::ffi::CString;
-use std::fs::{self, File};
+use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::json;
 
-use crate::common::{at, emit, pattern};
+use crate::common::{at, emit, pattern, syncfs};
 
-/// The child's whole life: wait for the release, write its file, exit.
+/// The child's whole life: wait for the release, write its file, exit with
+/// 0, or with the errno of the call that failed (EIO for a short write), so
+/// that the parent can tell a full disk (ENOSPC) from anything else.
 /// Only async-signal-safe calls here (we are a fork of the driver).
 fn child(release: libc::c_int, path: &CString, record: &[u8], writes: usize) -> ! {
     let mut byte = 0u8;
@@ -29,19 +30,36 @@ fn child(release: libc::c_int, path: &CString, record: &[u8], writes: usize) -> 
             0o644,
         );
         if fd < 0 {
-            libc::_exit(2);
+            libc::_exit(errno_status());
         }
         for _ in 0..writes {
             let n = libc::write(fd, record.as_ptr().cast(), record.len());
+            if n < 0 {
+                libc::_exit(errno_status());
+            }
             if n != record.len() as isize {
-                libc::_exit(3);
+                libc::_exit(libc::EIO);
             }
         }
-        libc::_exit(if libc::close(fd) == 0 { 0 } else { 4 });
+        libc::_exit(if libc::close(fd) == 0 {
+            0
+        } else {
+            errno_status()
+        });
     }
 }
 
-fn spawn_all(
+/// The calling thread's errno as an exit status (never 0: a failure with
+/// errno unset is reported as EIO).
+fn errno_status() -> libc::c_int {
+    // SAFETY: __errno_location points at this thread's errno.
+    match unsafe { *libc::__errno_location() } {
+        0 => libc::EIO,
+        errno => errno & 0xff,
+    }
+}
+
+pub fn spawn_all(
     paths: &[CString],
     record: &[u8],
     writes: usize,
@@ -71,19 +89,23 @@ fn spawn_all(
     Ok((release_write, pids))
 }
 
-fn wait_all(pids: &[libc::pid_t]) -> io::Result<usize> {
-    let mut failed = 0;
+/// Waits for every writer; returns the errno of each one that failed (a
+/// writer killed by a signal counts as EINTR).
+pub fn wait_all(pids: &[libc::pid_t]) -> io::Result<Vec<i32>> {
+    let mut failures = Vec::new();
     for &pid in pids {
         let mut status = 0;
         // SAFETY: waiting for our own child.
         if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
             return Err(io::Error::last_os_error());
         }
-        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-            failed += 1;
+        if !libc::WIFEXITED(status) {
+            failures.push(libc::EINTR);
+        } else if libc::WEXITSTATUS(status) != 0 {
+            failures.push(libc::WEXITSTATUS(status));
         }
     }
-    Ok(failed)
+    Ok(failures)
 }
 
 pub fn run(dir: PathBuf, procs: usize, writes: usize, record_bytes: usize) -> io::Result<()> {
@@ -100,13 +122,9 @@ pub fn run(dir: PathBuf, procs: usize, writes: usize, record_bytes: usize) -> io
     let began = Instant::now();
     // SAFETY: closing the write end releases every child at once.
     unsafe { libc::close(release) };
-    let failed = wait_all(&pids)?;
+    let failed = wait_all(&pids)?.len();
     let written = Instant::now();
-    let directory = File::open(&own).map_err(at(&own))?;
-    // SAFETY: syncfs on an open descriptor of the filesystem under test.
-    if unsafe { libc::syncfs(directory.as_raw_fd()) } != 0 {
-        return Err(at(&own)(io::Error::last_os_error()));
-    }
+    syncfs(&own)?;
     let seconds = began.elapsed().as_secs_f64();
     if failed > 0 {
         let detail = format!("{failed} of {procs} writer processes failed");

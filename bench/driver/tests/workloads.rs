@@ -158,3 +158,63 @@ fn small_writers_each_write_their_whole_file() {
     assert_eq!(files.len(), 20);
     assert!(files.iter().all(|&len| len == 40 * 1024));
 }
+
+#[test]
+fn blurt_rewrites_every_file_of_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "blurt",
+        "--passes",
+        "2",
+        "--directories",
+        "3",
+        "--tasks",
+        "10",
+        "--writes",
+        "5",
+    ];
+    let result = driver(&args, dir.path());
+    assert_eq!(number(&result, "steps_done"), 6.0);
+    assert!(result["full_at_step"].is_null());
+    for index in 1..=3 {
+        let sizes: Vec<_> = std::fs::read_dir(dir.path().join(index.to_string()))
+            .unwrap()
+            .map(|entry| entry.unwrap().metadata().unwrap().len())
+            .collect();
+        assert_eq!(sizes.len(), 10);
+        assert!(sizes.iter().all(|&len| len == 5 * 1024), "{sizes:?}");
+    }
+}
+
+#[test]
+fn blurt_stops_at_the_first_step_that_hits_a_full_disk() {
+    // A 1 MiB tmpfs fills in the second step of 10 × 64 KiB files.
+    let dir = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "blurt-test"])
+        .arg(dir.path())
+        .status();
+    // Root is part of the test environment (CI runs as root), like loop devices.
+    assert!(
+        matches!(mounted, Ok(status) if status.success()),
+        "mount -t tmpfs failed: {mounted:?} (the test needs root)"
+    );
+    let args = [
+        "blurt",
+        "--passes",
+        "1",
+        "--directories",
+        "9",
+        "--tasks",
+        "10",
+        "--writes",
+        "64",
+    ];
+    let result = driver(&args, dir.path());
+    let _ = std::process::Command::new("umount")
+        .arg(dir.path())
+        .status();
+    assert_eq!(number(&result, "steps_done"), 1.0);
+    assert_eq!(result["full_at_step"], "1:2");
+    assert!(number(&result, "enospc_tasks") >= 1.0);
+}

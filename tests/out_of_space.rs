@@ -1,0 +1,636 @@
+//! Issue 10: the Tux3 post's five out-of-space quality metrics, as tests
+//! that can fail, at 1 KiB and 4 KiB blocks, through the FUSE mount:
+//!
+//! 1. never an error inside a commit: writers and mkdir/xattr/htree-split
+//!    storms at the wall get ENOSPC from the call itself, never EIO; the
+//!    journal is not aborted, nothing is logged as an error, the filesystem
+//!    stays writable and e2fsck finds it clean;
+//! 2. `df` says 100 % (f_bavail == 0) at the first ENOSPC;
+//! 3. rm, rmdir, truncate, hole punching, unlink and rename-over work on
+//!    the full volume, and the space comes back;
+//!
+//! and the bad inputs: a volume already full at mount, fallocate far
+//! larger than the volume. Metrics 4 and 5 (speed near full and far from
+//! full) are figures, not assertions: `bench/run --only oos`.
+
+mod common;
+
+use common::e2e::{self, JextMount};
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// (block size, image MiB): ext4 as mke2fs makes it, small enough to fill
+/// in a second.
+const GEOMETRIES: [(u32, u64); 2] = [(1024, 16), (4096, 32)];
+
+fn make_image(scratch: &Path, block_size: u32, mib: u64) -> std::path::PathBuf {
+    let block = block_size.to_string();
+    common::mkfs(
+        scratch,
+        &format!("oos{block_size}"),
+        mib,
+        &["-t", "ext4", "-b", &block],
+    )
+}
+
+fn is_enospc(error: &std::io::Error) -> bool {
+    error.raw_os_error() == Some(libc::ENOSPC)
+}
+
+/// Every error of a workload at the wall must be ENOSPC from the call.
+fn expect_enospc(error: std::io::Error, what: &str) {
+    assert!(is_enospc(&error), "{what}: want ENOSPC, got {error}");
+}
+
+/// Fill the volume with one file until ENOSPC (all root may have), then
+/// give `leave_kib` KiB back by truncating it, and syncfs.
+fn fill_leaving(mnt: &Path, leave_kib: u64) {
+    let filler = mnt.join("filler");
+    let written = write_until_enospc(&filler, 256 << 10);
+    assert!(written > leave_kib << 10, "only {written} bytes fitted");
+    let file = fs::File::options().write(true).open(&filler).unwrap();
+    file.set_len(written - (leave_kib << 10)).unwrap();
+    file.sync_all().unwrap();
+    e2e::syncfs(mnt);
+}
+
+/// Append to `path` (created if missing) in `chunk`-byte pieces until
+/// ENOSPC (the only error allowed); returns the bytes written.
+fn write_until_enospc(path: &Path, chunk: usize) -> u64 {
+    let data = e2e::pattern(chunk as u64, chunk);
+    let mut file = match fs::File::options().create(true).append(true).open(path) {
+        Ok(file) => file,
+        Err(error) => {
+            expect_enospc(error, &format!("create {}", path.display()));
+            return 0;
+        }
+    };
+    let mut written = 0;
+    loop {
+        match file.write(&data) {
+            Ok(0) => panic!("write of {} returned 0", path.display()),
+            Ok(n) => written += n as u64,
+            Err(error) => {
+                expect_enospc(error, &format!("write {}", path.display()));
+                return written;
+            }
+        }
+    }
+}
+
+/// Metric 1's "nothing went wrong inside": `jext4 stats` shows no journal
+/// abort, no detected error and no read-only switch; the server logged no
+/// I/O error, corruption or panic (fuser's own transport messages aside);
+/// and the filesystem still takes a write once some space is freed.
+fn assert_commits_never_failed(mount: &JextMount, freed: &Path) {
+    let stats = e2e::run_ok(e2e::JEXT4, &["stats", e2e::path_str(&mount.mountpoint)]);
+    let stats = String::from_utf8_lossy(&stats.stdout);
+    for healthy in [
+        "journal_aborted false",
+        "errors_detected false",
+        "read_only false",
+    ] {
+        assert!(
+            stats.lines().any(|line| line == healthy),
+            "jext4 stats: want {healthy:?}:\n{stats}"
+        );
+    }
+    let log = mount.server_log();
+    for sign in [
+        "journal aborted",
+        "I/O error",
+        "corruption",
+        "read-only",
+        "panicked",
+    ] {
+        assert!(!log.contains(sign), "server log shows {sign:?}:\n{log}");
+    }
+    if freed.is_dir() {
+        fs::remove_dir_all(freed).unwrap();
+    } else {
+        fs::remove_file(freed).unwrap();
+    }
+    let probe = mount.path("still-writable");
+    let data = e2e::pattern(99, 64 << 10);
+    fs::write(&probe, &data).unwrap();
+    fs::File::open(&probe).unwrap().sync_all().unwrap();
+    assert_eq!(e2e::read_all(&probe), data);
+}
+
+/// `tasks` writers at once, each creating its own file and writing it
+/// 1 KiB at a time, `writes` times — Tux3's blurt — `passes` times over the
+/// same files (a pass truncates the previous one's: the rewrite case).
+/// Returns how many writers met ENOSPC.
+fn blurt(dir: &Path, passes: usize, tasks: usize, writes: usize) -> usize {
+    fs::create_dir_all(dir).unwrap();
+    let text = e2e::pattern(7, 1024);
+    let mut enospc = 0;
+    for _ in 0..passes {
+        enospc += std::thread::scope(|scope| {
+            let writers: Vec<_> = (0..tasks)
+                .map(|task| {
+                    let (path, text) = (dir.join(format!("f{task}")), &text);
+                    scope.spawn(move || -> bool {
+                        let mut file = match fs::File::create(&path) {
+                            Ok(file) => file,
+                            Err(error) => {
+                                expect_enospc(error, "blurt create");
+                                return true;
+                            }
+                        };
+                        for _ in 0..writes {
+                            if let Err(error) = file.write_all(text) {
+                                expect_enospc(error, "blurt write");
+                                return true;
+                            }
+                        }
+                        false
+                    })
+                })
+                .collect();
+            writers
+                .into_iter()
+                .map(|writer| writer.join().expect("writer panicked"))
+                .filter(|&met_enospc| met_enospc)
+                .count()
+        });
+    }
+    enospc
+}
+
+#[test]
+fn metric1_a_thousand_writers_at_the_wall_never_fail_a_commit() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-writers");
+        let image = make_image(scratch.path(), block_size, mib);
+        let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+        // 4 MiB free against 1,000 × 40 KiB: the wall comes in the first
+        // pass, and the second pass rewrites at the wall.
+        fill_leaving(&mount.mountpoint, 4 << 10);
+        let enospc = blurt(&mount.path("blurt"), 2, 1000, 40);
+        eprintln!("{block_size}-byte blocks: {enospc} writer(s) met ENOSPC");
+        assert!(enospc > 0, "40 MB fitted in 4 MiB");
+        assert_commits_never_failed(&mount, &mount.path("blurt"));
+        mount.unmount();
+        e2e::fsck_clean(
+            &image,
+            &format!("after blurt at the wall, {block_size}-byte blocks"),
+        );
+    }
+}
+
+/// One storm: `body(index)` until it fails (ENOSPC, nothing else) or
+/// `limit` iterations; returns the iterations that succeeded.
+fn storm(limit: usize, what: &str, mut body: impl FnMut(usize) -> std::io::Result<()>) -> usize {
+    for index in 0..limit {
+        if let Err(error) = body(index) {
+            expect_enospc(error, &format!("{what} #{index}"));
+            return index;
+        }
+    }
+    limit
+}
+
+#[test]
+fn metric1_mkdir_xattr_and_htree_split_storms_at_the_wall_never_fail_a_commit() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-storms");
+        let image = make_image(scratch.path(), block_size, mib);
+        let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+        let storms = mount.path("storms");
+        for name in ["dirs", "xattrs", "htree"] {
+            fs::create_dir_all(storms.join(name)).unwrap();
+        }
+        fill_leaving(&mount.mountpoint, 256);
+        // Four threads at once: a directory storm (a block each), an xattr
+        // storm (a 600-byte value needs an xattr block per file), and two
+        // name storms into one directory (long names: htree splits).
+        let limit = 100_000;
+        let counts: Vec<usize> = std::thread::scope(|scope| {
+            let dirs = scope.spawn(|| {
+                storm(limit, "mkdir", |i| {
+                    fs::create_dir(storms.join(format!("dirs/d{i}")))
+                })
+            });
+            let xattrs = scope.spawn(|| {
+                let value = e2e::pattern(5, 600);
+                storm(limit, "setxattr", |i| {
+                    let path = storms.join(format!("xattrs/x{i}"));
+                    fs::File::create(&path)?;
+                    e2e::set_xattr(&path, "user.storm", &value)
+                })
+            });
+            let names: Vec<_> = (0..2)
+                .map(|thread| {
+                    let storms = &storms;
+                    scope.spawn(move || {
+                        storm(limit, "create", |i| {
+                            let name = format!("{thread}-{i:06}-{}", "n".repeat(200));
+                            fs::File::create(storms.join("htree").join(name)).map(drop)
+                        })
+                    })
+                })
+                .collect();
+            [dirs, xattrs]
+                .into_iter()
+                .chain(names)
+                .map(|t| t.join().unwrap())
+                .collect()
+        });
+        eprintln!("{block_size}-byte blocks: dirs, xattrs, names ×2 before ENOSPC: {counts:?}");
+        assert!(
+            counts.iter().all(|&count| count < limit),
+            "the volume never filled"
+        );
+        assert_commits_never_failed(&mount, &mount.path("filler"));
+        mount.unmount();
+        e2e::fsck_clean(
+            &image,
+            &format!("after the storms, {block_size}-byte blocks"),
+        );
+    }
+}
+
+/// df's "Use%": used ÷ (used + available), rounded up, as coreutils does.
+fn df_percent(mnt: &Path) -> u64 {
+    let (blocks, free, available) = block_counts(mnt);
+    let used = blocks - free;
+    (used * 100).div_ceil((used + available).max(1))
+}
+
+#[test]
+fn metric2_df_says_100_percent_at_the_first_enospc() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-df");
+        let image = make_image(scratch.path(), block_size, mib);
+        let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+        // Big writes, then small files into what is left, then 1 KiB
+        // appends: at each first ENOSPC df must say the volume is full.
+        write_until_enospc(&mount.path("big"), 256 << 10);
+        let (_, free, available) = e2e::statvfs(&mount.mountpoint);
+        eprintln!("{block_size}: big file: {free} free, {available} available at ENOSPC");
+        assert_eq!(available, 0, "ENOSPC with {available} blocks available");
+        assert_eq!(df_percent(&mount.mountpoint), 100);
+        // Room for a few small files, then fill it with them.
+        fs::File::options()
+            .write(true)
+            .open(mount.path("big"))
+            .unwrap()
+            .set_len(fs::metadata(mount.path("big")).unwrap().len() - (256 << 10))
+            .unwrap();
+        e2e::syncfs(&mount.mountpoint);
+        let data = e2e::pattern(3, 3000);
+        let small = storm(10_000, "small file", |i| {
+            fs::write(mount.path(&format!("s{i}")), &data)
+        });
+        let (_, free, available) = e2e::statvfs(&mount.mountpoint);
+        eprintln!("{block_size}: {small} small files, then {free} free, {available} available");
+        assert!(
+            small > 0,
+            "freeing 256 KiB made no room for one 3000-byte file"
+        );
+        assert_eq!(
+            available, 0,
+            "small files: ENOSPC with {available} blocks available"
+        );
+        assert_eq!(df_percent(&mount.mountpoint), 100);
+        mount.unmount();
+        e2e::fsck_clean(&image, &format!("after filling, {block_size}-byte blocks"));
+    }
+}
+
+/// What metric 3 deletes: a fragmented file (to truncate and punch), a
+/// file to unlink, an empty directory, a rename source and target, and a
+/// small tree for rm -rf. Made before the volume fills.
+fn victims(mnt: &Path, block_size: u32) {
+    let block = block_size as usize;
+    // Two files written block by block in turn: each gets an extent per
+    // block, so the first needs an extent tree of depth 1 or more.
+    let fragmented = fs::File::create(mnt.join("fragmented")).unwrap();
+    let other = fs::File::create(mnt.join("interleaved")).unwrap();
+    for index in 0..600u64 {
+        let data = e2e::pattern(index, block);
+        fragmented
+            .write_all_at(&data, index * block as u64)
+            .unwrap();
+        other.write_all_at(&data, index * block as u64).unwrap();
+        if index % 64 == 63 {
+            fragmented.sync_all().unwrap();
+            other.sync_all().unwrap();
+        }
+    }
+    // Four extents of four blocks, holes between: the inode's own extent
+    // root (four entries) is full, so punching inside an extent, which
+    // splits it into two, needs a new leaf block — on a full volume.
+    let split = fs::File::create(mnt.join("root-full")).unwrap();
+    for extent in 0..4u64 {
+        let data = e2e::pattern(50 + extent, 4 * block);
+        split
+            .write_all_at(&data, extent * 10 * block as u64)
+            .unwrap();
+    }
+    split.sync_all().unwrap();
+    fs::write(mnt.join("unlink-me"), e2e::pattern(11, 300 << 10)).unwrap();
+    fs::create_dir(mnt.join("empty-dir")).unwrap();
+    fs::write(mnt.join("rename-src"), e2e::pattern(12, 10 << 10)).unwrap();
+    fs::write(mnt.join("rename-dst"), e2e::pattern(13, 200 << 10)).unwrap();
+    for dir in 0..10 {
+        let path = mnt.join(format!("tree/d{dir}"));
+        fs::create_dir_all(&path).unwrap();
+        for file in 0..20 {
+            fs::write(path.join(format!("f{file}")), e2e::pattern(file, 5000)).unwrap();
+        }
+    }
+}
+
+/// Fill every last block: big writes, then 1 KiB files, then appends of a
+/// byte to them, until each kind meets ENOSPC.
+fn fill_to_the_last_block(mnt: &Path) {
+    write_until_enospc(&mnt.join("full-big"), 256 << 10);
+    let data = e2e::pattern(4, 1024);
+    storm(100_000, "1 KiB file", |i| {
+        fs::write(mnt.join(format!("full-{i}")), &data)
+    });
+    write_until_enospc(&mnt.join("full-big"), 1);
+    let (_, free, available) = e2e::statvfs(mnt);
+    assert_eq!(
+        available, 0,
+        "filled, yet {available} blocks available ({free} free)"
+    );
+}
+
+fn punch_hole(path: &Path, offset: u64, length: u64) -> std::io::Result<()> {
+    let file = fs::File::options().write(true).open(path)?;
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // SAFETY: fallocate on an open descriptor.
+    match unsafe { libc::fallocate(fd, mode, offset as i64, length as i64) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[test]
+fn metric3_rm_rmdir_truncate_unlink_and_rename_work_on_a_full_volume() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-rm");
+        let image = make_image(scratch.path(), block_size, mib);
+        let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+        let mnt = &mount.mountpoint;
+        victims(mnt, block_size);
+        fill_to_the_last_block(mnt);
+        let free_when_full = e2e::statvfs(mnt).1;
+        let steps: [(&str, &dyn Fn() -> std::io::Result<()>); 8] = [
+            // First, while nothing has been freed yet.
+            (
+                "punch a hole that splits an extent of a full extent root",
+                &|| {
+                    punch_hole(
+                        &mnt.join("root-full"),
+                        block_size as u64 + 100,
+                        block_size as u64,
+                    )
+                },
+            ),
+            ("punch a hole in the middle of an extent tree", &|| {
+                punch_hole(
+                    &mnt.join("fragmented"),
+                    100 * block_size as u64 + 17,
+                    3 * block_size as u64,
+                )
+            }),
+            ("truncate into the middle of a block", &|| {
+                fs::File::options()
+                    .write(true)
+                    .open(mnt.join("fragmented"))?
+                    .set_len(300 * block_size as u64 + 5)
+            }),
+            ("unlink", &|| fs::remove_file(mnt.join("unlink-me"))),
+            ("rmdir", &|| fs::remove_dir(mnt.join("empty-dir"))),
+            ("rename over a file", &|| {
+                fs::rename(mnt.join("rename-src"), mnt.join("rename-dst"))
+            }),
+            ("rm -rf a tree", &|| fs::remove_dir_all(mnt.join("tree"))),
+            ("truncate to zero", &|| {
+                fs::File::options()
+                    .write(true)
+                    .open(mnt.join("fragmented"))?
+                    .set_len(0)
+            }),
+        ];
+        for (what, step) in steps {
+            step().unwrap_or_else(|error| {
+                panic!("{block_size}-byte blocks, full volume: {what}: {error}")
+            });
+        }
+        // The space comes back (once the deletions commit).
+        e2e::syncfs(mnt);
+        let free_after = e2e::statvfs(mnt).1;
+        eprintln!(
+            "{block_size}: {free_when_full} blocks free when full, {free_after} after the deletions"
+        );
+        assert!(
+            free_after * block_size as u64 >= free_when_full * block_size as u64 + (1 << 20),
+            "deleting ~2 MiB gave back only {} blocks",
+            free_after - free_when_full
+        );
+        let data = e2e::pattern(21, 512 << 10);
+        fs::write(mnt.join("after"), &data).unwrap();
+        assert_eq!(e2e::read_all(&mnt.join("after")), data);
+        assert_eq!(
+            e2e::read_all(&mnt.join("rename-dst")),
+            e2e::pattern(12, 10 << 10)
+        );
+        // The split punch zeroed exactly its range and kept the rest.
+        let mut expected = Vec::new();
+        for extent in 0..4u64 {
+            expected.resize(extent as usize * 10 * block_size as usize, 0);
+            expected.extend(e2e::pattern(50 + extent, 4 * block_size as usize));
+        }
+        expected[block_size as usize + 100..2 * block_size as usize + 100].fill(0);
+        assert!(
+            e2e::read_all(&mnt.join("root-full")) == expected,
+            "the punched file is wrong"
+        );
+        mount.unmount();
+        e2e::fsck_clean(
+            &image,
+            &format!("after deleting on a full volume, {block_size}-byte blocks"),
+        );
+    }
+}
+
+#[test]
+fn a_volume_already_full_at_mount_mounts_reports_full_and_deletes() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-full-at-mount");
+        let image = make_image(scratch.path(), block_size, mib);
+        let mnt = scratch.path().join("mnt");
+        let mount = JextMount::mount(&image, &mnt, "");
+        fs::create_dir(mnt.join("dir")).unwrap();
+        fill_to_the_last_block(&mnt);
+        mount.unmount();
+        e2e::fsck_clean(&image, "after filling");
+
+        let mount = JextMount::mount(&image, &mnt, "");
+        assert_eq!(
+            df_percent(&mnt),
+            100,
+            "a full volume at mount is not 100 % used"
+        );
+        let error = fs::write(mnt.join("dir/new"), vec![1u8; 64 << 10]).unwrap_err();
+        expect_enospc(error, "write on a volume full at mount");
+        fs::remove_file(mnt.join("full-big")).unwrap();
+        // The failed write left its (empty) file behind, as the kernel does.
+        fs::remove_file(mnt.join("dir/new")).unwrap();
+        fs::remove_dir(mnt.join("dir")).unwrap();
+        e2e::syncfs(&mnt);
+        let data = e2e::pattern(8, 1 << 20);
+        fs::write(mnt.join("again"), &data).unwrap();
+        assert_eq!(e2e::read_all(&mnt.join("again")), data);
+        mount.unmount();
+        e2e::fsck_clean(
+            &image,
+            &format!("after a full mount, {block_size}-byte blocks"),
+        );
+    }
+}
+
+/// fallocate of `length` bytes on a new file; its errno, if any.
+fn fallocate_errno(root: &Path, length: i64) -> Option<i32> {
+    let file = fs::File::create(root.join("huge")).unwrap();
+    // SAFETY: fallocate on an open descriptor.
+    let result = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, length) };
+    (result != 0).then(|| std::io::Error::last_os_error().raw_os_error().unwrap())
+}
+
+#[test]
+fn fallocate_far_larger_than_the_volume_is_enospc_like_the_kernel() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let (block_size, mib) = GEOMETRIES[0];
+    let scratch = e2e::scratch("oos-fallocate");
+    let image = make_image(scratch.path(), block_size, mib);
+    let reference = scratch.path().join("kernel.img");
+    fs::copy(&image, &reference).unwrap();
+    // A hundred times the volume, and the largest length the call takes.
+    let lengths = [(mib as i64) << 20 << 7, i64::MAX];
+    let kmnt = scratch.path().join("kernel");
+    let kernel = e2e::KernelMount::mount(&reference, &kmnt, false);
+    let expected: Vec<_> = lengths
+        .iter()
+        .map(|&length| fallocate_errno(&kmnt, length))
+        .collect();
+    kernel.unmount();
+    let mnt = scratch.path().join("mnt");
+    let mount = JextMount::mount(&image, &mnt, "");
+    for (&length, &kernel_errno) in lengths.iter().zip(&expected) {
+        let errno = fallocate_errno(&mnt, length);
+        assert_eq!(
+            errno, kernel_errno,
+            "fallocate of {length} bytes: jext4 vs the kernel"
+        );
+        fs::remove_file(mnt.join("huge")).unwrap();
+    }
+    assert_eq!(expected[0], Some(libc::ENOSPC));
+    // Nothing is left allocated once the file is gone.
+    e2e::syncfs(&mnt);
+    let data = e2e::pattern(9, 4 << 20);
+    fs::write(mnt.join("fits"), &data).unwrap();
+    mount.unmount();
+    e2e::fsck_clean(&image, "after oversized fallocates");
+}
+
+/// statvfs of `path`: (f_blocks, f_bfree, f_bavail).
+fn block_counts(path: &Path) -> (u64, u64, u64) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: zeroed is a valid statvfs; the call fills it.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out pointer.
+    assert_eq!(unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) }, 0);
+    (stat.f_blocks, stat.f_bfree, stat.f_bavail)
+}
+
+#[test]
+fn statfs_reports_the_reserves_as_the_kernel_does() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-statfs");
+        let image = make_image(scratch.path(), block_size, mib);
+        let reference = scratch.path().join("kernel.img");
+        fs::copy(&image, &reference).unwrap();
+        let kmnt = scratch.path().join("kernel");
+        let kernel = e2e::KernelMount::mount(&reference, &kmnt, false);
+        let expected = block_counts(&kmnt);
+        kernel.unmount();
+        let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+        let counts = block_counts(&mount.mountpoint);
+        mount.unmount();
+        // f_bfree counts every free block; f_bavail leaves out root's
+        // blocks and the kernel's s_resv_clusters (our emergency reserve),
+        // so df's Size, Used and Avail columns are the kernel's.
+        assert_eq!(
+            counts, expected,
+            "{block_size}-byte blocks: (blocks, free, available) jext4 vs kernel"
+        );
+    }
+}
+
+#[test]
+fn rm_rf_works_on_a_full_volume_with_the_smallest_journal() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    // mke2fs's smallest journal, 1,024 blocks: deleting thousands of
+    // files fills it many times over, so the deletion also meets a full
+    // journal (handles wait for checkpoint) on a full volume.
+    let scratch = e2e::scratch("oos-journal");
+    let image = common::mkfs(
+        scratch.path(),
+        "journal",
+        16,
+        &["-t", "ext4", "-b", "1024", "-J", "size=1"],
+    );
+    let mount = JextMount::mount(&image, &scratch.path().join("mnt"), "");
+    let mnt = &mount.mountpoint;
+    let data = e2e::pattern(31, 1500);
+    for dir in 0..20 {
+        let path = mnt.join(format!("tree/d{dir:02}"));
+        fs::create_dir_all(&path).unwrap();
+        for file in 0..150 {
+            fs::write(path.join(format!("f{file:03}")), &data).unwrap();
+        }
+    }
+    fill_to_the_last_block(mnt);
+    assert_eq!(df_percent(mnt), 100);
+    fs::remove_dir_all(mnt.join("tree")).unwrap();
+    e2e::syncfs(mnt);
+    let (_, _, available) = e2e::statvfs(mnt);
+    assert!(
+        available > 3000,
+        "rm -rf of 3,000 files gave back {available} blocks"
+    );
+    assert_commits_never_failed(&mount, &mnt.join("full-big"));
+    mount.unmount();
+    e2e::fsck_clean(&image, "after rm -rf on a full volume with a 1 MiB journal");
+}
