@@ -2,16 +2,13 @@
 //!
 //! `Fs` is `Send + Sync`; every public operation is a method taking `&self`.
 //!
-//! Locking (outermost first, DESIGN.md §4): a journal handle is started
-//! before the filesystem lock is taken; `Fs::state` (the filesystem lock)
-//! guards the superblock, the group descriptors and the allocator state, and
-//! serialises changes to inodes and directories; buffer byte locks are taken
-//! inside it; the journal's own state innermost. Read-only operations take
-//! the lock shared. `open_files` is a leaf lock, never held while taking
-//! `state`. The fast-commit tracker's lock (`fast_commit::track`) is a leaf
-//! too: handles report changes to it under `state`, and an fsync takes what
-//! it queued under `state` shared — so a fast commit records a cut no
-//! operation is half-way through.
+//! Locks: the ranking in `crate::lock` (written once, checked in debug
+//! builds). A journal handle is started before any filesystem lock is
+//! taken; `Fs::state` [Global] guards the superblock, the group
+//! descriptors and the allocator state, and serialises changes to inodes
+//! and directories; buffer locks are taken inside it. Read-only operations
+//! take it shared. `open_files` and the fast-commit tracker's lock are
+//! leaves.
 //!
 //! A mutating operation runs inside [`Fs::transact`], which gives it a
 //! [`Tx`]: the shared core, the state under the write lock, and the handle.
@@ -46,8 +43,9 @@ use crate::format::superblock::{
 };
 use crate::journal::change::Ineligible;
 use crate::journal::{Handle, Jbd2Options, Journal, JournalConfig};
+use crate::lock::{Rank, RwLock};
 pub use fast_commit::FastCommitStats;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -337,15 +335,18 @@ impl Fs {
             .unwrap_or_default()
             .subsec_nanos();
         let fs = Arc::new(Fs {
-            state: RwLock::new(State {
-                sb,
-                groups,
-                dirty_groups: BTreeSet::new(),
-                sb_dirty: false,
-                next_topdir_group: generation_seed % core.geo.group_count.max(1),
-                next_generation: generation_seed,
-                deferred_evictions: Vec::new(),
-            }),
+            state: RwLock::new(
+                Rank::Global,
+                State {
+                    sb,
+                    groups,
+                    dirty_groups: BTreeSet::new(),
+                    sb_dirty: false,
+                    next_topdir_group: generation_seed % core.geo.group_count.max(1),
+                    next_generation: generation_seed,
+                    deferred_evictions: Vec::new(),
+                },
+            ),
             core,
             open_files: Mutex::new(HashMap::new()),
             errored: AtomicBool::new(false),

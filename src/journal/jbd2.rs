@@ -26,11 +26,12 @@
 //! the old owner pointing at the new owner's bytes. Freed metadata blocks
 //! are also revoked, so replay never writes an older logged copy over them.
 //!
-//! Lock order: `State` (journal state) → a buffer's `journal` head → the
-//! buffer's bytes. `Transaction::buffers`/`revokes`, the pending-free map,
-//! the write-ahead guard and the change observer's own lock are leaf locks
-//! (the observer is told of a commit under `State`). No lock is held across I/O
-//! except by the commit thread on its own state.
+//! Locks (ranked in `crate::lock`): `State` [JournalState] → a buffer's
+//! `journal` head → the buffer's bytes [Buffer]. `Transaction::buffers` and
+//! `revokes`, the pending-free map, the write-ahead guard and the change
+//! observer's own lock are leaves (the observer is told of a commit under
+//! `State`). No lock is held across I/O except by the journal's threads on
+//! their own state.
 
 use super::change::ChangeObserver;
 use super::format::{JournalSuperblock, LogFormat, LogLayout, incompat};
@@ -38,7 +39,8 @@ use super::recovery::JournalArea;
 use crate::cache::{Buffer, BufferCache};
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::lock::{self, Condvar, MutexGuard, Rank};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -169,7 +171,7 @@ pub(crate) struct Jbd2 {
     pub cache: Arc<BufferCache>,
     pub guard: Arc<GuardedDevice>,
     pub sb: Mutex<JournalSuperblock>,
-    pub state: Mutex<State>,
+    pub state: lock::Mutex<State>,
     /// The commit thread sleeps here.
     pub wake_commit: Condvar,
     /// Handles and waiters for commits sleep here.
@@ -270,22 +272,25 @@ impl Jbd2 {
         let jbd2 = Arc::new(Jbd2 {
             uuid: sb.uuid,
             max_transaction: (log_size / 4).max(16),
-            state: Mutex::new(State {
-                running: Transaction::new(sb.sequence),
-                locked: false,
-                committing_blocks: 0,
-                committing_tid: None,
-                committed_tid: sb.sequence.wrapping_sub(1),
-                commit_request: None,
-                checkpoint_request: false,
-                checkpoints: VecDeque::new(),
-                head: layout.first,
-                sb_empty_on_disk: true,
-                stopping: false,
-                error: None,
-                fc_ongoing: false,
-                fc_next: 0,
-            }),
+            state: lock::Mutex::new(
+                Rank::JournalState,
+                State {
+                    running: Transaction::new(sb.sequence),
+                    locked: false,
+                    committing_blocks: 0,
+                    committing_tid: None,
+                    committed_tid: sb.sequence.wrapping_sub(1),
+                    commit_request: None,
+                    checkpoint_request: false,
+                    checkpoints: VecDeque::new(),
+                    head: layout.first,
+                    sb_empty_on_disk: true,
+                    stopping: false,
+                    error: None,
+                    fc_ongoing: false,
+                    fc_next: 0,
+                },
+            ),
             sb: Mutex::new(sb),
             area,
             layout,
@@ -597,10 +602,7 @@ impl Jbd2 {
             && !state.stopping
             && state.error.is_none()
         {
-            let timed_out = self
-                .wake_commit
-                .wait_until(&mut state, deadline)
-                .timed_out();
+            let timed_out = self.wake_commit.wait_until(&mut state, deadline);
             if timed_out {
                 break;
             }

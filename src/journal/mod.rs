@@ -9,9 +9,11 @@
 //! its transaction is committed and the stop waits for it — with no
 //! filesystem lock held.
 //!
-//! Lock order (outermost first): handle start → filesystem lock → a
-//! buffer's journal head → its bytes → the journal's own state for
-//! bookkeeping. The journal never takes a filesystem lock.
+//! Locks: the ranking of `crate::lock` (a handle is started before any
+//! filesystem lock is taken; the JBD2 state ranks right after it and is
+//! never taken under a filesystem lock; the journal's lists are leaves).
+//! The journal never takes a filesystem lock, except the superblock's and
+//! buffers' in its commit hook.
 //!
 //! Modes:
 //! - `Jbd2` (`jbd2.rs`, `commit.rs`, `checkpoint.rs`): the real journal,
@@ -39,9 +41,9 @@ pub use jbd2::{Jbd2Options, Jbd2Stats};
 use crate::cache::{Buffer, BufferCache};
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Result};
+use crate::lock::{Held, Rank, RwLockWriteGuard};
 use change::{Change, ChangeObserver};
 use jbd2::{Jbd2, Transaction};
-use parking_lot::RwLockWriteGuard;
 use recovery::JournalArea;
 use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
@@ -174,6 +176,9 @@ impl Journal {
             return Err(Error::ReadOnly);
         }
         debug_assert!(credits > 0, "a handle that changes nothing needs no handle");
+        // The outermost handle ranks before every lock: starting one may
+        // wait for a lock-down, which waits for every handle to stop.
+        let held = Held::acquire(Rank::Handle, self.id());
         let transaction = match &self.mode {
             Mode::WriteBack(_) => None,
             Mode::Jbd2(jbd2) => Some(jbd2.start_handle(credits)?),
@@ -185,6 +190,7 @@ impl Journal {
             dirtied: Cell::new(0),
             sync: Cell::new(self.config.sync_all),
             depth: Cell::new(1),
+            held: RefCell::new(Some(held)),
         });
         CURRENT_HANDLES.with(|handles| handles.borrow_mut().push(Rc::clone(&state)));
         Ok(Handle {
@@ -339,6 +345,8 @@ struct HandleState {
     sync: Cell<bool>,
     /// Levels started and not yet stopped.
     depth: Cell<u32>,
+    /// The handle's place in the lock ranking, until the outermost stop.
+    held: RefCell<Option<Held>>,
 }
 
 thread_local! {
@@ -481,6 +489,7 @@ impl<'j> Handle<'j> {
         }
         let id = self.state.journal_id;
         CURRENT_HANDLES.with(|handles| handles.borrow_mut().retain(|state| state.journal_id != id));
+        drop(self.state.held.borrow_mut().take());
         if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
         {
             // Return the credits this operation reserved and did not use.
