@@ -183,9 +183,9 @@ impl Fs {
         cookie: u64,
         emit: &mut dyn FnMut(Dentry) -> bool,
     ) -> Result<()> {
-        let st = self.state.read();
+        let global = self.global.read();
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if !inode.is_dir() {
                 return Err(Error::NotDirectory);
@@ -198,7 +198,7 @@ impl Fs {
             dir::read_entries(&mut reader, cookie, &mut |entry: &DirEntry, next: u64| {
                 let kind = match kind_of_file_type(entry.file_type) {
                     Some(kind) => kind,
-                    None => match read_inode(&self.core, &st, entry.ino).and_then(|child| {
+                    None => match read_inode(&self.core, entry.ino).and_then(|child| {
                         FileKind::from_mode(child.mode).ok_or_else(|| {
                             Error::corrupt(
                                 Location::Inode { ino: entry.ino },
@@ -222,7 +222,7 @@ impl Fs {
             })?;
             failure.map_or(Ok(()), Err)
         })();
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 }

@@ -239,14 +239,14 @@ impl Fs {
     /// number after a lookup that may predate a concurrent unlink; the
     /// kernel then looks the name up again.
     pub fn open_file(&self, ino: u32) -> Result<Attr> {
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let global = self.global.read();
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             self.check_not_freed(ino, &inode)?;
             let attr = attr_of(&self.core, ino, &inode)?;
             *self.open_files.lock().entry(ino).or_insert(0) += 1;
             Ok(attr)
         });
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 
@@ -288,9 +288,9 @@ impl Fs {
 
     /// Read up to `size` bytes at `offset`.
     pub fn read(&self, ino: u32, offset: u64, size: usize) -> Result<Vec<u8>> {
-        let st = self.state.read();
+        let global = self.global.read();
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if inode.is_dir() {
                 return Err(Error::IsDirectory);
@@ -302,7 +302,7 @@ impl Fs {
             let data = self.read_range(ino, &inode, offset, end)?;
             Ok((data, inode))
         })();
-        drop(st);
+        drop(global);
         let (data, inode) = self.note_error(result)?;
         self.touch_atime(ino, &inode);
         Ok(data)
@@ -528,9 +528,9 @@ impl Tx<'_, '_> {
 impl Fs {
     /// SEEK_DATA / SEEK_HOLE from `offset`.
     pub fn seek(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
-        let st = self.state.read();
+        let global = self.global.read();
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if offset >= inode.size {
                 return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO)));
@@ -567,7 +567,7 @@ impl Fs {
                 SeekWhence::Data => Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO))),
             }
         })();
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 
@@ -606,10 +606,9 @@ impl Fs {
 
     /// Attributes after a change made through a file handle.
     pub fn attr_after_write(&self, ino: u32) -> Result<Attr> {
-        let st = self.state.read();
-        let result =
-            read_inode(&self.core, &st, ino).and_then(|inode| attr_of(&self.core, ino, &inode));
-        drop(st);
+        let global = self.global.read();
+        let result = read_inode(&self.core, ino).and_then(|inode| attr_of(&self.core, ino, &inode));
+        drop(global);
         self.note_error(result)
     }
 }

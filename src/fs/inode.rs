@@ -2,14 +2,15 @@
 //! table, their attributes, `setattr`, and freeing them when the last link
 //! and the last open reference are gone.
 
-use super::{Caller, Core, Fs, State, Tx};
+use super::group::Groups;
+use super::{Caller, Core, Fs, Tx};
 use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
 use crate::format::superblock::Geometry;
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
+use std::sync::atomic::Ordering;
 
 /// Logical blocks freed per transaction when a large file is truncated or
 /// deleted (see `Fs::punch_in_chunks`).
@@ -94,9 +95,11 @@ pub(crate) fn now_seconds() -> i64 {
 }
 
 /// Read inode `ino` from its table block. An inode in a never-initialised
-/// part of the table reads as all zeros (mode 0: not in use).
-pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
-    read_inode_with(&core.geo, &core.cache, &st.groups, ino)
+/// part of the table reads as all zeros (mode 0: not in use). Takes no
+/// lock but the block's: the inode is decoded from one consistent copy of
+/// its bytes, which writers encode whole under the block's lock.
+pub(crate) fn read_inode(core: &Core, ino: u32) -> Result<Inode> {
+    read_inode_with(&core.geo, &core.cache, &core.groups, ino)
 }
 
 /// `read_inode` from its parts, for callers without a mounted `Fs` (the
@@ -104,7 +107,7 @@ pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
 pub(crate) fn read_inode_with(
     geo: &Geometry,
     cache: &BufferCache,
-    groups: &[GroupDesc],
+    groups: &Groups,
     ino: u32,
 ) -> Result<Inode> {
     if !geo.is_valid_ino(ino) {
@@ -115,10 +118,7 @@ pub(crate) fn read_inode_with(
     }
     let group = geo.group_of_inode(ino);
     let index = geo.inode_index_in_group(ino);
-    let desc = &groups[group as usize];
-    if geo.has_group_csum()
-        && (desc.flags & BG_INODE_UNINIT != 0 || index >= geo.inodes_per_group - desc.itable_unused)
-    {
+    if index >= groups.initialised_inodes(group) {
         return Ok(Inode::new(geo));
     }
     let (block, offset) = inode_location(geo, groups, ino);
@@ -127,16 +127,16 @@ pub(crate) fn read_inode_with(
     Inode::decode(geo, ino, &bytes[offset..offset + geo.inode_size as usize])
 }
 
-pub(crate) fn inode_location(geo: &Geometry, groups: &[GroupDesc], ino: u32) -> (u64, usize) {
+pub(crate) fn inode_location(geo: &Geometry, groups: &Groups, ino: u32) -> (u64, usize) {
     let group = geo.group_of_inode(ino);
     let byte = geo.inode_index_in_group(ino) as u64 * geo.inode_size as u64;
-    let block = groups[group as usize].inode_table + byte / geo.block_size as u64;
+    let block = groups.at(group).inode_table + byte / geo.block_size as u64;
     (block, (byte % geo.block_size as u64) as usize)
 }
 
 impl Tx<'_, '_> {
     pub fn read_inode(&self, ino: u32) -> Result<Inode> {
-        read_inode(self.core, self.st, ino)
+        read_inode(self.core, ino)
     }
 
     /// Read an inode that a directory entry or the caller says is in use.
@@ -160,7 +160,7 @@ impl Tx<'_, '_> {
 
     fn store_inode(&mut self, ino: u32, inode: &Inode, timestamps_only: bool) -> Result<()> {
         let geo = &self.core.geo;
-        let (block, offset) = inode_location(geo, &self.st.groups, ino);
+        let (block, offset) = inode_location(geo, &self.core.groups, ino);
         let buffer = self.core.cache.read(block)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
@@ -192,13 +192,14 @@ impl Tx<'_, '_> {
         }
     }
 
-    pub fn next_generation(&mut self) -> u32 {
-        self.st.next_generation = self
-            .st
+    pub fn next_generation(&self) -> u32 {
+        let step = |generation: u32| generation.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let previous = self
+            .core
             .next_generation
-            .wrapping_mul(1_103_515_245)
-            .wrapping_add(12_345);
-        self.st.next_generation
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| Some(step(g)))
+            .unwrap_or_else(|g| g);
+        step(previous)
     }
 
     /// Free everything an unlinked, unopened inode holds, then the inode.
@@ -214,7 +215,7 @@ impl Tx<'_, '_> {
         {
             self.orphan_add(ino, &mut inode)?;
             self.write_inode(ino, &inode)?;
-            self.st.deferred_evictions.push(ino);
+            self.deferred_evictions.push(ino);
             return Ok(());
         }
         self.evict_inode_now(ino, inode)
@@ -332,14 +333,14 @@ pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
 impl Fs {
     /// Attributes of inode `ino` (getattr).
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let global = self.global.read();
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             if inode.mode == 0 {
                 return Err(Error::Stale);
             }
             attr_of(&self.core, ino, &inode)
         });
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 

@@ -4,25 +4,28 @@
 //!
 //! Locks: the ranking in `crate::lock` (written once, checked in debug
 //! builds). A journal handle is started before any filesystem lock is
-//! taken; `Fs::state` [Global] guards the superblock, the group
-//! descriptors and the allocator state, and serialises changes to inodes
-//! and directories; buffer locks are taken inside it. Read-only operations
-//! take it shared. `open_files` and the fast-commit tracker's lock are
-//! leaves.
+//! taken; `Fs::global` [Global] still serialises changes to inodes and
+//! directories (read-only operations take it shared). Each block group's
+//! descriptor has its own lock (`group.rs`), the superblock's fields
+//! theirs (`sb_info.rs`), and the free totals are counters written into
+//! the superblock at each commit. `open_files` and the fast-commit
+//! tracker's lock are leaves.
 //!
 //! A mutating operation runs inside [`Fs::transact`], which gives it a
-//! [`Tx`]: the shared core, the state under the write lock, and the handle.
-//! Superblock and descriptor changes are collected in the state and written
-//! to their buffers once, when the operation ends.
+//! [`Tx`]: the shared core and the handle. A descriptor is written back
+//! when its group's lock is released; the superblock when an operation
+//! changes one of its fields, and at every commit for the counts.
 
 mod alloc;
 mod dirops;
 mod fast_commit;
 mod file;
+mod group;
 mod inode;
 mod journal;
 mod namei;
 mod orphan;
+mod sb_info;
 pub mod walk;
 mod xattr;
 
@@ -37,19 +40,18 @@ use crate::cache::BufferCache;
 use crate::dev::BlockDevice;
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::GroupDesc;
-use crate::format::superblock::{
-    self, Geometry, STATE_ERROR, STATE_VALID, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock,
-};
+use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superblock};
 use crate::journal::change::Ineligible;
-use crate::journal::{Handle, Jbd2Options, Journal, JournalConfig};
+use crate::journal::{CommitHook, Handle, Jbd2Options, Journal, JournalConfig};
 use crate::lock::{Rank, RwLock};
 pub use fast_commit::FastCommitStats;
+use group::Groups;
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use sb_info::SbInfo;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 /// Mount options understood by the engine (the CLI parses `-o` into this).
@@ -114,7 +116,8 @@ impl Caller {
     pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
 }
 
-/// What never changes while mounted, shared by every operation.
+/// What every operation shares: the fixed shape of the filesystem, the
+/// cache and journal, and the state that has locks of its own.
 pub(crate) struct Core {
     pub geo: Geometry,
     pub cache: Arc<BufferCache>,
@@ -127,6 +130,14 @@ pub(crate) struct Core {
     /// Blocks that never hold file data (group metadata, the journal):
     /// what statfs leaves out of the total, as the kernel does.
     pub overhead_blocks: u64,
+    /// The superblock [Superblock] and the free totals (counters).
+    pub sbi: Arc<SbInfo>,
+    /// The block groups, each under its own lock [Group].
+    pub groups: Groups,
+    /// Round-robin start for spreading top-level directories (Orlov).
+    pub next_topdir_group: AtomicU32,
+    /// Rotates inode generations.
+    pub next_generation: AtomicU32,
     /// The transactions holding each inode's latest changes (fsync).
     pub inode_tids: Mutex<HashMap<u32, InodeTids>>,
     /// Inodes whose last link is gone while a file handle keeps them:
@@ -156,28 +167,50 @@ pub(crate) struct InodeTids {
 }
 
 impl Core {
-    fn new(
-        geo: Geometry,
-        sb: &Superblock,
+    /// The engine's shared state for the filesystem whose superblock is
+    /// `sb` and whose descriptors are `groups`, over `cache` and
+    /// `journal` — the one place a mount and the unmounted engine of
+    /// fast-commit replay are put together. The free totals start as the
+    /// descriptors' sums, as the kernel's (ext4_percpu_param_init): the
+    /// superblock's are only a summary, and a damaged one would otherwise
+    /// overflow when blocks or inodes are freed.
+    fn assemble(
+        mut sb: Superblock,
+        groups: Groups,
         cache: Arc<BufferCache>,
         journal: Arc<Journal>,
         options: MountOptions,
-    ) -> Core {
-        Core {
-            overhead_blocks: overhead_blocks(&geo, sb),
+    ) -> Result<Core> {
+        let geo = Geometry::from_superblock(&sb);
+        let (free_blocks, free_inodes) = groups.free_totals();
+        sb.free_blocks_count = free_blocks;
+        sb.free_inodes_count = free_inodes as u32;
+        let generation_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let core = Core {
+            overhead_blocks: overhead_blocks(&geo, &sb),
+            reserved_blocks: sb.reserved_blocks_count,
+            resuid: sb.def_resuid as u32,
+            resgid: sb.def_resgid as u32,
+            sbi: SbInfo::new(&geo, sb, &cache)?,
+            groups,
+            next_topdir_group: AtomicU32::new(generation_seed % geo.group_count.max(1)),
+            next_generation: AtomicU32::new(generation_seed),
             inode_tids: Mutex::new(HashMap::new()),
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),
-            fast_commit: None,
-            reserved_blocks: sb.reserved_blocks_count,
-            resuid: sb.def_resuid as u32,
-            resgid: sb.def_resgid as u32,
+            fast_commit: fast_commit::Tracker::attach(&geo, &journal),
             geo,
             cache,
             journal,
             options,
-        }
+        };
+        core.journal
+            .set_commit_hook(Arc::clone(&core.sbi) as Arc<dyn CommitHook>);
+        Ok(core)
     }
 
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
@@ -185,25 +218,10 @@ impl Core {
     }
 }
 
-/// Mutable filesystem state, under `Fs::state`.
-pub(crate) struct State {
-    pub sb: Superblock,
-    pub groups: Vec<GroupDesc>,
-    /// Descriptors changed by the running operation, written at its end.
-    pub dirty_groups: BTreeSet<u32>,
-    pub sb_dirty: bool,
-    /// Round-robin start for spreading top-level directories (Orlov).
-    pub next_topdir_group: u32,
-    /// Rotates inode generations.
-    pub next_generation: u32,
-    /// Large inodes to free in chunks once the current operation's
-    /// transaction handle is stopped (they are on the orphan records).
-    pub deferred_evictions: Vec<u32>,
-}
-
 pub struct Fs {
     pub(crate) core: Core,
-    pub(crate) state: RwLock<State>,
+    /// [Global] Serialises the operations that have no finer locks yet.
+    pub(crate) global: RwLock<()>,
     /// Open counts per inode, so that an unlinked file stays until released.
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// Set after a corruption was found at run time (errors=remount-ro).
@@ -216,12 +234,26 @@ pub struct Fs {
 /// One operation's view of the filesystem while it changes it.
 pub(crate) struct Tx<'a, 'j> {
     pub core: &'a Core,
-    pub st: &'a mut State,
     pub handle: &'a Handle<'j>,
     pub caller: Caller,
     /// A block mapping changed in ways the inode's size and root do not
     /// show (an unwritten extent converted deep in the tree).
     pub mapping_changed: bool,
+    /// Large inodes to free in chunks once this operation's handle is
+    /// stopped (they are on the orphan records).
+    pub deferred_evictions: Vec<u32>,
+}
+
+impl<'a, 'j> Tx<'a, 'j> {
+    fn new(core: &'a Core, handle: &'a Handle<'j>, caller: Caller) -> Self {
+        Tx {
+            core,
+            handle,
+            caller,
+            mapping_changed: false,
+            deferred_evictions: Vec::new(),
+        }
+    }
 }
 
 impl Fs {
@@ -232,15 +264,7 @@ impl Fs {
 
     /// Mount a filesystem on any block device.
     pub fn mount(dev: Arc<dyn BlockDevice>, mut options: MountOptions) -> Result<Arc<Fs>> {
-        if dev.size_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
-            return Err(Error::corrupt(
-                Location::Superblock,
-                "device too small to hold a superblock",
-            ));
-        }
-        let mut sb_bytes = vec![0u8; SUPERBLOCK_SIZE];
-        dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
-        let mut sb = Superblock::decode(&sb_bytes)?;
+        let mut sb = superblock::read_from(&*dev)?;
         let read_write_allowed = sb.check_features()?;
         if !options.read_only && !read_write_allowed {
             return Err(Error::Unsupported(format!(
@@ -256,43 +280,19 @@ impl Fs {
             options.read_only = true;
         }
         let fast_commit = fast_commit_wanted(&sb, &options)?;
-        let geo = Geometry::from_superblock(&sb);
-        let blocks_on_device = dev.size_bytes() / geo.block_size as u64;
-        if blocks_on_device < geo.blocks_count {
-            return Err(Error::corrupt(
-                Location::Superblock,
-                format!(
-                    "filesystem has {} blocks but the device only {blocks_on_device} (truncated image?)",
-                    geo.blocks_count
-                ),
-            ));
-        }
-        let mut journal_parts = None;
+        check_device_size(&Geometry::from_superblock(&sb), &*dev)?;
+        let mut journal_area = None;
         if journaled && !options.noload {
-            let needs = sb.has_incompat(superblock::incompat::RECOVER);
-            if options.read_only {
-                if needs {
-                    return Err(Error::Unsupported(
-                        "the journal needs recovery, which a read-only mount cannot write: mount \
-                         read-write (which replays it), run `jext4 recover IMAGE`, or use -o ro,noload"
-                            .into(),
-                    ));
-                }
-            } else {
-                if journal::recover_if_needed(&geo, &sb, &dev)?.is_some() {
-                    dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
-                    sb = Superblock::decode(&sb_bytes)?;
-                }
-                let area = journal::journal_area(&geo, &dev)?;
-                let guard = Arc::new(GuardedDevice::new(Arc::clone(&dev), geo.block_size));
-                journal_parts = Some((area, guard));
-            }
+            journal_area = recover_for_mount(&mut sb, &dev, &options)?;
         } else if sb.has_incompat(superblock::incompat::RECOVER) {
             tracing::warn!("journal recovery skipped (noload): the filesystem may be inconsistent");
         }
         let geo = Geometry::from_superblock(&sb);
-        let cache_device: Arc<dyn BlockDevice> = match &journal_parts {
-            Some((_, guard)) => Arc::clone(guard) as Arc<dyn BlockDevice>,
+        let guard = journal_area
+            .as_ref()
+            .map(|_| Arc::new(GuardedDevice::new(Arc::clone(&dev), geo.block_size)));
+        let cache_device: Arc<dyn BlockDevice> = match &guard {
+            Some(guard) => Arc::clone(guard) as Arc<dyn BlockDevice>,
             None => Arc::clone(&dev),
         };
         let cache = Arc::new(BufferCache::new(
@@ -300,23 +300,20 @@ impl Fs {
             geo.block_size as usize,
             options.cache_size,
         ));
-        let groups = read_group_descs(&geo, &cache)?;
-        // The superblock's free counts are only a summary; like the kernel
-        // (ext4_percpu_param_init) take them from the descriptors, whose
-        // counts are checked against the group size. A damaged summary
-        // would otherwise overflow when blocks or inodes are freed.
-        sb.free_blocks_count = groups.iter().map(|desc| desc.free_blocks as u64).sum();
-        sb.free_inodes_count = groups.iter().map(|desc| desc.free_inodes).sum();
+        let groups = Groups::load(&geo, &cache)?;
         let config = JournalConfig {
             commit_interval: options.commit_interval,
             sync_all: options.sync,
         };
-        let journal = match journal_parts {
-            Some((area, guard)) => {
+        let journal = match (journal_area, guard) {
+            (Some(area), Some(guard)) => {
                 // needs_recovery must be durable before any commit is: with
                 // it clear, the kernel wipes the log instead of replaying.
                 sb.feature_incompat |= superblock::incompat::RECOVER;
-                journal::write_superblock_direct(&*dev, &mut sb)?;
+                let (free_blocks, free_inodes) = groups.free_totals();
+                sb.free_blocks_count = free_blocks;
+                sb.free_inodes_count = free_inodes as u32;
+                superblock::write_to(&*dev, &mut sb)?;
                 let jbd2_options = Jbd2Options {
                     commit_interval: options.commit_interval,
                     async_commit: options.journal_async_commit,
@@ -326,28 +323,12 @@ impl Fs {
                 };
                 Journal::jbd2(Arc::clone(&cache), area, guard, config, &jbd2_options)?
             }
-            None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
+            _ => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
-        let mut core = Core::new(geo, &sb, cache, journal, options);
-        core.fast_commit = fast_commit::Tracker::attach(&core.geo, &core.journal);
-        let generation_seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
+        let core = Core::assemble(sb, groups, cache, journal, options)?;
         let fs = Arc::new(Fs {
-            state: RwLock::new(
-                Rank::Global,
-                State {
-                    sb,
-                    groups,
-                    dirty_groups: BTreeSet::new(),
-                    sb_dirty: false,
-                    next_topdir_group: generation_seed % core.geo.group_count.max(1),
-                    next_generation: generation_seed,
-                    deferred_evictions: Vec::new(),
-                },
-            ),
             core,
+            global: RwLock::new(Rank::Global, ()),
             open_files: Mutex::new(HashMap::new()),
             errored: AtomicBool::new(false),
             device_failed: AtomicBool::new(false),
@@ -362,8 +343,7 @@ impl Fs {
     }
 
     fn check_root(&self) -> Result<()> {
-        let st = self.state.read();
-        let root = inode::read_inode(&self.core, &st, superblock::ROOT_INO)?;
+        let root = inode::read_inode(&self.core, superblock::ROOT_INO)?;
         if !root.is_dir() || root.links_count < 2 {
             return Err(Error::corrupt(
                 Location::Inode {
@@ -382,7 +362,7 @@ impl Fs {
     fn mark_mounted(&self) -> Result<()> {
         let journaled = self.core.journal.is_journaled();
         self.transact(1, Caller::ROOT, |tx| {
-            let sb = &mut tx.st.sb;
+            let mut sb = tx.core.sbi.lock();
             if sb.state & STATE_VALID == 0 {
                 tracing::warn!(
                     "filesystem was not cleanly unmounted; running e2fsck is recommended"
@@ -397,8 +377,7 @@ impl Fs {
             sb.mount_count = sb.mount_count.wrapping_add(1);
             sb.mount_time = inode::now_seconds();
             sb.write_time = sb.mount_time;
-            tx.st.sb_dirty = true;
-            Ok(())
+            tx.core.sbi.write(&sb, tx.handle)
         })?;
         self.core.journal.sync()
     }
@@ -412,8 +391,7 @@ impl Fs {
     }
 
     /// Run a mutating operation: start a handle for `credits` blocks, take
-    /// the filesystem lock, run `body`, write back the superblock and
-    /// descriptors it changed, release the lock, stop the handle.
+    /// the filesystem lock, run `body`, release the lock, stop the handle.
     ///
     /// When the operation runs out of space while blocks freed by
     /// uncommitted transactions are waiting to become allocatable, it is
@@ -433,23 +411,20 @@ impl Fs {
         loop {
             let handle = self.core.journal.start(credits)?;
             let tid = handle.tid();
+            let mut deferred = Vec::new();
             let result = {
-                let mut state = self.state.write();
-                let mut tx = Tx {
-                    core: &self.core,
-                    st: &mut state,
-                    handle: &handle,
-                    caller,
-                    mapping_changed: false,
-                };
-                let result = body(&mut tx);
+                let _global = self.global.write();
+                let mut tx = Tx::new(&self.core, &handle, caller);
                 // Whatever the body managed before an error is consistent on
-                // its own (operations order their steps so), and must be
-                // recorded.
-                let finished = tx.finish();
-                result.and_then(|value| finished.map(|()| value))
+                // its own (operations order their steps so).
+                let result = body(&mut tx);
+                deferred.append(&mut tx.deferred_evictions);
+                result
             };
             let stopped = handle.stop();
+            // Deferred evictions are on the orphan records whatever the
+            // outcome: finish them.
+            let evicted = self.finish_deferred_evictions(deferred);
             // Up to three retries, as the kernel's ext4_should_retry_alloc:
             // other threads keep freeing into the running transaction, so
             // one commit may not release enough.
@@ -459,11 +434,12 @@ impl Fs {
             {
                 attempt += 1;
                 stopped?;
+                evicted?;
                 self.core.journal.commit_and_wait(tid)?;
                 continue;
             }
             let result = result.and_then(|value| stopped.map(|()| value));
-            let result = result.and_then(|value| self.finish_deferred_evictions().map(|()| value));
+            let result = result.and_then(|value| evicted.map(|()| value));
             return self.note_error(result);
         }
     }
@@ -536,30 +512,30 @@ impl Fs {
                 self.note_error(self.evict_if_unlinked(ino))?;
             }
             self.transact(1, Caller::ROOT, |tx| {
-                let sb = &mut tx.st.sb;
+                let mut sb = tx.core.sbi.lock();
                 sb.state |= STATE_VALID;
                 // Every orphan was just released.
                 sb.feature_ro_compat &= !superblock::ro_compat::ORPHAN_PRESENT;
                 sb.write_time = inode::now_seconds();
-                tx.st.sb_dirty = true;
-                Ok(())
+                tx.core.sbi.write(&sb, tx.handle)
             })?;
         }
         self.core.journal.shutdown()?;
-        let mut st = self.state.write();
+        let sbi = &self.core.sbi;
+        let mut sb = sbi.lock();
         let errored = self.errored.load(Ordering::Acquire);
         if self.core.journal.is_journaled() && !self.core.options.read_only {
             // The log is empty now: the filesystem needs no recovery. After
             // an error, e2fsck must still look: keep needs_recovery off but
             // record the error state.
-            st.sb.feature_incompat &= !superblock::incompat::RECOVER;
+            sb.feature_incompat &= !superblock::incompat::RECOVER;
             if errored {
-                st.sb.state |= STATE_ERROR;
+                sb.state |= STATE_ERROR;
             }
-            journal::write_superblock_direct(&**self.core.dev(), &mut st.sb)?;
+            superblock::write_to(&**self.core.dev(), &mut sbi.with_counts(&sb))?;
         } else if errored && writable {
-            st.sb.state |= STATE_ERROR;
-            journal::write_superblock_direct(&**self.core.dev(), &mut st.sb)?;
+            sb.state |= STATE_ERROR;
+            superblock::write_to(&**self.core.dev(), &mut sbi.with_counts(&sb))?;
         }
         Ok(())
     }
@@ -647,15 +623,15 @@ pub struct StatFs {
 
 impl Fs {
     pub fn statfs(&self) -> StatFs {
-        let st = self.state.read();
         let core = &self.core;
+        let free_blocks = core.sbi.free_blocks();
         StatFs {
             block_size: core.geo.block_size,
             blocks: core.geo.blocks_count.saturating_sub(core.overhead_blocks),
-            free_blocks: st.sb.free_blocks_count,
-            available_blocks: st.sb.free_blocks_count.saturating_sub(core.reserved_blocks),
+            free_blocks,
+            available_blocks: free_blocks.saturating_sub(core.reserved_blocks),
             files: core.geo.inodes_count as u64,
-            free_files: st.sb.free_inodes_count as u64,
+            free_files: core.sbi.free_inodes(),
             name_max: 255,
         }
     }
@@ -733,18 +709,6 @@ fn overhead_blocks(geo: &Geometry, sb: &Superblock) -> u64 {
     overhead
 }
 
-fn read_group_descs(geo: &Geometry, cache: &BufferCache) -> Result<Vec<GroupDesc>> {
-    let mut groups = Vec::with_capacity(geo.group_count as usize);
-    for group in 0..geo.group_count {
-        let (block, offset) = geo.group_desc_location(group);
-        let buffer = cache.read(block)?;
-        let bytes = buffer.read();
-        let desc = GroupDesc::decode(geo, group, &bytes[offset..offset + geo.desc_size as usize])?;
-        groups.push(desc);
-    }
-    Ok(groups)
-}
-
 impl Fs {
     /// Run `body` in one `Tx` over an engine on `dev` that is not mounted:
     /// for work inside journal recovery, before `Fs::mount` may read the
@@ -757,9 +721,7 @@ impl Fs {
         dev: Arc<dyn BlockDevice>,
         body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
-        let mut sb_bytes = vec![0u8; SUPERBLOCK_SIZE];
-        dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
-        let sb = Superblock::decode(&sb_bytes)?;
+        let sb = superblock::read_from(&*dev)?;
         let geo = Geometry::from_superblock(&sb);
         let options = MountOptions::default();
         let cache = Arc::new(BufferCache::new(
@@ -767,68 +729,62 @@ impl Fs {
             geo.block_size as usize,
             options.cache_size,
         ));
-        let groups = read_group_descs(&geo, &cache)?;
+        let groups = Groups::load(&geo, &cache)?;
         let journal = Journal::write_back(Arc::clone(&cache), JournalConfig::default(), false);
-        let core = Core::new(geo, &sb, cache, journal, options);
-        let mut state = State {
-            sb,
-            groups,
-            dirty_groups: BTreeSet::new(),
-            sb_dirty: false,
-            next_topdir_group: 0,
-            next_generation: 0,
-            deferred_evictions: Vec::new(),
-        };
+        let core = Core::assemble(sb, groups, cache, journal, options)?;
         let result = (|| {
             // Write-back handles reserve nothing; the bound only tunes the
             // overrun warning.
             let handle = core.journal.start(1 << 20)?;
-            let mut tx = Tx {
-                core: &core,
-                st: &mut state,
-                handle: &handle,
-                caller: Caller::ROOT,
-                mapping_changed: false,
-            };
+            let mut tx = Tx::new(&core, &handle, Caller::ROOT);
             let value = body(&mut tx)?;
-            tx.finish()?;
+            debug_assert!(tx.deferred_evictions.is_empty());
             handle.stop()?;
             Ok(value)
         })();
-        debug_assert!(state.deferred_evictions.is_empty());
         let shut = core.journal.shutdown();
         result.and_then(|value| shut.map(|()| value))
     }
 }
 
-impl Tx<'_, '_> {
-    /// Write the superblock and the descriptors the operation changed.
-    fn finish(&mut self) -> Result<()> {
-        let dirty: Vec<u32> = std::mem::take(&mut self.st.dirty_groups)
-            .into_iter()
-            .collect();
-        for group in dirty {
-            let (block, offset) = self.core.geo.group_desc_location(group);
-            let buffer = self.core.cache.read(block)?;
-            let mut bytes = self.handle.get_write_access(&buffer)?;
-            let size = self.core.geo.desc_size as usize;
-            self.st.groups[group as usize].encode(
-                &self.core.geo,
-                group,
-                &mut bytes[offset..offset + size],
-            );
-        }
-        if std::mem::take(&mut self.st.sb_dirty) {
-            let (block, offset) = self.core.geo.superblock_location();
-            let buffer = self.core.cache.read(block)?;
-            let mut bytes = self.handle.get_write_access(&buffer)?;
-            bytes[offset..offset + SUPERBLOCK_SIZE].copy_from_slice(self.st.sb.encode());
-        }
-        Ok(())
+/// A device shorter than the filesystem is a truncated image: refused
+/// before anything reads past its end.
+fn check_device_size(geo: &Geometry, dev: &dyn BlockDevice) -> Result<()> {
+    let blocks_on_device = dev.size_bytes() / geo.block_size as u64;
+    if blocks_on_device < geo.blocks_count {
+        return Err(Error::corrupt(
+            Location::Superblock,
+            format!(
+                "filesystem has {} blocks but the device only {blocks_on_device} (truncated image?)",
+                geo.blocks_count
+            ),
+        ));
     }
+    Ok(())
+}
 
-    pub fn mark_group_dirty(&mut self, group: u32) {
-        self.st.dirty_groups.insert(group);
-        self.st.sb_dirty = true;
+/// Replay the journal of a journaled filesystem about to be mounted (a
+/// read-write mount replays; a read-only one refuses a journal that needs
+/// it) and find the journal's blocks: the area the mount writes to, None
+/// for a read-only mount. `sb` is read again after a replay.
+fn recover_for_mount(
+    sb: &mut Superblock,
+    dev: &Arc<dyn BlockDevice>,
+    options: &MountOptions,
+) -> Result<Option<journal::JournalArea>> {
+    let geo = Geometry::from_superblock(sb);
+    if options.read_only {
+        if sb.has_incompat(superblock::incompat::RECOVER) {
+            return Err(Error::Unsupported(
+                "the journal needs recovery, which a read-only mount cannot write: mount \
+                 read-write (which replays it), run `jext4 recover IMAGE`, or use -o ro,noload"
+                    .into(),
+            ));
+        }
+        return Ok(None);
     }
+    if journal::recover_if_needed(&geo, sb, dev)?.is_some() {
+        *sb = superblock::read_from(&**dev)?;
+    }
+    Ok(Some(journal::journal_area(&geo, dev)?))
 }

@@ -320,20 +320,20 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let st = self.state.read();
+        let global = self.global.read();
         let result = (|| {
-            let dir_inode = read_inode(&self.core, &st, parent)?;
+            let dir_inode = read_inode(&self.core, parent)?;
             check_live(parent, &dir_inode)?;
             if !dir_inode.is_dir() {
                 return Err(Error::NotDirectory);
             }
             let entry = dir::lookup(&mut DirReader::new(&self.core, parent, &dir_inode), name)?
                 .ok_or(Error::NotFound)?;
-            let inode = read_inode(&self.core, &st, entry.ino)?;
+            let inode = read_inode(&self.core, entry.ino)?;
             check_live(entry.ino, &inode)?;
             attr_of(&self.core, entry.ino, &inode)
         })();
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 
@@ -383,9 +383,9 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
-        let st = self.state.read();
+        let global = self.global.read();
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if !inode.is_symlink() {
                 return Err(Error::Invalid("not a symbolic link".into()));
@@ -424,7 +424,7 @@ impl Fs {
             block.truncate(len);
             Ok(block)
         })();
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 

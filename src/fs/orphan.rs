@@ -41,10 +41,10 @@ impl Tx<'_, '_> {
         if self.orphan_file_slot_add(ino)? {
             return Ok(());
         }
-        inode.dtime = self.st.sb.last_orphan;
-        self.st.sb.last_orphan = ino;
-        self.st.sb_dirty = true;
-        Ok(())
+        let mut sb = self.core.sbi.lock();
+        inode.dtime = sb.last_orphan;
+        sb.last_orphan = ino;
+        self.core.sbi.write(&sb, self.handle)
     }
 
     /// Take `ino` off whichever orphan record holds it (no-op if none).
@@ -57,14 +57,16 @@ impl Tx<'_, '_> {
             return Ok(());
         }
         let next = inode.dtime;
-        if self.st.sb.last_orphan == ino {
-            self.st.sb.last_orphan = next;
-            self.st.sb_dirty = true;
-            inode.dtime = 0;
-            return Ok(());
-        }
+        let mut current = {
+            let mut sb = self.core.sbi.lock();
+            if sb.last_orphan == ino {
+                sb.last_orphan = next;
+                inode.dtime = 0;
+                return self.core.sbi.write(&sb, self.handle);
+            }
+            sb.last_orphan
+        };
         // Find the predecessor in the list.
-        let mut current = self.st.sb.last_orphan;
         let mut visited = HashSet::new();
         for _ in 0..MAX_ORPHAN_CHAIN {
             if current == 0 {
@@ -138,9 +140,10 @@ impl Tx<'_, '_> {
                 fmt::set_slot(&mut bytes, index, ino);
                 fmt::set_tail(&mut bytes, physical, seed);
                 drop(bytes);
-                if !self.st.sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
-                    self.st.sb.feature_ro_compat |= ro_compat::ORPHAN_PRESENT;
-                    self.st.sb_dirty = true;
+                let mut sb = self.core.sbi.lock();
+                if !sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
+                    sb.feature_ro_compat |= ro_compat::ORPHAN_PRESENT;
+                    self.core.sbi.write(&sb, self.handle)?;
                 }
                 return Ok(true);
             }
@@ -212,7 +215,7 @@ impl Fs {
     pub(crate) fn recover_orphans(&self) -> Result<()> {
         let resolved = self.transact(64, Caller::ROOT, |tx| {
             let mut pending = tx.orphan_file_entries()?;
-            let mut ino = tx.st.sb.last_orphan;
+            let mut ino = tx.core.sbi.lock().last_orphan;
             let mut steps = 0;
             let mut visited = HashSet::new();
             while ino != 0 {
@@ -233,9 +236,10 @@ impl Fs {
             for &ino in &pending {
                 tx.resolve_orphan(ino)?;
             }
-            if tx.st.sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
-                tx.st.sb.feature_ro_compat &= !ro_compat::ORPHAN_PRESENT;
-                tx.st.sb_dirty = true;
+            let mut sb = tx.core.sbi.lock();
+            if sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
+                sb.feature_ro_compat &= !ro_compat::ORPHAN_PRESENT;
+                tx.core.sbi.write(&sb, tx.handle)?;
             }
             Ok(pending.len())
         })?;
@@ -321,16 +325,14 @@ impl Fs {
     }
 
     /// Free the large inodes whose eviction an operation deferred.
-    pub(crate) fn finish_deferred_evictions(&self) -> Result<()> {
-        loop {
-            let Some(ino) = self.state.write().deferred_evictions.pop() else {
-                return Ok(());
-            };
+    pub(crate) fn finish_deferred_evictions(&self, inodes: Vec<u32>) -> Result<()> {
+        for ino in inodes {
             self.punch_in_chunks(ino, 0)?;
             self.transact(16, Caller::ROOT, |tx| {
                 let inode = tx.read_inode(ino)?;
                 tx.evict_inode_now(ino, inode)
             })?;
         }
+        Ok(())
     }
 }

@@ -30,25 +30,25 @@ impl Fs {
 
     pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         self.check_xattr_support()?;
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let global = self.global.read();
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::get(&self.core.geo, &self.core.cache, ino, &inode, name)?
                 .ok_or(Error::NoAttribute)
         });
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 
     /// Names of all attributes, with their namespace prefixes.
     pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
         self.check_xattr_support()?;
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let global = self.global.read();
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::list(&self.core.geo, &self.core.cache, ino, &inode)
         });
-        drop(st);
+        drop(global);
         self.note_error(result)
     }
 

@@ -86,6 +86,9 @@ impl Jbd2 {
         while transaction.updates.load(Ordering::Acquire) > 0 {
             self.changed.wait(&mut state);
         }
+        if let Some(hook) = self.commit_hook.get() {
+            hook.before_commit(&super::CommitAccess::jbd2(self, &transaction));
+        }
         let buffers = std::mem::take(&mut *transaction.buffers.lock());
         let (log, freed) = sweep(transaction.tid, buffers);
         let mut revokes = std::mem::take(&mut *transaction.revokes.lock());

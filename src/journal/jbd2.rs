@@ -187,6 +187,8 @@ pub(crate) struct Jbd2 {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Told of every handle's logical changes and every full commit.
     pub observer: OnceLock<Arc<dyn ChangeObserver>>,
+    /// Writes the filesystem's summary into each transaction at lock-down.
+    pub commit_hook: OnceLock<Arc<dyn super::CommitHook>>,
     pub commits: AtomicU64,
     pub blocks_logged: AtomicU64,
     pub revokes_logged: AtomicU64,
@@ -305,6 +307,7 @@ impl Jbd2 {
             pending_free: Mutex::new(BTreeMap::new()),
             thread: Mutex::new(None),
             observer: OnceLock::new(),
+            commit_hook: OnceLock::new(),
             commits: AtomicU64::new(0),
             blocks_logged: AtomicU64::new(0),
             revokes_logged: AtomicU64::new(0),

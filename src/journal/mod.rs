@@ -322,6 +322,15 @@ impl Journal {
         }
     }
 
+    /// Have `hook` write its summary into every transaction from now on.
+    pub fn set_commit_hook(&self, hook: Arc<dyn CommitHook>) {
+        let fresh = match &self.mode {
+            Mode::Jbd2(jbd2) => jbd2.commit_hook.set(hook).is_ok(),
+            Mode::WriteBack(write_back) => write_back.commit_hook.set(hook).is_ok(),
+        };
+        debug_assert!(fresh, "one commit hook per journal");
+    }
+
     pub fn stats(&self) -> JournalStats {
         match &self.mode {
             Mode::WriteBack(write_back) => JournalStats {
@@ -332,6 +341,59 @@ impl Journal {
                 dirty_buffers: 0,
                 jbd2: Some(jbd2.stats()),
             },
+        }
+    }
+}
+
+/// A summary the filesystem keeps outside the transactions (ext4's free
+/// block and inode counters) and writes into each transaction as it is
+/// committed, so that operations stop sharing one dirty block for it.
+pub trait CommitHook: Send + Sync {
+    /// Called once per commit at lock-down — every handle of the
+    /// transaction has stopped and none of the next one has started, so
+    /// the summary agrees exactly with the transaction's blocks — with the
+    /// journal's state lock held; unjournaled, before each write-back pass.
+    fn before_commit(&self, access: &CommitAccess<'_>);
+}
+
+/// Changes a `CommitHook` makes, as part of the transaction being
+/// committed (or of the write-back pass about to run).
+pub struct CommitAccess<'a> {
+    target: AccessTarget<'a>,
+}
+
+enum AccessTarget<'a> {
+    Jbd2 {
+        jbd2: &'a Jbd2,
+        transaction: &'a Transaction,
+    },
+    WriteBack(&'a WriteBack),
+}
+
+impl<'a> CommitAccess<'a> {
+    fn jbd2(jbd2: &'a Jbd2, transaction: &'a Transaction) -> Self {
+        CommitAccess {
+            target: AccessTarget::Jbd2 { jbd2, transaction },
+        }
+    }
+
+    fn write_back(write_back: &'a WriteBack) -> Self {
+        CommitAccess {
+            target: AccessTarget::WriteBack(write_back),
+        }
+    }
+
+    /// Change `buffer`'s bytes in the transaction being committed.
+    pub fn change(&self, buffer: &Arc<Buffer>, change: impl FnOnce(&mut [u8])) {
+        match &self.target {
+            AccessTarget::Jbd2 { jbd2, transaction } => {
+                jbd2.register(transaction, buffer);
+                change(&mut buffer.write_unjournaled());
+            }
+            AccessTarget::WriteBack(write_back) => {
+                change(&mut buffer.write_unjournaled());
+                write_back.mark_dirty(buffer);
+            }
         }
     }
 }
