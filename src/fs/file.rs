@@ -16,6 +16,7 @@ use crate::format::inode::{Inode, Timestamp};
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::Geometry;
 use crate::journal::change::Change;
+use crate::lock::Rank;
 
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
@@ -240,6 +241,7 @@ impl Fs {
     /// kernel then looks the name up again.
     pub fn open_file(&self, ino: u32) -> Result<Attr> {
         let global = self.global.read();
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             self.check_not_freed(ino, &inode)?;
             let attr = attr_of(&self.core, ino, &inode)?;
@@ -289,6 +291,7 @@ impl Fs {
     /// Read up to `size` bytes at `offset`.
     pub fn read(&self, ino: u32, offset: u64, size: usize) -> Result<Vec<u8>> {
         let global = self.global.read();
+        let inode_lock = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
@@ -302,6 +305,7 @@ impl Fs {
             let data = self.read_range(ino, &inode, offset, end)?;
             Ok((data, inode))
         })();
+        drop(inode_lock);
         drop(global);
         let (data, inode) = self.note_error(result)?;
         self.touch_atime(ino, &inode);
@@ -355,7 +359,10 @@ impl Fs {
         if !wanted || self.is_read_only() || inode.has_flag(crate::format::inode::flags::NOATIME) {
             return;
         }
-        let _ = self.transact(1, Caller::ROOT, |tx| {
+        // Shared: two updates of one inode's atime differ in it alone, and
+        // whatever changes the rest of the inode holds its lock exclusive.
+        let _ = self.transact_locked(1, Caller::ROOT, |tx| {
+            let _inode = tx.lock_read(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             inode.atime = now;
             tx.write_inode_timestamps(ino, &inode)
@@ -375,7 +382,8 @@ impl Fs {
             let chunk_len = (data.len() - done).min((WRITE_CHUNK_BLOCKS * block_size) as usize);
             let chunk = &data[done..done + chunk_len];
             let position = offset + done as u64;
-            let written = self.transact(CREDITS_WRITE, caller, |tx| {
+            let written = self.transact_locked(CREDITS_WRITE, caller, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
                 tx.with_regular_file(ino, |tx, inode| {
                     let written = tx.write_data(ino, inode, position, chunk)?;
                     let now = Timestamp::now();
@@ -409,7 +417,8 @@ impl Fs {
         // A small cut happens in one transaction; a large one sets the size
         // with the inode on the orphan records, frees the blocks in chunks,
         // then takes it off (a crash midway: the next mount finishes it).
-        let chunked = self.transact(CREDITS_TRUNCATE, caller, |tx| {
+        let chunked = self.transact_locked(CREDITS_TRUNCATE, caller, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
             tx.with_regular_file(ino, |tx, inode| {
                 if inode.size == size {
@@ -435,7 +444,8 @@ impl Fs {
         })?;
         if chunked {
             self.punch_in_chunks(ino, keep_blocks)?;
-            self.transact(CREDITS_TRUNCATE, caller, |tx| {
+            self.transact_locked(CREDITS_TRUNCATE, caller, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 tx.orphan_remove(ino, &mut inode)?;
                 tx.write_inode(ino, &inode)
@@ -467,7 +477,8 @@ impl Fs {
             return Err(Error::Invalid("zero-length fallocate".into()));
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
-        self.transact(64, caller, |tx| {
+        self.transact_locked(64, caller, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             tx.with_regular_file(ino, |tx, inode| {
                 tx.fallocate_inode(ino, inode, offset, end, mode)
             })
@@ -529,6 +540,7 @@ impl Fs {
     /// SEEK_DATA / SEEK_HOLE from `offset`.
     pub fn seek(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
         let global = self.global.read();
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;

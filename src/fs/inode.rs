@@ -10,6 +10,7 @@ use crate::format::inode::{self as fmt, Inode, Timestamp};
 use crate::format::superblock::Geometry;
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
+use crate::lock::Rank;
 use std::sync::atomic::Ordering;
 
 /// Logical blocks freed per transaction when a large file is truncated or
@@ -164,11 +165,15 @@ impl Tx<'_, '_> {
         let buffer = self.core.cache.read(block)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            inode.encode(
-                geo,
-                ino,
-                &mut bytes[offset..offset + geo.inode_size as usize],
-            );
+            let slot = &mut bytes[offset..offset + geo.inode_size as usize];
+            if self.core.orphans.on_list(ino) {
+                // The orphan list's link is the orphan code's (orphan.rs).
+                let mut kept = inode.clone();
+                kept.dtime = Inode::stored_dtime(slot);
+                kept.encode(geo, ino, slot);
+            } else {
+                inode.encode(geo, ino, slot);
+            }
         }
         self.note_tid(ino, timestamps_only);
         self.handle.note(Change::Inode { ino });
@@ -332,15 +337,14 @@ pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
 
 impl Fs {
     /// Attributes of inode `ino` (getattr).
+    /// Takes no lock: the inode is decoded from one consistent copy.
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
-        let global = self.global.read();
         let result = read_inode(&self.core, ino).and_then(|inode| {
             if inode.mode == 0 {
                 return Err(Error::Stale);
             }
             attr_of(&self.core, ino, &inode)
         });
-        drop(global);
         self.note_error(result)
     }
 
@@ -349,7 +353,8 @@ impl Fs {
         if let Some(size) = changes.size {
             self.truncate(ino, size, caller)?;
         }
-        self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
+        self.transact_locked(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
             if inode.is_dir() {

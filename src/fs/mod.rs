@@ -4,8 +4,10 @@
 //!
 //! Locks: the ranking in `crate::lock` (written once, checked in debug
 //! builds). A journal handle is started before any filesystem lock is
-//! taken; `Fs::global` [Global] still serialises changes to inodes and
-//! directories (read-only operations take it shared). Each block group's
+//! taken. Operations on one inode (file data, truncate, fallocate,
+//! setattr, atime, xattrs, release) take its inode lock (`inode_lock.rs`)
+//! and `Fs::global` [Global] shared; namespace operations still take
+//! `Fs::global` exclusive; getattr takes nothing. Each block group's
 //! descriptor has its own lock (`group.rs`), the superblock's fields
 //! theirs (`sb_info.rs`), and the free totals are counters written into
 //! the superblock at each commit. `open_files` and the fast-commit
@@ -22,6 +24,7 @@ mod fast_commit;
 mod file;
 mod group;
 mod inode;
+mod inode_lock;
 mod journal;
 mod namei;
 mod orphan;
@@ -46,6 +49,8 @@ use crate::journal::{CommitHook, Handle, Jbd2Options, Journal, JournalConfig};
 use crate::lock::{Rank, RwLock};
 pub use fast_commit::FastCommitStats;
 use group::Groups;
+use inode_lock::{InodeGuard, InodeLocks};
+use orphan::Orphans;
 use parking_lot::Mutex;
 use sb_info::SbInfo;
 use std::collections::{HashMap, HashSet};
@@ -145,10 +150,10 @@ pub(crate) struct Core {
     /// with no links that is not here is gone, whatever a stale handle
     /// says (a leaf lock).
     pub open_orphans: Mutex<HashSet<u32>>,
-    /// Inodes currently on the on-disk orphan records (list or orphan
-    /// file), so that recording and unrecording are idempotent when
-    /// operations on one inode overlap (a leaf lock).
-    pub orphans: Mutex<HashSet<u32>>,
+    /// The inodes on the on-disk orphan records [Orphan].
+    pub orphans: Orphans,
+    /// One lock per inode in use [Directory, Inode].
+    pub inodes: InodeLocks,
     /// What the next fast commit records, when this mount writes them.
     pub fast_commit: Option<Arc<fast_commit::Tracker>>,
     /// Inode numbers a front end still names (the FUSE kernel's lookup
@@ -201,7 +206,8 @@ impl Core {
             inode_tids: Mutex::new(HashMap::new()),
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
-            orphans: Mutex::new(HashSet::new()),
+            orphans: Orphans::new(),
+            inodes: InodeLocks::new(),
             fast_commit: fast_commit::Tracker::attach(&geo, &journal),
             geo,
             cache,
@@ -231,6 +237,21 @@ pub struct Fs {
     unmounted: AtomicBool,
 }
 
+/// How a mutating operation is serialised against the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serial {
+    /// Alone: the global lock exclusive (an operation without finer locks).
+    Alone,
+    /// Beside the others: the global lock shared; the operation takes the
+    /// inode locks it needs.
+    Beside,
+}
+
+enum GlobalGuard<'a> {
+    Exclusive(#[allow(dead_code)] crate::lock::RwLockWriteGuard<'a, ()>),
+    Shared(#[allow(dead_code)] crate::lock::RwLockReadGuard<'a, ()>),
+}
+
 /// One operation's view of the filesystem while it changes it.
 pub(crate) struct Tx<'a, 'j> {
     pub core: &'a Core,
@@ -253,6 +274,16 @@ impl<'a, 'j> Tx<'a, 'j> {
             mapping_changed: false,
             deferred_evictions: Vec::new(),
         }
+    }
+
+    /// Take `ino`'s lock exclusive, as `rank` (`inode_lock.rs`).
+    pub fn lock_write(&self, ino: u32, rank: Rank) -> InodeGuard<'a> {
+        self.core.inodes.write(ino, rank)
+    }
+
+    /// Take `ino`'s lock shared, as `rank`.
+    pub fn lock_read(&self, ino: u32, rank: Rank) -> InodeGuard<'a> {
+        self.core.inodes.read(ino, rank)
     }
 }
 
@@ -390,16 +421,42 @@ impl Fs {
         self.core.options.read_only || self.core.journal.is_read_only()
     }
 
-    /// Run a mutating operation: start a handle for `credits` blocks, take
-    /// the filesystem lock, run `body`, release the lock, stop the handle.
+    /// Run a mutating operation that has no finer locks yet: start a
+    /// handle for `credits` blocks, take the global lock exclusive, run
+    /// `body`, release the lock, stop the handle (see `transact_in`).
+    pub(crate) fn transact<R>(
+        &self,
+        credits: u32,
+        caller: Caller,
+        body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_in(Serial::Alone, credits, caller, body)
+    }
+
+    /// Run a mutating operation that takes the inode locks it needs
+    /// itself: beside every other such operation.
+    pub(crate) fn transact_locked<R>(
+        &self,
+        credits: u32,
+        caller: Caller,
+        body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_in(Serial::Beside, credits, caller, body)
+    }
+
+    /// Start a handle for `credits` blocks, take the global lock as
+    /// `serial` says, run `body`, release the lock, stop the handle (which
+    /// commits and waits when the operation asked for sync): a thread
+    /// holding a filesystem lock never waits for a commit.
     ///
     /// When the operation runs out of space while blocks freed by
     /// uncommitted transactions are waiting to become allocatable, it is
     /// run again after those transactions commit, up to three times (the
     /// kernel's `ext4_should_retry_alloc`); `body` must therefore leave the
     /// filesystem consistent when it fails, as every operation here does.
-    pub(crate) fn transact<R>(
+    fn transact_in<R>(
         &self,
+        serial: Serial,
         credits: u32,
         caller: Caller,
         mut body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
@@ -413,7 +470,10 @@ impl Fs {
             let tid = handle.tid();
             let mut deferred = Vec::new();
             let result = {
-                let _global = self.global.write();
+                let _global = match serial {
+                    Serial::Alone => GlobalGuard::Exclusive(self.global.write()),
+                    Serial::Beside => GlobalGuard::Shared(self.global.read()),
+                };
                 let mut tx = Tx::new(&self.core, &handle, caller);
                 // Whatever the body managed before an error is consistent on
                 // its own (operations order their steps so).

@@ -384,6 +384,7 @@ impl Fs {
 
     pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
         let global = self.global.read();
+        let _inode = self.core.inodes.read(ino, crate::lock::Rank::Inode);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;

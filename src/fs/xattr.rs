@@ -11,6 +11,7 @@ use crate::format::inode::Inode;
 use crate::format::inode::Timestamp;
 use crate::format::superblock::compat;
 use crate::format::xattr::{self, SetMode};
+use crate::lock::Rank;
 
 const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 
@@ -31,6 +32,7 @@ impl Fs {
     pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         self.check_xattr_support()?;
         let global = self.global.read();
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::get(&self.core.geo, &self.core.cache, ino, &inode, name)?
@@ -44,6 +46,7 @@ impl Fs {
     pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
         self.check_xattr_support()?;
         let global = self.global.read();
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::list(&self.core.geo, &self.core.cache, ino, &inode)
@@ -82,7 +85,8 @@ impl Fs {
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::Range);
         }
-        self.transact(CREDITS_XATTR, caller, |tx| {
+        self.transact_locked(CREDITS_XATTR, caller, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
             let result = {

@@ -7,10 +7,13 @@
 //!    transaction before must be durable, or replay would never reach the
 //!    records) and for another fast commit (which may cover this fsync
 //!    already: then nothing is left to write);
-//! 2. under the filesystem lock, shared — no operation runs — everything
-//!    queued is taken (`Tracker::take`) and turned into records from the
-//!    live inodes: a consistent cut, the "snapshot when the fast commit
-//!    starts"; operations go on once the records are built;
+//! 2. with the journal's updates locked (`FastCommitSlot::lock_updates`,
+//!    the kernel's `jbd2_journal_lock_updates`: every handle has stopped,
+//!    none starts, so no operation is half-way and none holds a lock)
+//!    everything queued is taken (`Tracker::take`) and turned into records
+//!    from the inodes as stored: a consistent cut, the "snapshot when the
+//!    fast commit starts", with no filesystem lock; operations go on once
+//!    the records are built (readers never stopped);
 //! 3. the records go to the area after the earlier fast commits of the
 //!    transaction, data first where they expose new data (see
 //!    `journal::fc_commit` for the flushes).
@@ -79,7 +82,7 @@ impl Fs {
             FastCommitBegin::Started(slot) => slot,
         };
         let built = {
-            let global = self.global.read();
+            let updates = slot.lock_updates();
             let Some(snapshot) = tracker.take(slot.tid) else {
                 tracker.count_fallback();
                 return Ok(Outcome::FullCommit);
@@ -93,7 +96,7 @@ impl Fs {
                 return Ok(Outcome::Durable { flushed: true });
             }
             let built = build(&self.core, &snapshot, slot.head, slot.tid);
-            drop(global);
+            drop(updates);
             built
         };
         let built = match built {
