@@ -24,8 +24,6 @@
 //!               commit and checkpoint requests. Taken by handle start and
 //!               stop, fsync's waits and the journal's threads; never while
 //!               a filesystem lock is held.
-//! Global        Fs::state: the one lock every change took until the locks
-//!               below replaced it (kept while operations move off it).
 //! Rename        Core::rename_lock: the shape of the directory tree (the
 //!               kernel's s_vfs_rename_mutex); cross-directory renames.
 //! Directory     an inode lock taken for a directory whose entries an
@@ -81,7 +79,6 @@ pub enum Rank {
     Handle,
     Checkpoint,
     JournalState,
-    Global,
     Rename,
     Directory,
     Directory2,

@@ -183,7 +183,7 @@ impl Fs {
         cookie: u64,
         emit: &mut dyn FnMut(Dentry) -> bool,
     ) -> Result<()> {
-        let global = self.global.read();
+        let dir = self.core.inodes.read(ino, crate::lock::Rank::Directory);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
@@ -222,7 +222,7 @@ impl Fs {
             })?;
             failure.map_or(Ok(()), Err)
         })();
-        drop(global);
+        drop(dir);
         self.note_error(result)
     }
 }

@@ -240,7 +240,6 @@ impl Fs {
     /// number after a lookup that may predate a concurrent unlink; the
     /// kernel then looks the name up again.
     pub fn open_file(&self, ino: u32) -> Result<Attr> {
-        let global = self.global.read();
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             self.check_not_freed(ino, &inode)?;
@@ -248,7 +247,6 @@ impl Fs {
             *self.open_files.lock().entry(ino).or_insert(0) += 1;
             Ok(attr)
         });
-        drop(global);
         self.note_error(result)
     }
 
@@ -290,7 +288,6 @@ impl Fs {
 
     /// Read up to `size` bytes at `offset`.
     pub fn read(&self, ino: u32, offset: u64, size: usize) -> Result<Vec<u8>> {
-        let global = self.global.read();
         let inode_lock = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
@@ -306,7 +303,6 @@ impl Fs {
             Ok((data, inode))
         })();
         drop(inode_lock);
-        drop(global);
         let (data, inode) = self.note_error(result)?;
         self.touch_atime(ino, &inode);
         Ok(data)
@@ -361,7 +357,7 @@ impl Fs {
         }
         // Shared: two updates of one inode's atime differ in it alone, and
         // whatever changes the rest of the inode holds its lock exclusive.
-        let _ = self.transact_locked(1, Caller::ROOT, |tx| {
+        let _ = self.transact(1, Caller::ROOT, |tx| {
             let _inode = tx.lock_read(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             inode.atime = now;
@@ -382,7 +378,7 @@ impl Fs {
             let chunk_len = (data.len() - done).min((WRITE_CHUNK_BLOCKS * block_size) as usize);
             let chunk = &data[done..done + chunk_len];
             let position = offset + done as u64;
-            let written = self.transact_locked(CREDITS_WRITE, caller, |tx| {
+            let written = self.transact(CREDITS_WRITE, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 tx.with_regular_file(ino, |tx, inode| {
                     let written = tx.write_data(ino, inode, position, chunk)?;
@@ -417,7 +413,7 @@ impl Fs {
         // A small cut happens in one transaction; a large one sets the size
         // with the inode on the orphan records, frees the blocks in chunks,
         // then takes it off (a crash midway: the next mount finishes it).
-        let chunked = self.transact_locked(CREDITS_TRUNCATE, caller, |tx| {
+        let chunked = self.transact(CREDITS_TRUNCATE, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
             tx.with_regular_file(ino, |tx, inode| {
@@ -444,7 +440,7 @@ impl Fs {
         })?;
         if chunked {
             self.punch_in_chunks(ino, keep_blocks)?;
-            self.transact_locked(CREDITS_TRUNCATE, caller, |tx| {
+            self.transact(CREDITS_TRUNCATE, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 tx.orphan_remove(ino, &mut inode)?;
@@ -477,7 +473,7 @@ impl Fs {
             return Err(Error::Invalid("zero-length fallocate".into()));
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
-        self.transact_locked(64, caller, |tx| {
+        self.transact(64, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             tx.with_regular_file(ino, |tx, inode| {
                 tx.fallocate_inode(ino, inode, offset, end, mode)
@@ -539,7 +535,6 @@ impl Tx<'_, '_> {
 impl Fs {
     /// SEEK_DATA / SEEK_HOLE from `offset`.
     pub fn seek(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
-        let global = self.global.read();
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
@@ -579,7 +574,6 @@ impl Fs {
                 SeekWhence::Data => Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO))),
             }
         })();
-        drop(global);
         self.note_error(result)
     }
 
@@ -618,9 +612,7 @@ impl Fs {
 
     /// Attributes after a change made through a file handle.
     pub fn attr_after_write(&self, ino: u32) -> Result<Attr> {
-        let global = self.global.read();
         let result = read_inode(&self.core, ino).and_then(|inode| attr_of(&self.core, ino, &inode));
-        drop(global);
         self.note_error(result)
     }
 }

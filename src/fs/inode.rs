@@ -353,7 +353,7 @@ impl Fs {
         if let Some(size) = changes.size {
             self.truncate(ino, size, caller)?;
         }
-        self.transact_locked(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
+        self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;

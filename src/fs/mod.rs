@@ -3,15 +3,18 @@
 //! `Fs` is `Send + Sync`; every public operation is a method taking `&self`.
 //!
 //! Locks: the ranking in `crate::lock` (written once, checked in debug
-//! builds). A journal handle is started before any filesystem lock is
-//! taken. Operations on one inode (file data, truncate, fallocate,
-//! setattr, atime, xattrs, release) take its inode lock (`inode_lock.rs`)
-//! and `Fs::global` [Global] shared; namespace operations still take
-//! `Fs::global` exclusive; getattr takes nothing. Each block group's
-//! descriptor has its own lock (`group.rs`), the superblock's fields
-//! theirs (`sb_info.rs`), and the free totals are counters written into
-//! the superblock at each commit. `open_files` and the fast-commit
-//! tracker's lock are leaves.
+//! builds), and no lock over the whole filesystem. A journal handle is
+//! started before any filesystem lock is taken. An operation takes the
+//! inode locks of what it reads or changes (`inode_lock.rs`): a namespace
+//! change its directory's exclusive, then the inodes named; a lookup or
+//! readdir the directory's shared; file data, truncate, setattr and
+//! xattrs the inode's; a cross-directory rename the rename lock first.
+//! getattr takes none. Each block group's descriptor has its own lock
+//! (`group.rs`), the orphan records theirs (`orphan.rs`), the
+//! superblock's fields theirs (`sb_info.rs`), and the free totals are
+//! counters written into the superblock at each commit. `open_files` and
+//! the fast-commit tracker's lock are leaves. File data is read and
+//! written on the device under the file's own inode lock and no other.
 //!
 //! A mutating operation runs inside [`Fs::transact`], which gives it a
 //! [`Tx`]: the shared core and the handle. A descriptor is written back
@@ -46,7 +49,7 @@ use crate::error::{Error, Location, Result};
 use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superblock};
 use crate::journal::change::Ineligible;
 use crate::journal::{CommitHook, Handle, Jbd2Options, Journal, JournalConfig};
-use crate::lock::{Rank, RwLock};
+use crate::lock::Rank;
 pub use fast_commit::FastCommitStats;
 use group::Groups;
 use inode_lock::{InodeGuard, InodeLocks};
@@ -154,6 +157,9 @@ pub(crate) struct Core {
     pub orphans: Orphans,
     /// One lock per inode in use [Directory, Inode].
     pub inodes: InodeLocks,
+    /// [Rename] Held by cross-directory renames: no directory changes
+    /// parent meanwhile (the kernel's `s_vfs_rename_mutex`).
+    pub rename_lock: crate::lock::Mutex<()>,
     /// What the next fast commit records, when this mount writes them.
     pub fast_commit: Option<Arc<fast_commit::Tracker>>,
     /// Inode numbers a front end still names (the FUSE kernel's lookup
@@ -208,6 +214,7 @@ impl Core {
             remembered: Mutex::new(HashMap::new()),
             orphans: Orphans::new(),
             inodes: InodeLocks::new(),
+            rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
             fast_commit: fast_commit::Tracker::attach(&geo, &journal),
             geo,
             cache,
@@ -226,8 +233,6 @@ impl Core {
 
 pub struct Fs {
     pub(crate) core: Core,
-    /// [Global] Serialises the operations that have no finer locks yet.
-    pub(crate) global: RwLock<()>,
     /// Open counts per inode, so that an unlinked file stays until released.
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// Set after a corruption was found at run time (errors=remount-ro).
@@ -235,21 +240,6 @@ pub struct Fs {
     /// Set after the device failed an I/O (the filesystem is read-only).
     device_failed: AtomicBool,
     unmounted: AtomicBool,
-}
-
-/// How a mutating operation is serialised against the others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Serial {
-    /// Alone: the global lock exclusive (an operation without finer locks).
-    Alone,
-    /// Beside the others: the global lock shared; the operation takes the
-    /// inode locks it needs.
-    Beside,
-}
-
-enum GlobalGuard<'a> {
-    Exclusive(#[allow(dead_code)] crate::lock::RwLockWriteGuard<'a, ()>),
-    Shared(#[allow(dead_code)] crate::lock::RwLockReadGuard<'a, ()>),
 }
 
 /// One operation's view of the filesystem while it changes it.
@@ -359,7 +349,6 @@ impl Fs {
         let core = Core::assemble(sb, groups, cache, journal, options)?;
         let fs = Arc::new(Fs {
             core,
-            global: RwLock::new(Rank::Global, ()),
             open_files: Mutex::new(HashMap::new()),
             errored: AtomicBool::new(false),
             device_failed: AtomicBool::new(false),
@@ -421,42 +410,19 @@ impl Fs {
         self.core.options.read_only || self.core.journal.is_read_only()
     }
 
-    /// Run a mutating operation that has no finer locks yet: start a
-    /// handle for `credits` blocks, take the global lock exclusive, run
-    /// `body`, release the lock, stop the handle (see `transact_in`).
-    pub(crate) fn transact<R>(
-        &self,
-        credits: u32,
-        caller: Caller,
-        body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
-    ) -> Result<R> {
-        self.transact_in(Serial::Alone, credits, caller, body)
-    }
-
-    /// Run a mutating operation that takes the inode locks it needs
-    /// itself: beside every other such operation.
-    pub(crate) fn transact_locked<R>(
-        &self,
-        credits: u32,
-        caller: Caller,
-        body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
-    ) -> Result<R> {
-        self.transact_in(Serial::Beside, credits, caller, body)
-    }
-
-    /// Start a handle for `credits` blocks, take the global lock as
-    /// `serial` says, run `body`, release the lock, stop the handle (which
-    /// commits and waits when the operation asked for sync): a thread
-    /// holding a filesystem lock never waits for a commit.
+    /// Run a mutating operation: start a handle for `credits` blocks, run
+    /// `body` — which takes the locks it needs and releases them when it
+    /// returns — then stop the handle (which commits and waits when the
+    /// operation asked for sync): a thread holding a filesystem lock never
+    /// waits for a commit.
     ///
     /// When the operation runs out of space while blocks freed by
     /// uncommitted transactions are waiting to become allocatable, it is
     /// run again after those transactions commit, up to three times (the
     /// kernel's `ext4_should_retry_alloc`); `body` must therefore leave the
     /// filesystem consistent when it fails, as every operation here does.
-    fn transact_in<R>(
+    pub(crate) fn transact<R>(
         &self,
-        serial: Serial,
         credits: u32,
         caller: Caller,
         mut body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
@@ -470,10 +436,6 @@ impl Fs {
             let tid = handle.tid();
             let mut deferred = Vec::new();
             let result = {
-                let _global = match serial {
-                    Serial::Alone => GlobalGuard::Exclusive(self.global.write()),
-                    Serial::Beside => GlobalGuard::Shared(self.global.read()),
-                };
                 let mut tx = Tx::new(&self.core, &handle, caller);
                 // Whatever the body managed before an error is consistent on
                 // its own (operations order their steps so).

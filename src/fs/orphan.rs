@@ -356,7 +356,7 @@ impl Fs {
         if !self.core.open_orphans.lock().remove(&ino) {
             return Ok(());
         }
-        self.transact_locked(16, Caller::ROOT, |tx| {
+        self.transact(16, Caller::ROOT, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let inode = tx.read_inode(ino)?;
             // A link cannot come back to an inode with none (link() refuses
@@ -396,7 +396,7 @@ impl Fs {
         let credits = self.punch_chunk_credits();
         let mut position = from;
         loop {
-            let next = self.transact_locked(credits, Caller::ROOT, |tx| {
+            let next = self.transact(credits, Caller::ROOT, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 let geo = &tx.core.geo;
@@ -425,7 +425,7 @@ impl Fs {
     pub(crate) fn finish_deferred_evictions(&self, inodes: Vec<u32>) -> Result<()> {
         for ino in inodes {
             self.punch_in_chunks(ino, 0)?;
-            self.transact_locked(16, Caller::ROOT, |tx| {
+            self.transact(16, Caller::ROOT, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let inode = tx.read_inode(ino)?;
                 tx.evict_inode_now(ino, inode)

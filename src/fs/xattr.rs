@@ -31,27 +31,23 @@ impl Fs {
 
     pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         self.check_xattr_support()?;
-        let global = self.global.read();
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::get(&self.core.geo, &self.core.cache, ino, &inode, name)?
                 .ok_or(Error::NoAttribute)
         });
-        drop(global);
         self.note_error(result)
     }
 
     /// Names of all attributes, with their namespace prefixes.
     pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
         self.check_xattr_support()?;
-        let global = self.global.read();
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::list(&self.core.geo, &self.core.cache, ino, &inode)
         });
-        drop(global);
         self.note_error(result)
     }
 
@@ -85,7 +81,7 @@ impl Fs {
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::Range);
         }
-        self.transact_locked(CREDITS_XATTR, caller, |tx| {
+        self.transact(CREDITS_XATTR, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
