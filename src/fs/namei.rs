@@ -897,3 +897,64 @@ impl Fs {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::format::superblock::ROOT_INO;
+    use crate::fs::{Caller, Fs, MountOptions};
+    use crate::lock::Rank;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A namespace change in /a holds /a's lock exclusive: lookups,
+    /// readdir and getattr in /b go on meanwhile; a lookup in /a waits.
+    #[test]
+    fn readers_in_one_directory_do_not_wait_for_a_writer_in_another() {
+        let scratch = tempfile::tempdir().unwrap();
+        let image = scratch.path().join("dirs.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let mke2fs = std::process::Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4"])
+            .arg(&image)
+            .status()
+            .expect("running mke2fs");
+        assert!(mke2fs.success());
+        let fs = Fs::open(&image, MountOptions::default()).unwrap();
+        let caller = Caller { uid: 0, gid: 0 };
+        let a = fs.mkdir(ROOT_INO, b"a", 0o755, caller).unwrap().ino;
+        let b = fs.mkdir(ROOT_INO, b"b", 0o755, caller).unwrap().ino;
+        fs.create(a, b"x", 0o644, caller).unwrap();
+        let y = fs.create(b, b"y", 0o644, caller).unwrap().ino;
+        let writer = fs.core.inodes.write(a, Rank::Directory);
+        let (done, finished) = mpsc::channel();
+        let reader = {
+            let fs = std::sync::Arc::clone(&fs);
+            std::thread::spawn(move || {
+                assert_eq!(fs.lookup(b, b"y").unwrap().ino, y);
+                let mut names = 0;
+                fs.readdir(b, 0, &mut |_| {
+                    names += 1;
+                    true
+                })
+                .unwrap();
+                assert_eq!(names, 3, ". .. y");
+                fs.getattr(a).unwrap();
+                done.send("b").unwrap();
+                fs.lookup(a, b"x").unwrap();
+                done.send("a").unwrap();
+            })
+        };
+        assert_eq!(finished.recv_timeout(Duration::from_secs(30)), Ok("b"));
+        assert!(
+            finished.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a lookup in /a went past the lock of a change in /a"
+        );
+        drop(writer);
+        assert_eq!(finished.recv_timeout(Duration::from_secs(30)), Ok("a"));
+        reader.join().unwrap();
+        fs.unmount().unwrap();
+    }
+}
