@@ -35,6 +35,11 @@ pub struct JournalHead {
     /// The committing transaction that has not yet captured the buffer's
     /// content for the log.
     pub committing: Option<u32>,
+    /// The committing transaction that logs this buffer, from lock-down
+    /// until its commit block is durable (`committing` ends earlier, at
+    /// capture). Meanwhile the buffer's bytes may be that commit's, not yet
+    /// durable: the checkpoint (another thread) must not write them home.
+    pub logging: Option<u32>,
     /// The committing transaction's copy, taken when the running
     /// transaction asked for write access before the commit captured it.
     pub frozen: Option<Box<[u8]>>,

@@ -9,7 +9,11 @@
 //!   will write it) or when it was freed;
 //! - blocking when a running or committing transaction holds it: its live
 //!   bytes are not committed yet, so that transaction must commit first
-//!   (after which the buffer belongs to the newer checkpoint);
+//!   (after which the buffer belongs to the newer checkpoint). Committing
+//!   means until the commit block is durable (`JournalHead::logging`), not
+//!   only until the commit has captured the bytes: from capture to the
+//!   commit's end the live bytes are the new commit's, and written home
+//!   they would break the write-ahead rule;
 //! - otherwise written home with its current bytes, which are exactly the
 //!   committed ones.
 //!
@@ -133,7 +137,7 @@ impl Jbd2 {
                 if head.checkpoint != Some(*tid) {
                     continue;
                 }
-                if head.running.is_some() || head.committing.is_some() {
+                if head.running.is_some() || head.logging.is_some() {
                     break 'transactions;
                 }
                 let bytes = buffer.read().to_vec();

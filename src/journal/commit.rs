@@ -200,6 +200,8 @@ impl Jbd2 {
         let tid = locked.transaction.tid;
         for buffer in &locked.log {
             let mut head = buffer.journal.lock();
+            debug_assert_eq!(head.logging, Some(tid));
+            head.logging = None;
             head.checkpoint = Some(tid);
             head.frozen = None;
         }
@@ -257,6 +259,7 @@ fn sweep(tid: u32, buffers: Vec<Arc<Buffer>>) -> (Vec<Arc<Buffer>>, Vec<Arc<Buff
                 buffer.block()
             );
             head.committing = Some(tid);
+            head.logging = Some(tid);
             drop(head);
             log.push(buffer);
         }
