@@ -10,6 +10,7 @@ pub mod dev;
 pub mod error;
 pub mod format;
 pub mod journal;
+pub mod lock;
 
 pub use error::{Error, Result};
 pub mod api;

@@ -92,7 +92,12 @@ impl ImageAlloc {
                 let desc = &descs[group as usize];
                 let mut bitmap = vec![0u8; bs];
                 if desc.flags & BG_BLOCK_UNINIT != 0 {
-                    uninit_block_bitmap(geo, group, descs, &mut bitmap);
+                    uninit_block_bitmap(
+                        geo,
+                        group,
+                        descs.iter().map(|d| d.locations()),
+                        &mut bitmap,
+                    );
                 } else {
                     let at = desc.block_bitmap as usize * bs;
                     bitmap.copy_from_slice(&image[at..at + bs]);

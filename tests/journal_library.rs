@@ -311,3 +311,118 @@ fn sync_waits_for_a_commit_already_under_way() {
     assert_eq!((stats.commits, stats.guard_violations), (1, 0), "{stats:?}");
     journal.shutdown().unwrap();
 }
+
+/// A device that, once armed, holds back every write the checkpoint
+/// thread issues until released.
+struct StallCheckpoint {
+    inner: std::sync::Arc<dyn jext4::dev::BlockDevice>,
+    armed: std::sync::atomic::AtomicBool,
+    /// Set while a checkpoint write is held back.
+    stalled: std::sync::atomic::AtomicBool,
+    release: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+impl jext4::dev::BlockDevice for StallCheckpoint {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.armed.load(Ordering::Acquire)
+            && std::thread::current().name() == Some("jext4-checkpoint")
+        {
+            self.stalled.store(true, Ordering::Release);
+            let (released, wake) = &self.release;
+            let mut released = released.lock().unwrap();
+            while !*released {
+                released = wake.wait(released).unwrap();
+            }
+        }
+        self.inner.write_at(offset, buf)
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+impl StallCheckpoint {
+    fn release(&self) {
+        let (released, wake) = &self.release;
+        *released.lock().unwrap() = true;
+        wake.notify_all();
+    }
+}
+
+/// The checkpoint runs on its own thread: while a checkpoint pass is held
+/// in the middle of its home writes, a create + write + fsync in another
+/// directory still commits and returns (the log has room; only a log that
+/// is truly full makes a handle wait for the checkpoint).
+#[test]
+fn an_fsync_does_not_wait_for_a_checkpoint() {
+    use jext4::fs::{Caller, Fs};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    const ROOT: u32 = 2;
+    let caller = Caller::ROOT;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::mkfs(
+        dir.path(),
+        "stall",
+        32,
+        &["-t", "ext4", "-b", "1024", "-J", "size=1"],
+    );
+    let device = Arc::new(StallCheckpoint {
+        inner: jext4::dev::open_image(&path, false).unwrap(),
+        armed: false.into(),
+        stalled: false.into(),
+        release: Default::default(),
+    });
+    let fs = Fs::mount(device.clone(), MountOptions::default()).unwrap();
+    let a = fs.mkdir(ROOT, b"a", 0o755, caller).unwrap().ino;
+    let b = fs.mkdir(ROOT, b"b", 0o755, caller).unwrap().ino;
+    fs.sync().unwrap();
+    device.armed.store(true, Ordering::Release);
+    // Synced creates in /a until the log is half full and the checkpoint
+    // thread starts writing home (and is held there).
+    let mut created = 0;
+    while !device.stalled.load(Ordering::Acquire) {
+        assert!(
+            created < 5000,
+            "no checkpoint after {created} synced creates"
+        );
+        let name = format!("f{created}");
+        let ino = fs.create(a, name.as_bytes(), 0o644, caller).unwrap().ino;
+        fs.write(ino, 0, &[created as u8; 3000], caller).unwrap();
+        fs.fsync(ino, false).unwrap();
+        created += 1;
+    }
+    let (done, finished) = std::sync::mpsc::channel();
+    let writer = {
+        let fs = Arc::clone(&fs);
+        std::thread::spawn(move || {
+            let ino = fs.create(b, b"while-checkpointing", 0o644, caller)?.ino;
+            fs.write(ino, 0, b"durable", caller)?;
+            fs.fsync(ino, false)?;
+            let _ = done.send(());
+            Ok::<_, jext4::error::Error>(())
+        })
+    };
+    // The checkpoint stays held until this wait ends either way.
+    let returned = finished.recv_timeout(Duration::from_secs(30));
+    device.release();
+    writer.join().unwrap().unwrap();
+    assert!(
+        returned.is_ok(),
+        "the fsync in /b waited for the checkpoint held back in its home writes"
+    );
+    fs.unmount().unwrap();
+    drop(fs);
+    common::assert_fsck_clean(&path);
+    println!("checkpoint held after {created} synced creates; an fsync beside it returned");
+}

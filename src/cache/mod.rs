@@ -11,12 +11,14 @@
 //! the device (see `fs/file.rs`), so `cache_size` bounds metadata only and
 //! large files never push metadata out.
 //!
-//! Locks: `CacheInner` is guarded by `BufferCache::inner`; a buffer's bytes by
-//! its own `RwLock`. `inner` is never held across device I/O.
+//! Locks (ranked in `crate::lock`): a buffer's journal head, then its bytes
+//! (rank Buffer, nestable across buffers); `BufferCache::inner` is a leaf
+//! lock, never held across device I/O.
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::lock::{self, Rank, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +35,11 @@ pub struct JournalHead {
     /// The committing transaction that has not yet captured the buffer's
     /// content for the log.
     pub committing: Option<u32>,
+    /// The committing transaction that logs this buffer, from lock-down
+    /// until its commit block is durable (`committing` ends earlier, at
+    /// capture). Meanwhile the buffer's bytes may be that commit's, not yet
+    /// durable: the checkpoint (another thread) must not write them home.
+    pub logging: Option<u32>,
     /// The committing transaction's copy, taken when the running
     /// transaction asked for write access before the commit captured it.
     pub frozen: Option<Box<[u8]>>,
@@ -47,7 +54,7 @@ pub struct JournalHead {
 pub struct Buffer {
     block: u64,
     /// Journal bookkeeping, taken before `data` when both are needed.
-    pub(crate) journal: Mutex<JournalHead>,
+    pub(crate) journal: lock::Mutex<JournalHead>,
     data: RwLock<Box<[u8]>>,
     /// The bytes reflect the device (or a fresh block being written).
     uptodate: AtomicBool,
@@ -62,8 +69,8 @@ impl Buffer {
     fn new(block: u64, block_size: usize) -> Self {
         Buffer {
             block,
-            journal: Mutex::new(JournalHead::default()),
-            data: RwLock::new(vec![0u8; block_size].into_boxed_slice()),
+            journal: lock::Mutex::new(Rank::Buffer, JournalHead::default()),
+            data: RwLock::new(Rank::Buffer, vec![0u8; block_size].into_boxed_slice()),
             uptodate: AtomicBool::new(false),
             verified: AtomicBool::new(false),
             referenced: AtomicBool::new(true),

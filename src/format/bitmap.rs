@@ -5,7 +5,7 @@
 //! as ext2's `ext2fs_test_bit`. The checksums live in the group descriptor
 //! (`group_desc.rs`).
 
-use super::group_desc::GroupDesc;
+use super::group_desc::GroupLocations;
 use super::superblock::Geometry;
 
 #[inline]
@@ -72,7 +72,12 @@ pub fn count_set(bitmap: &[u8], bits: usize) -> usize {
 /// that fall inside this group (flex_bg packs them into the first group of
 /// each flex group), and the tail past the end of the filesystem. Padding
 /// bits beyond `blocks_per_group` up to the block's end are set too.
-pub fn uninit_block_bitmap(geo: &Geometry, group: u32, descs: &[GroupDesc], out: &mut [u8]) {
+pub fn uninit_block_bitmap(
+    geo: &Geometry,
+    group: u32,
+    groups: impl IntoIterator<Item = GroupLocations>,
+    out: &mut [u8],
+) {
     out.fill(0);
     let first = geo.group_first_block(group);
     let in_group = geo.blocks_in_group(group) as u64;
@@ -84,10 +89,10 @@ pub fn uninit_block_bitmap(geo: &Geometry, group: u32, descs: &[GroupDesc], out:
             }
         }
     };
-    for desc in descs {
-        mark(desc.block_bitmap, 1);
-        mark(desc.inode_bitmap, 1);
-        mark(desc.inode_table, geo.inode_table_blocks as u64);
+    for at in groups {
+        mark(at.block_bitmap, 1);
+        mark(at.inode_bitmap, 1);
+        mark(at.inode_table, geo.inode_table_blocks as u64);
     }
     // Bits for blocks past the end of a short last group, and past
     // blocks_per_group to the end of the bitmap block, are set.

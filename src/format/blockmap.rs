@@ -213,26 +213,32 @@ impl<'a> Reader<'a> {
         let Some(holder) = self.holder(inode, &route)? else {
             return hole();
         };
-        let guard;
-        let (array, first, entries) = match &holder {
-            Holder::Inode => (&inode.block[..], route.slot, DIRECT_BLOCKS as usize),
-            Holder::Block(buffer) => {
-                guard = buffer.read();
-                let first = route.offsets[route.levels - 1] as usize;
-                (&guard[..], first, self.shape.per as usize)
+        // The run is read under the block's lock, which is released before
+        // a hole's search reads the same block again.
+        let (physical, len) = {
+            let guard;
+            let (array, first, entries) = match &holder {
+                Holder::Inode => (&inode.block[..], route.slot, DIRECT_BLOCKS as usize),
+                Holder::Block(buffer) => {
+                    guard = buffer.read();
+                    let first = route.offsets[route.levels - 1] as usize;
+                    (&guard[..], first, self.shape.per as usize)
+                }
+            };
+            let physical = get_u32(array, first * 4) as u64;
+            let mut len = 1;
+            while physical != 0
+                && first + len < entries
+                && get_u32(array, (first + len) * 4) as u64 == physical + len as u64
+            {
+                len += 1;
             }
+            (physical, len)
         };
-        let physical = get_u32(array, first * 4) as u64;
         if physical == 0 {
             return hole();
         }
         check_pointer(self.geo, self.ino, physical, "data block")?;
-        let mut len = 1;
-        while first + len < entries
-            && get_u32(array, (first + len) * 4) as u64 == physical + len as u64
-        {
-            len += 1;
-        }
         Ok(Lookup::Mapped(Extent {
             logical: lblk,
             physical,

@@ -39,6 +39,15 @@ const BG_INODE_BITMAP_CSUM_HI: usize = 0x3A;
 const BLOCK_BITMAP_CSUM_HI_END: u32 = 0x3A;
 const INODE_BITMAP_CSUM_HI_END: u32 = 0x3C;
 
+/// Where a group's bitmaps and inode table are: fixed while the
+/// filesystem is mounted (jext4 does not resize).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLocations {
+    pub block_bitmap: u64,
+    pub inode_bitmap: u64,
+    pub inode_table: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupDesc {
     pub block_bitmap: u64,
@@ -163,6 +172,27 @@ impl GroupDesc {
             (first, last_block)
         } else {
             (first, first + geo.blocks_per_group as u64 - 1)
+        }
+    }
+
+    pub fn locations(&self) -> GroupLocations {
+        GroupLocations {
+            block_bitmap: self.block_bitmap,
+            inode_bitmap: self.inode_bitmap,
+            inode_table: self.inode_table,
+        }
+    }
+
+    /// Inodes of the group's table that hold something: none while the
+    /// table is INODE_UNINIT, else all but `itable_unused` (with group
+    /// checksums; without them, lazy init does not exist).
+    pub fn initialised_inodes(&self, geo: &Geometry) -> u32 {
+        if !geo.has_group_csum() {
+            geo.inodes_per_group
+        } else if self.flags & BG_INODE_UNINIT != 0 {
+            0
+        } else {
+            geo.inodes_per_group.saturating_sub(self.itable_unused)
         }
     }
 

@@ -260,6 +260,12 @@ impl Inode {
         })
     }
 
+    /// `i_dtime` of the inode encoded in `bytes` (its slot in its table
+    /// block), without decoding the rest.
+    pub fn stored_dtime(bytes: &[u8]) -> u32 {
+        get_u32(bytes, I_DTIME)
+    }
+
     /// Encode into `bytes` (the inode's slot in its table block) and set the
     /// checksum.
     pub fn encode(&self, geo: &Geometry, ino: u32, bytes: &mut [u8]) {

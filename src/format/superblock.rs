@@ -586,6 +586,29 @@ impl Superblock {
     }
 }
 
+/// Read and decode the primary superblock of the filesystem on `dev`: the
+/// one way any layer reads it from a device (a mount, recovery, the
+/// journal commands, fast-commit replay).
+pub fn read_from(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
+    if dev.size_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+        return Err(Error::corrupt(
+            Location::Superblock,
+            "device too small to hold a superblock",
+        ));
+    }
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
+    Superblock::decode(&bytes)
+}
+
+/// Encode `sb` and write it straight to its place on `dev`, then flush:
+/// for the moments no journal carries it (mount, unmount, recovery).
+pub fn write_to(dev: &dyn crate::dev::BlockDevice, sb: &mut Superblock) -> Result<()> {
+    dev.write_at(SUPERBLOCK_OFFSET, sb.encode())?;
+    dev.flush()?;
+    Ok(())
+}
+
 /// The fixed shape of a mounted filesystem, derived once from the
 /// superblock. Nothing here changes while mounted.
 #[derive(Debug, Clone)]

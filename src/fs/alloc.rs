@@ -3,8 +3,8 @@
 //! Blocks: first fit from a goal block, scanning forward group by group and
 //! wrapping, so that a file written sequentially gets contiguous blocks
 //! after its previous ones (the goal comes from `format::mapping`), and a
-//! new file starts near its inode. Free counts in descriptors and the
-//! superblock are kept exact at every operation.
+//! new file starts near its inode. Free counts in descriptors are exact at
+//! every operation; the totals are counters (`SbInfo`).
 //!
 //! Inodes: files go to their directory's group; directories are spread
 //! Orlov-style: top-level directories to the emptiest flex group (round
@@ -14,18 +14,22 @@
 //! Lazy-init groups (`BLOCK_UNINIT`, `INODE_UNINIT`, `bg_itable_unused`) are
 //! initialised on first allocation, the way the kernel does.
 //!
-//! All of this runs under the filesystem write lock (inside a `Tx`).
+//! Locks: one group at a time [Group], taken here and released before
+//! the next group is tried; the bitmaps' buffers inside it. The search
+//! skips groups by their unlocked counts and rechecks under the lock.
 
 use super::Tx;
+use super::group::GroupGuard;
 use crate::cache::Buffer;
 use crate::error::{Error, Location, Result};
 use crate::format::BlockAllocator;
 use crate::format::bitmap;
-use crate::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
+use crate::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, GroupDesc};
 use crate::format::superblock::ROOT_INO;
 use crate::journal::Handle;
 use crate::journal::change::Change;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 impl Tx<'_, '_> {
     /// May this caller use the blocks reserved for root?
@@ -40,7 +44,7 @@ impl Tx<'_, '_> {
     /// operation frees space (ext4_has_free_clusters with and without
     /// EXT4_MB_USE_RESERVED).
     pub fn available_blocks(&self) -> u64 {
-        let free = self.st.sb.free_blocks_count;
+        let free = self.core.sbi.free_blocks();
         let mut withheld = 0;
         if !self.may_use_reserved() {
             withheld += self.core.reserved_blocks;
@@ -51,36 +55,34 @@ impl Tx<'_, '_> {
         free.saturating_sub(withheld)
     }
 
-    /// The block bitmap of `group`, initialised (in the transaction) if the
-    /// group was still BLOCK_UNINIT.
-    pub(crate) fn block_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+    /// The block bitmap of the locked group, initialised (in the
+    /// transaction) if the group was still BLOCK_UNINIT.
+    pub(crate) fn block_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
-        let desc = &self.st.groups[group as usize];
+        let group = desc.group();
         if geo.has_group_csum() && desc.flags & BG_BLOCK_UNINIT != 0 {
-            let buffer = self.core.cache.get_for_overwrite(desc.block_bitmap)?;
+            let buffer = core.cache.get_for_overwrite(desc.block_bitmap)?;
             {
                 let mut bytes = self.handle.get_create_access(&buffer)?;
-                bitmap::uninit_block_bitmap(geo, group, &self.st.groups, &mut bytes);
-                let desc = &mut self.st.groups[group as usize];
+                bitmap::uninit_block_bitmap(geo, group, core.groups.locations(), &mut bytes);
                 desc.flags &= !BG_BLOCK_UNINIT;
                 desc.set_block_bitmap_csum(geo, &bytes);
             }
             buffer.set_verified();
-            self.mark_group_dirty(group);
             return Ok(buffer);
         }
-        let buffer = self.core.cache.read(desc.block_bitmap)?;
-        verify_block_bitmap(self, group, &buffer)?;
+        let buffer = core.cache.read(desc.block_bitmap)?;
+        verify_block_bitmap(self, desc, &buffer)?;
         Ok(buffer)
     }
 
-    pub(crate) fn inode_bitmap(&mut self, group: u32) -> Result<Arc<Buffer>> {
+    pub(crate) fn inode_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
-        let desc = &self.st.groups[group as usize];
+        let group = desc.group();
         if geo.has_group_csum() && desc.flags & BG_INODE_UNINIT != 0 {
-            let buffer = self.core.cache.get_for_overwrite(desc.inode_bitmap)?;
+            let buffer = core.cache.get_for_overwrite(desc.inode_bitmap)?;
             {
                 let mut bytes = self.handle.get_create_access(&buffer)?;
                 bytes.fill(0);
@@ -89,17 +91,15 @@ impl Tx<'_, '_> {
                 for bit in geo.inodes_per_group as usize..bytes.len() * 8 {
                     bitmap::set_bit(&mut bytes, bit);
                 }
-                let desc = &mut self.st.groups[group as usize];
                 desc.flags &= !BG_INODE_UNINIT;
                 // Nothing of the group's inode table was in use.
                 desc.itable_unused = geo.inodes_per_group;
                 desc.set_inode_bitmap_csum(geo, &bytes);
             }
             buffer.set_verified();
-            self.mark_group_dirty(group);
             return Ok(buffer);
         }
-        let buffer = self.core.cache.read(desc.inode_bitmap)?;
+        let buffer = core.cache.read(desc.inode_bitmap)?;
         if !buffer.is_verified() {
             let ok = desc.inode_bitmap_csum_ok(geo, &buffer.read());
             if !ok {
@@ -113,6 +113,12 @@ impl Tx<'_, '_> {
             buffer.set_verified();
         }
         Ok(buffer)
+    }
+
+    /// Lock group `group`'s descriptor in this transaction.
+    pub(crate) fn lock_group(&self, group: u32) -> GroupGuard<'_, '_> {
+        let core = self.core;
+        core.groups.lock(&core.geo, &core.sbi, self.handle, group)
     }
 
     /// Allocate up to `count` contiguous blocks, first fit from `goal`.
@@ -133,13 +139,11 @@ impl Tx<'_, '_> {
         };
         let start_group = geo.group_of_block(goal);
         let groups = geo.group_count;
-        // Before the search, as in `take_run_in_group`.
-        let pending_before = self.core.journal.has_pending_frees();
         // One pass over every group from the goal's, then the goal's group
         // again from its start (the part before the goal).
         for step in 0..=groups {
             let group = (start_group + step) % groups;
-            if self.st.groups[group as usize].free_blocks == 0 {
+            if self.core.groups.free_blocks(group) == 0 {
                 continue;
             }
             let from = if step == 0 {
@@ -151,19 +155,12 @@ impl Tx<'_, '_> {
                 return Ok(found);
             }
         }
-        // The counters said there was space but no bitmap had any: either
-        // the space is freed by transactions not yet durable (ENOSPC now,
-        // retried after a commit by `Fs::transact`), or the counters lie.
-        if pending_before {
-            return Err(Error::NoSpace);
-        }
-        Err(Error::corrupt(
-            Location::Superblock,
-            format!(
-                "{} free blocks counted but none found in the bitmaps",
-                self.st.sb.free_blocks_count
-            ),
-        ))
+        // The total said there was space but no group had any: the space
+        // is freed by transactions not yet durable (ENOSPC now, retried
+        // after a commit by `Fs::transact`), or other threads took it
+        // meanwhile. A group whose count and bitmap disagree was reported
+        // as corrupt by the search itself.
+        Err(Error::NoSpace)
     }
 
     /// Find the first free bit at or after `from` in `group` and take a run
@@ -177,13 +174,17 @@ impl Tx<'_, '_> {
         let core = self.core;
         let geo = &core.geo;
         let in_group = geo.blocks_in_group(group) as usize;
-        let buffer = self.block_bitmap(group)?;
+        let mut desc = self.lock_group(group);
+        if desc.free_blocks == 0 {
+            return Ok(None); // taken meanwhile
+        }
+        let buffer = self.block_bitmap(&mut desc)?;
         let base = geo.group_first_block(group);
         // Sampled before the search: a commit finishing during it empties
         // the pending set, and asking afterwards would call the blocks the
         // search skipped as pending a corruption. Nothing adds pending
-        // frees meanwhile (freeing needs the filesystem state we hold).
-        let pending_before = self.core.journal.has_pending_frees();
+        // frees to this group meanwhile (freeing needs its lock, held).
+        let pending_before = core.journal.has_pending_frees();
         let found = {
             let bytes = buffer.read();
             self.find_allocatable(&bytes, base, from, in_group, count as usize)
@@ -192,11 +193,11 @@ impl Tx<'_, '_> {
             if from == 0 && !pending_before {
                 return Err(Error::corrupt(
                     Location::Block {
-                        block: self.st.groups[group as usize].block_bitmap,
+                        block: desc.block_bitmap,
                     },
                     format!(
                         "group {group} counts {} free blocks but its bitmap has none",
-                        self.st.groups[group as usize].free_blocks
+                        desc.free_blocks
                     ),
                 ));
             }
@@ -205,19 +206,16 @@ impl Tx<'_, '_> {
         let first = geo.group_first_block(group) + start as u64;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            bitmap::set_range(&mut bytes, start, length);
-            let desc = &mut self.st.groups[group as usize];
             if desc.free_blocks < length as u32 {
                 return Err(Error::corrupt(
                     Location::GroupDescriptor { group },
                     "free block count below the bitmap's",
                 ));
             }
+            bitmap::set_range(&mut bytes, start, length);
             desc.free_blocks -= length as u32;
             desc.set_block_bitmap_csum(geo, &bytes);
         }
-        self.st.sb.free_blocks_count -= length as u64;
-        self.mark_group_dirty(group);
         Ok(Some((first, length as u32)))
     }
 
@@ -290,7 +288,8 @@ impl Tx<'_, '_> {
         let core = self.core;
         let geo = &core.geo;
         self.check_not_group_metadata(start, end)?;
-        let buffer = self.block_bitmap(group)?;
+        let mut desc = self.lock_group(group);
+        let buffer = self.block_bitmap(&mut desc)?;
         let base = geo.group_first_block(group);
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
@@ -302,14 +301,13 @@ impl Tx<'_, '_> {
                         "freeing a block that is already free",
                     ));
                 }
-                bitmap::clear_bit(&mut bytes, bit);
             }
-            let desc = &mut self.st.groups[group as usize];
+            for block in start..end {
+                bitmap::clear_bit(&mut bytes, (block - base) as usize);
+            }
             desc.free_blocks += (end - start) as u32;
             desc.set_block_bitmap_csum(geo, &bytes);
         }
-        self.st.sb.free_blocks_count += end - start;
-        self.mark_group_dirty(group);
         self.handle.free_blocks(start, end - start, metadata);
         Ok(())
     }
@@ -324,10 +322,10 @@ impl Tx<'_, '_> {
         let overhead_end = base + geo.group_overhead_blocks(group) as u64;
         let overlaps = |first: u64, count: u64| start < first + count && first < end;
         let bad = overlaps(base, overhead_end - base)
-            || self.st.groups.iter().any(|desc| {
-                overlaps(desc.block_bitmap, 1)
-                    || overlaps(desc.inode_bitmap, 1)
-                    || overlaps(desc.inode_table, geo.inode_table_blocks as u64)
+            || core.groups.locations().any(|at| {
+                overlaps(at.block_bitmap, 1)
+                    || overlaps(at.inode_bitmap, 1)
+                    || overlaps(at.inode_table, geo.inode_table_blocks as u64)
             });
         if bad {
             return Err(Error::corrupt(
@@ -340,13 +338,32 @@ impl Tx<'_, '_> {
 
     /// Allocate an inode for a new object in directory `parent`.
     pub fn alloc_inode(&mut self, parent: u32, is_dir: bool) -> Result<u32> {
-        if self.st.sb.free_inodes_count == 0 {
-            return Err(Error::NoSpace);
+        let core = self.core;
+        let groups = core.groups.count();
+        let first_choice = self.choose_inode_group(parent, is_dir)?;
+        // Other threads may take a group's last inodes between the choice
+        // and its lock: then the next groups, each once.
+        for step in 0..groups {
+            let group = (first_choice + step) % groups;
+            if step > 0 && core.groups.free_inodes(group) == 0 {
+                continue;
+            }
+            if let Some(ino) = self.alloc_inode_in(group, is_dir)? {
+                return Ok(ino);
+            }
         }
-        let group = self.choose_inode_group(parent, is_dir)?;
+        Err(Error::NoSpace)
+    }
+
+    /// Take a free inode of `group`, if it has one.
+    fn alloc_inode_in(&mut self, group: u32, is_dir: bool) -> Result<Option<u32>> {
         let core = self.core;
         let geo = &core.geo;
-        let buffer = self.inode_bitmap(group)?;
+        let mut desc = self.lock_group(group);
+        if desc.free_inodes == 0 {
+            return Ok(None);
+        }
+        let buffer = self.inode_bitmap(&mut desc)?;
         // Reserved inodes (below s_first_ino) live in group 0 and are never
         // handed out even when their bits are clear.
         let first = if group == 0 {
@@ -375,15 +392,18 @@ impl Tx<'_, '_> {
         let Some(index) = found else {
             return Err(Error::corrupt(
                 Location::Block {
-                    block: self.st.groups[group as usize].inode_bitmap,
+                    block: desc.inode_bitmap,
                 },
                 format!("group {group} counts free inodes but its bitmap has none"),
             ));
         };
         let ino = group * geo.inodes_per_group + index as u32 + 1;
-        self.check_inode_unused(group, index, ino)?;
-        self.claim_inode(ino, is_dir)?;
-        Ok(ino)
+        self.check_inode_unused(&desc, index, ino)?;
+        self.claim_inode_locked(&mut desc, &buffer, ino, is_dir)?;
+        // The guard drops here: the group's initialised inodes count the
+        // new one before anyone is told its number.
+        drop(desc);
+        Ok(Some(ino))
     }
 
     /// The bitmap may be damaged: an inode that still has links is in use
@@ -392,13 +412,9 @@ impl Tx<'_, '_> {
     /// or garbage) holds nothing to lose, and neither does the part of the
     /// table that lazy init has not zeroed yet (its bytes may be a previous
     /// filesystem's).
-    fn check_inode_unused(&mut self, group: u32, index: usize, ino: u32) -> Result<()> {
+    fn check_inode_unused(&self, desc: &GroupDesc, index: usize, ino: u32) -> Result<()> {
         let geo = &self.core.geo;
-        let desc = &self.st.groups[group as usize];
-        let uninitialised = geo.has_group_csum()
-            && (desc.flags & BG_INODE_UNINIT != 0
-                || index as u32 >= geo.inodes_per_group - desc.itable_unused);
-        if uninitialised {
+        if index as u32 >= desc.initialised_inodes(geo) {
             return Ok(());
         }
         if let Ok(existing) = self.read_inode(ino)
@@ -415,32 +431,44 @@ impl Tx<'_, '_> {
 
     /// Mark inode `ino` in use (bitmap, free and directory counts, the
     /// initialised part of the inode table). Returns false if it already
-    /// was. Used by allocation and by fast-commit replay, which must claim
-    /// the inodes the log names.
+    /// was. Used by fast-commit replay, which must claim the inodes the log
+    /// names.
     pub(crate) fn claim_inode(&mut self, ino: u32, is_dir: bool) -> Result<bool> {
+        let group = self.core.geo.group_of_inode(ino);
+        let mut desc = self.lock_group(group);
+        let buffer = self.inode_bitmap(&mut desc)?;
+        self.claim_inode_locked(&mut desc, &buffer, ino, is_dir)
+    }
+
+    fn claim_inode_locked(
+        &self,
+        desc: &mut GroupGuard<'_, '_>,
+        buffer: &Arc<Buffer>,
+        ino: u32,
+        is_dir: bool,
+    ) -> Result<bool> {
         let core = self.core;
         let geo = &core.geo;
-        let group = geo.group_of_inode(ino);
+        let group = desc.group();
         let index = geo.inode_index_in_group(ino) as usize;
-        let buffer = self.inode_bitmap(group)?;
-        if self.st.groups[group as usize].flags & BG_BLOCK_UNINIT != 0 && geo.has_group_csum() {
+        if desc.flags & BG_BLOCK_UNINIT != 0 && geo.has_group_csum() {
             // As the kernel does: a group in use gets a real block bitmap.
-            self.block_bitmap(group)?;
+            self.block_bitmap(desc)?;
         }
         {
-            let mut bytes = self.handle.get_write_access(&buffer)?;
+            let mut bytes = self.handle.get_write_access(buffer)?;
             if bitmap::test_bit(&bytes, index) {
                 return Ok(false);
             }
-            bitmap::set_bit(&mut bytes, index);
-            let ipg = geo.inodes_per_group;
-            let desc = &mut self.st.groups[group as usize];
-            desc.free_inodes = desc.free_inodes.checked_sub(1).ok_or_else(|| {
-                Error::corrupt(
+            if desc.free_inodes == 0 {
+                return Err(Error::corrupt(
                     Location::GroupDescriptor { group },
                     "free inode count underflow",
-                )
-            })?;
+                ));
+            }
+            bitmap::set_bit(&mut bytes, index);
+            let ipg = geo.inodes_per_group;
+            desc.free_inodes -= 1;
             if is_dir {
                 desc.used_dirs += 1;
             }
@@ -449,8 +477,6 @@ impl Tx<'_, '_> {
             }
             desc.set_inode_bitmap_csum(geo, &bytes);
         }
-        self.st.sb.free_inodes_count -= 1;
-        self.mark_group_dirty(group);
         self.handle.note(Change::InodeAllocated { ino });
         Ok(true)
     }
@@ -466,7 +492,8 @@ impl Tx<'_, '_> {
         }
         let group = geo.group_of_inode(ino);
         let index = geo.inode_index_in_group(ino) as usize;
-        let buffer = self.inode_bitmap(group)?;
+        let mut desc = self.lock_group(group);
+        let buffer = self.inode_bitmap(&mut desc)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
             if !bitmap::test_bit(&bytes, index) {
@@ -476,20 +503,18 @@ impl Tx<'_, '_> {
                 ));
             }
             bitmap::clear_bit(&mut bytes, index);
-            let desc = &mut self.st.groups[group as usize];
             desc.free_inodes += 1;
             if is_dir {
                 desc.used_dirs = desc.used_dirs.saturating_sub(1);
             }
             desc.set_inode_bitmap_csum(geo, &bytes);
         }
-        self.st.sb.free_inodes_count += 1;
-        self.mark_group_dirty(group);
+        drop(desc);
         self.handle.note(Change::InodeFreed { ino });
         Ok(())
     }
 
-    fn choose_inode_group(&mut self, parent: u32, is_dir: bool) -> Result<u32> {
+    fn choose_inode_group(&self, parent: u32, is_dir: bool) -> Result<u32> {
         let core = self.core;
         let geo = &core.geo;
         let parent_group = geo.group_of_inode(parent.max(1));
@@ -505,53 +530,53 @@ impl Tx<'_, '_> {
         let groups = geo.group_count;
         for step in 0..groups {
             let group = (start + step) % groups;
-            let desc = &self.st.groups[group as usize];
-            if desc.free_inodes > 0 && (desc.free_blocks > 0 || step + 1 >= groups || !is_dir) {
+            if core.groups.free_inodes(group) > 0
+                && (core.groups.free_blocks(group) > 0 || step + 1 >= groups || !is_dir)
+            {
                 return Ok(group);
             }
         }
-        for (group, desc) in self.st.groups.iter().enumerate() {
-            if desc.free_inodes > 0 {
-                return Ok(group as u32);
-            }
-        }
-        Err(Error::NoSpace)
+        (0..groups)
+            .find(|&group| core.groups.free_inodes(group) > 0)
+            .ok_or(Error::NoSpace)
     }
 
     /// A flex group with at least average free inodes and blocks, chosen
     /// round robin, and its first group with a free inode.
-    fn orlov_top_level(&mut self) -> Option<u32> {
+    fn orlov_top_level(&self) -> Option<u32> {
         let core = self.core;
         let geo = &core.geo;
         let per_flex = geo.groups_per_flex;
         let flex_count = geo.group_count.div_ceil(per_flex);
-        let average_inodes = self.st.sb.free_inodes_count as u64 / flex_count as u64;
-        let average_blocks = self.st.sb.free_blocks_count / flex_count as u64;
-        let start = self.st.next_topdir_group % flex_count;
+        let average_inodes = core.sbi.free_inodes() / flex_count as u64;
+        let average_blocks = core.sbi.free_blocks() / flex_count as u64;
+        let start = core.next_topdir_group.load(Ordering::Relaxed) % flex_count;
         for step in 0..flex_count {
             let flex = (start + step) % flex_count;
             let members = flex * per_flex..((flex + 1) * per_flex).min(geo.group_count);
             let (inodes, blocks) = members.clone().fold((0u64, 0u64), |(i, b), g| {
-                let desc = &self.st.groups[g as usize];
-                (i + desc.free_inodes as u64, b + desc.free_blocks as u64)
+                (
+                    i + core.groups.free_inodes(g) as u64,
+                    b + core.groups.free_blocks(g) as u64,
+                )
             });
             if inodes >= average_inodes.max(1) && blocks >= average_blocks {
-                self.st.next_topdir_group = flex + 1;
+                core.next_topdir_group.store(flex + 1, Ordering::Relaxed);
                 return members
                     .into_iter()
-                    .find(|&g| self.st.groups[g as usize].free_inodes > 0);
+                    .find(|&g| core.groups.free_inodes(g) > 0);
             }
         }
         None
     }
 }
 
-fn verify_block_bitmap(tx: &Tx<'_, '_>, group: u32, buffer: &Buffer) -> Result<()> {
+fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buffer) -> Result<()> {
     if buffer.is_verified() {
         return Ok(());
     }
     let geo = &tx.core.geo;
-    let desc = &tx.st.groups[group as usize];
+    let group = desc.group();
     let location = Location::Block {
         block: desc.block_bitmap,
     };

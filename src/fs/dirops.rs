@@ -183,9 +183,9 @@ impl Fs {
         cookie: u64,
         emit: &mut dyn FnMut(Dentry) -> bool,
     ) -> Result<()> {
-        let st = self.state.read();
+        let dir = self.core.inodes.read(ino, crate::lock::Rank::Directory);
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if !inode.is_dir() {
                 return Err(Error::NotDirectory);
@@ -198,7 +198,7 @@ impl Fs {
             dir::read_entries(&mut reader, cookie, &mut |entry: &DirEntry, next: u64| {
                 let kind = match kind_of_file_type(entry.file_type) {
                     Some(kind) => kind,
-                    None => match read_inode(&self.core, &st, entry.ino).and_then(|child| {
+                    None => match read_inode(&self.core, entry.ino).and_then(|child| {
                         FileKind::from_mode(child.mode).ok_or_else(|| {
                             Error::corrupt(
                                 Location::Inode { ino: entry.ino },
@@ -222,7 +222,7 @@ impl Fs {
             })?;
             failure.map_or(Ok(Some(inode)), Err)
         })();
-        drop(st);
+        drop(dir);
         // A listing is an access, as the kernel's iterate_dir counts it
         // (file_accessed), under the same atime policy as a file read.
         if let Some(inode) = self.note_error(result)? {

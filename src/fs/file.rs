@@ -17,6 +17,7 @@ use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::Geometry;
 use crate::format::xattr;
 use crate::journal::change::Change;
+use crate::lock::Rank;
 
 /// What a write did: its length, and whether it took privileges away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,14 +248,13 @@ impl Fs {
     /// number after a lookup that may predate a concurrent unlink; the
     /// kernel then looks the name up again.
     pub fn open_file(&self, ino: u32) -> Result<Attr> {
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             self.check_not_freed(ino, &inode)?;
             let attr = attr_of(&self.core, ino, &inode)?;
             *self.open_files.lock().entry(ino).or_insert(0) += 1;
             Ok(attr)
         });
-        drop(st);
         self.note_error(result)
     }
 
@@ -296,9 +296,9 @@ impl Fs {
 
     /// Read up to `size` bytes at `offset`.
     pub fn read(&self, ino: u32, offset: u64, size: usize) -> Result<Vec<u8>> {
-        let st = self.state.read();
+        let inode_lock = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if inode.is_dir() {
                 return Err(Error::IsDirectory);
@@ -310,7 +310,7 @@ impl Fs {
             let data = self.read_range(ino, &inode, offset, end)?;
             Ok((data, inode))
         })();
-        drop(st);
+        drop(inode_lock);
         let (data, inode) = self.note_error(result)?;
         self.touch_atime(ino, &inode);
         Ok(data)
@@ -363,7 +363,10 @@ impl Fs {
         if !wanted || self.is_read_only() || inode.has_flag(crate::format::inode::flags::NOATIME) {
             return;
         }
+        // Shared: two updates of one inode's atime differ in it alone, and
+        // whatever changes the rest of the inode holds its lock exclusive.
         let _ = self.transact(1, Caller::ROOT, |tx| {
+            let _inode = tx.lock_read(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             inode.atime = now;
             tx.write_inode_timestamps(ino, &inode)
@@ -405,6 +408,7 @@ impl Fs {
             let first = done == 0;
             let credits = CREDITS_WRITE + if first { xattr::SET_CREDITS } else { 0 };
             let chunk_written = self.transact(credits, caller, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
                 tx.with_regular_file(ino, |tx, inode| {
                     if first && (inode.mode & 0o6000 != 0 || has_xattrs(inode)) {
                         let setid = setid_bits_to_drop(inode, &caller, false);
@@ -446,6 +450,7 @@ impl Fs {
         // Growing a file allocates nothing; shrinking frees, and may need
         // the emergency reserve to split an extent on a full volume.
         let chunked = self.transact_releasing(CREDITS_TRUNCATE, caller, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
             tx.with_regular_file(ino, |tx, inode| {
                 if inode.size == size {
@@ -472,6 +477,7 @@ impl Fs {
         if chunked {
             self.punch_in_chunks(ino, keep_blocks)?;
             self.transact_releasing(CREDITS_TRUNCATE, caller, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 tx.orphan_remove(ino, &mut inode)?;
                 tx.write_inode(ino, &inode)
@@ -504,6 +510,7 @@ impl Fs {
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
         let body = |tx: &mut Tx<'_, '_>| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             tx.with_regular_file(ino, |tx, inode| {
                 tx.fallocate_inode(ino, inode, offset, end, mode)
             })
@@ -582,9 +589,9 @@ impl Tx<'_, '_> {
 impl Fs {
     /// SEEK_DATA / SEEK_HOLE from `offset`.
     pub fn seek(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
-        let st = self.state.read();
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if offset >= inode.size {
                 return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO)));
@@ -621,7 +628,6 @@ impl Fs {
                 SeekWhence::Data => Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO))),
             }
         })();
-        drop(st);
         self.note_error(result)
     }
 
@@ -660,10 +666,7 @@ impl Fs {
 
     /// Attributes after a change made through a file handle.
     pub fn attr_after_write(&self, ino: u32) -> Result<Attr> {
-        let st = self.state.read();
-        let result =
-            read_inode(&self.core, &st, ino).and_then(|inode| attr_of(&self.core, ino, &inode));
-        drop(st);
+        let result = read_inode(&self.core, ino).and_then(|inode| attr_of(&self.core, ino, &inode));
         self.note_error(result)
     }
 }

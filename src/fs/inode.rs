@@ -2,15 +2,17 @@
 //! table, their attributes, `setattr`, and freeing them when the last link
 //! and the last open reference are gone.
 
-use super::{Caller, Core, Fs, InodeTids, State, Tx};
+use super::group::Groups;
+use super::{Caller, Core, Fs, InodeTids, Tx};
 use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::{BG_INODE_UNINIT, GroupDesc};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
 use crate::format::superblock::{Geometry, ROOT_INO};
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
+use crate::lock::Rank;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 /// Logical blocks freed per transaction when a large file is truncated or
 /// deleted (see `Fs::punch_in_chunks`).
@@ -178,9 +180,11 @@ pub(crate) fn now_seconds() -> i64 {
 }
 
 /// Read inode `ino` from its table block. An inode in a never-initialised
-/// part of the table reads as all zeros (mode 0: not in use).
-pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
-    read_inode_with(&core.geo, &core.cache, &st.groups, ino)
+/// part of the table reads as all zeros (mode 0: not in use). Takes no
+/// lock but the block's: the inode is decoded from one consistent copy of
+/// its bytes, which writers encode whole under the block's lock.
+pub(crate) fn read_inode(core: &Core, ino: u32) -> Result<Inode> {
+    read_inode_with(&core.geo, &core.cache, &core.groups, ino)
 }
 
 /// `read_inode` from its parts, for callers without a mounted `Fs` (the
@@ -188,7 +192,7 @@ pub(crate) fn read_inode(core: &Core, st: &State, ino: u32) -> Result<Inode> {
 pub(crate) fn read_inode_with(
     geo: &Geometry,
     cache: &BufferCache,
-    groups: &[GroupDesc],
+    groups: &Groups,
     ino: u32,
 ) -> Result<Inode> {
     if !geo.is_valid_ino(ino) {
@@ -199,10 +203,7 @@ pub(crate) fn read_inode_with(
     }
     let group = geo.group_of_inode(ino);
     let index = geo.inode_index_in_group(ino);
-    let desc = &groups[group as usize];
-    if geo.has_group_csum()
-        && (desc.flags & BG_INODE_UNINIT != 0 || index >= geo.inodes_per_group - desc.itable_unused)
-    {
+    if index >= groups.initialised_inodes(group) {
         return Ok(Inode::new(geo));
     }
     let (block, offset) = inode_location(geo, groups, ino);
@@ -211,16 +212,16 @@ pub(crate) fn read_inode_with(
     Inode::decode(geo, ino, &bytes[offset..offset + geo.inode_size as usize])
 }
 
-pub(crate) fn inode_location(geo: &Geometry, groups: &[GroupDesc], ino: u32) -> (u64, usize) {
+pub(crate) fn inode_location(geo: &Geometry, groups: &Groups, ino: u32) -> (u64, usize) {
     let group = geo.group_of_inode(ino);
     let byte = geo.inode_index_in_group(ino) as u64 * geo.inode_size as u64;
-    let block = groups[group as usize].inode_table + byte / geo.block_size as u64;
+    let block = groups.at(group).inode_table + byte / geo.block_size as u64;
     (block, (byte % geo.block_size as u64) as usize)
 }
 
 impl Tx<'_, '_> {
     pub fn read_inode(&self, ino: u32) -> Result<Inode> {
-        read_inode(self.core, self.st, ino)
+        read_inode(self.core, ino)
     }
 
     /// Read an inode that a directory entry or the caller says is in use.
@@ -244,15 +245,19 @@ impl Tx<'_, '_> {
 
     fn store_inode(&mut self, ino: u32, inode: &Inode, timestamps_only: bool) -> Result<()> {
         let geo = &self.core.geo;
-        let (block, offset) = inode_location(geo, &self.st.groups, ino);
+        let (block, offset) = inode_location(geo, &self.core.groups, ino);
         let buffer = self.core.cache.read(block)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            inode.encode(
-                geo,
-                ino,
-                &mut bytes[offset..offset + geo.inode_size as usize],
-            );
+            let slot = &mut bytes[offset..offset + geo.inode_size as usize];
+            if self.core.orphans.on_list(ino) {
+                // The orphan list's link is the orphan code's (orphan.rs).
+                let mut kept = inode.clone();
+                kept.dtime = Inode::stored_dtime(slot);
+                kept.encode(geo, ino, slot);
+            } else {
+                inode.encode(geo, ino, slot);
+            }
         }
         self.note_tid(ino, timestamps_only);
         self.handle.note(Change::Inode { ino });
@@ -271,13 +276,14 @@ impl Tx<'_, '_> {
         self.core.inode_tids.lock().note(ino, tid, timestamps_only);
     }
 
-    pub fn next_generation(&mut self) -> u32 {
-        self.st.next_generation = self
-            .st
+    pub fn next_generation(&self) -> u32 {
+        let step = |generation: u32| generation.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let previous = self
+            .core
             .next_generation
-            .wrapping_mul(1_103_515_245)
-            .wrapping_add(12_345);
-        self.st.next_generation
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| Some(step(g)))
+            .unwrap_or_else(|g| g);
+        step(previous)
     }
 
     /// Free everything an unlinked, unopened inode holds, then the inode.
@@ -293,7 +299,7 @@ impl Tx<'_, '_> {
         {
             self.orphan_add(ino, &mut inode)?;
             self.write_inode(ino, &inode)?;
-            self.st.deferred_evictions.push(ino);
+            self.deferred_evictions.push(ino);
             return Ok(());
         }
         self.evict_inode_now(ino, inode)
@@ -446,15 +452,14 @@ pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
 
 impl Fs {
     /// Attributes of inode `ino` (getattr).
+    /// Takes no lock: the inode is decoded from one consistent copy.
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             if inode.mode == 0 {
                 return Err(Error::Stale);
             }
             attr_of(&self.core, ino, &inode)
         });
-        drop(st);
         self.note_error(result)
     }
 
@@ -466,12 +471,10 @@ impl Fs {
         if !self.core.geo.is_valid_ino(ino) || ino < self.core.geo.first_ino && ino != ROOT_INO {
             return Err(Error::Stale);
         }
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             self.check_not_freed(ino, &inode)?;
             attr_of(&self.core, ino, &inode)
         });
-        drop(st);
         self.note_error(result)
     }
 
@@ -481,6 +484,7 @@ impl Fs {
             self.truncate(ino, size, caller)?;
         }
         self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
             if inode.is_dir() {

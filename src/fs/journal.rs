@@ -3,16 +3,15 @@
 //! before anything else reads the filesystem, and the needs_recovery flag
 //! that tells the kernel and e2fsck to replay after a crash.
 
+use super::group::Groups;
 use super::inode::read_inode_with;
-use super::read_group_descs;
 use crate::cache::BufferCache;
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
 use crate::format::mapping::{self, Lookup};
-use crate::format::superblock::{
-    Geometry, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock, incompat,
-};
-use crate::journal::recovery::{self, JournalArea, RecoveryReport};
+use crate::format::superblock::{self, Geometry, Superblock, incompat};
+pub(crate) use crate::journal::recovery::JournalArea;
+use crate::journal::recovery::{self, RecoveryReport};
 use std::sync::Arc;
 
 /// Journal inodes larger than this are refused (the kernel's limit is
@@ -23,7 +22,7 @@ const MAX_JOURNAL_BLOCKS: u64 = 10_000_000;
 pub(crate) fn journal_blocks(geo: &Geometry, cache: &BufferCache) -> Result<Vec<u64>> {
     let ino = geo.journal_inum;
     let location = Location::Inode { ino };
-    let groups = read_group_descs(geo, cache)?;
+    let groups = Groups::load(geo, cache)?;
     let inode = read_inode_with(geo, cache, &groups, ino)?;
     if inode.mode == 0 {
         return Err(Error::corrupt(location, "the journal inode is not in use"));
@@ -91,15 +90,6 @@ pub(crate) fn recover_if_needed(
     Ok(Some(report))
 }
 
-/// Write the superblock's first 1024 bytes straight to the device and
-/// flush (at mount and unmount, when the journal is empty).
-pub(crate) fn write_superblock_direct(dev: &dyn BlockDevice, sb: &mut Superblock) -> Result<()> {
-    let bytes: &[u8; SUPERBLOCK_SIZE] = sb.encode();
-    dev.write_at(SUPERBLOCK_OFFSET, bytes)?;
-    dev.flush()?;
-    Ok(())
-}
-
 /// Open `path` and read what the journal commands need: the device, the
 /// superblock and the geometry. Refuses images without an internal journal.
 fn open_journaled(
@@ -117,11 +107,9 @@ fn open_journaled(
 /// The superblock of the filesystem on `dev` and its geometry, refusing
 /// features jext4 does not know and filesystems without a journal.
 fn journaled_superblock(dev: &Arc<dyn BlockDevice>) -> Result<(Superblock, Geometry)> {
-    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
-    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    let sb = Superblock::decode(&bytes)?;
+    let sb = superblock::read_from(&**dev)?;
     sb.check_features()?;
-    if !sb.has_compat(crate::format::superblock::compat::HAS_JOURNAL) {
+    if !sb.has_compat(superblock::compat::HAS_JOURNAL) {
         return Err(Error::Invalid("the filesystem has no journal".into()));
     }
     let geo = Geometry::from_superblock(&sb);
@@ -193,11 +181,8 @@ pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
 
 /// The superblock names orphans: the classic list or the orphan file.
 fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
-    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
-    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    let sb = Superblock::decode(&bytes)?;
-    Ok(sb.last_orphan != 0
-        || sb.has_ro_compat(crate::format::superblock::ro_compat::ORPHAN_PRESENT))
+    let sb = superblock::read_from(dev)?;
+    Ok(sb.last_orphan != 0 || sb.has_ro_compat(superblock::ro_compat::ORPHAN_PRESENT))
 }
 
 /// `jext4 stats IMAGE` of an image that is not mounted (a file, a block
@@ -207,9 +192,7 @@ fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
 /// mount, which is when one wants to know.
 pub fn image_stats(path: &std::path::Path) -> Result<String> {
     let dev = crate::dev::open_image(path, true)?;
-    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
-    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    let sb = Superblock::decode(&bytes)
+    let sb = crate::format::superblock::read_from(&*dev)
         .map_err(|error| Error::Invalid(format!("{}: {error}", path.display())))?;
     let geo = Geometry::from_superblock(&sb);
     use crate::format::superblock::{STATE_ERROR, STATE_VALID, compat, incompat};

@@ -2,21 +2,24 @@
 //!
 //! `Fs` is `Send + Sync`; every public operation is a method taking `&self`.
 //!
-//! Locking (outermost first, DESIGN.md §4): a journal handle is started
-//! before the filesystem lock is taken; `Fs::state` (the filesystem lock)
-//! guards the superblock, the group descriptors and the allocator state, and
-//! serialises changes to inodes and directories; buffer byte locks are taken
-//! inside it; the journal's own state innermost. Read-only operations take
-//! the lock shared. `open_files` is a leaf lock, never held while taking
-//! `state`. The fast-commit tracker's lock (`fast_commit::track`) is a leaf
-//! too: handles report changes to it under `state`, and an fsync takes what
-//! it queued under `state` shared — so a fast commit records a cut no
-//! operation is half-way through.
+//! Locks: the ranking in `crate::lock` (written once, checked in debug
+//! builds), and no lock over the whole filesystem. A journal handle is
+//! started before any filesystem lock is taken. An operation takes the
+//! inode locks of what it reads or changes (`inode_lock.rs`): a namespace
+//! change its directory's exclusive, then the inodes named; a lookup or
+//! readdir the directory's shared; file data, truncate, setattr and
+//! xattrs the inode's; a cross-directory rename the rename lock first.
+//! getattr takes none. Each block group's descriptor has its own lock
+//! (`group.rs`), the orphan records theirs (`orphan.rs`), the
+//! superblock's fields theirs (`sb_info.rs`), and the free totals are
+//! counters written into the superblock at each commit. `open_files` and
+//! the fast-commit tracker's lock are leaves. File data is read and
+//! written on the device under the file's own inode lock and no other.
 //!
 //! A mutating operation runs inside [`Fs::transact`], which gives it a
-//! [`Tx`]: the shared core, the state under the write lock, and the handle.
-//! Superblock and descriptor changes are collected in the state and written
-//! to their buffers once, when the operation ends.
+//! [`Tx`]: the shared core and the handle. A descriptor is written back
+//! when its group's lock is released; the superblock when an operation
+//! changes one of its fields, and at every commit for the counts.
 
 mod acl;
 mod alloc;
@@ -24,11 +27,14 @@ mod caller;
 mod dirops;
 mod fast_commit;
 mod file;
+mod group;
 mod inode;
+mod inode_lock;
 mod journal;
 mod mmp;
 mod namei;
 mod orphan;
+mod sb_info;
 pub mod walk;
 mod xattr;
 
@@ -49,18 +55,20 @@ use crate::dev::BlockDevice;
 use crate::dev::Claim;
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::GroupDesc;
-use crate::format::superblock::{
-    self, Geometry, STATE_ERROR, STATE_VALID, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock,
-};
+use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superblock};
 use crate::journal::change::Ineligible;
-use crate::journal::{Handle, Jbd2Options, Journal, JournalConfig};
+use crate::journal::{CommitHook, Handle, Jbd2Options, Journal, JournalConfig};
+use crate::lock::Rank;
 pub use fast_commit::FastCommitStats;
-use parking_lot::{Mutex, RwLock};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use group::Groups;
+use inode_lock::{InodeGuard, InodeLocks};
+use orphan::Orphans;
+use parking_lot::Mutex;
+use sb_info::SbInfo;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 /// Mount options understood by the engine (the CLI parses `-o` into this).
@@ -146,7 +154,8 @@ impl Default for MountOptions {
     }
 }
 
-/// What never changes while mounted, shared by every operation.
+/// What every operation shares: the fixed shape of the filesystem, the
+/// cache and journal, and the state that has locks of its own.
 pub(crate) struct Core {
     pub geo: Geometry,
     pub cache: Arc<BufferCache>,
@@ -165,6 +174,14 @@ pub(crate) struct Core {
     /// Blocks that never hold file data (group metadata, the journal):
     /// what statfs leaves out of the total, as the kernel does.
     pub overhead_blocks: u64,
+    /// The superblock [Superblock] and the free totals (counters).
+    pub sbi: Arc<SbInfo>,
+    /// The block groups, each under its own lock [Group].
+    pub groups: Groups,
+    /// Round-robin start for spreading top-level directories (Orlov).
+    pub next_topdir_group: AtomicU32,
+    /// Rotates inode generations.
+    pub next_generation: AtomicU32,
     /// The transactions holding each inode's latest changes (fsync).
     pub inode_tids: Mutex<inode::InodeTidMap>,
     /// Inodes whose last link is gone while a file handle keeps them:
@@ -172,10 +189,13 @@ pub(crate) struct Core {
     /// with no links that is not here is gone, whatever a stale handle
     /// says (a leaf lock).
     pub open_orphans: Mutex<HashSet<u32>>,
-    /// Inodes currently on the on-disk orphan records (list or orphan
-    /// file), so that recording and unrecording are idempotent when
-    /// operations on one inode overlap (a leaf lock).
-    pub orphans: Mutex<HashSet<u32>>,
+    /// The inodes on the on-disk orphan records [Orphan].
+    pub orphans: Orphans,
+    /// One lock per inode in use [Directory, Inode].
+    pub inodes: InodeLocks,
+    /// [Rename] Held by cross-directory renames: no directory changes
+    /// parent meanwhile (the kernel's `s_vfs_rename_mutex`).
+    pub rename_lock: crate::lock::Mutex<()>,
     /// What the next fast commit records, when this mount writes them.
     pub fast_commit: Option<Arc<fast_commit::Tracker>>,
     /// Inode numbers a front end still names (the FUSE kernel's lookup
@@ -194,29 +214,53 @@ pub(crate) struct InodeTids {
 }
 
 impl Core {
-    fn new(
-        geo: Geometry,
-        sb: &Superblock,
+    /// The engine's shared state for the filesystem whose superblock is
+    /// `sb` and whose descriptors are `groups`, over `cache` and
+    /// `journal` — the one place a mount and the unmounted engine of
+    /// fast-commit replay are put together. The free totals start as the
+    /// descriptors' sums, as the kernel's (ext4_percpu_param_init): the
+    /// superblock's are only a summary, and a damaged one would otherwise
+    /// overflow when blocks or inodes are freed.
+    fn assemble(
+        mut sb: Superblock,
+        groups: Groups,
         cache: Arc<BufferCache>,
         journal: Arc<Journal>,
         options: MountOptions,
-    ) -> Core {
-        Core {
-            overhead_blocks: overhead_blocks(&geo, sb),
-            inode_tids: Mutex::new(inode::InodeTidMap::default()),
-            open_orphans: Mutex::new(HashSet::new()),
-            remembered: Mutex::new(HashMap::new()),
-            orphans: Mutex::new(HashSet::new()),
-            fast_commit: None,
+    ) -> Result<Core> {
+        let geo = Geometry::from_superblock(&sb);
+        let (free_blocks, free_inodes) = groups.free_totals();
+        sb.free_blocks_count = free_blocks;
+        sb.free_inodes_count = free_inodes as u32;
+        let generation_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let core = Core {
+            overhead_blocks: overhead_blocks(&geo, &sb),
             reserved_blocks: sb.reserved_blocks_count,
             emergency_reserve: emergency_reserve_blocks(geo.blocks_count),
             resuid: sb.def_resuid as u32,
             resgid: sb.def_resgid as u32,
+            sbi: SbInfo::new(&geo, sb, &cache)?,
+            groups,
+            next_topdir_group: AtomicU32::new(generation_seed % geo.group_count.max(1)),
+            next_generation: AtomicU32::new(generation_seed),
+            inode_tids: Mutex::new(inode::InodeTidMap::default()),
+            open_orphans: Mutex::new(HashSet::new()),
+            remembered: Mutex::new(HashMap::new()),
+            orphans: Orphans::new(),
+            inodes: InodeLocks::new(),
+            rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
+            fast_commit: fast_commit::Tracker::attach(&geo, &journal),
             geo,
             cache,
             journal,
             options,
-        }
+        };
+        core.journal
+            .set_commit_hook(Arc::clone(&core.sbi) as Arc<dyn CommitHook>);
+        Ok(core)
     }
 
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
@@ -231,25 +275,8 @@ fn emergency_reserve_blocks(blocks_count: u64) -> u64 {
     (blocks_count / 50).min(RESERVE_BLOCKS_MAX)
 }
 
-/// Mutable filesystem state, under `Fs::state`.
-pub(crate) struct State {
-    pub sb: Superblock,
-    pub groups: Vec<GroupDesc>,
-    /// Descriptors changed by the running operation, written at its end.
-    pub dirty_groups: BTreeSet<u32>,
-    pub sb_dirty: bool,
-    /// Round-robin start for spreading top-level directories (Orlov).
-    pub next_topdir_group: u32,
-    /// Rotates inode generations.
-    pub next_generation: u32,
-    /// Large inodes to free in chunks once the current operation's
-    /// transaction handle is stopped (they are on the orphan records).
-    pub deferred_evictions: Vec<u32>,
-}
-
 pub struct Fs {
     pub(crate) core: Core,
-    pub(crate) state: RwLock<State>,
     /// Open counts per inode, so that an unlinked file stays until released.
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// Set after a corruption was found at run time (errors=remount-ro).
@@ -265,7 +292,6 @@ pub struct Fs {
 /// One operation's view of the filesystem while it changes it.
 pub(crate) struct Tx<'a, 'j> {
     pub core: &'a Core,
-    pub st: &'a mut State,
     pub handle: &'a Handle<'j>,
     pub caller: Caller,
     /// A block mapping changed in ways the inode's size and root do not
@@ -276,6 +302,32 @@ pub(crate) struct Tx<'a, 'j> {
     /// the blocks it needs to do so — an extent split, a deeper tree — so
     /// that deleting works on a full volume.
     pub draws_on_emergency_reserve: bool,
+    /// Large inodes to free in chunks once this operation's handle is
+    /// stopped (they are on the orphan records).
+    pub deferred_evictions: Vec<u32>,
+}
+
+impl<'a, 'j> Tx<'a, 'j> {
+    fn new(core: &'a Core, handle: &'a Handle<'j>, caller: Caller) -> Self {
+        Tx {
+            core,
+            handle,
+            caller,
+            mapping_changed: false,
+            draws_on_emergency_reserve: false,
+            deferred_evictions: Vec::new(),
+        }
+    }
+
+    /// Take `ino`'s lock exclusive, as `rank` (`inode_lock.rs`).
+    pub fn lock_write(&self, ino: u32, rank: Rank) -> InodeGuard<'a> {
+        self.core.inodes.write(ino, rank)
+    }
+
+    /// Take `ino`'s lock shared, as `rank`.
+    pub fn lock_read(&self, ino: u32, rank: Rank) -> InodeGuard<'a> {
+        self.core.inodes.read(ino, rank)
+    }
 }
 
 impl Fs {
@@ -306,15 +358,7 @@ impl Fs {
         device_name: &str,
     ) -> Result<Arc<Fs>> {
         options.validate()?;
-        if dev.size_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
-            return Err(Error::corrupt(
-                Location::Superblock,
-                "device too small to hold a superblock",
-            ));
-        }
-        let mut sb_bytes = vec![0u8; SUPERBLOCK_SIZE];
-        dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
-        let mut sb = Superblock::decode(&sb_bytes)?;
+        let mut sb = superblock::read_from(&*dev)?;
         let read_write_allowed = sb.check_features()?;
         if !options.read_only && !read_write_allowed {
             return Err(Error::Unsupported(format!(
@@ -331,47 +375,24 @@ impl Fs {
         }
         let fast_commit = fast_commit_wanted(&sb, &options)?;
         let geo = Geometry::from_superblock(&sb);
-        let blocks_on_device = dev.size_bytes() / geo.block_size as u64;
-        if blocks_on_device < geo.blocks_count {
-            return Err(Error::corrupt(
-                Location::Superblock,
-                format!(
-                    "filesystem has {} blocks but the device only {blocks_on_device} (truncated image?)",
-                    geo.blocks_count
-                ),
-            ));
-        }
+        check_device_size(&geo, &*dev)?;
         // Before anything is written, journal replay included.
         let protection = match !options.read_only && sb.has_incompat(superblock::incompat::MMP) {
             true => Some(mmp::claim(&dev, &sb, &geo, device_name)?),
             false => None,
         };
-        let mut journal_parts = None;
+        let mut journal_area = None;
         if journaled && !options.noload {
-            let needs = sb.has_incompat(superblock::incompat::RECOVER);
-            if options.read_only {
-                if needs {
-                    return Err(Error::Unsupported(
-                        "the journal needs recovery, which a read-only mount cannot write: mount \
-                         read-write (which replays it), run `jext4 recover IMAGE`, or use -o ro,noload"
-                            .into(),
-                    ));
-                }
-            } else {
-                if journal::recover_if_needed(&geo, &sb, &dev)?.is_some() {
-                    dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
-                    sb = Superblock::decode(&sb_bytes)?;
-                }
-                let area = journal::journal_area(&geo, &dev)?;
-                let guard = Arc::new(GuardedDevice::new(Arc::clone(&dev), geo.block_size));
-                journal_parts = Some((area, guard));
-            }
+            journal_area = recover_for_mount(&mut sb, &dev, &options)?;
         } else if sb.has_incompat(superblock::incompat::RECOVER) {
             tracing::warn!("journal recovery skipped (noload): the filesystem may be inconsistent");
         }
         let geo = Geometry::from_superblock(&sb);
-        let cache_device: Arc<dyn BlockDevice> = match &journal_parts {
-            Some((_, guard)) => Arc::clone(guard) as Arc<dyn BlockDevice>,
+        let guard = journal_area
+            .as_ref()
+            .map(|_| Arc::new(GuardedDevice::new(Arc::clone(&dev), geo.block_size)));
+        let cache_device: Arc<dyn BlockDevice> = match &guard {
+            Some(guard) => Arc::clone(guard) as Arc<dyn BlockDevice>,
             None => Arc::clone(&dev),
         };
         let cache = Arc::new(BufferCache::new(
@@ -379,23 +400,20 @@ impl Fs {
             geo.block_size as usize,
             options.cache_size,
         ));
-        let groups = read_group_descs(&geo, &cache)?;
-        // The superblock's free counts are only a summary; like the kernel
-        // (ext4_percpu_param_init) take them from the descriptors, whose
-        // counts are checked against the group size. A damaged summary
-        // would otherwise overflow when blocks or inodes are freed.
-        sb.free_blocks_count = groups.iter().map(|desc| desc.free_blocks as u64).sum();
-        sb.free_inodes_count = groups.iter().map(|desc| desc.free_inodes).sum();
+        let groups = Groups::load(&geo, &cache)?;
         let config = JournalConfig {
             commit_interval: options.commit_interval,
             sync_all: options.sync,
         };
-        let journal = match journal_parts {
-            Some((area, guard)) => {
+        let journal = match (journal_area, guard) {
+            (Some(area), Some(guard)) => {
                 // needs_recovery must be durable before any commit is: with
                 // it clear, the kernel wipes the log instead of replaying.
                 sb.feature_incompat |= superblock::incompat::RECOVER;
-                journal::write_superblock_direct(&*dev, &mut sb)?;
+                let (free_blocks, free_inodes) = groups.free_totals();
+                sb.free_blocks_count = free_blocks;
+                sb.free_inodes_count = free_inodes as u32;
+                superblock::write_to(&*dev, &mut sb)?;
                 let jbd2_options = Jbd2Options {
                     commit_interval: options.commit_interval,
                     async_commit: options.journal_async_commit,
@@ -405,24 +423,10 @@ impl Fs {
                 };
                 Journal::jbd2(Arc::clone(&cache), area, guard, config, &jbd2_options)?
             }
-            None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
+            _ => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
-        let mut core = Core::new(geo, &sb, cache, journal, options);
-        core.fast_commit = fast_commit::Tracker::attach(&core.geo, &core.journal);
-        let generation_seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .subsec_nanos();
+        let core = Core::assemble(sb, groups, cache, journal, options)?;
         let fs = Arc::new(Fs {
-            state: RwLock::new(State {
-                sb,
-                groups,
-                dirty_groups: BTreeSet::new(),
-                sb_dirty: false,
-                next_topdir_group: generation_seed % core.geo.group_count.max(1),
-                next_generation: generation_seed,
-                deferred_evictions: Vec::new(),
-            }),
             core,
             open_files: Mutex::new(HashMap::new()),
             errored: AtomicBool::new(false),
@@ -449,8 +453,7 @@ impl Fs {
     }
 
     fn check_root(&self) -> Result<()> {
-        let st = self.state.read();
-        let root = inode::read_inode(&self.core, &st, superblock::ROOT_INO)?;
+        let root = inode::read_inode(&self.core, superblock::ROOT_INO)?;
         if !root.is_dir() || root.links_count < 2 {
             return Err(Error::corrupt(
                 Location::Inode {
@@ -469,7 +472,7 @@ impl Fs {
     fn mark_mounted(&self) -> Result<()> {
         let journaled = self.core.journal.is_journaled();
         self.transact(1, Caller::ROOT, |tx| {
-            let sb = &mut tx.st.sb;
+            let mut sb = tx.core.sbi.lock();
             if sb.state & STATE_VALID == 0 {
                 tracing::warn!(
                     "filesystem was not cleanly unmounted; running e2fsck is recommended"
@@ -484,8 +487,7 @@ impl Fs {
             sb.mount_count = sb.mount_count.wrapping_add(1);
             sb.mount_time = inode::now_seconds();
             sb.write_time = sb.mount_time;
-            tx.st.sb_dirty = true;
-            Ok(())
+            tx.core.sbi.write(&sb, tx.handle)
         })?;
         self.core.journal.sync()
     }
@@ -498,9 +500,11 @@ impl Fs {
         self.core.options.read_only || self.core.journal.is_read_only()
     }
 
-    /// Run a mutating operation: start a handle for `credits` blocks, take
-    /// the filesystem lock, run `body`, write back the superblock and
-    /// descriptors it changed, release the lock, stop the handle.
+    /// Run a mutating operation: start a handle for `credits` blocks, run
+    /// `body` — which takes the locks it needs and releases them when it
+    /// returns — then stop the handle (which commits and waits when the
+    /// operation asked for sync): a thread holding a filesystem lock never
+    /// waits for a commit.
     ///
     /// When the operation runs out of space while blocks freed by
     /// uncommitted transactions are waiting to become allocatable, it is
@@ -541,24 +545,20 @@ impl Fs {
         loop {
             let handle = self.core.journal.start(credits)?;
             let tid = handle.tid();
+            let mut deferred = Vec::new();
             let result = {
-                let mut state = self.state.write();
-                let mut tx = Tx {
-                    core: &self.core,
-                    st: &mut state,
-                    handle: &handle,
-                    caller,
-                    mapping_changed: false,
-                    draws_on_emergency_reserve: releases_space,
-                };
-                let result = body(&mut tx);
+                let mut tx = Tx::new(&self.core, &handle, caller);
+                tx.draws_on_emergency_reserve = releases_space;
                 // Whatever the body managed before an error is consistent on
-                // its own (operations order their steps so), and must be
-                // recorded.
-                let finished = tx.finish();
-                result.and_then(|value| finished.map(|()| value))
+                // its own (operations order their steps so).
+                let result = body(&mut tx);
+                deferred.append(&mut tx.deferred_evictions);
+                result
             };
             let stopped = handle.stop();
+            // Deferred evictions are on the orphan records whatever the
+            // outcome: finish them.
+            let evicted = self.finish_deferred_evictions(deferred);
             // Up to three retries, as the kernel's ext4_should_retry_alloc:
             // other threads keep freeing into the running transaction, so
             // one commit may not release enough.
@@ -568,11 +568,12 @@ impl Fs {
             {
                 attempt += 1;
                 stopped?;
+                evicted?;
                 self.core.journal.commit_and_wait(tid)?;
                 continue;
             }
             let result = result.and_then(|value| stopped.map(|()| value));
-            let result = result.and_then(|value| self.finish_deferred_evictions().map(|()| value));
+            let result = result.and_then(|value| evicted.map(|()| value));
             return self.note_error(result);
         }
     }
@@ -665,30 +666,30 @@ impl Fs {
                 self.note_error(self.evict_if_unlinked(ino))?;
             }
             self.transact(1, Caller::ROOT, |tx| {
-                let sb = &mut tx.st.sb;
+                let mut sb = tx.core.sbi.lock();
                 sb.state |= STATE_VALID;
                 // Every orphan was just released.
                 sb.feature_ro_compat &= !superblock::ro_compat::ORPHAN_PRESENT;
                 sb.write_time = inode::now_seconds();
-                tx.st.sb_dirty = true;
-                Ok(())
+                tx.core.sbi.write(&sb, tx.handle)
             })?;
         }
         self.core.journal.shutdown()?;
-        let mut st = self.state.write();
+        let sbi = &self.core.sbi;
+        let mut sb = sbi.lock();
         let errored = self.errored.load(Ordering::Acquire);
         if self.core.journal.is_journaled() && !self.core.options.read_only {
             // The log is empty now: the filesystem needs no recovery. After
             // an error, e2fsck must still look: keep needs_recovery off but
             // record the error state.
-            st.sb.feature_incompat &= !superblock::incompat::RECOVER;
+            sb.feature_incompat &= !superblock::incompat::RECOVER;
             if errored {
-                st.sb.state |= STATE_ERROR;
+                sb.state |= STATE_ERROR;
             }
-            journal::write_superblock_direct(&**self.core.dev(), &mut st.sb)?;
+            superblock::write_to(&**self.core.dev(), &mut sbi.with_counts(&sb))?;
         } else if errored && writable {
-            st.sb.state |= STATE_ERROR;
-            journal::write_superblock_direct(&**self.core.dev(), &mut st.sb)?;
+            sb.state |= STATE_ERROR;
+            superblock::write_to(&**self.core.dev(), &mut sbi.with_counts(&sb))?;
         }
         Ok(())
     }
@@ -791,20 +792,18 @@ pub struct StatFs {
 
 impl Fs {
     pub fn statfs(&self) -> StatFs {
-        let st = self.state.read();
         let core = &self.core;
+        let free_blocks = core.sbi.free_blocks();
         StatFs {
             block_size: core.geo.block_size,
             blocks: core.geo.blocks_count.saturating_sub(core.overhead_blocks),
-            free_blocks: st.sb.free_blocks_count,
+            free_blocks,
             // As ext4_statfs: f_bavail leaves out root's blocks and the
             // emergency reserve (the kernel's s_resv_clusters).
-            available_blocks: st
-                .sb
-                .free_blocks_count
+            available_blocks: free_blocks
                 .saturating_sub(core.reserved_blocks + core.emergency_reserve),
             files: core.geo.inodes_count as u64,
-            free_files: st.sb.free_inodes_count as u64,
+            free_files: core.sbi.free_inodes(),
             name_max: 255,
         }
     }
@@ -882,18 +881,6 @@ fn overhead_blocks(geo: &Geometry, sb: &Superblock) -> u64 {
     overhead
 }
 
-fn read_group_descs(geo: &Geometry, cache: &BufferCache) -> Result<Vec<GroupDesc>> {
-    let mut groups = Vec::with_capacity(geo.group_count as usize);
-    for group in 0..geo.group_count {
-        let (block, offset) = geo.group_desc_location(group);
-        let buffer = cache.read(block)?;
-        let bytes = buffer.read();
-        let desc = GroupDesc::decode(geo, group, &bytes[offset..offset + geo.desc_size as usize])?;
-        groups.push(desc);
-    }
-    Ok(groups)
-}
-
 impl Fs {
     /// Run `body` in one `Tx` over an engine on `dev` that is not mounted:
     /// for work inside journal recovery, before `Fs::mount` may read the
@@ -906,9 +893,7 @@ impl Fs {
         dev: Arc<dyn BlockDevice>,
         body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
-        let mut sb_bytes = vec![0u8; SUPERBLOCK_SIZE];
-        dev.read_at(SUPERBLOCK_OFFSET, &mut sb_bytes)?;
-        let sb = Superblock::decode(&sb_bytes)?;
+        let sb = superblock::read_from(&*dev)?;
         let geo = Geometry::from_superblock(&sb);
         let options = MountOptions::default();
         let cache = Arc::new(BufferCache::new(
@@ -916,70 +901,64 @@ impl Fs {
             geo.block_size as usize,
             options.cache_size,
         ));
-        let groups = read_group_descs(&geo, &cache)?;
+        let groups = Groups::load(&geo, &cache)?;
         let journal = Journal::write_back(Arc::clone(&cache), JournalConfig::default(), false);
-        let core = Core::new(geo, &sb, cache, journal, options);
-        let mut state = State {
-            sb,
-            groups,
-            dirty_groups: BTreeSet::new(),
-            sb_dirty: false,
-            next_topdir_group: 0,
-            next_generation: 0,
-            deferred_evictions: Vec::new(),
-        };
+        let core = Core::assemble(sb, groups, cache, journal, options)?;
         let result = (|| {
             // Write-back handles reserve nothing; the bound only tunes the
             // overrun warning.
             let handle = core.journal.start(1 << 20)?;
-            let mut tx = Tx {
-                core: &core,
-                st: &mut state,
-                handle: &handle,
-                caller: Caller::ROOT,
-                mapping_changed: false,
-                // Mount-time work (recovery, orphan cleanup) frees space.
-                draws_on_emergency_reserve: true,
-            };
+            let mut tx = Tx::new(&core, &handle, Caller::ROOT);
+            // Mount-time work (recovery, orphan cleanup) frees space.
+            tx.draws_on_emergency_reserve = true;
             let value = body(&mut tx)?;
-            tx.finish()?;
+            debug_assert!(tx.deferred_evictions.is_empty());
             handle.stop()?;
             Ok(value)
         })();
-        debug_assert!(state.deferred_evictions.is_empty());
         let shut = core.journal.shutdown();
         result.and_then(|value| shut.map(|()| value))
     }
 }
 
-impl Tx<'_, '_> {
-    /// Write the superblock and the descriptors the operation changed.
-    fn finish(&mut self) -> Result<()> {
-        let dirty: Vec<u32> = std::mem::take(&mut self.st.dirty_groups)
-            .into_iter()
-            .collect();
-        for group in dirty {
-            let (block, offset) = self.core.geo.group_desc_location(group);
-            let buffer = self.core.cache.read(block)?;
-            let mut bytes = self.handle.get_write_access(&buffer)?;
-            let size = self.core.geo.desc_size as usize;
-            self.st.groups[group as usize].encode(
-                &self.core.geo,
-                group,
-                &mut bytes[offset..offset + size],
-            );
-        }
-        if std::mem::take(&mut self.st.sb_dirty) {
-            let (block, offset) = self.core.geo.superblock_location();
-            let buffer = self.core.cache.read(block)?;
-            let mut bytes = self.handle.get_write_access(&buffer)?;
-            bytes[offset..offset + SUPERBLOCK_SIZE].copy_from_slice(self.st.sb.encode());
-        }
-        Ok(())
+/// A device shorter than the filesystem is a truncated image: refused
+/// before anything reads past its end.
+fn check_device_size(geo: &Geometry, dev: &dyn BlockDevice) -> Result<()> {
+    let blocks_on_device = dev.size_bytes() / geo.block_size as u64;
+    if blocks_on_device < geo.blocks_count {
+        return Err(Error::corrupt(
+            Location::Superblock,
+            format!(
+                "filesystem has {} blocks but the device only {blocks_on_device} (truncated image?)",
+                geo.blocks_count
+            ),
+        ));
     }
+    Ok(())
+}
 
-    pub fn mark_group_dirty(&mut self, group: u32) {
-        self.st.dirty_groups.insert(group);
-        self.st.sb_dirty = true;
+/// Replay the journal of a journaled filesystem about to be mounted (a
+/// read-write mount replays; a read-only one refuses a journal that needs
+/// it) and find the journal's blocks: the area the mount writes to, None
+/// for a read-only mount. `sb` is read again after a replay.
+fn recover_for_mount(
+    sb: &mut Superblock,
+    dev: &Arc<dyn BlockDevice>,
+    options: &MountOptions,
+) -> Result<Option<journal::JournalArea>> {
+    let geo = Geometry::from_superblock(sb);
+    if options.read_only {
+        if sb.has_incompat(superblock::incompat::RECOVER) {
+            return Err(Error::Unsupported(
+                "the journal needs recovery, which a read-only mount cannot write: mount \
+                 read-write (which replays it), run `jext4 recover IMAGE`, or use -o ro,noload"
+                    .into(),
+            ));
+        }
+        return Ok(None);
     }
+    if journal::recover_if_needed(&geo, sb, dev)?.is_some() {
+        *sb = superblock::read_from(&**dev)?;
+    }
+    Ok(Some(journal::journal_area(&geo, dev)?))
 }

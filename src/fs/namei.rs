@@ -17,6 +17,7 @@ use crate::format::superblock::{incompat, ro_compat};
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
 use crate::journal::faults;
+use crate::lock::Rank;
 
 /// ext4's EXT4_LINK_MAX: beyond it, a directory with dir_nlink reports 1.
 const LINK_MAX: u16 = 65000;
@@ -147,8 +148,11 @@ impl Tx<'_, '_> {
         inode
     }
 
+    /// Create `name` in `parent`, taking the directory's lock and the new
+    /// inode's (a stale request by number must not see it half-made).
     fn create_node(&mut self, parent: u32, name: &[u8], node: NewNode<'_>) -> Result<(u32, Inode)> {
         check_name(name)?;
+        let _dir = self.lock_write(parent, Rank::Directory);
         let mut parent_inode = self.writable_dir(parent)?;
         if self.find_entry(parent, &parent_inode, name)?.is_some() {
             return Err(Error::Exists);
@@ -173,6 +177,7 @@ impl Tx<'_, '_> {
         )?;
         let ino = self.alloc_inode(parent, is_dir)?;
         faults::panic_point(faults::PanicPoint::Create);
+        let _inode = self.lock_write(ino, Rank::Inode);
         let mut inode = self.new_inode(&parent_inode, mode);
         let inherited = acl::inherit(parent_default.as_deref(), &mut inode.mode, &self.caller);
         let extents = self.core.geo.has_incompat(incompat::EXTENTS);
@@ -339,20 +344,23 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        let st = self.state.read();
+        // The directory's entries hold still under its lock shared; the
+        // inode found is read without its lock (getattr's consistency),
+        // so ".." takes no lock against the tree's order.
+        let dir = self.core.inodes.read(parent, Rank::Directory);
         let result = (|| {
-            let dir_inode = read_inode(&self.core, &st, parent)?;
+            let dir_inode = read_inode(&self.core, parent)?;
             check_live(parent, &dir_inode)?;
             if !dir_inode.is_dir() {
                 return Err(Error::NotDirectory);
             }
             let entry = dir::lookup(&mut DirReader::new(&self.core, parent, &dir_inode), name)?
                 .ok_or(Error::NotFound)?;
-            let inode = read_inode(&self.core, &st, entry.ino)?;
+            let inode = read_inode(&self.core, entry.ino)?;
             check_live(entry.ino, &inode)?;
             attr_of(&self.core, entry.ino, &inode)
         })();
-        drop(st);
+        drop(dir);
         self.note_error(result)
     }
 
@@ -402,9 +410,9 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
-        let st = self.state.read();
+        let inode_lock = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
-            let inode = read_inode(&self.core, &st, ino)?;
+            let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
             if !inode.is_symlink() {
                 return Err(Error::Invalid("not a symbolic link".into()));
@@ -443,7 +451,7 @@ impl Fs {
             block.truncate(len);
             Ok(block)
         })();
-        drop(st);
+        drop(inode_lock);
         self.note_error(result)
     }
 
@@ -451,6 +459,11 @@ impl Fs {
     pub fn link(&self, ino: u32, new_parent: u32, new_name: &[u8], caller: Caller) -> Result<Attr> {
         self.transact(CREDITS_CREATE, caller, |tx| {
             check_name(new_name)?;
+            if ino == new_parent {
+                return Err(Error::NotPermitted); // a directory
+            }
+            let _dir = tx.lock_write(new_parent, Rank::Directory);
+            let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             if inode.is_dir() {
                 return Err(Error::NotPermitted);
@@ -505,12 +518,23 @@ impl Fs {
         if want_dir && name == b".." {
             return Err(Error::NotEmpty);
         }
+        if is_dot_or_dotdot(name) {
+            return Err(Error::IsDirectory); // unlink of "." or ".."
+        }
         check_name(name)?;
         self.transact_releasing(CREDITS_UNLINK, caller, |tx| {
+            let _dir = tx.lock_write(parent, Rank::Directory);
             let mut parent_inode = tx.writable_dir(parent)?;
             let entry = tx
                 .find_entry(parent, &parent_inode, name)?
                 .ok_or(Error::NotFound)?;
+            if entry.ino == parent {
+                return Err(Error::corrupt(
+                    Location::Inode { ino: parent },
+                    "a directory entry names its own directory",
+                ));
+            }
+            let _victim = tx.lock_write(entry.ino, Rank::Inode);
             let mut inode = tx.read_live_inode(entry.ino)?;
             if want_dir {
                 if !inode.is_dir() {
@@ -543,29 +567,85 @@ impl Fs {
     }
 }
 
-/// Walk up from `start` through ".." entries; error if `ancestor` is on the
-/// way (a directory cannot move into its own subtree).
-fn check_not_inside(tx: &Tx<'_, '_>, start: u32, ancestor: u32) -> Result<()> {
+/// Walk up from `start` through ".." entries: the directory just below
+/// `ancestor` on the way if `ancestor` is on it (`start` itself when it is
+/// `ancestor`'s child), None if the walk reaches the root first. Called
+/// with the rename lock held: no directory moves meanwhile, so the answer
+/// holds until it is released. A directory removed meanwhile ends the walk
+/// (None): its rename then finds it gone under its lock.
+fn child_on_path(tx: &Tx<'_, '_>, start: u32, ancestor: u32) -> Result<Option<u32>> {
     let mut ino = start;
+    let mut below = None;
     // A path is at most as deep as there are directories; bound the walk.
     for _ in 0..tx.core.geo.inodes_count.min(1 << 20) {
         if ino == ancestor {
-            return Err(Error::InvalidMove);
+            return Ok(below);
         }
         if ino == crate::format::superblock::ROOT_INO {
-            return Ok(());
+            return Ok(None);
         }
-        let inode = tx.read_live_inode(ino)?;
+        let inode = tx.read_inode(ino)?;
+        if inode.links_count == 0 || !inode.is_dir() {
+            return Ok(None);
+        }
         let parent = dir::parent(&mut DirReader::new(tx.core, ino, &inode))?;
         if parent == ino {
             break;
         }
+        below = Some(ino);
         ino = parent;
     }
     Err(Error::corrupt(
         Location::Inode { ino: start },
         "directory is not connected to the root",
     ))
+}
+
+/// How the two directories of a cross-directory rename are related (the
+/// kernel's `lock_rename` trap): the entry that must not move, and the one
+/// that must not be replaced, because it is an ancestor of the other
+/// directory. Known before any entry's inode is locked, so those locks are
+/// never taken against the tree's order.
+#[derive(Debug, Default, Clone, Copy)]
+struct RenameTraps {
+    /// The child of the old directory that contains the new one: moving it
+    /// would put it inside itself (EINVAL).
+    source: Option<u32>,
+    /// The child of the new directory that contains the old one: replacing
+    /// it would remove a non-empty directory (ENOTEMPTY; EINVAL for an
+    /// exchange).
+    target: Option<u32>,
+}
+
+impl RenameTraps {
+    fn find(tx: &Tx<'_, '_>, old_parent: u32, new_parent: u32) -> Result<Self> {
+        if old_parent == new_parent {
+            return Ok(RenameTraps::default());
+        }
+        if let Some(source) = child_on_path(tx, new_parent, old_parent)? {
+            return Ok(RenameTraps {
+                source: Some(source),
+                target: None,
+            });
+        }
+        let target = child_on_path(tx, old_parent, new_parent)?;
+        Ok(RenameTraps {
+            source: None,
+            target,
+        })
+    }
+
+    /// The two directories in locking order: an ancestor first, else the
+    /// lower number first.
+    fn lock_order(&self, old_parent: u32, new_parent: u32) -> (u32, u32) {
+        if self.source.is_some() {
+            (old_parent, new_parent)
+        } else if self.target.is_some() {
+            (new_parent, old_parent)
+        } else {
+            (old_parent.min(new_parent), old_parent.max(new_parent))
+        }
+    }
 }
 
 /// The two directories of a rename, which may be one.
@@ -586,27 +666,57 @@ impl RenameDirs {
 }
 
 impl Tx<'_, '_> {
+    /// The entries' part of a rename, with both directories locked: find
+    /// them, refuse the traps, lock the inodes they name (the lower number
+    /// first), move or exchange them.
     fn rename_entries(
         &mut self,
         dirs: &mut RenameDirs,
         old_name: &[u8],
         new_name: &[u8],
         flags: RenameFlags,
+        traps: RenameTraps,
         open_target: &dyn Fn(u32) -> bool,
     ) -> Result<()> {
         let handle = self.handle;
         let src = self
             .find_entry(dirs.old_parent, &dirs.old_dir, old_name)?
             .ok_or(Error::NotFound)?;
-        let mut src_inode = self.read_live_inode(src.ino)?;
         let new_parent = dirs.new_parent;
         let dst = self.find_entry(new_parent, dirs.new_dir_ref(), new_name)?;
         if dst.as_ref().is_some_and(|dst| dst.ino == src.ino) {
             return Ok(()); // two names of one inode: rename does nothing
         }
-        if src_inode.is_dir() && !dirs.same() {
-            check_not_inside(self, new_parent, src.ino)?;
+        if traps.source == Some(src.ino) {
+            return Err(Error::InvalidMove);
         }
+        if let Some(dst) = &dst
+            && traps.target == Some(dst.ino)
+        {
+            return Err(if flags.exchange {
+                Error::InvalidMove
+            } else {
+                Error::NotEmpty
+            });
+        }
+        for (parent, entry) in [
+            (dirs.old_parent, src.ino),
+            (new_parent, dst.as_ref().map_or(0, |d| d.ino)),
+        ] {
+            if entry == dirs.old_parent || entry == new_parent {
+                return Err(Error::corrupt(
+                    Location::Inode { ino: parent },
+                    "a directory entry names a directory of the rename",
+                ));
+            }
+        }
+        let (low, high) = match &dst {
+            Some(dst) => (src.ino.min(dst.ino), Some(src.ino.max(dst.ino))),
+            None => (src.ino, None),
+        };
+        let _low = self.lock_write(low, Rank::Inode);
+        let _high = high.map(|high| self.lock_write(high, Rank::Inode2));
+        let mut src_inode = self.read_live_inode(src.ino)?;
         if flags.exchange {
             let dst = dst.ok_or(Error::NotFound)?;
             return self.exchange_entries(dirs, old_name, new_name, &src, &dst, src_inode);
@@ -688,9 +798,6 @@ impl Tx<'_, '_> {
         // second LINK names (ext4_cross_rename marks this too).
         handle.note(Change::Ineligible(Ineligible::CrossRename));
         let mut dst_inode = self.read_live_inode(dst.ino)?;
-        if dst_inode.is_dir() && !dirs.same() {
-            check_not_inside(self, dirs.old_parent, dst.ino)?;
-        }
         let src_type = dir::file_type_from_mode(src_inode.mode);
         let dst_type = dir::file_type_from_mode(dst_inode.mode);
         let (old_parent, new_parent) = (dirs.old_parent, dirs.new_parent);
@@ -771,6 +878,14 @@ impl Fs {
             return Err(Error::Invalid("rename of \".\" or \"..\"".into()));
         }
         self.transact(CREDITS_RENAME, caller, |tx| {
+            let core = tx.core;
+            // Across directories: the rename lock keeps the tree's shape,
+            // which fixes the two directories' order and the traps.
+            let _rename = (old_parent != new_parent).then(|| core.rename_lock.lock());
+            let traps = RenameTraps::find(tx, old_parent, new_parent)?;
+            let (first, second) = traps.lock_order(old_parent, new_parent);
+            let _first = tx.lock_write(first, Rank::Directory);
+            let _second = (first != second).then(|| tx.lock_write(second, Rank::Directory2));
             let old_dir = tx.writable_dir(old_parent)?;
             let new_dir = if old_parent == new_parent {
                 None
@@ -783,7 +898,7 @@ impl Fs {
                 old_dir,
                 new_dir,
             };
-            let result = tx.rename_entries(&mut dirs, old_name, new_name, flags, &|ino| {
+            let result = tx.rename_entries(&mut dirs, old_name, new_name, flags, traps, &|ino| {
                 self.is_open(ino)
             });
             // Directory inodes are written even after an error: their blocks
@@ -802,5 +917,66 @@ impl Fs {
             tx.dir_sync_wanted(&dirs.old_dir);
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::format::superblock::ROOT_INO;
+    use crate::fs::{Caller, Fs, MountOptions};
+    use crate::lock::Rank;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A namespace change in /a holds /a's lock exclusive: lookups,
+    /// readdir and getattr in /b go on meanwhile; a lookup in /a waits.
+    #[test]
+    fn readers_in_one_directory_do_not_wait_for_a_writer_in_another() {
+        let scratch = tempfile::tempdir().unwrap();
+        let image = scratch.path().join("dirs.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(16 << 20)
+            .unwrap();
+        let mke2fs = std::process::Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4"])
+            .arg(&image)
+            .status()
+            .expect("running mke2fs");
+        assert!(mke2fs.success());
+        let fs = Fs::open(&image, MountOptions::default()).unwrap();
+        let caller = Caller::ROOT;
+        let a = fs.mkdir(ROOT_INO, b"a", 0o755, caller).unwrap().ino;
+        let b = fs.mkdir(ROOT_INO, b"b", 0o755, caller).unwrap().ino;
+        fs.create(a, b"x", 0o644, caller).unwrap();
+        let y = fs.create(b, b"y", 0o644, caller).unwrap().ino;
+        let writer = fs.core.inodes.write(a, Rank::Directory);
+        let (done, finished) = mpsc::channel();
+        let reader = {
+            let fs = std::sync::Arc::clone(&fs);
+            std::thread::spawn(move || {
+                assert_eq!(fs.lookup(b, b"y").unwrap().ino, y);
+                let mut names = 0;
+                fs.readdir(b, 0, &mut |_| {
+                    names += 1;
+                    true
+                })
+                .unwrap();
+                assert_eq!(names, 3, ". .. y");
+                fs.getattr(a).unwrap();
+                done.send("b").unwrap();
+                fs.lookup(a, b"x").unwrap();
+                done.send("a").unwrap();
+            })
+        };
+        assert_eq!(finished.recv_timeout(Duration::from_secs(30)), Ok("b"));
+        assert!(
+            finished.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a lookup in /a went past the lock of a change in /a"
+        );
+        drop(writer);
+        assert_eq!(finished.recv_timeout(Duration::from_secs(30)), Ok("a"));
+        reader.join().unwrap();
+        fs.unmount().unwrap();
     }
 }

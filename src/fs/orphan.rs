@@ -6,6 +6,15 @@
 //! the orphan file (and `orphan_present` is set); otherwise, or when the
 //! orphan file is full, into the classic list: `s_last_orphan` → inode →
 //! `i_dtime` → next inode.
+//!
+//! Locks: the records change under `Orphans::records` [Orphan], taken
+//! with the inode's own lock held (an operation orphans the inode it
+//! changes). Taking another inode off the list rewrites its predecessor's
+//! `i_dtime`, an inode this thread does not lock: so while an inode is on
+//! the list its `i_dtime` belongs to this code alone — it patches the
+//! stored field under the table block's lock, and `Tx::write_inode` keeps
+//! the stored value instead of the caller's copy (`Orphans::on_list`), as
+//! ext4 keeps the link in its in-memory inode (`NEXT_ORPHAN`).
 
 use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::{Caller, Fs, Tx};
@@ -15,7 +24,52 @@ use crate::format::mapping::{self, Lookup};
 use crate::format::orphan as fmt;
 use crate::format::superblock::ro_compat;
 use crate::journal::change::{Change, Ineligible};
+use crate::lock::{Mutex, MutexGuard, Rank};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The inodes on the orphan records, as this mount knows them.
+pub(crate) struct Orphans {
+    /// [Orphan] Every inode on the records (list or file), so that
+    /// recording and unrecording are idempotent when operations on one
+    /// inode overlap; held while the records change.
+    records: Mutex<HashSet<u32>>,
+    /// The inodes on the classic list (a leaf lock; `listed` counts them,
+    /// so that the common case of none costs one load).
+    on_list: parking_lot::Mutex<HashSet<u32>>,
+    listed: AtomicUsize,
+}
+
+impl Orphans {
+    pub fn new() -> Self {
+        Orphans {
+            records: Mutex::new(Rank::Orphan, HashSet::new()),
+            on_list: parking_lot::Mutex::new(HashSet::new()),
+            listed: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, HashSet<u32>> {
+        self.records.lock()
+    }
+
+    /// `ino` is on the classic list: its stored `i_dtime` is the list's.
+    pub fn on_list(&self, ino: u32) -> bool {
+        self.listed.load(Ordering::Acquire) > 0 && self.on_list.lock().contains(&ino)
+    }
+
+    fn set_on_list(&self, ino: u32, listed: bool) {
+        let mut on_list = self.on_list.lock();
+        let changed = if listed {
+            on_list.insert(ino)
+        } else {
+            on_list.remove(&ino)
+        };
+        if changed {
+            self.listed.store(on_list.len(), Ordering::Release);
+        }
+    }
+}
 
 /// Upper bound on orphan-list walks: a corrupt list must end.
 const MAX_ORPHAN_CHAIN: u32 = 1 << 20;
@@ -32,66 +86,103 @@ fn orphan_cycle(ino: u32) -> Error {
 impl Tx<'_, '_> {
     /// Record `ino` as an orphan: its last link is gone while it is open,
     /// or a truncate or deletion is under way in several transactions.
-    /// Recording an inode twice records it once.
+    /// Recording an inode twice records it once. The caller holds `ino`'s
+    /// lock.
     pub fn orphan_add(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
-        if !self.core.orphans.lock().insert(ino) {
+        let mut records = self.core.orphans.lock();
+        if records.contains(&ino) {
             return Ok(());
         }
         self.handle.note(Change::Ineligible(Ineligible::Orphan));
-        if self.orphan_file_slot_add(ino)? {
-            return Ok(());
+        if !self.orphan_file_slot_add(ino)? {
+            let mut sb = self.core.sbi.lock();
+            let next = sb.last_orphan;
+            self.set_orphan_link(ino, next)?;
+            self.core.orphans.set_on_list(ino, true);
+            inode.dtime = next;
+            sb.last_orphan = ino;
+            self.core.sbi.write(&sb, self.handle)?;
         }
-        inode.dtime = self.st.sb.last_orphan;
-        self.st.sb.last_orphan = ino;
-        self.st.sb_dirty = true;
+        records.insert(ino);
         Ok(())
     }
 
     /// Take `ino` off whichever orphan record holds it (no-op if none).
+    /// The caller holds `ino`'s lock.
     pub fn orphan_remove(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
-        if !self.core.orphans.lock().remove(&ino) {
+        let mut records = self.core.orphans.lock();
+        if !records.contains(&ino) {
             return Ok(());
         }
         self.handle.note(Change::Ineligible(Ineligible::Orphan));
-        if self.orphan_file_slot_remove(ino)? {
-            return Ok(());
-        }
-        let next = inode.dtime;
-        if self.st.sb.last_orphan == ino {
-            self.st.sb.last_orphan = next;
-            self.st.sb_dirty = true;
+        if !self.orphan_file_slot_remove(ino)? {
+            self.orphan_list_remove(ino)?;
             inode.dtime = 0;
-            return Ok(());
         }
-        // Find the predecessor in the list.
-        let mut current = self.st.sb.last_orphan;
-        let mut visited = HashSet::new();
-        for _ in 0..MAX_ORPHAN_CHAIN {
-            if current == 0 {
-                return Ok(()); // not on the list
-            }
-            if !visited.insert(current) {
-                return Err(orphan_cycle(current));
-            }
-            let mut previous = self.read_inode(current)?;
-            if previous.dtime == ino {
-                previous.dtime = next;
-                self.write_inode(current, &previous)?;
-                inode.dtime = 0;
-                return Ok(());
-            }
-            current = previous.dtime;
-            if !self.core.geo.is_valid_ino(current) && current != 0 {
-                return Err(Error::corrupt(
-                    Location::Superblock,
-                    "orphan list points outside the inode table",
-                ));
+        records.remove(&ino);
+        Ok(())
+    }
+
+    /// Unlink `ino` from the classic list (under the records' lock): its
+    /// predecessor — the superblock or another inode — takes its link.
+    fn orphan_list_remove(&mut self, ino: u32) -> Result<()> {
+        let next = self.stored_dtime(ino)?;
+        let mut sb = self.core.sbi.lock();
+        let mut current = sb.last_orphan;
+        if current == ino {
+            sb.last_orphan = next;
+            self.core.sbi.write(&sb, self.handle)?;
+        } else {
+            drop(sb);
+            let mut visited = HashSet::new();
+            let mut steps = 0;
+            loop {
+                if current == 0 {
+                    break; // not on the list
+                }
+                if !visited.insert(current) || steps == MAX_ORPHAN_CHAIN {
+                    return Err(orphan_cycle(current));
+                }
+                steps += 1;
+                if !self.core.geo.is_valid_ino(current) {
+                    return Err(Error::corrupt(
+                        Location::Superblock,
+                        "orphan list points outside the inode table",
+                    ));
+                }
+                let link = self.stored_dtime(current)?;
+                if link == ino {
+                    self.set_orphan_link(current, next)?;
+                    break;
+                }
+                current = link;
             }
         }
-        Err(Error::corrupt(
-            Location::Superblock,
-            "orphan list does not end",
-        ))
+        self.set_orphan_link(ino, 0)?;
+        self.core.orphans.set_on_list(ino, false);
+        Ok(())
+    }
+
+    /// `i_dtime` as stored in the inode table.
+    fn stored_dtime(&self, ino: u32) -> Result<u32> {
+        let (block, offset) = super::inode::inode_location(&self.core.geo, &self.core.groups, ino);
+        let buffer = self.core.cache.read(block)?;
+        let bytes = buffer.read();
+        Ok(Inode::stored_dtime(&bytes[offset..]))
+    }
+
+    /// Set the stored `i_dtime` of `ino` (a link of the list) to `link`,
+    /// leaving the rest of the inode as stored.
+    fn set_orphan_link(&mut self, ino: u32, link: u32) -> Result<()> {
+        let geo = &self.core.geo;
+        let (block, offset) = super::inode::inode_location(geo, &self.core.groups, ino);
+        let buffer = self.core.cache.read(block)?;
+        let mut bytes = self.handle.get_write_access(&buffer)?;
+        let slot = &mut bytes[offset..offset + geo.inode_size as usize];
+        let mut inode = Inode::decode(geo, ino, slot)?;
+        inode.dtime = link;
+        inode.encode(geo, ino, slot);
+        Ok(())
     }
 
     /// Physical blocks of the orphan file, in order (empty if the feature
@@ -138,9 +229,10 @@ impl Tx<'_, '_> {
                 fmt::set_slot(&mut bytes, index, ino);
                 fmt::set_tail(&mut bytes, physical, seed);
                 drop(bytes);
-                if !self.st.sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
-                    self.st.sb.feature_ro_compat |= ro_compat::ORPHAN_PRESENT;
-                    self.st.sb_dirty = true;
+                let mut sb = self.core.sbi.lock();
+                if !sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
+                    sb.feature_ro_compat |= ro_compat::ORPHAN_PRESENT;
+                    self.core.sbi.write(&sb, self.handle)?;
                 }
                 return Ok(true);
             }
@@ -212,7 +304,7 @@ impl Fs {
     pub(crate) fn recover_orphans(&self) -> Result<()> {
         let resolved = self.transact_releasing(64, Caller::ROOT, |tx| {
             let mut pending = tx.orphan_file_entries()?;
-            let mut ino = tx.st.sb.last_orphan;
+            let mut ino = tx.core.sbi.lock().last_orphan;
             let mut steps = 0;
             let mut visited = HashSet::new();
             while ino != 0 {
@@ -230,12 +322,19 @@ impl Fs {
                 ino = tx.read_inode(ino)?.dtime;
             }
             tx.core.orphans.lock().extend(pending.iter().copied());
+            let mut sb_list = tx.core.sbi.lock().last_orphan;
+            let mut listed = HashSet::new();
+            while sb_list != 0 && listed.insert(sb_list) {
+                tx.core.orphans.set_on_list(sb_list, true);
+                sb_list = tx.read_inode(sb_list)?.dtime;
+            }
             for &ino in &pending {
                 tx.resolve_orphan(ino)?;
             }
-            if tx.st.sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
-                tx.st.sb.feature_ro_compat &= !ro_compat::ORPHAN_PRESENT;
-                tx.st.sb_dirty = true;
+            let mut sb = tx.core.sbi.lock();
+            if sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
+                sb.feature_ro_compat &= !ro_compat::ORPHAN_PRESENT;
+                tx.core.sbi.write(&sb, tx.handle)?;
             }
             Ok(pending.len())
         })?;
@@ -258,6 +357,7 @@ impl Fs {
             return Ok(());
         }
         self.transact_releasing(16, Caller::ROOT, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             let inode = tx.read_inode(ino)?;
             // A link cannot come back to an inode with none (link() refuses
             // it), but stay safe against a corrupt count.
@@ -297,6 +397,7 @@ impl Fs {
         let mut position = from;
         loop {
             let next = self.transact_releasing(credits, Caller::ROOT, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 let geo = &tx.core.geo;
                 if position >= mapping::max_blocks(geo, &inode) {
@@ -321,16 +422,15 @@ impl Fs {
     }
 
     /// Free the large inodes whose eviction an operation deferred.
-    pub(crate) fn finish_deferred_evictions(&self) -> Result<()> {
-        loop {
-            let Some(ino) = self.state.write().deferred_evictions.pop() else {
-                return Ok(());
-            };
+    pub(crate) fn finish_deferred_evictions(&self, inodes: Vec<u32>) -> Result<()> {
+        for ino in inodes {
             self.punch_in_chunks(ino, 0)?;
             self.transact_releasing(16, Caller::ROOT, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
                 let inode = tx.read_inode(ino)?;
                 tx.evict_inode_now(ino, inode)
             })?;
         }
+        Ok(())
     }
 }

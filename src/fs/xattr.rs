@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::format::inode::Timestamp;
 use crate::format::superblock::compat;
 use crate::format::xattr::{self, SetMode};
+use crate::lock::Rank;
 
 /// An xattr change: the format layer's own blocks plus the inode's.
 const CREDITS_XATTR: u32 = xattr::SET_CREDITS + 1;
@@ -26,25 +27,23 @@ impl Fs {
 
     pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
         self.check_xattr_support()?;
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::get(&self.core.geo, &self.core.cache, ino, &inode, name)?
                 .ok_or(Error::NoAttribute)
         });
-        drop(st);
         self.note_error(result)
     }
 
     /// Names of all attributes, with their namespace prefixes.
     pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
         self.check_xattr_support()?;
-        let st = self.state.read();
-        let result = read_inode(&self.core, &st, ino).and_then(|inode| {
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
+        let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
             xattr::list(&self.core.geo, &self.core.cache, ino, &inode)
         });
-        drop(st);
         self.note_error(result)
     }
 
@@ -79,6 +78,7 @@ impl Fs {
             return Err(Error::Range);
         }
         self.transact(CREDITS_XATTR, caller, |tx| {
+            let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
             let result = {

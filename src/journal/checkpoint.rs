@@ -2,15 +2,35 @@
 //! move the log tail past the transactions whose buffers are all home, so
 //! their log space can be reused.
 //!
-//! Runs only on the commit thread, so it never races a commit. A buffer in
-//! the oldest transaction is:
+//! Runs on its own thread (the commit thread runs the last pass at
+//! unmount), one pass at a time under `Jbd2::checkpointing`, beside
+//! commits. A buffer in the oldest transaction is:
 //! - skipped when a newer committed transaction logged it again (that one
 //!   will write it) or when it was freed;
 //! - blocking when a running or committing transaction holds it: its live
 //!   bytes are not committed yet, so that transaction must commit first
-//!   (after which the buffer belongs to the newer checkpoint);
+//!   (after which the buffer belongs to the newer checkpoint). Committing
+//!   means until the commit block is durable (`JournalHead::logging`), not
+//!   only until the commit has captured the bytes: from capture to the
+//!   commit's end the live bytes are the new commit's, and written home
+//!   they would break the write-ahead rule;
 //! - otherwise written home with its current bytes, which are exactly the
 //!   committed ones.
+//!
+//! What running beside the commit thread takes care of:
+//! - log space is handed back only once the moved tail is durable: the
+//!   retired transactions leave `State::checkpoints` after the journal
+//!   superblock's flush, so no commit writes over them before;
+//! - when the log empties, the tail moves to the head with the sequence of
+//!   the transaction that will be written there next (the committing one,
+//!   else the running one);
+//! - a buffer copied for a home write may be freed by a newer transaction
+//!   and that transaction may become durable before the write is issued:
+//!   the blocks of a pass are not allocatable until it ends
+//!   (`Jbd2::checkpoint_writing`), so the stale copy never lands on a
+//!   block's new owner;
+//! - when a running transaction holds a buffer of the oldest checkpoint,
+//!   the pass asks the commit thread for that commit and waits for it.
 //!
 //! Progressive: `make_room` checkpoints the oldest transactions until a
 //! quarter of the log is in use (and the cache is back under its bound),
@@ -27,9 +47,11 @@ use std::sync::atomic::Ordering;
 const CHECKPOINT_BATCH: usize = 512;
 
 impl Jbd2 {
-    /// Free log space and pinned memory: checkpoint until at most a quarter
-    /// of the log is in use and the cache is within its bound.
+    /// Free log space and pinned memory (the checkpoint thread):
+    /// checkpoint until at most a quarter of the log is in use and the
+    /// cache is within its bound, or until blocked.
     pub(crate) fn make_room(&self) -> Result<()> {
+        let _pass = self.checkpointing.lock();
         // Each round either retires a transaction or commits the running
         // one that blocked it; bounded by the transactions in the log.
         for _ in 0..=self.log_size() {
@@ -43,7 +65,8 @@ impl Jbd2 {
                 break;
             }
             if !self.checkpoint_oldest()? {
-                self.commit_running()?;
+                // The commit thread commits; this thread only waits.
+                self.commit_and_wait(self.running_tid())?;
                 if !self.checkpoint_oldest()? {
                     break; // still blocked: a handle is inside; next round
                 }
@@ -54,8 +77,10 @@ impl Jbd2 {
         Ok(())
     }
 
-    /// Checkpoint every transaction (unmount).
+    /// Checkpoint every transaction (the commit thread, at unmount, once
+    /// the checkpoint thread has stopped).
     pub(crate) fn checkpoint_all(&self) -> Result<()> {
+        let _pass = self.checkpointing.lock();
         for _ in 0..=self.log_size() {
             if self.state.lock().checkpoints.is_empty() {
                 return Ok(());
@@ -88,6 +113,18 @@ impl Jbd2 {
         if oldest.is_empty() {
             return Ok(true);
         }
+        // Before any copy is taken: a block freed and handed out again
+        // after its copy was taken must not be allocatable until the copy
+        // is written (see the module comment).
+        {
+            let mut writing: Vec<u64> = oldest
+                .iter()
+                .flat_map(|(_, buffers)| buffers.iter().map(|buffer| buffer.block()))
+                .collect();
+            writing.sort_unstable();
+            writing.dedup();
+            *self.checkpoint_writing.lock() = writing;
+        }
         // (block, bytes, buffer, the transaction whose checkpoint writes it)
         let mut writes: Vec<(u64, Vec<u8>, Arc<crate::cache::Buffer>, u32)> = Vec::new();
         let mut retiring = 0;
@@ -100,7 +137,7 @@ impl Jbd2 {
                 if head.checkpoint != Some(*tid) {
                     continue;
                 }
-                if head.running.is_some() || head.committing.is_some() {
+                if head.running.is_some() || head.logging.is_some() {
                     break 'transactions;
                 }
                 let bytes = buffer.read().to_vec();
@@ -111,17 +148,24 @@ impl Jbd2 {
             retiring += 1;
         }
         if retiring == 0 {
+            self.checkpoint_writing.lock().clear();
             return Ok(false);
         }
         writes.sort_unstable_by_key(|(block, ..)| *block);
         let block_size = self.area.fs_block_size as u64;
-        for (block, bytes, _, tid) in &writes {
-            self.guard
-                .write_committed(block * block_size, bytes, *tid)?;
-        }
-        if !faults::active(Fault::EarlyTailAdvance) {
-            self.area.dev.flush()?;
-        }
+        let written = (|| {
+            for (block, bytes, _, tid) in &writes {
+                self.guard
+                    .write_committed(block * block_size, bytes, *tid)?;
+            }
+            if !faults::active(Fault::EarlyTailAdvance) {
+                self.area.dev.flush()?;
+            }
+            Ok::<_, crate::error::Error>(())
+        })();
+        // Issued (and flushed): a later owner's writes come after these.
+        self.checkpoint_writing.lock().clear();
+        written?;
         for (_, _, buffer, tid) in &writes {
             let mut head = buffer.journal.lock();
             if head.checkpoint == Some(*tid) {
@@ -142,18 +186,27 @@ impl Jbd2 {
     /// when none is left), and is durable before that log space can be
     /// written again.
     fn retire_oldest(&self, tids: &[u32]) -> Result<()> {
-        // Only the commit thread writes the log, and it is running this:
-        // no commit can reuse the retired space before the superblock below
-        // is durable, so the state lock need not be held across the I/O.
+        // The retired transactions stay in `checkpoints` (so their log
+        // space stays in use) until the superblock below is durable: a
+        // commit running beside this may not write over them before.
         let (start, sequence) = {
-            let mut state = self.state.lock();
-            for tid in tids {
-                let retired = state.checkpoints.pop_front();
-                debug_assert_eq!(retired.map(|c| c.tid), Some(*tid));
-            }
-            match state.checkpoints.front() {
+            let state = self.state.lock();
+            debug_assert!(
+                tids.iter()
+                    .zip(&state.checkpoints)
+                    .all(|(tid, checkpoint)| checkpoint.tid == *tid),
+                "retiring transactions that are not the oldest"
+            );
+            match state.checkpoints.get(tids.len()) {
                 Some(next) => (next.start, next.tid),
-                None => (state.head, state.running.tid),
+                // The log empties: point at the head, where the committing
+                // transaction is being written, else where the running one
+                // will be (head only moves when a commit finishes, and then
+                // that transaction is in the log, which is also valid).
+                None => (
+                    state.head,
+                    state.committing_tid.unwrap_or(state.running.tid),
+                ),
             }
         };
         {
@@ -164,6 +217,10 @@ impl Jbd2 {
         }
         self.area.dev.flush()?;
         let mut state = self.state.lock();
+        for tid in tids {
+            let retired = state.checkpoints.pop_front();
+            debug_assert_eq!(retired.map(|c| c.tid), Some(*tid));
+        }
         state.sb_empty_on_disk = false;
         self.changed.notify_all();
         Ok(())

@@ -87,6 +87,9 @@ impl Jbd2 {
         while transaction.updates.load(Ordering::Acquire) > 0 {
             self.changed.wait(&mut state);
         }
+        if let Some(hook) = self.commit_hook.get() {
+            hook.before_commit(&super::CommitAccess::jbd2(self, &transaction));
+        }
         let buffers = std::mem::take(&mut *transaction.buffers.lock());
         let (log, freed) = sweep(transaction.tid, buffers);
         let mut revokes = std::mem::take(&mut *transaction.revokes.lock());
@@ -198,6 +201,8 @@ impl Jbd2 {
         let tid = locked.transaction.tid;
         for buffer in &locked.log {
             let mut head = buffer.journal.lock();
+            debug_assert_eq!(head.logging, Some(tid));
+            head.logging = None;
             head.checkpoint = Some(tid);
             head.frozen = None;
         }
@@ -255,6 +260,7 @@ fn sweep(tid: u32, buffers: Vec<Arc<Buffer>>) -> (Vec<Arc<Buffer>>, Vec<Arc<Buff
                 buffer.block()
             );
             head.committing = Some(tid);
+            head.logging = Some(tid);
             drop(head);
             log.push(buffer);
         }

@@ -106,6 +106,38 @@ impl FastCommitSlot<'_> {
     }
 }
 
+impl<'j> FastCommitSlot<'j> {
+    /// Wait until every handle of the running transaction has stopped and
+    /// keep new ones from starting until the guard drops (the kernel's
+    /// `jbd2_journal_lock_updates`): no operation is half-way meanwhile, so
+    /// what the fast commit reads of the filesystem is a consistent cut.
+    /// The caller holds no lock and no handle (it would wait for itself).
+    pub fn lock_updates(&self) -> UpdatesLocked<'j> {
+        crate::lock::assert_none_held("locking journal updates");
+        let jbd2 = self.jbd2;
+        let mut state = jbd2.state.lock();
+        debug_assert!(state.fc_ongoing && !state.locked);
+        state.locked = true;
+        while state.running.updates.load(Ordering::Acquire) > 0 {
+            jbd2.changed.wait(&mut state);
+        }
+        UpdatesLocked { jbd2 }
+    }
+}
+
+/// Handles are kept from starting while this lives (`lock_updates`).
+pub struct UpdatesLocked<'j> {
+    jbd2: &'j Jbd2,
+}
+
+impl Drop for UpdatesLocked<'_> {
+    fn drop(&mut self) {
+        let mut state = self.jbd2.state.lock();
+        state.locked = false;
+        self.jbd2.changed.notify_all();
+    }
+}
+
 impl Drop for FastCommitSlot<'_> {
     fn drop(&mut self) {
         self.jbd2.end_fast_commit(self.tid, self.written);

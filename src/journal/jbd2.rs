@@ -1,6 +1,8 @@
-//! JBD2: transactions, handles, buffer registration, and the commit
-//! thread that drives commit (`commit.rs`) and checkpoint
-//! (`checkpoint.rs`).
+//! JBD2: transactions, handles, buffer registration, the commit thread
+//! that drives commit (`commit.rs`), and the checkpoint thread
+//! (`checkpoint.rs`): a commit, and so an fsync, never waits behind a
+//! checkpoint's home writes; only a handle that finds the log truly full
+//! waits for the checkpoint to free space.
 //!
 //! Transaction states, as in the kernel:
 //! - RUNNING: handles join it (`start`) and register buffers.
@@ -26,11 +28,12 @@
 //! the old owner pointing at the new owner's bytes. Freed metadata blocks
 //! are also revoked, so replay never writes an older logged copy over them.
 //!
-//! Lock order: `State` (journal state) → a buffer's `journal` head → the
-//! buffer's bytes. `Transaction::buffers`/`revokes`, the pending-free map,
-//! the write-ahead guard and the change observer's own lock are leaf locks
-//! (the observer is told of a commit under `State`). No lock is held across I/O
-//! except by the commit thread on its own state.
+//! Locks (ranked in `crate::lock`): `State` [JournalState] → a buffer's
+//! `journal` head → the buffer's bytes [Buffer]. `Transaction::buffers` and
+//! `revokes`, the pending-free map, the write-ahead guard and the change
+//! observer's own lock are leaves (the observer is told of a commit under
+//! `State`). No lock is held across I/O except by the journal's threads on
+//! their own state.
 
 use super::change::ChangeObserver;
 use super::format::{JournalSuperblock, LogFormat, LogLayout, incompat};
@@ -38,7 +41,8 @@ use super::recovery::JournalArea;
 use crate::cache::{Buffer, BufferCache};
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::lock::{self, Condvar, MutexGuard, Rank};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -117,7 +121,10 @@ pub(crate) struct State {
     pub committed_tid: u32,
     /// Someone waits for this transaction to commit.
     pub commit_request: Option<u32>,
+    /// Someone needs log space or memory: the checkpoint thread should run.
     pub checkpoint_request: bool,
+    /// [JournalState; popped only by a checkpoint pass, after the moved
+    /// tail is durable] Committed transactions, oldest first.
     pub checkpoints: VecDeque<Checkpoint>,
     /// Next log position to write.
     pub head: u32,
@@ -125,6 +132,9 @@ pub(crate) struct State {
     /// it must be pointed at the log before the next commit is written.
     pub sb_empty_on_disk: bool,
     pub stopping: bool,
+    /// The checkpoint thread should finish its pass and exit (unmount
+    /// stops it before the commit thread's final commit and checkpoint).
+    pub checkpoint_stopping: bool,
     /// Set when the journal aborted: every later handle fails.
     pub error: Option<String>,
     /// A fast commit is being written (`fc_commit.rs`): no full commit may
@@ -169,9 +179,18 @@ pub(crate) struct Jbd2 {
     pub cache: Arc<BufferCache>,
     pub guard: Arc<GuardedDevice>,
     pub sb: Mutex<JournalSuperblock>,
-    pub state: Mutex<State>,
+    pub state: lock::Mutex<State>,
     /// The commit thread sleeps here.
     pub wake_commit: Condvar,
+    /// The checkpoint thread sleeps here.
+    pub wake_checkpoint: Condvar,
+    /// [Checkpoint] One checkpoint pass at a time: the checkpoint thread's,
+    /// or the commit thread's final one at unmount.
+    pub checkpointing: lock::Mutex<()>,
+    /// [leaf] Blocks a checkpoint pass is writing home, sorted: not
+    /// allocatable until the pass ends, even if a newer transaction freed
+    /// them meanwhile (the pass's copy is older than their new owner's).
+    pub checkpoint_writing: Mutex<Vec<u64>>,
     /// Handles and waiters for commits sleep here.
     pub changed: Condvar,
     /// Largest transaction, in log blocks (a quarter of the log).
@@ -183,10 +202,13 @@ pub(crate) struct Jbd2 {
     /// Freed ranges not yet allocatable: start → (end, freeing tid).
     pub pending_free: Mutex<BTreeMap<u64, (u64, u32)>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    checkpoint_thread: Mutex<Option<JoinHandle<()>>>,
     /// Told of every handle's logical changes and every full commit.
     pub observer: OnceLock<Arc<dyn ChangeObserver>>,
     /// `state.error` is set (read without the state lock on every handle).
     aborted: AtomicBool,
+    /// Writes the filesystem's summary into each transaction at lock-down.
+    pub commit_hook: OnceLock<Arc<dyn super::CommitHook>>,
     pub commits: AtomicU64,
     pub blocks_logged: AtomicU64,
     pub revokes_logged: AtomicU64,
@@ -272,22 +294,26 @@ impl Jbd2 {
         let jbd2 = Arc::new(Jbd2 {
             uuid: sb.uuid,
             max_transaction: (log_size / 4).max(16),
-            state: Mutex::new(State {
-                running: Transaction::new(sb.sequence),
-                locked: false,
-                committing_blocks: 0,
-                committing_tid: None,
-                committed_tid: sb.sequence.wrapping_sub(1),
-                commit_request: None,
-                checkpoint_request: false,
-                checkpoints: VecDeque::new(),
-                head: layout.first,
-                sb_empty_on_disk: true,
-                stopping: false,
-                error: None,
-                fc_ongoing: false,
-                fc_next: 0,
-            }),
+            state: lock::Mutex::new(
+                Rank::JournalState,
+                State {
+                    running: Transaction::new(sb.sequence),
+                    locked: false,
+                    committing_blocks: 0,
+                    committing_tid: None,
+                    committed_tid: sb.sequence.wrapping_sub(1),
+                    commit_request: None,
+                    checkpoint_request: false,
+                    checkpoints: VecDeque::new(),
+                    head: layout.first,
+                    sb_empty_on_disk: true,
+                    stopping: false,
+                    checkpoint_stopping: false,
+                    error: None,
+                    fc_ongoing: false,
+                    fc_next: 0,
+                },
+            ),
             sb: Mutex::new(sb),
             area,
             layout,
@@ -295,14 +321,19 @@ impl Jbd2 {
             cache,
             guard,
             wake_commit: Condvar::new(),
+            wake_checkpoint: Condvar::new(),
+            checkpointing: lock::Mutex::new(Rank::Checkpoint, ()),
+            checkpoint_writing: Mutex::new(Vec::new()),
             changed: Condvar::new(),
             commit_interval: options.commit_interval,
             async_commit: options.async_commit,
             fast_commit: options.fast_commit && layout.fast_commit.is_some(),
             pending_free: Mutex::new(BTreeMap::new()),
             thread: Mutex::new(None),
+            checkpoint_thread: Mutex::new(None),
             observer: OnceLock::new(),
             aborted: AtomicBool::new(false),
+            commit_hook: OnceLock::new(),
             commits: AtomicU64::new(0),
             blocks_logged: AtomicU64::new(0),
             revokes_logged: AtomicU64::new(0),
@@ -313,7 +344,7 @@ impl Jbd2 {
             fast_commit_blocks: AtomicU64::new(0),
         });
         jbd2.prepare_fast_commit_area()?;
-        Jbd2::start_thread(&jbd2);
+        Jbd2::start_threads(&jbd2);
         Ok(jbd2)
     }
 
@@ -391,8 +422,9 @@ impl Jbd2 {
                         "an operation needs {need} journal blocks, more than the journal can hold"
                     )));
                 }
+                // Truly full: the only wait for a checkpoint.
                 state.checkpoint_request = true;
-                self.wake_commit.notify_one();
+                self.wake_checkpoint.notify_one();
                 self.changed.wait(&mut state);
                 continue;
             }
@@ -471,9 +503,23 @@ impl Jbd2 {
             .insert(start, (start + count, transaction.tid));
     }
 
-    /// The first not-yet-allocatable range overlapping `start..start+len`.
+    /// The first not-yet-allocatable range overlapping `start..start+len`:
+    /// blocks freed by a transaction not yet durable, or a block a
+    /// checkpoint pass is writing home.
     pub fn pending_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
-        first_overlap(&self.pending_free.lock(), start, start + len)
+        let freed = first_overlap(&self.pending_free.lock(), start, start + len);
+        let writing = {
+            let writing = self.checkpoint_writing.lock();
+            let index = writing.partition_point(|&block| block < start);
+            writing
+                .get(index)
+                .filter(|&&block| block < start + len)
+                .map(|&block| (block, block + 1))
+        };
+        match (freed, writing) {
+            (Some(freed), Some(writing)) => Some(freed.min(writing)),
+            (freed, writing) => freed.or(writing),
+        }
     }
 
     pub fn has_pending_frees(&self) -> bool {
@@ -522,30 +568,33 @@ impl Jbd2 {
         }
     }
 
-    /// Ask the commit thread to checkpoint (log or memory pressure).
+    /// Ask the checkpoint thread to run (log or memory pressure).
     pub fn request_checkpoint(&self) {
         let mut state = self.state.lock();
         state.checkpoint_request = true;
-        self.wake_commit.notify_one();
+        self.wake_checkpoint.notify_one();
     }
 
     pub fn running_tid(&self) -> u32 {
         self.state.lock().running.tid
     }
 
-    /// Stop the commit thread after everything is committed and
-    /// checkpointed, and mark the journal empty on disk.
+    /// Stop the checkpoint thread, then the commit thread after everything
+    /// is committed and checkpointed, and mark the journal empty on disk.
+    /// The checkpoint thread goes first: its pass may wait for a commit.
     pub fn shutdown(&self) -> Result<()> {
+        {
+            let mut state = self.state.lock();
+            state.checkpoint_stopping = true;
+            self.wake_checkpoint.notify_one();
+        }
+        join_unless_current(&self.checkpoint_thread);
         {
             let mut state = self.state.lock();
             state.stopping = true;
             self.wake_commit.notify_one();
         }
-        if let Some(thread) = self.thread.lock().take()
-            && thread.thread().id() != std::thread::current().id()
-        {
-            let _ = thread.join();
-        }
+        join_unless_current(&self.thread);
         let state = self.state.lock();
         state.check_aborted()?;
         Ok(())
@@ -595,51 +644,29 @@ impl Jbd2 {
         self.state.lock().error.clone()
     }
 
-    fn start_thread(jbd2: &Arc<Jbd2>) {
-        let weak: Weak<Jbd2> = Arc::downgrade(jbd2);
-        let thread = std::thread::Builder::new()
-            .name("jext4-commit".into())
-            .spawn(move || {
-                while let Some(jbd2) = weak.upgrade() {
-                    // A panic (a bug) ends the thread; waiters for a commit
-                    // would sleep forever unless the journal aborts, which
-                    // wakes them with an error. The state lock was released
-                    // by the unwinding.
-                    let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        jbd2.commit_thread_step()
-                    }));
-                    match step {
-                        Ok(true) => {}
-                        Ok(false) => return,
-                        Err(panic) => {
-                            let why = crate::error::panic_message(&*panic);
-                            jbd2.abort_with(&format!("the commit thread panicked: {why}"));
-                            return;
-                        }
-                    }
-                }
-            })
-            .expect("spawning the commit thread");
-        *jbd2.thread.lock() = Some(thread);
+    fn start_threads(jbd2: &Arc<Jbd2>) {
+        *jbd2.thread.lock() = Some(spawn_step_loop(jbd2, "jext4-commit", |jbd2| {
+            jbd2.commit_thread_step()
+        }));
+        let mut backoff = false;
+        *jbd2.checkpoint_thread.lock() =
+            Some(spawn_step_loop(jbd2, "jext4-checkpoint", move |jbd2| {
+                jbd2.checkpoint_thread_step(&mut backoff)
+            }));
     }
 
-    /// One round of the commit thread: wait for work, then commit and/or
-    /// checkpoint. Returns false when the journal has stopped.
+    /// One round of the commit thread: wait for work, then commit.
+    /// Returns false when the journal has stopped.
     fn commit_thread_step(&self) -> bool {
         let mut state = self.state.lock();
         // MountOptions::validate bounds the interval; an Instant past the
         // clock's range would still panic here, so never compute one.
         let deadline = state.running.created.checked_add(self.commit_interval);
-        while state.commit_request.is_none()
-            && !state.checkpoint_request
-            && !state.stopping
-            && state.error.is_none()
-        {
+        while state.commit_request.is_none() && !state.stopping && state.error.is_none() {
             let timed_out = match deadline {
                 Some(deadline) => self.wake_commit.wait_until(&mut state, deadline),
                 None => self.wake_commit.wait_for(&mut state, self.commit_interval),
-            }
-            .timed_out();
+            };
             if timed_out {
                 break;
             }
@@ -658,30 +685,70 @@ impl Jbd2 {
         let wants_commit = state.commit_request.is_some()
             || (!state.running.is_empty()
                 && state.running.created.elapsed() >= self.commit_interval);
-        let wants_checkpoint = std::mem::take(&mut state.checkpoint_request)
-            || self.log_mostly_full(&state)
-            || self.cache.over_capacity();
         drop(state);
-        let result = (|| {
-            if wants_commit {
-                self.commit_running()?;
-            }
-            if wants_checkpoint {
-                self.make_room()?;
-            }
-            Ok(())
-        })();
-        if let Err(error) = result {
+        if wants_commit && let Err(error) = self.commit_running() {
             let mut state = self.state.lock();
             self.abort(&mut state, &error);
             return false;
         }
+        let state = self.state.lock();
+        if self.wants_checkpoint(&state) {
+            self.wake_checkpoint.notify_one();
+        }
         true
     }
 
-    /// Progressive checkpointing starts when half the log is in use.
-    fn log_mostly_full(&self, state: &State) -> bool {
-        self.used_blocks(state) > self.log_size() / 2
+    /// One pass of the checkpoint thread: wait until log space or memory
+    /// is wanted, then checkpoint (`make_room`). Returns false when it
+    /// should stop. `backoff`: the last pass left space or memory still
+    /// wanted (a handle inside the transaction holding the oldest buffers,
+    /// or a cache pinned by the running transaction), so the next pass
+    /// waits for one wakeup — a commit, a request — or the timeout, rather
+    /// than spinning.
+    fn checkpoint_thread_step(&self, backoff: &mut bool) -> bool {
+        let mut state = self.state.lock();
+        let deadline = Instant::now() + self.commit_interval;
+        let idle = |state: &State| {
+            !state.checkpoint_request && !state.checkpoint_stopping && state.error.is_none()
+        };
+        if *backoff {
+            if idle(&state) {
+                self.wake_checkpoint.wait_until(&mut state, deadline);
+            }
+        } else {
+            while idle(&state) && !self.wants_checkpoint(&state) {
+                if self.wake_checkpoint.wait_until(&mut state, deadline) {
+                    break;
+                }
+            }
+        }
+        if state.error.is_some() || state.checkpoint_stopping {
+            return false;
+        }
+        let requested = std::mem::take(&mut state.checkpoint_request);
+        let wanted = requested || self.wants_checkpoint(&state);
+        drop(state);
+        if !wanted {
+            *backoff = false;
+            return true;
+        }
+        match self.make_room() {
+            Ok(()) => {
+                *backoff = self.wants_checkpoint(&self.state.lock());
+                true
+            }
+            Err(error) => {
+                let mut state = self.state.lock();
+                self.abort(&mut state, &error);
+                false
+            }
+        }
+    }
+
+    /// Progressive checkpointing starts when half the log is in use, or
+    /// when pinned buffers keep the cache over its bound.
+    fn wants_checkpoint(&self, state: &State) -> bool {
+        self.used_blocks(state) > self.log_size() / 2 || self.cache.over_capacity()
     }
 
     /// Commit everything, checkpoint everything, mark the journal empty.
@@ -700,6 +767,49 @@ impl Jbd2 {
         self.area.dev.flush()?;
         state.sb_empty_on_disk = true;
         Ok(())
+    }
+}
+
+/// A journal thread: runs `step` while the journal lives and `step` asks
+/// for more.
+fn spawn_step_loop(
+    jbd2: &Arc<Jbd2>,
+    name: &str,
+    mut step: impl FnMut(&Jbd2) -> bool + Send + 'static,
+) -> JoinHandle<()> {
+    let weak: Weak<Jbd2> = Arc::downgrade(jbd2);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            while let Some(jbd2) = weak.upgrade() {
+                // A panic (a bug) ends the thread; waiters for a commit or
+                // for log space would sleep forever unless the journal
+                // aborts, which wakes them with an error. The state lock
+                // was released by the unwinding.
+                let round = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(&jbd2)));
+                match round {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    Err(panic) => {
+                        let why = crate::error::panic_message(&*panic);
+                        let thread = std::thread::current();
+                        let name = thread.name().unwrap_or("journal");
+                        jbd2.abort_with(&format!("the {name} thread panicked: {why}"));
+                        return;
+                    }
+                }
+            }
+        })
+        .expect("spawning a journal thread")
+}
+
+/// Wait for a journal thread to end, unless this is that thread (an
+/// unmount from inside it).
+fn join_unless_current(thread: &Mutex<Option<JoinHandle<()>>>) {
+    if let Some(thread) = thread.lock().take()
+        && thread.thread().id() != std::thread::current().id()
+    {
+        let _ = thread.join();
     }
 }
 

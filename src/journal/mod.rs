@@ -9,9 +9,11 @@
 //! its transaction is committed and the stop waits for it — with no
 //! filesystem lock held.
 //!
-//! Lock order (outermost first): handle start → filesystem lock → a
-//! buffer's journal head → its bytes → the journal's own state for
-//! bookkeeping. The journal never takes a filesystem lock.
+//! Locks: the ranking of `crate::lock` (a handle is started before any
+//! filesystem lock is taken; the JBD2 state ranks right after it and is
+//! never taken under a filesystem lock; the journal's lists are leaves).
+//! The journal never takes a filesystem lock, except the superblock's and
+//! buffers' in its commit hook.
 //!
 //! Modes:
 //! - `Jbd2` (`jbd2.rs`, `commit.rs`, `checkpoint.rs`): the real journal,
@@ -39,9 +41,9 @@ pub use jbd2::{Jbd2Options, Jbd2Stats};
 use crate::cache::{Buffer, BufferCache};
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Result};
+use crate::lock::{Held, Rank, RwLockWriteGuard};
 use change::{Change, ChangeObserver};
 use jbd2::{Jbd2, Transaction};
-use parking_lot::RwLockWriteGuard;
 use recovery::JournalArea;
 use std::cell::{Cell, RefCell};
 use std::ops::{Deref, DerefMut};
@@ -226,6 +228,9 @@ impl Journal {
             return Err(Error::ReadOnly);
         }
         debug_assert!(credits > 0, "a handle that changes nothing needs no handle");
+        // The outermost handle ranks before every lock: starting one may
+        // wait for a lock-down, which waits for every handle to stop.
+        let held = Held::acquire(Rank::Handle, self.id());
         let transaction = match &self.mode {
             Mode::WriteBack(_) => None,
             Mode::Jbd2(jbd2) => Some(jbd2.start_handle(credits)?),
@@ -237,6 +242,7 @@ impl Journal {
             dirtied: Cell::new(0),
             sync: Cell::new(self.config.sync_all),
             depth: Cell::new(1),
+            held: RefCell::new(Some(held)),
         });
         CURRENT_HANDLES.with(|handles| handles.borrow_mut().push(Rc::clone(&state)));
         Ok(Handle {
@@ -370,6 +376,15 @@ impl Journal {
         }
     }
 
+    /// Have `hook` write its summary into every transaction from now on.
+    pub fn set_commit_hook(&self, hook: Arc<dyn CommitHook>) {
+        let fresh = match &self.mode {
+            Mode::Jbd2(jbd2) => jbd2.commit_hook.set(hook).is_ok(),
+            Mode::WriteBack(write_back) => write_back.commit_hook.set(hook).is_ok(),
+        };
+        debug_assert!(fresh, "one commit hook per journal");
+    }
+
     pub fn stats(&self) -> JournalStats {
         match &self.mode {
             Mode::WriteBack(write_back) => JournalStats {
@@ -384,6 +399,59 @@ impl Journal {
     }
 }
 
+/// A summary the filesystem keeps outside the transactions (ext4's free
+/// block and inode counters) and writes into each transaction as it is
+/// committed, so that operations stop sharing one dirty block for it.
+pub trait CommitHook: Send + Sync {
+    /// Called once per commit at lock-down — every handle of the
+    /// transaction has stopped and none of the next one has started, so
+    /// the summary agrees exactly with the transaction's blocks — with the
+    /// journal's state lock held; unjournaled, before each write-back pass.
+    fn before_commit(&self, access: &CommitAccess<'_>);
+}
+
+/// Changes a `CommitHook` makes, as part of the transaction being
+/// committed (or of the write-back pass about to run).
+pub struct CommitAccess<'a> {
+    target: AccessTarget<'a>,
+}
+
+enum AccessTarget<'a> {
+    Jbd2 {
+        jbd2: &'a Jbd2,
+        transaction: &'a Transaction,
+    },
+    WriteBack(&'a WriteBack),
+}
+
+impl<'a> CommitAccess<'a> {
+    fn jbd2(jbd2: &'a Jbd2, transaction: &'a Transaction) -> Self {
+        CommitAccess {
+            target: AccessTarget::Jbd2 { jbd2, transaction },
+        }
+    }
+
+    fn write_back(write_back: &'a WriteBack) -> Self {
+        CommitAccess {
+            target: AccessTarget::WriteBack(write_back),
+        }
+    }
+
+    /// Change `buffer`'s bytes in the transaction being committed.
+    pub fn change(&self, buffer: &Arc<Buffer>, change: impl FnOnce(&mut [u8])) {
+        match &self.target {
+            AccessTarget::Jbd2 { jbd2, transaction } => {
+                jbd2.register(transaction, buffer);
+                change(&mut buffer.write_unjournaled());
+            }
+            AccessTarget::WriteBack(write_back) => {
+                change(&mut buffer.write_unjournaled());
+                write_back.mark_dirty(buffer);
+            }
+        }
+    }
+}
+
 /// What the nested levels of one operation's handle share.
 struct HandleState {
     journal_id: usize,
@@ -393,6 +461,8 @@ struct HandleState {
     sync: Cell<bool>,
     /// Levels started and not yet stopped.
     depth: Cell<u32>,
+    /// The handle's place in the lock ranking, until the outermost stop.
+    held: RefCell<Option<Held>>,
 }
 
 thread_local! {
@@ -535,6 +605,7 @@ impl<'j> Handle<'j> {
         }
         let id = self.state.journal_id;
         CURRENT_HANDLES.with(|handles| handles.borrow_mut().retain(|state| state.journal_id != id));
+        drop(self.state.held.borrow_mut().take());
         if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
         {
             // Return the credits this operation reserved and did not use.

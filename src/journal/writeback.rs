@@ -9,7 +9,7 @@ use crate::cache::{Buffer, BufferCache};
 use crate::error::Result;
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 
 pub(super) struct WriteBack {
@@ -20,6 +20,8 @@ pub(super) struct WriteBack {
     pass: Mutex<()>,
     flusher: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<(Mutex<bool>, Condvar)>,
+    /// Writes the filesystem's summary before each pass.
+    pub(super) commit_hook: OnceLock<Arc<dyn super::CommitHook>>,
 }
 
 impl WriteBack {
@@ -30,6 +32,7 @@ impl WriteBack {
             pass: Mutex::new(()),
             flusher: Mutex::new(None),
             stop: Arc::new((Mutex::new(false), Condvar::new())),
+            commit_hook: OnceLock::new(),
         }
     }
 
@@ -58,6 +61,12 @@ impl WriteBack {
 
     /// Write every dirty buffer home, in block order.
     pub(super) fn write_all(&self) -> Result<()> {
+        // The summary changes only with blocks that are dirty too.
+        if let Some(hook) = self.commit_hook.get()
+            && self.has_dirty()
+        {
+            hook.before_commit(&super::CommitAccess::write_back(self));
+        }
         let _pass = self.pass.lock();
         let batch = std::mem::take(&mut *self.dirty.lock());
         let mut failed = None;

@@ -157,7 +157,12 @@ impl TestAllocator {
             let desc = &image.descs[group as usize];
             let mut bits = vec![0u8; geo.block_size as usize];
             if desc.flags & BG_BLOCK_UNINIT != 0 {
-                bitmap::uninit_block_bitmap(&geo, group, &image.descs, &mut bits);
+                bitmap::uninit_block_bitmap(
+                    &geo,
+                    group,
+                    image.descs.iter().map(|d| d.locations()),
+                    &mut bits,
+                );
             } else {
                 let buffer = image.cache.read(desc.block_bitmap).unwrap();
                 bits.copy_from_slice(&buffer.read());
@@ -290,7 +295,12 @@ impl OnDisk {
         {
             let mut bits = handle.get_write_access(&buffer).unwrap();
             if desc.flags & BG_BLOCK_UNINIT != 0 {
-                bitmap::uninit_block_bitmap(geo, group, &desc_list, &mut bits);
+                bitmap::uninit_block_bitmap(
+                    geo,
+                    group,
+                    desc_list.iter().map(|d| d.locations()),
+                    &mut bits,
+                );
                 desc.flags &= !BG_BLOCK_UNINIT;
             }
             for block in start..start + count {

@@ -6,7 +6,6 @@
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
-use crate::format::group_desc::BG_INODE_UNINIT;
 use crate::format::{BlockAllocator, bitmap};
 use crate::fs::Tx;
 use crate::journal::Handle;
@@ -253,26 +252,26 @@ pub(super) fn mark_blocks(
         let group = geo.group_of_block(block);
         let base = geo.group_first_block(group);
         let group_end = (base + geo.blocks_in_group(group) as u64).min(end);
-        let buffer = tx.block_bitmap(group)?;
+        let mut desc = tx.lock_group(group);
+        let buffer = tx.block_bitmap(&mut desc)?;
+        let mut bytes = tx.handle.get_write_access(&buffer)?;
         let mut flipped = 0u32;
-        {
-            let mut bytes = tx.handle.get_write_access(&buffer)?;
-            for at in block..group_end {
-                let bit = (at - base) as usize;
-                if bitmap::test_bit(&bytes, bit) != in_use {
-                    if in_use {
-                        bitmap::set_bit(&mut bytes, bit);
-                    } else {
-                        bitmap::clear_bit(&mut bytes, bit);
-                    }
-                    flipped += 1;
-                    match changed.last_mut() {
-                        Some((_, last_end)) if *last_end == at => *last_end = at + 1,
-                        _ => changed.push((at, at + 1)),
-                    }
+        for at in block..group_end {
+            let bit = (at - base) as usize;
+            if bitmap::test_bit(&bytes, bit) != in_use {
+                if in_use {
+                    bitmap::set_bit(&mut bytes, bit);
+                } else {
+                    bitmap::clear_bit(&mut bytes, bit);
+                }
+                flipped += 1;
+                match changed.last_mut() {
+                    Some((_, last_end)) if *last_end == at => *last_end = at + 1,
+                    _ => changed.push((at, at + 1)),
                 }
             }
-            let desc = &mut tx.st.groups[group as usize];
+        }
+        if flipped > 0 {
             if in_use {
                 desc.free_blocks = desc.free_blocks.checked_sub(flipped).ok_or_else(|| {
                     Error::corrupt(
@@ -280,16 +279,12 @@ pub(super) fn mark_blocks(
                         "free block count below the bitmap's",
                     )
                 })?;
-                tx.st.sb.free_blocks_count -= flipped as u64;
             } else {
                 desc.free_blocks += flipped;
-                tx.st.sb.free_blocks_count += flipped as u64;
             }
-            tx.st.groups[group as usize].set_block_bitmap_csum(geo, &bytes);
+            desc.set_block_bitmap_csum(geo, &bytes);
         }
-        if flipped > 0 {
-            tx.mark_group_dirty(group);
-        }
+        drop(bytes);
         block = group_end;
     }
     Ok(changed)
@@ -301,13 +296,10 @@ pub(super) fn inode_in_use(tx: &Tx<'_, '_>, ino: u32) -> Result<bool> {
     let geo = &tx.core.geo;
     let group = geo.group_of_inode(ino);
     let index = geo.inode_index_in_group(ino);
-    let desc = &tx.st.groups[group as usize];
-    if geo.has_group_csum()
-        && (desc.flags & BG_INODE_UNINIT != 0 || index >= geo.inodes_per_group - desc.itable_unused)
-    {
+    if index >= tx.core.groups.initialised_inodes(group) {
         return Ok(false);
     }
-    let buffer = tx.core.cache.read(desc.inode_bitmap)?;
+    let buffer = tx.core.cache.read(tx.core.groups.at(group).inode_bitmap)?;
     let used = bitmap::test_bit(&buffer.read(), index as usize);
     Ok(used)
 }

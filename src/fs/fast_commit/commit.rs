@@ -7,10 +7,13 @@
 //!    transaction before must be durable, or replay would never reach the
 //!    records) and for another fast commit (which may cover this fsync
 //!    already: then nothing is left to write);
-//! 2. under the filesystem lock, shared — no operation runs — everything
-//!    queued is taken (`Tracker::take`) and turned into records from the
-//!    live inodes: a consistent cut, the "snapshot when the fast commit
-//!    starts"; operations go on once the records are built;
+//! 2. with the journal's updates locked (`FastCommitSlot::lock_updates`,
+//!    the kernel's `jbd2_journal_lock_updates`: every handle has stopped,
+//!    none starts, so no operation is half-way and none holds a lock)
+//!    everything queued is taken (`Tracker::take`) and turned into records
+//!    from the inodes as stored: a consistent cut, the "snapshot when the
+//!    fast commit starts", with no filesystem lock; operations go on once
+//!    the records are built (readers never stopped);
 //! 3. the records go to the area after the earlier fast commits of the
 //!    transaction, data first where they expose new data (see
 //!    `journal::fc_commit` for the flushes).
@@ -33,7 +36,7 @@ use crate::format::inode::Inode;
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::GOOD_OLD_INODE_SIZE;
 use crate::fs::inode::{inode_location, read_inode};
-use crate::fs::{Core, Fs, State};
+use crate::fs::{Core, Fs};
 use crate::journal::FastCommitBegin;
 use crate::journal::change::Ineligible;
 use crate::journal::faults::{self, Fault};
@@ -79,7 +82,7 @@ impl Fs {
             FastCommitBegin::Started(slot) => slot,
         };
         let built = {
-            let st = self.state.read();
+            let updates = slot.lock_updates();
             let Some(snapshot) = tracker.take(slot.tid) else {
                 tracker.count_fallback();
                 return Ok(Outcome::FullCommit);
@@ -92,7 +95,9 @@ impl Fs {
                 // ineligible and `take` would have said so.)
                 return Ok(Outcome::Durable { flushed: true });
             }
-            build(&self.core, &st, &snapshot, slot.head, slot.tid)
+            let built = build(&self.core, &snapshot, slot.head, slot.tid);
+            drop(updates);
+            built
         };
         let built = match built {
             Ok(built) if built.blocks.len() as u32 > slot.free_blocks => {
@@ -128,10 +133,9 @@ impl Fs {
 }
 
 /// Lay the records of `snapshot` out as one fast commit for `tid`.
-fn build(core: &Core, st: &State, snapshot: &Snapshot, head: bool, tid: u32) -> Result<Built> {
+fn build(core: &Core, snapshot: &Snapshot, head: bool, tid: u32) -> Result<Built> {
     let mut writer = RecordWriter {
         core,
-        st,
         area: AreaBuilder::new(core.geo.block_size as usize),
         data_first: false,
         ranges_written: HashSet::new(),
@@ -167,7 +171,6 @@ fn build(core: &Core, st: &State, snapshot: &Snapshot, head: bool, tid: u32) -> 
 
 struct RecordWriter<'a> {
     core: &'a Core,
-    st: &'a State,
     area: AreaBuilder,
     data_first: bool,
     /// Inodes whose ranges went out with their CREAT.
@@ -179,7 +182,7 @@ impl RecordWriter<'_> {
     /// A new inode's first name: its INODE record and ranges, then CREAT
     /// (replay builds the unnamed inode first, then names it).
     fn create(&mut self, dentry: Dentry, pending: Option<&PendingInode>) -> Result<()> {
-        let inode = read_inode(self.core, self.st, dentry.ino)?;
+        let inode = read_inode(self.core, dentry.ino)?;
         debug_assert!(inode.mode != 0, "CREAT of a freed inode {}", dentry.ino);
         self.inode_record(dentry.ino, &inode)?;
         if let Some(pending) = pending.filter(|_| !inode.is_dir()) {
@@ -194,7 +197,7 @@ impl RecordWriter<'_> {
     /// inodes without links (freed, or open orphans, which are ineligible)
     /// are left to their names.
     fn inode(&mut self, ino: u32, pending: &PendingInode) -> Result<()> {
-        let inode = read_inode(self.core, self.st, ino)?;
+        let inode = read_inode(self.core, ino)?;
         if inode.mode == 0 || inode.links_count == 0 || inode.is_dir() {
             return Ok(());
         }
@@ -219,7 +222,7 @@ impl RecordWriter<'_> {
             GOOD_OLD_INODE_SIZE as usize
         };
         debug_assert!(len <= geo.inode_size as usize);
-        let (block, offset) = inode_location(geo, &self.st.groups, ino);
+        let (block, offset) = inode_location(geo, &self.core.groups, ino);
         let buffer = self.core.cache.read(block)?;
         let raw = buffer.read()[offset..offset + len].to_vec();
         self.area.add(&Record::Inode { ino, raw });

@@ -69,7 +69,7 @@ use crate::format::MetaCtx;
 use crate::format::fast_commit::{FastCommitLog, Record, Scanner};
 use crate::format::inode::Inode;
 use crate::format::mapping::{self, BlockUse};
-use crate::format::superblock::{Geometry, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
+use crate::format::superblock::{self, Geometry};
 use crate::journal::fast_commit::{ReplayWrite, write_replayed_blocks};
 use crate::journal::recovery::{FastCommitArea, JournalArea};
 use blocks::{BlockRanges, OverlayDevice, ReplayAllocator, inode_in_use, mark_blocks};
@@ -89,9 +89,7 @@ struct ReplayStats {
 /// Replay the fast commits of `fast_commit` (called by recovery after the
 /// block replay, before the journal reset).
 pub(crate) fn replay(area: &JournalArea, fast_commit: &FastCommitArea) -> Result<()> {
-    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
-    area.dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    let geo = Geometry::from_superblock(&Superblock::decode(&bytes)?);
+    let geo = Geometry::from_superblock(&superblock::read_from(&*area.dev)?);
     let log = scan(area, fast_commit, geo.inode_size)?;
     tracing::info!(
         commits = log.commits,
@@ -235,12 +233,12 @@ impl<'r, 'a, 'j> Replayer<'r, 'a, 'j> {
         };
         let overlaps = |first: u64, len: u64| start < first + len && first < end;
         let mut metadata = self.journal_blocks.overlaps(start, end);
-        for (group, desc) in self.tx.st.groups.iter().enumerate() {
+        for (group, at) in self.tx.core.groups.locations().enumerate() {
             let base = geo.group_first_block(group as u32);
             metadata |= overlaps(base, geo.group_overhead_blocks(group as u32) as u64)
-                || overlaps(desc.block_bitmap, 1)
-                || overlaps(desc.inode_bitmap, 1)
-                || overlaps(desc.inode_table, geo.inode_table_blocks as u64);
+                || overlaps(at.block_bitmap, 1)
+                || overlaps(at.inode_bitmap, 1)
+                || overlaps(at.inode_table, geo.inode_table_blocks as u64);
         }
         if metadata {
             return Err(Error::corrupt(
@@ -343,24 +341,18 @@ impl Replayer<'_, '_, '_> {
             mark_blocks(self.tx, start, end, false)?;
         }
         debug_assert_eq!(
-            self.tx.st.sb.free_blocks_count,
-            self.tx
-                .st
-                .groups
-                .iter()
-                .map(|desc| desc.free_blocks as u64)
-                .sum::<u64>()
+            self.tx.core.sbi.free_blocks(),
+            self.tx.core.groups.free_totals().0
         );
         sum_free_counts(self.tx);
         Ok(())
     }
 }
 
-/// The superblock's free counts as the sums of the groups' (what the
-/// kernel's counters start from at mount, and what e2fsck checks).
+/// The free totals as the sums of the groups' (what the kernel's counters
+/// start from at mount, and what e2fsck checks): written into the
+/// superblock when the replay's engine is shut down.
 fn sum_free_counts(tx: &mut Tx<'_, '_>) {
-    let st = &mut *tx.st;
-    st.sb.free_blocks_count = st.groups.iter().map(|desc| desc.free_blocks as u64).sum();
-    st.sb.free_inodes_count = st.groups.iter().map(|desc| desc.free_inodes).sum();
-    st.sb_dirty = true;
+    let (blocks, inodes) = tx.core.groups.free_totals();
+    tx.core.sbi.set_free(blocks, inodes);
 }

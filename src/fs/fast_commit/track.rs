@@ -3,9 +3,8 @@
 //! kernel's fast-commit queues, `ext4_fc_track_*`).
 //!
 //! The tracker is the journal's change observer (`journal::change`): every
-//! handle reports its changes here, under the filesystem lock of the
-//! operation that made them, and the commit thread reports every full
-//! commit. It keeps
+//! handle reports its changes here, under the locks of the operation that
+//! made them, and the commit thread reports every full commit. It keeps
 //! - the inodes changed, each with the logical ranges whose mapping
 //!   changed (physical blocks are looked up when the fast commit is
 //!   written, as the kernel does);
@@ -16,9 +15,9 @@
 //!   transaction: fast commits fall back to full commits until that
 //!   transaction is committed in full. Each reason is counted.
 //!
-//! A fast commit takes everything queued (`take`) from under the same
-//! filesystem lock, so it records a consistent cut; what changes after
-//! waits for the next one. A full commit of transaction T drops what was
+//! A fast commit takes everything queued (`take`) with the journal's
+//! updates locked (no handle running: no operation is half-way), so it
+//! records a consistent cut; what changes after waits for the next one. A full commit of transaction T drops what was
 //! changed in T or before (`ChangeObserver::committed`): the log holds it.
 //!
 //! One queue for the whole filesystem today; per-directory transactions
@@ -30,8 +29,8 @@
 //! the tracker marks the transaction ineligible and forgets its entries:
 //! they could not be written anyway.
 //!
-//! Lock: `state` is a leaf lock (taken under the filesystem lock and
-//! buffer locks by `changed`, under the journal state by `committed`).
+//! Lock: `state` is a leaf lock (taken under an operation's locks by
+//! `changed`, under the journal state by `committed`).
 
 use crate::format::fast_commit::RECORD_HEADER_SIZE;
 use crate::format::superblock::Geometry;
