@@ -61,8 +61,9 @@ use std::sync::atomic::Ordering;
 
 /// What `Jbd2::begin_fast_commit` found.
 pub enum FastCommitBegin<'j> {
-    /// The transaction is durable already (committed in full). `flushed`:
-    /// a commit's final flush came after the call began.
+    /// The caller's changes are durable already: committed in full, or
+    /// carried by a fast commit that started after them. `flushed`: a
+    /// commit's final flush came after the call began.
     Durable { flushed: bool },
     /// A fast commit cannot be written now (the log has no full commit yet,
     /// or the area has no room): commit in full.
@@ -83,6 +84,11 @@ pub struct FastCommitSlot<'j> {
     pub head: bool,
     /// Area blocks still free.
     pub free_blocks: u32,
+    /// This fast commit's number (`State::fc_started` once it began).
+    sequence: u64,
+    /// Its blocks are durable: every fsync that read a smaller
+    /// `fast_commit_sequence` is covered.
+    durable: bool,
     /// Journal block where this fast commit's first block goes.
     first_block: u32,
     /// Area blocks this fast commit wrote (or tried to).
@@ -101,14 +107,18 @@ impl FastCommitSlot<'_> {
         // Counted before any I/O: after an error part of it may be on disk,
         // and the next fast commit must not mix with it.
         self.written = blocks.len() as u32;
-        self.jbd2
-            .write_fast_commit(self.first_block, self.head, blocks, data_first)
+        let flushes =
+            self.jbd2
+                .write_fast_commit(self.first_block, self.head, blocks, data_first)?;
+        self.durable = true;
+        Ok(flushes)
     }
 }
 
 impl Drop for FastCommitSlot<'_> {
     fn drop(&mut self) {
-        self.jbd2.end_fast_commit(self.tid, self.written);
+        let durable = self.durable.then_some(self.sequence);
+        self.jbd2.end_fast_commit(self.tid, self.written, durable);
     }
 }
 
@@ -135,18 +145,34 @@ impl Jbd2 {
         Ok(())
     }
 
-    /// Wait until transaction `tid` is durable or a fast commit for it may
-    /// be written: no full commit and no other fast commit under way.
-    pub fn begin_fast_commit(&self, tid: u32) -> Result<FastCommitBegin<'_>> {
+    /// The number of fast commits begun so far. A caller that reads it
+    /// after making its changes (an fsync) is covered by any fast commit
+    /// numbered above it: that one takes its records after it began.
+    pub fn fast_commit_sequence(&self) -> u64 {
+        self.state.lock().fc_started
+    }
+
+    /// Wait until transaction `tid` is durable, or a fast commit numbered
+    /// above `seen` (`fast_commit_sequence` read after the caller's
+    /// changes) is, or a fast commit for it may be written: no full commit
+    /// and no other fast commit under way. The second case is the group
+    /// commit of concurrent fsyncs (the kernel's `s_fc_subtid` check): one
+    /// fast commit carries every change made before it began.
+    pub fn begin_fast_commit(&self, tid: u32, seen: u64) -> Result<FastCommitBegin<'_>> {
         let Some((first, end)) = self.fast_commit_area() else {
             return Ok(FastCommitBegin::Refused);
         };
         let mut state = self.state.lock();
+        debug_assert!(seen <= state.fc_started, "a sequence from the future");
         let mut waited = false;
         loop {
             state.check_aborted()?;
             if !tid_gt(tid, state.committed_tid) {
                 return Ok(FastCommitBegin::Durable { flushed: waited });
+            }
+            if state.fc_durable > seen {
+                // Its flushes came after `seen` was read.
+                return Ok(FastCommitBegin::Durable { flushed: true });
             }
             if state.locked || state.committing_tid.is_some() || state.fc_ongoing {
                 self.changed.wait(&mut state);
@@ -162,11 +188,14 @@ impl Jbd2 {
                 return Ok(FastCommitBegin::Refused);
             }
             state.fc_ongoing = true;
+            state.fc_started += 1;
             return Ok(FastCommitBegin::Started(FastCommitSlot {
                 jbd2: self,
                 tid,
                 head: used == 0,
                 free_blocks: end - first - used,
+                sequence: state.fc_started,
+                durable: false,
                 first_block: first + used,
                 written: 0,
             }));
@@ -220,13 +249,19 @@ impl Jbd2 {
 
     /// The slot is given back; `written` area blocks now hold its fast
     /// commit (or whatever part of it reached them before an error): later
-    /// fast commits of the same transaction go after them.
-    fn end_fast_commit(&self, tid: u32, written: u32) {
+    /// fast commits of the same transaction go after them. `durable`: the
+    /// number of the fast commit, when it is durable.
+    fn end_fast_commit(&self, tid: u32, written: u32, durable: Option<u64>) {
         let mut state = self.state.lock();
         debug_assert!(state.fc_ongoing);
         debug_assert_eq!(state.running.tid, tid, "a full commit ran meanwhile");
         state.fc_ongoing = false;
         state.fc_next += written;
+        if let Some(sequence) = durable {
+            // One fast commit at a time: they end in the order they began.
+            debug_assert!(sequence > state.fc_durable && sequence == state.fc_started);
+            state.fc_durable = sequence;
+        }
         if written > 0 {
             self.fast_commits.fetch_add(1, Ordering::Relaxed);
             self.fast_commit_blocks

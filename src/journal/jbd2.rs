@@ -132,6 +132,11 @@ pub(crate) struct State {
     pub fc_ongoing: bool,
     /// Blocks of the fast-commit area used since the last full commit.
     pub fc_next: u32,
+    /// Fast commits begun since mount, and the number of the newest one
+    /// that is durable (`fc_commit.rs`: fsyncs covered by it need none of
+    /// their own).
+    pub fc_started: u64,
+    pub fc_durable: u64,
 }
 
 impl State {
@@ -285,6 +290,8 @@ impl Jbd2 {
                 error: None,
                 fc_ongoing: false,
                 fc_next: 0,
+                fc_started: 0,
+                fc_durable: 0,
             }),
             sb: Mutex::new(sb),
             area,

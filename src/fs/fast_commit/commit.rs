@@ -5,8 +5,9 @@
 //! instead of committing the transaction:
 //! 1. `Journal::begin_fast_commit` waits for a full commit under way (the
 //!    transaction before must be durable, or replay would never reach the
-//!    records) and for another fast commit (which may cover this fsync
-//!    already: then nothing is left to write);
+//!    records) and for another fast commit (which covers this fsync when
+//!    it began after the fsync did: then nothing is left to write — the
+//!    group commit of concurrent fsyncs);
 //! 2. under the filesystem lock, shared — no operation runs — everything
 //!    queued is taken (`Tracker::take`) and turned into records from the
 //!    live inodes: a consistent cut, the "snapshot when the fast commit
@@ -66,11 +67,14 @@ impl Fs {
     /// Make transaction `tid` (the newest to change the inode being
     /// synced) durable with a fast commit if it can be done.
     pub(crate) fn fast_commit(&self, tracker: &Tracker, tid: u32) -> Result<Outcome> {
+        // Read after this fsync's changes were made: a fast commit begun
+        // later carries them.
+        let seen = self.core.journal.fast_commit_sequence();
         if !tracker.eligible(tid) {
             tracker.count_fallback();
             return Ok(Outcome::FullCommit);
         }
-        let mut slot = match self.core.journal.begin_fast_commit(tid)? {
+        let mut slot = match self.core.journal.begin_fast_commit(tid, seen)? {
             FastCommitBegin::Durable { flushed } => return Ok(Outcome::Durable { flushed }),
             FastCommitBegin::Refused => {
                 tracker.count_fallback();
