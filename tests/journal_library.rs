@@ -399,3 +399,26 @@ fn a_fast_commit_covers_the_fsyncs_that_came_before_it_began() {
     assert_eq!(stats.fast_commits, 1, "{stats:?}");
     journal.shutdown().unwrap();
 }
+
+/// An idle journal's commit thread sleeps until the next commit interval.
+/// It spun instead once the empty running transaction was older than the
+/// interval (its deadline was in the past): an idle mount burnt a CPU.
+#[test]
+fn an_idle_commit_thread_sleeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::mkfs(dir.path(), "idle", 16, &["-t", "ext4"]);
+    let options = MountOptions {
+        commit_interval: Duration::from_millis(50),
+        ..MountOptions::default()
+    };
+    let image = Image::open_with(&path, options).unwrap();
+    image.write_file("/a", b"one").unwrap();
+    image.sync().unwrap();
+    let before = journal(&image).thread_rounds;
+    std::thread::sleep(Duration::from_millis(600));
+    let rounds = journal(&image).thread_rounds - before;
+    // About one round per 50 ms interval; the spinning thread made
+    // millions.
+    assert!(rounds <= 60, "{rounds} commit-thread rounds in 600 ms idle");
+    image.close().unwrap();
+}

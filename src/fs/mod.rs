@@ -594,6 +594,7 @@ impl Fs {
                 format!("journal_frozen_copies {}", jbd2.frozen_copies),
                 format!("journal_checkpoints {}", jbd2.checkpoints),
                 format!("journal_blocks_checkpointed {}", jbd2.blocks_checkpointed),
+                format!("journal_thread_rounds {}", jbd2.thread_rounds),
                 format!("write_ahead_guard_events {}", jbd2.guard_violations),
             ]),
             None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),

@@ -160,6 +160,9 @@ pub struct Jbd2Stats {
     pub frozen_copies: u64,
     pub checkpoints: u64,
     pub blocks_checkpointed: u64,
+    /// Rounds of the commit thread (it wakes about once per commit
+    /// interval when idle).
+    pub thread_rounds: u64,
     pub guard_violations: u64,
     /// Fast commits written, and the area blocks they took.
     pub fast_commits: u64,
@@ -196,6 +199,7 @@ pub(crate) struct Jbd2 {
     pub frozen_copies: AtomicU64,
     pub checkpoints: AtomicU64,
     pub blocks_checkpointed: AtomicU64,
+    pub thread_rounds: AtomicU64,
     pub fast_commits: AtomicU64,
     pub fast_commit_blocks: AtomicU64,
 }
@@ -313,6 +317,7 @@ impl Jbd2 {
             frozen_copies: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             blocks_checkpointed: AtomicU64::new(0),
+            thread_rounds: AtomicU64::new(0),
             fast_commits: AtomicU64::new(0),
             fast_commit_blocks: AtomicU64::new(0),
         });
@@ -563,6 +568,7 @@ impl Jbd2 {
             frozen_copies: self.frozen_copies.load(Ordering::Relaxed),
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
             blocks_checkpointed: self.blocks_checkpointed.load(Ordering::Relaxed),
+            thread_rounds: self.thread_rounds.load(Ordering::Relaxed),
             guard_violations: self.guard.violations(),
             fast_commits: self.fast_commits.load(Ordering::Relaxed),
             fast_commit_blocks: self.fast_commit_blocks.load(Ordering::Relaxed),
@@ -597,8 +603,16 @@ impl Jbd2 {
     /// One round of the commit thread: wait for work, then commit and/or
     /// checkpoint. Returns false when the journal has stopped.
     fn commit_thread_step(&self) -> bool {
+        self.thread_rounds.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
-        let deadline = state.running.created + self.commit_interval;
+        // An empty running transaction has nothing to commit when its
+        // interval ends: a deadline already past would make this loop spin
+        // (an idle mount burnt a CPU). Look again an interval from now.
+        let deadline = if state.running.is_empty() {
+            Instant::now() + self.commit_interval
+        } else {
+            state.running.created + self.commit_interval
+        };
         while state.commit_request.is_none()
             && !state.checkpoint_request
             && !state.stopping
