@@ -57,6 +57,7 @@ use super::format::tid_gt;
 use super::jbd2::Jbd2;
 use crate::dev::SECTOR_SIZE;
 use crate::error::Result;
+use crate::format::fast_commit::{AreaBuilder, Record};
 use std::sync::atomic::Ordering;
 
 /// What `Jbd2::begin_fast_commit` found.
@@ -82,8 +83,8 @@ pub struct FastCommitSlot<'j> {
     /// The first fast commit since the area was retired: it opens with a
     /// HEAD.
     pub head: bool,
-    /// Area blocks still free.
-    pub free_blocks: u32,
+    /// Area blocks still free (without ByteLog).
+    free_blocks: u32,
     /// This fast commit's number (`State::fc_started` once it began).
     sequence: u64,
     /// Its blocks are durable: every fsync that read a smaller
@@ -91,27 +92,96 @@ pub struct FastCommitSlot<'j> {
     durable: bool,
     /// Journal block where this fast commit's first block goes.
     first_block: u32,
-    /// Area blocks this fast commit wrote (or tried to).
+    /// Area units this fast commit took (or tried to): blocks, or one per
+    /// ByteLog fast commit.
     written: u32,
 }
 
+/// What one fast commit wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    /// Bytes of records, HEAD and TAIL included (not the padding).
+    pub record_bytes: usize,
+    /// Bytes written to the area.
+    pub area_bytes: u64,
+    /// Device flushes.
+    pub flushes: u32,
+    /// ByteLog persists (cache-line write-back and fence, or msync).
+    pub persists: u32,
+}
+
 impl FastCommitSlot<'_> {
-    /// Write `blocks` (records then TAIL, from `format::fast_commit`) at
-    /// the slot's place and make them durable. `data_first`: the records
-    /// expose data written since the last flush (newly mapped blocks, a
-    /// size that grew), which must be durable before the TAIL is. Returns
-    /// the device flushes issued.
-    pub fn write(&mut self, blocks: &[Vec<u8>], data_first: bool) -> Result<u32> {
+    /// Whether every fast commit ends with a device flush (block fast
+    /// commits do; a ByteLog one ends with a fence, and flushes only when
+    /// its records expose new data).
+    pub fn ends_with_flush(&self) -> bool {
+        self.jbd2.bytelog.is_none()
+    }
+
+    /// Write `records` as one fast commit (HEAD first if it is the first
+    /// since the area was retired, TAIL last) at the slot's place and make
+    /// it durable. `data_first`: the records expose data written since the
+    /// last flush (newly mapped blocks, a size that grew), which must be
+    /// durable before the TAIL is. None when the area has no room for it
+    /// (nothing was written).
+    pub fn write(&mut self, records: &[Record], data_first: bool) -> Result<Option<Written>> {
         debug_assert_eq!(self.written, 0, "one fast commit per slot");
-        debug_assert!(!blocks.is_empty() && blocks.len() as u32 <= self.free_blocks);
+        let written = match &self.jbd2.bytelog {
+            Some(bytelog) => {
+                let dev = &*self.jbd2.area.dev;
+                let written = bytelog.write(dev, self.tid, self.head, records, data_first);
+                // Taken unless there was no room (then nothing was stored).
+                self.written = !matches!(written, Ok(None)) as u32;
+                written?.map(|written| Written {
+                    record_bytes: written.record_bytes,
+                    area_bytes: written.area_bytes,
+                    flushes: written.flushes,
+                    persists: written.persists,
+                })
+            }
+            None => self.write_blocks(records, data_first)?,
+        };
+        if let Some(written) = &written {
+            self.durable = true;
+            self.jbd2.fast_commits.fetch_add(1, Ordering::Relaxed);
+            self.jbd2
+                .fast_commit_bytes
+                .fetch_add(written.area_bytes, Ordering::Relaxed);
+        }
+        Ok(written)
+    }
+
+    /// The fast commit as whole blocks of the area (the kernel's layout).
+    fn write_blocks(&mut self, records: &[Record], data_first: bool) -> Result<Option<Written>> {
+        let block_size = self.jbd2.area.fs_block_size;
+        let mut area = AreaBuilder::new(block_size as usize);
+        if self.head {
+            area.add(&Record::Head {
+                features: 0,
+                tid: self.tid,
+            });
+        }
+        for record in records {
+            area.add(record);
+        }
+        area.tail(self.tid);
+        let record_bytes = area.record_bytes();
+        let blocks = area.finish();
+        if blocks.len() as u32 > self.free_blocks {
+            return Ok(None);
+        }
         // Counted before any I/O: after an error part of it may be on disk,
         // and the next fast commit must not mix with it.
         self.written = blocks.len() as u32;
         let flushes =
             self.jbd2
-                .write_fast_commit(self.first_block, self.head, blocks, data_first)?;
-        self.durable = true;
-        Ok(flushes)
+                .write_fast_commit(self.first_block, self.head, &blocks, data_first)?;
+        Ok(Some(Written {
+            record_bytes,
+            area_bytes: blocks.len() as u64 * block_size as u64,
+            flushes,
+            persists: 0,
+        }))
     }
 }
 
@@ -171,8 +241,11 @@ impl Jbd2 {
                 return Ok(FastCommitBegin::Durable { flushed: waited });
             }
             if state.fc_durable > seen {
-                // Its flushes came after `seen` was read.
-                return Ok(FastCommitBegin::Durable { flushed: true });
+                // Its flushes came after `seen` was read (a ByteLog fast
+                // commit may have issued none: its fence is not a flush).
+                return Ok(FastCommitBegin::Durable {
+                    flushed: self.bytelog.is_none(),
+                });
             }
             if state.locked || state.committing_tid.is_some() || state.fc_ongoing {
                 self.changed.wait(&mut state);
@@ -184,7 +257,8 @@ impl Jbd2 {
                 "neither committed, committing nor running"
             );
             let used = state.fc_next;
-            if state.sb_empty_on_disk || first + used >= end {
+            // ByteLog checks its own room (`used` counts fast commits there).
+            if state.sb_empty_on_disk || (self.bytelog.is_none() && first + used >= end) {
                 return Ok(FastCommitBegin::Refused);
             }
             state.fc_ongoing = true;
@@ -193,7 +267,7 @@ impl Jbd2 {
                 jbd2: self,
                 tid,
                 head: used == 0,
-                free_blocks: end - first - used,
+                free_blocks: end.saturating_sub(first + used),
                 sequence: state.fc_started,
                 durable: false,
                 first_block: first + used,
@@ -262,11 +336,6 @@ impl Jbd2 {
             debug_assert!(sequence > state.fc_durable && sequence == state.fc_started);
             state.fc_durable = sequence;
         }
-        if written > 0 {
-            self.fast_commits.fetch_add(1, Ordering::Relaxed);
-            self.fast_commit_blocks
-                .fetch_add(written as u64, Ordering::Relaxed);
-        }
         self.changed.notify_all();
     }
 
@@ -285,6 +354,11 @@ impl Jbd2 {
             debug_assert!(!state.fc_ongoing, "a fast commit during a full commit");
             std::mem::take(&mut state.fc_next)
         };
+        if let Some(bytelog) = &self.bytelog {
+            // Its zeroed line is persisted at once: no flush to follow.
+            bytelog.retire()?;
+            return Ok(false);
+        }
         if used == 0 {
             return Ok(false);
         }

@@ -166,7 +166,10 @@ pub struct Jbd2Stats {
     pub guard_violations: u64,
     /// Fast commits written, and the area blocks they took.
     pub fast_commits: u64,
-    pub fast_commit_blocks: u64,
+    pub fast_commit_bytes: u64,
+    /// ByteLog persists (`-o bytelog`), and how they are made.
+    pub bytelog_persists: u64,
+    pub bytelog_method: Option<crate::dev::PersistMethod>,
 }
 
 pub(crate) struct Jbd2 {
@@ -201,7 +204,9 @@ pub(crate) struct Jbd2 {
     pub blocks_checkpointed: AtomicU64,
     pub thread_rounds: AtomicU64,
     pub fast_commits: AtomicU64,
-    pub fast_commit_blocks: AtomicU64,
+    pub fast_commit_bytes: AtomicU64,
+    /// Fast commits go to a persistent-memory mapping (`-o bytelog`).
+    pub bytelog: Option<super::bytelog::ByteLog>,
 }
 
 /// Options for loading the journal.
@@ -215,6 +220,9 @@ pub struct Jbd2Options {
     /// Write fast commits: the journal gets the FAST_COMMIT feature (and
     /// its log ends before the area), as the kernel sets it at mount.
     pub fast_commit: bool,
+    /// Write them through a persistent-memory mapping of the area
+    /// (`journal::bytelog`); needs `fast_commit`.
+    pub bytelog: bool,
 }
 
 impl Jbd2 {
@@ -274,6 +282,19 @@ impl Jbd2 {
         };
         area.store_superblock(&mut sb)?;
         area.dev.flush()?;
+        let fast_commit = options.fast_commit && layout.fast_commit.is_some();
+        let bytelog = match layout.fast_commit.filter(|_| options.bytelog) {
+            // The area's last block stays zero (`fc_commit.rs`).
+            Some((first, end)) if fast_commit => {
+                Some(super::bytelog::ByteLog::map(&area, first, end - 1)?)
+            }
+            _ if options.bytelog => {
+                return Err(Error::Unsupported(
+                    "bytelog needs fast commits, and the journal has no room for their area".into(),
+                ));
+            }
+            _ => None,
+        };
         let format = sb.log_format();
         let log_size = layout.last - layout.first;
         let jbd2 = Arc::new(Jbd2 {
@@ -307,7 +328,7 @@ impl Jbd2 {
             changed: Condvar::new(),
             commit_interval: options.commit_interval,
             async_commit: options.async_commit,
-            fast_commit: options.fast_commit && layout.fast_commit.is_some(),
+            fast_commit,
             pending_free: Mutex::new(BTreeMap::new()),
             thread: Mutex::new(None),
             observer: OnceLock::new(),
@@ -319,7 +340,8 @@ impl Jbd2 {
             blocks_checkpointed: AtomicU64::new(0),
             thread_rounds: AtomicU64::new(0),
             fast_commits: AtomicU64::new(0),
-            fast_commit_blocks: AtomicU64::new(0),
+            fast_commit_bytes: AtomicU64::new(0),
+            bytelog,
         });
         jbd2.prepare_fast_commit_area()?;
         Jbd2::start_thread(&jbd2);
@@ -571,7 +593,12 @@ impl Jbd2 {
             thread_rounds: self.thread_rounds.load(Ordering::Relaxed),
             guard_violations: self.guard.violations(),
             fast_commits: self.fast_commits.load(Ordering::Relaxed),
-            fast_commit_blocks: self.fast_commit_blocks.load(Ordering::Relaxed),
+            fast_commit_bytes: self.fast_commit_bytes.load(Ordering::Relaxed),
+            bytelog_persists: self
+                .bytelog
+                .as_ref()
+                .map_or(0, |bytelog| bytelog.persists.load(Ordering::Relaxed)),
+            bytelog_method: self.bytelog.as_ref().map(|bytelog| bytelog.method()),
         }
     }
 

@@ -20,6 +20,7 @@
 //!   by a background flusher, by `sync`, under cache pressure and at
 //!   unmount. Same promise as ext2: a crash may leave work for `e2fsck`.
 
+mod bytelog;
 pub mod change;
 mod checkpoint;
 mod commit;
@@ -33,7 +34,7 @@ pub mod logdump;
 pub mod recovery;
 mod writeback;
 
-pub use fc_commit::{FastCommitBegin, FastCommitSlot};
+pub use fc_commit::{FastCommitBegin, FastCommitSlot, Written};
 pub use jbd2::{Jbd2Options, Jbd2Stats};
 
 use crate::cache::{Buffer, BufferCache};

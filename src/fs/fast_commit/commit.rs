@@ -12,9 +12,10 @@
 //!    queued is taken (`Tracker::take`) and turned into records from the
 //!    live inodes: a consistent cut, the "snapshot when the fast commit
 //!    starts"; operations go on once the records are built;
-//! 3. the records go to the area after the earlier fast commits of the
-//!    transaction, data first where they expose new data (see
-//!    `journal::fc_commit` for the flushes).
+//! 3. the journal lays them out — HEAD, records, TAIL — after the earlier
+//!    fast commits of the transaction, data first where they expose new
+//!    data (see `journal::fc_commit` for the flushes, `journal::bytelog`
+//!    for `-o bytelog`).
 //!
 //! Records, in the kernel's order: HEAD (first after a full commit); the
 //! name changes in the order they were made, a CREAT preceded by its
@@ -29,7 +30,7 @@
 
 use super::track::{DentryOp, PendingInode, Snapshot, Tracker};
 use crate::error::Result;
-use crate::format::fast_commit::{AreaBuilder, Dentry, Record, max_range_len};
+use crate::format::fast_commit::{Dentry, Record, max_range_len};
 use crate::format::inode::Inode;
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::GOOD_OLD_INODE_SIZE;
@@ -53,12 +54,11 @@ pub(crate) enum Outcome {
     FullCommit,
 }
 
-/// One fast commit's blocks.
+/// One fast commit's records (HEAD and TAIL are the journal's).
 struct Built {
-    blocks: Vec<Vec<u8>>,
+    records: Vec<Record>,
     /// The records expose data written since the last flush.
     data_first: bool,
-    record_bytes: usize,
     /// A record the kernel would replay wrongly: commit in full instead.
     ineligible: Option<Ineligible>,
 }
@@ -93,17 +93,15 @@ impl Fs {
                 // this fsync's changes, from a cut made after they (and the
                 // data written with them) were: its final flush covers
                 // them. (Had it failed, the transaction would be
-                // ineligible and `take` would have said so.)
-                return Ok(Outcome::Durable { flushed: true });
+                // ineligible and `take` would have said so.) A ByteLog one
+                // may have issued no flush: the data needs one.
+                return Ok(Outcome::Durable {
+                    flushed: slot.ends_with_flush(),
+                });
             }
-            build(&self.core, &st, &snapshot, slot.head, slot.tid)
+            build(&self.core, &st, &snapshot)
         };
         let built = match built {
-            Ok(built) if built.blocks.len() as u32 > slot.free_blocks => {
-                tracker.mark_ineligible(slot.tid, Ineligible::AreaFull);
-                tracker.count_fallback();
-                return Ok(Outcome::FullCommit);
-            }
             Ok(Built {
                 ineligible: Some(reason),
                 ..
@@ -118,10 +116,19 @@ impl Fs {
                 return Err(error);
             }
         };
-        match slot.write(&built.blocks, built.data_first) {
-            Ok(flushes) => {
-                tracker.count_commit(built.record_bytes as u64, flushes);
-                Ok(Outcome::Durable { flushed: true })
+        match slot.write(&built.records, built.data_first) {
+            Ok(Some(written)) => {
+                tracker.count_commit(written.record_bytes as u64, written.flushes);
+                // Without a flush (ByteLog, no new data mapped) the fsync
+                // still flushes the data it may have written in place.
+                Ok(Outcome::Durable {
+                    flushed: written.flushes > 0,
+                })
+            }
+            Ok(None) => {
+                tracker.mark_ineligible(slot.tid, Ineligible::AreaFull);
+                tracker.count_fallback();
+                Ok(Outcome::FullCommit)
             }
             Err(error) => {
                 tracker.mark_ineligible(slot.tid, Ineligible::Failed);
@@ -131,19 +138,16 @@ impl Fs {
     }
 }
 
-/// Lay the records of `snapshot` out as one fast commit for `tid`.
-fn build(core: &Core, st: &State, snapshot: &Snapshot, head: bool, tid: u32) -> Result<Built> {
+/// The records of `snapshot`, in the order replay needs them.
+fn build(core: &Core, st: &State, snapshot: &Snapshot) -> Result<Built> {
     let mut writer = RecordWriter {
         core,
         st,
-        area: AreaBuilder::new(core.geo.block_size as usize),
+        records: Vec::new(),
         data_first: false,
         ranges_written: HashSet::new(),
         ineligible: None,
     };
-    if head {
-        writer.area.add(&Record::Head { features: 0, tid });
-    }
     for dentry in &snapshot.dentries {
         let record = Dentry {
             parent: dentry.parent,
@@ -152,19 +156,16 @@ fn build(core: &Core, st: &State, snapshot: &Snapshot, head: bool, tid: u32) -> 
         };
         match dentry.op {
             DentryOp::Create => writer.create(record, snapshot.inodes.get(&dentry.ino))?,
-            DentryOp::Link => writer.area.add(&Record::Link(record)),
-            DentryOp::Unlink => writer.area.add(&Record::Unlink(record)),
+            DentryOp::Link => writer.records.push(Record::Link(record)),
+            DentryOp::Unlink => writer.records.push(Record::Unlink(record)),
         }
     }
     for (&ino, pending) in &snapshot.inodes {
         writer.inode(ino, pending)?;
     }
-    writer.area.tail(tid);
-    let record_bytes = writer.area.record_bytes();
     Ok(Built {
-        blocks: writer.area.finish(),
+        records: writer.records,
         data_first: writer.data_first,
-        record_bytes,
         ineligible: writer.ineligible,
     })
 }
@@ -172,7 +173,7 @@ fn build(core: &Core, st: &State, snapshot: &Snapshot, head: bool, tid: u32) -> 
 struct RecordWriter<'a> {
     core: &'a Core,
     st: &'a State,
-    area: AreaBuilder,
+    records: Vec<Record>,
     data_first: bool,
     /// Inodes whose ranges went out with their CREAT.
     ranges_written: HashSet<u32>,
@@ -190,7 +191,7 @@ impl RecordWriter<'_> {
             self.range_records(dentry.ino, &inode, pending)?;
             self.ranges_written.insert(dentry.ino);
         }
-        self.area.add(&Record::Create(dentry));
+        self.records.push(Record::Create(dentry));
         Ok(())
     }
 
@@ -226,7 +227,7 @@ impl RecordWriter<'_> {
         let (block, offset) = inode_location(geo, &self.st.groups, ino);
         let buffer = self.core.cache.read(block)?;
         let raw = buffer.read()[offset..offset + len].to_vec();
-        self.area.add(&Record::Inode { ino, raw });
+        self.records.push(Record::Inode { ino, raw });
         Ok(())
     }
 
@@ -245,7 +246,7 @@ impl RecordWriter<'_> {
                     Lookup::Mapped(extent) => self.add_range(ino, &extent, end),
                     Lookup::Hole { next } => {
                         let hole_end = next.unwrap_or(end).min(end);
-                        self.area.add(&Record::DelRange {
+                        self.records.push(Record::DelRange {
                             ino,
                             lblk: lblk as u32,
                             len: (hole_end - lblk) as u32,
@@ -266,7 +267,7 @@ impl RecordWriter<'_> {
         let mut lblk = extent.logical;
         while lblk < stop {
             let len = (stop - lblk).min(max);
-            self.area.add(&Record::AddRange {
+            self.records.push(Record::AddRange {
                 ino,
                 extent: Extent {
                     logical: lblk,
