@@ -36,6 +36,7 @@
 //! and the commit thread's retirement (no slot exists then) take it.
 
 use super::faults::{self, Fault};
+use super::fc_commit::Written;
 use super::recovery::JournalArea;
 use crate::dev::{BlockDevice, PersistMethod, PersistentMemory};
 use crate::error::{Error, Result};
@@ -68,18 +69,6 @@ struct Position {
     ring: u64,
     /// Seq of the next ring record.
     seq: u32,
-}
-
-/// What one ByteLog fast commit wrote.
-#[derive(Debug, Clone, Copy)]
-pub struct Written {
-    /// Bytes of records (ring records with their headers, the line of the
-    /// ordinary stream's HEAD, ANCHOR and TAIL).
-    pub record_bytes: usize,
-    /// Bytes stored in the area.
-    pub area_bytes: u64,
-    pub flushes: u32,
-    pub persists: u32,
 }
 
 impl ByteLog {

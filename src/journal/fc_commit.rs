@@ -100,7 +100,8 @@ pub struct FastCommitSlot<'j> {
 /// What one fast commit wrote.
 #[derive(Debug, Clone, Copy)]
 pub struct Written {
-    /// Bytes of records, HEAD and TAIL included (not the padding).
+    /// Bytes of records, HEAD and TAIL included (not the padding); with
+    /// ByteLog the ring records' headers and the stream line's records.
     pub record_bytes: usize,
     /// Bytes written to the area.
     pub area_bytes: u64,
@@ -132,12 +133,7 @@ impl FastCommitSlot<'_> {
                 let written = bytelog.write(dev, self.tid, self.head, records, data_first);
                 // Taken unless there was no room (then nothing was stored).
                 self.written = !matches!(written, Ok(None)) as u32;
-                written?.map(|written| Written {
-                    record_bytes: written.record_bytes,
-                    area_bytes: written.area_bytes,
-                    flushes: written.flushes,
-                    persists: written.persists,
-                })
+                written?
             }
             None => self.write_blocks(records, data_first)?,
         };
