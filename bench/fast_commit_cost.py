@@ -8,6 +8,7 @@ an older jext4 build (before/after of a change to the fsync path).
                                    [--threads 1,4,8,16] [--seconds 1.5]
                                    [--size 1G] [--workdir /var/tmp/jext4-fc-cost]
                                    [--jext4-binary PATH] [--before-binary PATH]
+                                   [--shm-dir /dev/shm/jext4-fc-cost]
 
 Every filesystem gets a fresh `mkfs.ext4 -O fast_commit` image of --size in
 --workdir, attached to a loop device (so that /sys/block/loopN/stat counts
@@ -17,12 +18,20 @@ what reaches the device), and mounted:
   jext4-fc     jext4 mount /dev/loopN (fast commits, the default)
   jext4-before the --before-binary, as jext4-fc (only with that option)
   ext4-fc      the kernel's ext4 on /dev/loopN
+and, on an image file in --shm-dir (tmpfs: memory, no loop device):
+  jext4-bytelog  jext4 mount -o bytelog IMAGE (ByteLog: fast commits through
+               an mmap of the area, persisted with msync — on tmpfs that
+               costs next to nothing, which is what memory-semantic storage
+               would give)
+  jext4-fc-shm   jext4 mount IMAGE (block fast commits on the same medium:
+               what ByteLog itself changes, apart from the medium)
 
 Workloads:
   append    --appends times: append 1 KiB to one file and fdatasync it.
             Latency p50 and p99 (µs), bytes written to the device and device
             flushes per fdatasync (from the loop device's stat: sectors
-            written, flush requests). On `raw`: pwrite 1 KiB at the next
+            written, flush requests; not for the --shm-dir rows, whose
+            fast-commit bytes come from `jext4 stats`). On `raw`: pwrite 1 KiB at the next
             offset of the device and fdatasync it (what the device's own
             fdatasync costs on the same backing file).
   create    --files times: create a file, write 4 KiB, fsync, close (single
@@ -85,19 +94,24 @@ class Mounted:
     def __init__(self, kind, args):
         self.kind = kind
         self.args = args
-        self.image = args.workdir / f"{kind}.img"
+        in_memory = kind in SHM_KINDS
+        self.image = (args.shm_dir if in_memory else args.workdir) / f"{kind}.img"
         self.point = args.workdir / f"{kind}.mnt"
         self.point.mkdir(parents=True, exist_ok=True)
+        self.image.parent.mkdir(parents=True, exist_ok=True)
         with open(self.image, "wb") as image:
             image.truncate(args.size)
         if kind != "raw":
             run(["mkfs.ext4", "-F", "-q", "-O", "fast_commit", self.image])
-        self.loop = run(["losetup", "-f", "--show", self.image]).stdout.strip()
+        self.loop = None
+        if not in_memory:
+            self.loop = run(["losetup", "-f", "--show", self.image]).stdout.strip()
         if kind == "ext4-fc":
             run(["mount", "-t", "ext4", self.loop, self.point])
         elif kind != "raw":
-            options = ["-o", "fast_commit=off"] if kind == "jext4-full" else []
-            run([self.binary, "mount", *options, self.loop, self.point])
+            options = {"jext4-full": ["-o", "fast_commit=off"],
+                       "jext4-bytelog": ["-o", "bytelog"]}.get(kind, [])
+            run([self.binary, "mount", *options, self.loop or self.image, self.point])
 
     @property
     def binary(self):
@@ -118,7 +132,8 @@ class Mounted:
             run(["umount", self.point])
         elif self.kind != "raw":
             run([self.binary, "umount", self.point])
-        run(["losetup", "-d", self.loop])
+        if self.loop:
+            run(["losetup", "-d", self.loop])
         if self.kind == "raw":
             self.image.unlink()
             return
@@ -144,7 +159,7 @@ def append_loop(mounted, args):
     latencies = []
     try:
         os.fsync(fd)
-        sectors, flushes = device_stat(mounted.loop)
+        sectors, flushes = device_stat(mounted.loop) if mounted.loop else (0, 0)
         for index in range(args.appends):
             began = time.perf_counter_ns()
             if raw:
@@ -153,13 +168,16 @@ def append_loop(mounted, args):
                 os.write(fd, block)
             os.fdatasync(fd)
             latencies.append(time.perf_counter_ns() - began)
-        sectors_after, flushes_after = device_stat(mounted.loop)
+        sectors_after, flushes_after = device_stat(mounted.loop) if mounted.loop else (0, 0)
     finally:
         os.close(fd)
     latencies.sort()
-    return {
+    device = {
         "bytes/fsync": (sectors_after - sectors) * 512 / args.appends,
         "flushes/fsync": (flushes_after - flushes) / args.appends,
+    } if mounted.loop else {}
+    return {
+        **device,
         "fsyncs/s": args.appends / (sum(latencies) / 1e9),
         "p50 µs": percentile(latencies, 0.5) / 1000,
         "p99 µs": percentile(latencies, 0.99) / 1000,
@@ -191,7 +209,9 @@ def create_loop(mounted, args):
     return {"files/s": args.files / (time.monotonic() - began)}
 
 
-KINDS = ["raw", "jext4-full", "jext4-fc", "ext4-fc"]
+KINDS = ["raw", "jext4-full", "jext4-fc", "ext4-fc", "jext4-bytelog", "jext4-fc-shm"]
+# Kinds whose image is a file in --shm-dir, mounted without a loop device.
+SHM_KINDS = ("jext4-bytelog", "jext4-fc-shm")
 
 
 def main():
@@ -207,6 +227,8 @@ def main():
     parser.add_argument("--jext4-binary", type=Path, dest="binary")
     parser.add_argument("--before-binary", type=Path,
                         help="an older jext4 build to compare, mounted as jext4-before")
+    parser.add_argument("--shm-dir", type=Path, default=Path("/dev/shm/jext4-fc-cost"),
+                        help="where the images of jext4-bytelog and jext4-fc-shm go (tmpfs)")
     args = parser.parse_args()
     args.threads = [int(t) for t in args.threads.split(",") if t]
     kinds = KINDS + (["jext4-before"] if args.before_binary else [])
@@ -250,14 +272,16 @@ def main():
     jext4_kinds = [kind for kind in kinds if kind.startswith("jext4")]
     for kind in jext4_kinds:
         print(f"{kind} / ext4-fc: " + ", ".join(
-            f"{name} {median(results[kind][name]) / base[name]:.2f}x" for name in names))
+            f"{name} {median(results[kind][name]) / base[name]:.2f}x" for name in names
+            if name in results[kind] and base[name]))
     raw_p50 = median(results["raw"]["p50 µs"])
     print("append p50 / raw device p50: " + ", ".join(
         f"{kind} {median(results[kind]['p50 µs']) / raw_p50:.2f}x"
         for kind in kinds if kind != "raw"))
     for kind in jext4_kinds:
         wanted = ["journal_commits", "fast_commits", "fast_commit_bytes_per_commit",
-                  "fast_commit_flushes_per_commit", "fast_commit_fallbacks"]
+                  "fast_commit_flushes_per_commit", "fast_commit_fallbacks",
+                  "bytelog_persist_method", "bytelog_persists_per_commit"]
         found = ", ".join(f"{name} {counters[kind][name]}" for name in wanted
                           if name in counters.get(kind, {}))
         print(f"{kind} (last round, jext4 stats): {found or 'full commits only'}")
