@@ -96,6 +96,40 @@ fn served(dir: &Path, name: &str, options: &str) -> (Server, Vec<(String, Vec<u8
     (server, written, stats)
 }
 
+/// A loop mount of `image` fails with the kernel's unknown-feature
+/// message. Tried a few times: a mount can also fail to get a loop device
+/// while other tests hold them, and then the kernel says nothing.
+fn assert_kernel_refuses(image: &Path, point: &Path) {
+    std::fs::create_dir_all(point).unwrap();
+    let mut last = String::new();
+    for _ in 0..3 {
+        let (code, text) = run(
+            "mount",
+            &[
+                "-o",
+                "loop,ro",
+                image.to_str().unwrap(),
+                point.to_str().unwrap(),
+            ],
+        );
+        if code == 0 {
+            let _ = run("umount", &[point.to_str().unwrap()]);
+            panic!("the kernel mounted a crashed ByteLog image");
+        }
+        // The kernel's message ends without a newline: the log holds it
+        // back until the next message, which this one is.
+        std::fs::write("/dev/kmsg", "jext4 bytelog_kernel: after a refused mount\n").unwrap();
+        let (_, dmesg) = run("dmesg", &[]);
+        if dmesg.contains("unsupported optional features (80000000)") {
+            return;
+        }
+        let tail: Vec<&str> = dmesg.lines().rev().take(6).collect();
+        last = format!("mount: {text}\ndmesg (newest first):\n{}", tail.join("\n"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    panic!("no unknown-feature message from the kernel:\n{last}");
+}
+
 #[test]
 fn a_cleanly_unmounted_bytelog_image_is_plain_ext4() {
     if !available() {
@@ -144,37 +178,7 @@ fn a_crashed_bytelog_image_is_refused_by_the_kernel_and_recovered_by_jext4() {
     // (the mkdir before them commits in full: a directory is ineligible).
     let fast_commits: u64 = stats_line(&stats, "fast_commits").parse().unwrap();
     assert!(fast_commits >= 12, "{stats}");
-    let (code, text) = run(
-        "mount",
-        &[
-            "-o",
-            "loop,ro",
-            image.to_str().unwrap(),
-            dir.path().join("refused.mnt").to_str().unwrap(),
-        ],
-    );
-    if code == 0 {
-        let _ = run(
-            "umount",
-            &[dir.path().join("refused.mnt").to_str().unwrap()],
-        );
-    }
-    assert_ne!(
-        code, 0,
-        "the kernel mounted a crashed ByteLog image: {text}"
-    );
-    // The kernel's message ends without a newline: the log holds it back
-    // until the next message, which this one is.
-    std::fs::write(
-        "/dev/kmsg",
-        "jext4 bytelog_kernel: after the refused mount\n",
-    )
-    .unwrap();
-    let (_, dmesg) = run("dmesg", &[]);
-    assert!(
-        dmesg.contains("unsupported optional features (80000000)"),
-        "the kernel's unknown-feature message is missing from dmesg"
-    );
+    assert_kernel_refuses(&image, &dir.path().join("refused.mnt"));
     let report = jext4(&["recover", image.to_str().unwrap()]);
     assert!(
         !has_bytelog_flag(&image),
