@@ -94,6 +94,7 @@ fn setup() -> Setup {
         fs_64bit: true,
         metadata_csum: true,
         fast_commit: false,
+        bytelog: false,
     };
     let journal = Journal::jbd2(Arc::clone(&cache), area, guard, config, &options).unwrap();
     Setup { journal, cache }

@@ -84,6 +84,11 @@ struct CrashtestArgs {
     /// Images with the fast_commit feature: fsync writes fast commits.
     #[arg(long)]
     fast_commit: bool,
+    /// Fast commits through ByteLog (`-o bytelog` on fast_commit images),
+    /// crash states at cache-line granularity; `jext4 recover` stands in
+    /// for e2fsck's and the kernel's replay, which refuse such images.
+    #[arg(long)]
+    bytelog: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -185,6 +190,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String
     config.only_state = args.state;
     config.keep = args.keep.clone();
     config.fast_commit = args.fast_commit;
+    config.bytelog = args.bytelog;
     Ok(config)
 }
 
@@ -235,15 +241,20 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
             println!("states per workload: {}", counts.join(", "));
             println!(
                 "block size {}{}, seed {}: jext4 recovery and model check on every state; \
-                 e2fsck -fn on {}, e2fsck replay on {}{}, kernel replay on {}{} ({:.1?})",
+                 e2fsck -fn on {}, {} on {}{}, {} on {}{} ({:.1?})",
                 config.block_size,
-                if config.fast_commit {
-                    ", fast commits"
-                } else {
-                    ""
+                match (config.fast_commit, config.bytelog) {
+                    (_, true) => ", ByteLog fast commits",
+                    (true, false) => ", fast commits",
+                    (false, false) => "",
                 },
                 config.seed,
                 summary.fsck_runs,
+                if config.bytelog {
+                    "jext4 recover"
+                } else {
+                    "e2fsck replay"
+                },
                 summary.replay_runs,
                 if summary.replay_skipped > 0 {
                     format!(
@@ -252,6 +263,11 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
                     )
                 } else {
                     String::new()
+                },
+                if config.bytelog {
+                    "kernel refusal and read after recover"
+                } else {
+                    "kernel replay"
                 },
                 summary.kernel_runs,
                 summary

@@ -23,7 +23,9 @@
 //! bytes). What we read besides: an entry with FLUSH and data (the kernel's
 //! pre-flush write) is a flush then a write; a FUA write is a write then a
 //! flush (stronger than FUA, which makes only its own write durable); a
-//! DISCARD becomes a write of zeros; METADATA is ignored.
+//! DISCARD becomes a write of zeros; METADATA is ignored. A recording with
+//! persistent-memory stores and fences (ByteLog) cannot be written: the
+//! format has nothing finer than a sector and no fence.
 
 use crate::dev::Record;
 use std::io::{self, Read, Write};
@@ -86,6 +88,12 @@ pub fn write_log(out: &mut dyn Write, records: &[Record]) -> io::Result<()> {
                 out.write_all(data)?;
             }
             Record::Flush => out.write_all(&entry_header(0, 0, flags::FLUSH, 0))?,
+            Record::Store { offset, .. } | Record::Fence { offset, .. } => {
+                return Err(invalid(format!(
+                    "a cache-line store or fence at byte {offset} (ByteLog) has no \
+                     dm-log-writes form"
+                )));
+            }
             Record::Mark(text) => {
                 if text.len() > MAX_MARK_LEN {
                     return Err(invalid(format!("mark longer than {MAX_MARK_LEN} bytes")));

@@ -36,6 +36,32 @@ impl OverlayDevice {
         }
     }
 
+    /// Put `bytes` at `offset`, any alignment: a crash state's writes and
+    /// its persistent-memory cache lines (64 bytes) alike.
+    pub fn put(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        if offset
+            .checked_add(bytes.len() as u64)
+            .is_none_or(|end| end > self.base.len() as u64)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "crash-state bytes at {offset} (+{}) beyond the image",
+                    bytes.len()
+                ),
+            ));
+        }
+        let mut pages = self.pages.write();
+        for (page, in_page, at, len) in Self::pieces(offset, bytes.len()) {
+            let copy = pages.entry(page).or_insert_with(|| {
+                let from = (page * PAGE_SIZE) as usize;
+                self.base[from..from + PAGE_SIZE as usize].into()
+            });
+            copy[in_page..in_page + len].copy_from_slice(&bytes[at..at + len]);
+        }
+        Ok(())
+    }
+
     fn check(&self, offset: u64, len: usize) -> io::Result<()> {
         crate::dev::check_range(offset, len, self.base.len() as u64)
     }
@@ -225,15 +251,7 @@ impl BlockDevice for OverlayDevice {
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.check(offset, buf.len())?;
         debug_assert_eq!(offset % SECTOR_SIZE, 0);
-        let mut pages = self.pages.write();
-        for (page, in_page, at, len) in Self::pieces(offset, buf.len()) {
-            let bytes = pages.entry(page).or_insert_with(|| {
-                let from = (page * PAGE_SIZE) as usize;
-                self.base[from..from + PAGE_SIZE as usize].into()
-            });
-            bytes[in_page..in_page + len].copy_from_slice(&buf[at..at + len]);
-        }
-        Ok(())
+        self.put(offset, buf)
     }
 
     fn flush(&self) -> io::Result<()> {

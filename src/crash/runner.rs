@@ -24,6 +24,16 @@
 //! end of the log — so on a `replay_every`-th state whose fast-commit area
 //! opens with a HEAD or whose log wraps, the kernel replays it instead (the
 //! reference for fast commits), when it can; such states are counted.
+//!
+//! With `bytelog` the workload runs on a `-o bytelog` mount of a
+//! fast_commit image: fast commits go to the ring through the recording
+//! device's persistent-memory mapping, and crash states keep any subset of
+//! the cache lines not yet fenced (`states`). Every crashed disk carries
+//! the BYTELOG incompat flag, which neither e2fsck nor the kernel accept,
+//! so on a `replay_every`-th state `jext4 recover` replays a copy instead:
+//! `e2fsck -fn` clean and the model check on it; on a `kernel_every`-th
+//! state the kernel must refuse the crashed disk, then mount the recovered
+//! copy and agree with the model.
 
 use super::driver::{FsSource, Lane};
 use super::logwrites;
@@ -80,6 +90,8 @@ pub struct Config {
     pub stop_at_first_failure: bool,
     /// Images with the fast_commit feature: fsync writes fast commits.
     pub fast_commit: bool,
+    /// Record on `-o bytelog` mounts (implies `fast_commit`).
+    pub bytelog: bool,
 }
 
 impl Config {
@@ -100,7 +112,13 @@ impl Config {
             faults: Vec::new(),
             stop_at_first_failure: false,
             fast_commit: false,
+            bytelog: false,
         }
+    }
+
+    /// The images get the fast_commit feature.
+    fn fast_commit_images(&self) -> bool {
+        self.fast_commit || self.bytelog
     }
 }
 
@@ -110,6 +128,7 @@ pub struct Failure {
     pub scenario: String,
     pub block_size: u32,
     pub fast_commit: bool,
+    pub bytelog: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -133,10 +152,10 @@ impl std::fmt::Display for Failure {
             "reproduce: jext4 crashtest --workload {} --block-size {}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
-            if self.fast_commit {
-                " --fast-commit"
-            } else {
-                ""
+            match (self.fast_commit, self.bytelog) {
+                (_, true) => " --bytelog",
+                (true, false) => " --fast-commit",
+                (false, false) => "",
             },
             self.seed,
             self.states,
@@ -187,8 +206,9 @@ pub struct Recorded {
     pub lanes: Vec<LaneModel>,
 }
 
-fn mount_options() -> MountOptions {
+fn mount_options(bytelog: bool) -> MountOptions {
     MountOptions {
+        bytelog,
         // Commits happen when the workload asks (fsync, sync) or the
         // transaction fills up, never on a timer: the recording is
         // reproducible. Fast commits wherever the image has the feature.
@@ -222,10 +242,12 @@ pub fn record(
     scenario: &Scenario,
     seed: u64,
     fault_list: &[Fault],
+    bytelog: bool,
 ) -> Result<Recorded, String> {
     let memory = Arc::new(MemoryDevice::from_bytes(template.to_vec()));
     let device = Arc::new(RecordingDevice::new(memory));
-    let fs = Fs::mount(device.clone(), mount_options()).map_err(|e| format!("mount: {e}"))?;
+    let fs =
+        Fs::mount(device.clone(), mount_options(bytelog)).map_err(|e| format!("mount: {e}"))?;
     let mut lanes: Vec<Lane> = scenario
         .lanes
         .iter()
@@ -356,7 +378,7 @@ impl Checker<'_> {
     fn check(&mut self, state: &CrashState, base: &Base) -> Result<Ran, String> {
         let raw = OverlayDevice::new(Arc::clone(&base.bytes));
         states::apply(&self.recorded.log, state, &mut |offset, data| {
-            raw.write_at(offset, data)
+            raw.put(offset, data)
         })
         .map_err(io_text)?;
         let sampling = self.config.sampling;
@@ -369,6 +391,14 @@ impl Checker<'_> {
             ran.fsck = true;
         }
         let kernel_sample = self.kernel && every(sampling.kernel_every, state.number);
+        if self.config.bytelog {
+            if every(sampling.replay_every, state.number) || kernel_sample {
+                self.check_bytelog_recover(base, &raw, state, kernel_sample)?;
+                ran.replay = true;
+                ran.kernel = kernel_sample;
+            }
+            return Ok(ran);
+        }
         if every(sampling.replay_every, state.number) {
             if self.e2fsck_can_replay(&raw)? {
                 self.check_e2fsck_replay(base, &raw, state)?;
@@ -410,7 +440,10 @@ impl Checker<'_> {
         how: &str,
         state: &CrashState,
     ) -> Result<(), String> {
-        let fs = Fs::mount(device, mount_options()).map_err(|e| format!("{how}: mount: {e}"))?;
+        // Recovery mounts are plain fast-commit mounts: they must replay a
+        // ByteLog whatever the options.
+        let fs =
+            Fs::mount(device, mount_options(false)).map_err(|e| format!("{how}: mount: {e}"))?;
         let compared = self.compare(&FsSource(&fs), how, state);
         let unmounted = fs.unmount();
         let violations = fs
@@ -467,6 +500,52 @@ impl Checker<'_> {
         self.check_jext4(device, "e2fsck replay", state)
     }
 
+    /// ByteLog states: `jext4 recover` replays a copy (e2fsck and the kernel
+    /// cannot); it must be clean and agree with the model. With `kernel`,
+    /// the kernel must refuse the crashed disk (the BYTELOG flag) and read
+    /// the recovered one as the model says.
+    fn check_bytelog_recover(
+        &mut self,
+        base: &Base,
+        raw: &OverlayDevice,
+        state: &CrashState,
+        kernel: bool,
+    ) -> Result<(), String> {
+        let recover = &mut self.files.recover;
+        recover.show(base, raw).map_err(io_text)?;
+        recover.invalidate();
+        let path = recover.path.clone();
+        crate::fs::recover_image(&path).map_err(|e| format!("jext4 recover: {e}"))?;
+        tools::fsck_clean(&path, "after jext4 recover")?;
+        let recovered = std::fs::read(&path).map_err(io_text)?;
+        let crashed_flags = bytelog_flags(raw)?;
+        if crashed_flags.0 && !crashed_flags.1 {
+            return Err("a disk that needs recovery without the BYTELOG flag".into());
+        }
+        if kernel {
+            let file = &mut self.files.kernel;
+            file.show(base, raw).map_err(io_text)?;
+            let point = self.scratch.path("kernel.mnt");
+            // Before the first commit and after the final unmount the disk
+            // is plain ext4; in between the kernel must keep away.
+            if crashed_flags.1
+                && let Ok(mount) = KernelMount::new(&file.path, &point)
+            {
+                file.invalidate();
+                mount.unmount()?;
+                return Err("the kernel mounted a crashed ByteLog image".into());
+            }
+            let mount = KernelMount::new(&path, &point)
+                .map_err(|e| format!("kernel mount after jext4 recover: {e}"))?;
+            let compared = self.compare(&StdSource(&mount.point), "kernel after recover", state);
+            mount.unmount()?;
+            compared?;
+            tools::fsck_clean(&path, "after jext4 recover and a kernel mount")?;
+        }
+        let device = Arc::new(MemoryDevice::from_bytes(recovered));
+        self.check_jext4(device, "jext4 recover", state)
+    }
+
     /// The kernel replays a copy on a loop mount; its tree must agree with
     /// the model, and its unmount leave a clean filesystem.
     fn check_kernel(
@@ -488,13 +567,31 @@ impl Checker<'_> {
     }
 }
 
+/// (needs_recovery, BYTELOG) in the primary superblock of `device`.
+fn bytelog_flags(device: &dyn BlockDevice) -> Result<(bool, bool), String> {
+    use crate::format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock, incompat};
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    device
+        .read_at(SUPERBLOCK_OFFSET, &mut bytes)
+        .map_err(io_text)?;
+    let sb = Superblock::decode(&bytes).map_err(|e| format!("crashed superblock: {e}"))?;
+    Ok((
+        sb.has_incompat(incompat::RECOVER),
+        sb.has_incompat(incompat::BYTELOG),
+    ))
+}
+
 /// Run the crash test over `config.workloads`, splitting the state budget
 /// evenly between them.
 pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Summary, String> {
     let started = Instant::now();
     let scratch = Scratch::new()?;
-    let template =
-        tools::make_template(&scratch, config.block_size, IMAGE_MIB, config.fast_commit)?;
+    let template = tools::make_template(
+        &scratch,
+        config.block_size,
+        IMAGE_MIB,
+        config.fast_commit_images(),
+    )?;
     let mut summary = Summary::default();
     let kernel = config.sampling.kernel_every > 0
         && match tools::kernel_available(&scratch, &template) {
@@ -545,6 +642,7 @@ impl Context<'_> {
             scenario: scenario.name.clone(),
             block_size: self.config.block_size,
             fast_commit: self.config.fast_commit,
+            bytelog: self.config.bytelog,
             seed: self.config.seed,
             states: budget,
             state,
@@ -580,6 +678,7 @@ impl Context<'_> {
                 scenario,
                 self.config.seed,
                 &self.config.faults,
+                self.config.bytelog,
             ) {
                 Ok(recorded) => recorded,
                 Err(message) => {
@@ -634,6 +733,7 @@ impl Context<'_> {
             files,
         };
         let mut base = Base::new(recorded.base.clone());
+        // Epochs whose durable entries `base` holds.
         let mut applied = 0;
         let mut failed = false;
         for state in plan {
@@ -641,14 +741,16 @@ impl Context<'_> {
             if self.config.only_state.is_some_and(|only| only != number) {
                 continue;
             }
-            let start = epochs[state.epoch].start;
-            debug_assert!(start >= applied, "plan not in epoch order");
-            for record in &recorded.log[applied..start] {
-                if let Record::Write { offset, data } = record {
-                    base.write(*offset, data);
+            debug_assert!(state.epoch + 1 >= applied, "plan not in epoch order");
+            // What each barrier up to the state's epoch made durable, in
+            // order (writes and stores, `Epoch::settled`).
+            for epoch in epochs.iter().take(state.epoch + 1).skip(applied) {
+                for &index in &epoch.settled {
+                    let (offset, data) = recorded.log[index].bytes().expect("a write or a store");
+                    base.write(offset, data);
                 }
             }
-            applied = start;
+            applied = applied.max(state.epoch + 1);
             let numbered = CrashState {
                 number,
                 ..state.clone()
@@ -704,7 +806,7 @@ impl Context<'_> {
         );
         let crashed = OverlayDevice::new(Arc::clone(&base.bytes));
         let _ = states::apply(&recorded.log, state, &mut |offset, data| {
-            crashed.write_at(offset, data)
+            crashed.put(offset, data)
         });
         let paths = [
             dir.join(format!("{name}.crashed.img")),

@@ -1,14 +1,20 @@
 //! The crash-state generator: which disks a power cut during a recorded
 //! run could have left behind.
 //!
-//! The log is cut into flush epochs: epoch 0 runs from the start of the log
-//! to the first flush, epoch e from the e-th flush to the next one (or the
-//! end of the log). A crash inside epoch e leaves every write before the
-//! epoch's opening flush on the disk, plus any subset of the epoch's own
-//! writes — a volatile cache destages them in any order. Of two writes to
-//! the same sector that both reached the disk, the later one wins (it
-//! replaced the earlier in the cache): states apply their writes in log
-//! order.
+//! The log is cut into epochs at its barriers: epoch 0 runs from the start
+//! of the log to the first barrier, epoch e from the e-th barrier to the
+//! next one (or the end of the log). A barrier is a flush (every write
+//! before it is durable) or, with persistent memory (ByteLog), a fence
+//! (every cache line stored before it in its range is durable). A crash
+//! inside epoch e leaves on the disk everything a barrier before it made
+//! durable, plus any subset of the rest — the writes since the last flush
+//! and the lines stored and not fenced since: a volatile cache destages
+//! them in any order. Without persistent memory those are exactly the
+//! epoch's own writes. Of two writes to the same sector that both reached
+//! the disk, the later one wins (it replaced the earlier in the cache):
+//! states apply their writes in log order. Writes and stores never cover
+//! the same bytes while either is not durable (`dev::persistent`), so their
+//! relative order does not matter.
 //!
 //! Kinds of states:
 //! - `AtFlush`: none of the epoch's writes (every prefix ending at a flush;
@@ -41,40 +47,92 @@ const DRAW_ATTEMPTS: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Epoch {
-    /// First log index after the opening flush (0 for epoch 0).
+    /// First log index after the opening barrier (0 for epoch 0).
     pub start: usize,
-    /// Index of the closing flush, or the log's length.
+    /// Index of the closing barrier, or the log's length.
     pub end: usize,
-    /// Log indices of the epoch's writes.
+    /// Log indices of the writes and stores not durable at the epoch's
+    /// end, in log order: what a crash inside it may or may not keep.
     pub writes: Vec<usize>,
+    /// Log indices the opening barrier made durable, in log order: the disk
+    /// at `start` is the previous epoch's plus these.
+    pub settled: Vec<usize>,
 }
 
-/// Cut `log` into flush epochs.
+/// Cut `log` into barrier epochs.
 pub fn epochs(log: &[Record]) -> Vec<Epoch> {
     let mut epochs = Vec::new();
-    let mut current = Epoch {
-        start: 0,
-        end: log.len(),
-        writes: Vec::new(),
+    let mut writes: Vec<usize> = Vec::new();
+    let mut stores: Vec<usize> = Vec::new();
+    let mut start = 0;
+    let mut settled = Vec::new();
+    let pending = |writes: &[usize], stores: &[usize]| {
+        let mut all = [writes, stores].concat();
+        all.sort_unstable();
+        all
     };
     for (index, record) in log.iter().enumerate() {
-        match record {
-            Record::Write { .. } => current.writes.push(index),
-            Record::Flush => {
-                current.end = index;
-                let next = Epoch {
-                    start: index + 1,
-                    end: log.len(),
-                    writes: Vec::new(),
-                };
-                epochs.push(std::mem::replace(&mut current, next));
+        let made_durable = match record {
+            Record::Write { .. } => {
+                debug_assert!(
+                    disjoint(log, index, &stores),
+                    "a write over unfenced stores"
+                );
+                writes.push(index);
+                continue;
             }
-            Record::Mark(_) => {}
-        }
+            Record::Store { .. } => {
+                debug_assert!(
+                    disjoint(log, index, &writes),
+                    "a store over unflushed writes"
+                );
+                stores.push(index);
+                continue;
+            }
+            Record::Mark(_) => continue,
+            Record::Flush => std::mem::take(&mut writes),
+            Record::Fence { offset, len } => {
+                let covered = |entry: &usize| {
+                    let (at, data) = log[*entry].bytes().expect("a store");
+                    *offset <= at && at + data.len() as u64 <= offset + len
+                };
+                let (fenced, rest) = stores.into_iter().partition(covered);
+                stores = rest;
+                fenced
+            }
+        };
+        epochs.push(Epoch {
+            start,
+            end: index,
+            writes: pending(&writes, &stores)
+                .into_iter()
+                .chain(made_durable.iter().copied())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            settled: std::mem::take(&mut settled),
+        });
+        settled = made_durable;
+        start = index + 1;
     }
-    epochs.push(current);
+    epochs.push(Epoch {
+        start,
+        end: log.len(),
+        writes: pending(&writes, &stores),
+        settled,
+    });
     debug_assert!(epochs.windows(2).all(|pair| pair[0].end < pair[1].start));
     epochs
+}
+
+/// Whether entry `index` touches none of the bytes of `others`.
+fn disjoint(log: &[Record], index: usize, others: &[usize]) -> bool {
+    let (at, data) = log[index].bytes().expect("a write or a store");
+    let end = at + data.len() as u64;
+    others.iter().all(|&other| {
+        let (other_at, other_data) = log[other].bytes().expect("a write or a store");
+        end <= other_at || other_at + other_data.len() as u64 <= at
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,7 +167,11 @@ pub struct CrashState {
 
 impl CrashState {
     fn new(epoch_index: usize, epoch: &Epoch, kind: StateKind, writes: Vec<usize>) -> Self {
-        let last = writes.last().map_or(epoch.start, |&last| last + 1);
+        // The crash comes after the epoch's opening barrier, even when the
+        // state keeps only entries from before it (unfenced stores).
+        let last = writes
+            .last()
+            .map_or(epoch.start, |&last| (last + 1).max(epoch.start));
         CrashState {
             number: 0,
             epoch: epoch_index,
@@ -288,8 +350,13 @@ pub fn plan(log: &[Record], budget: usize, seed: u64, tear: bool) -> Vec<CrashSt
         };
         let complete =
             state.torn.is_none() && state.writes.len() == epochs[epoch_index].writes.len();
-        // All of an epoch's writes is the next epoch's AtFlush state.
-        if complete && epoch_index + 1 < epochs.len() {
+        // All of an epoch's writes is the next epoch's AtFlush state when
+        // its barrier makes all of them durable.
+        if complete
+            && epochs
+                .get(epoch_index + 1)
+                .is_some_and(|next| next.settled.len() == state.writes.len())
+        {
             continue;
         }
         if seen.insert((state.epoch, state.writes.clone(), state.torn.clone())) {
@@ -322,16 +389,16 @@ fn spread(len: usize, count: usize, rng: &mut Rng) -> Vec<usize> {
 }
 
 /// The disk of `state`: `image` must hold the state of its epoch's start
-/// (every write before the opening flush); the state's writes are applied
-/// through `write`.
+/// (everything its barriers made durable, `Epoch::settled`); the state's
+/// writes and stores are applied through `write`.
 pub fn apply(
     log: &[Record],
     state: &CrashState,
     write: &mut dyn FnMut(u64, &[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     for &index in &state.writes {
-        if let Record::Write { offset, data } = &log[index] {
-            write(*offset, data)?;
+        if let Some((offset, data)) = log[index].bytes() {
+            write(offset, data)?;
         }
     }
     if let Some(torn) = &state.torn

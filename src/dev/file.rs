@@ -329,4 +329,17 @@ impl BlockDevice for FileDevice {
     fn is_read_only(&self) -> bool {
         self.read_only
     }
+
+    fn map_persistent(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Option<std::sync::Arc<dyn super::PersistentMemory>>> {
+        if self.read_only {
+            return Ok(None);
+        }
+        check_range(offset, len as usize, self.size)?;
+        let mapping = super::persistent::FileMapping::new(self.file.as_raw_fd(), offset, len)?;
+        Ok(Some(std::sync::Arc::new(mapping)))
+    }
 }

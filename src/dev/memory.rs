@@ -1,23 +1,24 @@
 //! An in-memory device, for unit tests and for rebuilding crash states.
 
+use super::persistent::{PersistMethod, PersistentMemory, check_lines};
 use super::{BlockDevice, check_range};
 use parking_lot::RwLock;
 use std::io;
+use std::sync::Arc;
 
 pub struct MemoryDevice {
-    bytes: RwLock<Vec<u8>>,
+    /// Shared with its persistent-memory mappings.
+    bytes: Arc<RwLock<Vec<u8>>>,
 }
 
 impl MemoryDevice {
     pub fn new(size: usize) -> Self {
-        MemoryDevice {
-            bytes: RwLock::new(vec![0; size]),
-        }
+        MemoryDevice::from_bytes(vec![0; size])
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
         MemoryDevice {
-            bytes: RwLock::new(bytes),
+            bytes: Arc::new(RwLock::new(bytes)),
         }
     }
 
@@ -50,5 +51,47 @@ impl BlockDevice for MemoryDevice {
 
     fn size_bytes(&self) -> u64 {
         self.bytes.read().len() as u64
+    }
+
+    fn map_persistent(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Option<Arc<dyn PersistentMemory>>> {
+        check_range(offset, len as usize, self.size_bytes())?;
+        Ok(Some(Arc::new(MemoryMapping {
+            bytes: Arc::clone(&self.bytes),
+            offset,
+            len,
+        })))
+    }
+}
+
+/// Part of a memory device as persistent memory: stores are durable at
+/// once (there is no power to cut).
+struct MemoryMapping {
+    bytes: Arc<RwLock<Vec<u8>>>,
+    offset: u64,
+    len: u64,
+}
+
+impl PersistentMemory for MemoryMapping {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn method(&self) -> PersistMethod {
+        PersistMethod::Memory
+    }
+
+    fn store(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        check_lines(offset, data.len() as u64, self.len)?;
+        let start = (self.offset + offset) as usize;
+        self.bytes.write()[start..start + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn persist(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_lines(offset, len, self.len)
     }
 }

@@ -13,11 +13,13 @@ mod file;
 pub mod guard;
 mod memory;
 pub mod nbd;
+pub mod persistent;
 pub mod recording;
 
 pub use file::{Claim, FileDevice};
 pub use memory::MemoryDevice;
 pub use nbd::{NbdDevice, NbdUri, is_nbd_uri};
+pub use persistent::{PersistMethod, PersistentMemory};
 pub use recording::{Record, RecordingDevice};
 
 use std::io;
@@ -50,6 +52,15 @@ pub trait BlockDevice: Send + Sync {
     fn write_uncached(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.write_at(offset, buf)?;
         self.flush()
+    }
+    /// Bytes `[offset, offset + len)` as persistent memory (ByteLog), where
+    /// the device can be mapped; None where it cannot (NBD, read-only).
+    fn map_persistent(
+        &self,
+        _offset: u64,
+        _len: u64,
+    ) -> io::Result<Option<Arc<dyn PersistentMemory>>> {
+        Ok(None)
     }
 }
 

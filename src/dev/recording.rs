@@ -9,10 +9,16 @@
 //! completed — the order a disk's volatile cache sees them. A flush in the
 //! log makes every write logged before it durable.
 //!
+//! Persistent memory (`map_persistent`, ByteLog): every cache line stored
+//! is logged as a `Store` of 64 bytes, every persist as a `Fence` over its
+//! range; a fence makes the lines stored before it in its range durable,
+//! and nothing else (a flush does not: a CPU cache is not the disk's).
+//!
 //! Locks: `log` is a leaf lock, held across the inner device call (crash
 //! tests run on memory devices, where that costs nothing).
 
 use super::BlockDevice;
+use super::persistent::{CACHE_LINE, PersistMethod, PersistentMemory};
 use parking_lot::Mutex;
 use std::io;
 use std::sync::Arc;
@@ -24,20 +30,39 @@ pub enum Record {
     Write { offset: u64, data: Vec<u8> },
     /// Every write logged before this one is durable.
     Flush,
+    /// One cache line (`data`, 64 bytes) stored at device byte `offset`
+    /// through a persistent-memory mapping.
+    Store { offset: u64, data: Vec<u8> },
+    /// Every line stored before this in device bytes `[offset, offset +
+    /// len)` is durable.
+    Fence { offset: u64, len: u64 },
     /// A workload's marker; not an I/O.
     Mark(String),
 }
 
+impl Record {
+    /// The bytes a write or a store puts on the device.
+    pub fn bytes(&self) -> Option<(u64, &[u8])> {
+        match self {
+            Record::Write { offset, data } | Record::Store { offset, data } => {
+                Some((*offset, data))
+            }
+            _ => None,
+        }
+    }
+}
+
 pub struct RecordingDevice {
     inner: Arc<dyn BlockDevice>,
-    log: Mutex<Vec<Record>>,
+    /// Shared with the persistent-memory mappings made of this device.
+    log: Arc<Mutex<Vec<Record>>>,
 }
 
 impl RecordingDevice {
     pub fn new(inner: Arc<dyn BlockDevice>) -> Self {
         RecordingDevice {
             inner,
-            log: Mutex::new(Vec::new()),
+            log: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -109,6 +134,61 @@ impl BlockDevice for RecordingDevice {
     fn is_read_only(&self) -> bool {
         self.inner.is_read_only()
     }
+
+    fn map_persistent(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<Option<Arc<dyn PersistentMemory>>> {
+        let Some(inner) = self.inner.map_persistent(offset, len)? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(RecordingMapping {
+            inner,
+            base: offset,
+            log: Arc::clone(&self.log),
+        })))
+    }
+}
+
+/// A persistent-memory mapping whose lines and persists are logged.
+struct RecordingMapping {
+    inner: Arc<dyn PersistentMemory>,
+    /// Device byte of the mapping's first byte.
+    base: u64,
+    log: Arc<Mutex<Vec<Record>>>,
+}
+
+impl PersistentMemory for RecordingMapping {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn method(&self) -> PersistMethod {
+        self.inner.method()
+    }
+
+    fn store(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut log = self.log.lock();
+        self.inner.store(offset, bytes)?;
+        for (index, line) in bytes.chunks(CACHE_LINE as usize).enumerate() {
+            log.push(Record::Store {
+                offset: self.base + offset + (index as u64) * CACHE_LINE,
+                data: line.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    fn persist(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut log = self.log.lock();
+        self.inner.persist(offset, len)?;
+        log.push(Record::Fence {
+            offset: self.base + offset,
+            len,
+        });
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +225,36 @@ mod tests {
         let mut back = [0u8; 512];
         memory.read_at(1536, &mut back).unwrap();
         assert_eq!(back, [2; 512]);
+    }
+
+    #[test]
+    fn stores_are_logged_line_by_line_with_their_fences() {
+        let memory = Arc::new(MemoryDevice::new(8192));
+        let device = RecordingDevice::new(memory.clone());
+        let mapping = device.map_persistent(4096, 1024).unwrap().unwrap();
+        mapping.store(64, &[7; 128]).unwrap();
+        mapping.persist(64, 128).unwrap();
+        assert_eq!(
+            device.take_log(),
+            vec![
+                Record::Store {
+                    offset: 4160,
+                    data: vec![7; 64]
+                },
+                Record::Store {
+                    offset: 4224,
+                    data: vec![7; 64]
+                },
+                Record::Fence {
+                    offset: 4160,
+                    len: 128
+                },
+            ]
+        );
+        let mut back = [0u8; 512];
+        memory.read_at(4096, &mut back).unwrap();
+        assert_eq!(&back[64..192], &[7; 128]);
+        assert_eq!(back[0], 0);
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //! acknowledged.) A HEAD with unknown feature bits cannot be interpreted
 //! and fails the scan, as in the kernel.
 
+use super::bytelog::Anchor;
 use super::csum::crc32c_raw;
 use super::mapping::Extent;
 use super::superblock::GOOD_OLD_INODE_SIZE;
@@ -40,6 +41,9 @@ pub mod tag {
     pub const PAD: u16 = 0x0007;
     pub const TAIL: u16 = 0x0008;
     pub const HEAD: u16 = 0x0009;
+    /// jext4's ByteLog anchor (`format::bytelog`): only on images whose
+    /// BYTELOG incompat flag keeps the kernel and e2fsck away.
+    pub const ANCHOR: u16 = super::super::bytelog::ANCHOR_TAG;
 }
 
 /// `EXT4_FC_TAG_BASE_LEN`: the tag and length in front of every value.
@@ -109,6 +113,8 @@ pub enum Record {
         raw: Vec<u8>,
     },
     Pad,
+    /// Where a ByteLog fast commit's records are (`format::bytelog`).
+    Anchor(Anchor),
 }
 
 impl Record {
@@ -155,6 +161,7 @@ impl Record {
                 }
             }
             tag::PAD => Record::Pad,
+            tag::ANCHOR => Record::Anchor(Anchor::decode_value(value)?),
             _ => return None,
         })
     }
@@ -170,6 +177,7 @@ impl Record {
             Record::Unlink(_) => tag::UNLINK,
             Record::Inode { .. } => tag::INODE,
             Record::Pad => tag::PAD,
+            Record::Anchor(_) => tag::ANCHOR,
         }
     }
 
@@ -206,6 +214,7 @@ impl Record {
                 value.extend_from_slice(raw);
             }
             Record::Pad => {}
+            Record::Anchor(anchor) => value = anchor.encode_value(),
         }
         value
     }
@@ -261,6 +270,9 @@ pub enum ScanEnd {
     BadTail { block: u32, offset: usize },
     /// A HEAD for another transaction.
     OtherTransaction { block: u32, offset: usize },
+    /// A valid TAIL seals an ANCHOR whose ByteLog window fails its checks
+    /// (or an ANCHOR where no ByteLog can be read).
+    BadByteLog { block: u32, offset: usize },
 }
 
 /// The records recovery applies, in order: every record (HEAD, TAIL and PAD
@@ -273,10 +285,21 @@ pub struct FastCommitLog {
     pub end: ScanEnd,
 }
 
+/// Reads and checks the ByteLog window an ANCHOR names: its records, or
+/// why not (`format::bytelog::read_window`).
+pub type AnchorResolver<'r> =
+    dyn FnMut(&Anchor) -> Result<std::result::Result<Vec<Record>, String>> + 'r;
+
 /// The scan over the area's blocks, fed one block at a time.
-pub struct Scanner {
+pub struct Scanner<'r> {
     expected_tid: u32,
     inode_size: u16,
+    /// ANCHOR records are resolved through this; without it they end the
+    /// scan like an unknown tag would.
+    resolver: Option<Box<AnchorResolver<'r>>>,
+    /// Where the next window must start, and its seq: windows follow one
+    /// another in the ring.
+    next_window: Option<(u32, u32)>,
     block_index: u32,
     /// Records since the last valid TAIL, and their running CRC.
     pending: Vec<Record>,
@@ -286,12 +309,14 @@ pub struct Scanner {
     end: Option<ScanEnd>,
 }
 
-impl Scanner {
+impl<'r> Scanner<'r> {
     /// A scan for fast commits extending transaction `expected_tid`.
     pub fn new(expected_tid: u32, inode_size: u16) -> Self {
         Scanner {
             expected_tid,
             inode_size,
+            resolver: None,
+            next_window: None,
             block_index: 0,
             pending: Vec::new(),
             crc: 0,
@@ -299,6 +324,15 @@ impl Scanner {
             commits: 0,
             end: None,
         }
+    }
+
+    /// Resolve ANCHOR records (ByteLog) through `resolver`.
+    pub fn with_resolver(
+        mut self,
+        resolver: impl FnMut(&Anchor) -> Result<std::result::Result<Vec<Record>, String>> + 'r,
+    ) -> Self {
+        self.resolver = Some(Box::new(resolver));
+        self
     }
 
     /// Scan the next block of the area. Returns false once the scan has
@@ -328,6 +362,8 @@ impl Scanner {
                     )
                 })
                 .flatten();
+            let decoded = decoded
+                .filter(|record| !matches!(record, Record::Anchor(_)) || self.resolver.is_some());
             let Some(record) = decoded else {
                 return Ok(self.stop(ScanEnd::BadRecord {
                     block: index,
@@ -370,6 +406,9 @@ impl Scanner {
                 if tid != self.expected_tid || crc != sealed {
                     return Ok(Some(ScanEnd::BadTail { block, offset }));
                 }
+                if !self.resolve_anchors()? {
+                    return Ok(Some(ScanEnd::BadByteLog { block, offset }));
+                }
                 self.committed.append(&mut self.pending);
                 self.commits += 1;
             }
@@ -380,6 +419,47 @@ impl Scanner {
             }
         }
         Ok(None)
+    }
+
+    /// Replace each ANCHOR of the sealed fast commit by its window's
+    /// records; false when a window fails (nothing of it is applied).
+    fn resolve_anchors(&mut self) -> Result<bool> {
+        if !self
+            .pending
+            .iter()
+            .any(|record| matches!(record, Record::Anchor(_)))
+        {
+            return Ok(true);
+        }
+        let resolver = self
+            .resolver
+            .as_mut()
+            .expect("anchors only with a resolver");
+        let mut resolved = Vec::with_capacity(self.pending.len());
+        for record in std::mem::take(&mut self.pending) {
+            let Record::Anchor(anchor) = record else {
+                resolved.push(record);
+                continue;
+            };
+            let follows = self
+                .next_window
+                .is_none_or(|(head, seq)| anchor.head == head && anchor.seq == seq);
+            let records = match resolver(&anchor)? {
+                Ok(records) if follows => records,
+                Ok(_) => {
+                    tracing::warn!(?anchor, expected = ?self.next_window, "ByteLog window out of sequence");
+                    return Ok(false);
+                }
+                Err(why) => {
+                    tracing::warn!(?anchor, %why, "ByteLog window refused");
+                    return Ok(false);
+                }
+            };
+            self.next_window = Some((anchor.tail, anchor.seq.wrapping_add(anchor.count)));
+            resolved.extend(records);
+        }
+        self.pending = resolved;
+        Ok(true)
     }
 
     fn stop(&mut self, end: ScanEnd) -> bool {
@@ -512,6 +592,16 @@ impl std::fmt::Display for Record {
                 )
             }
             Record::Pad => write!(f, "PAD"),
+            Record::Anchor(anchor) => write!(
+                f,
+                "ANCHOR ring block {}, bytes {}..{}, seq {}, {} records, stream crc {:#010x}",
+                anchor.ring_block,
+                anchor.head,
+                anchor.tail,
+                anchor.seq,
+                anchor.count,
+                anchor.stream_crc
+            ),
         }
     }
 }

@@ -13,6 +13,7 @@
 pub mod acl;
 pub mod bitmap;
 pub mod blockmap;
+pub mod bytelog;
 pub mod csum;
 pub mod dir;
 pub mod extent;

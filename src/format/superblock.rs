@@ -80,6 +80,13 @@ pub mod incompat {
     pub const INLINE_DATA: u32 = 0x8000;
     pub const ENCRYPT: u32 = 0x10000;
     pub const CASEFOLD: u32 = 0x20000;
+    /// jext4's ByteLog (README, "ByteLog"): set while a `-o bytelog` mount
+    /// is live or its fast commits await replay, cleared by a clean
+    /// unmount and by recovery. The kernel and e2fsck know no such bit and
+    /// refuse the image meanwhile — as they must: they cannot replay the
+    /// ring. (The RFC's INCOMPAT_DAX_FC_BYTELOG has no published value; the
+    /// highest bit keeps clear of the ones the kernel hands out in order.)
+    pub const BYTELOG: u32 = 0x8000_0000;
 }
 
 /// INCOMPAT features this build reads and writes. `RECOVER` is handled
@@ -90,7 +97,8 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::BIT64
     | incompat::FLEX_BG
     | incompat::MMP
-    | incompat::CSUM_SEED;
+    | incompat::CSUM_SEED
+    | incompat::BYTELOG;
 
 /// RO_COMPAT features this build keeps consistent when writing. Any other
 /// bit allows read-only mounts only.
@@ -135,6 +143,7 @@ fn feature_names(kind: &str, bits: u32) -> Vec<String> {
             (incompat::INLINE_DATA, "inline_data"),
             (incompat::ENCRYPT, "encrypt"),
             (incompat::CASEFOLD, "casefold"),
+            (incompat::BYTELOG, "bytelog"),
         ],
         _ => &[
             (ro_compat::SPARSE_SUPER, "sparse_super"),

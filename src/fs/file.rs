@@ -223,7 +223,8 @@ fn write_run(
                 .dev()
                 .read_at(physical * block_size, &mut buffer[..block_size as usize])?;
         }
-        if tail > 0 {
+        // A write inside one block read it whole already (an append).
+        if tail > 0 && (head == 0 || last_block > first_block) {
             let at = buffer_len - block_size as usize;
             tx.core.dev().read_at(
                 (physical + last_block - first_block) * block_size,

@@ -71,6 +71,13 @@ pub(crate) fn recover_if_needed(
 ) -> Result<Option<RecoveryReport>> {
     let area = journal_area(geo, dev)?;
     if !recovery::needs_recovery(&area)? && !sb.has_incompat(incompat::RECOVER) {
+        if sb.has_incompat(incompat::BYTELOG) {
+            // A ByteLog flag without needs_recovery: no fast commit of
+            // that mount can be pending (both are set in one write at
+            // mount); the image is plain ext4.
+            tracing::info!("clearing a stale BYTELOG flag");
+            recovery::clear_needs_recovery(&**dev)?;
+        }
         return Ok(None);
     }
     let report = recovery::recover_with(&area, super::fast_commit::replay)?;

@@ -98,6 +98,10 @@ pub struct MountOptions {
     /// `None` (the default) where the image has it, `Some(false)` never
     /// (`-o fast_commit=off`), `Some(true)` required (`-o fast_commit`).
     pub fast_commit: Option<bool>,
+    /// Fast commits go through a persistent-memory mapping of the journal's
+    /// fast-commit area (ByteLog, `-o bytelog`); the image carries the
+    /// BYTELOG incompat flag until a clean unmount.
+    pub bytelog: bool,
 }
 
 /// The longest commit interval: the kernel refuses `commit=` above
@@ -150,6 +154,7 @@ impl Default for MountOptions {
             noload: false,
             journal_async_commit: false,
             fast_commit: None,
+            bytelog: false,
         }
     }
 }
@@ -409,10 +414,14 @@ impl Fs {
             (Some(area), Some(guard)) => {
                 // needs_recovery must be durable before any commit is: with
                 // it clear, the kernel wipes the log instead of replaying.
+                // BYTELOG too, before any fast commit goes to the ring.
                 sb.feature_incompat |= superblock::incompat::RECOVER;
                 let (free_blocks, free_inodes) = groups.free_totals();
                 sb.free_blocks_count = free_blocks;
                 sb.free_inodes_count = free_inodes as u32;
+                if options.bytelog {
+                    sb.feature_incompat |= superblock::incompat::BYTELOG;
+                }
                 superblock::write_to(&*dev, &mut sb)?;
                 let jbd2_options = Jbd2Options {
                     commit_interval: options.commit_interval,
@@ -420,6 +429,7 @@ impl Fs {
                     fs_64bit: geo.has_incompat(superblock::incompat::BIT64),
                     metadata_csum: geo.metadata_csum,
                     fast_commit,
+                    bytelog: options.bytelog,
                 };
                 Journal::jbd2(Arc::clone(&cache), area, guard, config, &jbd2_options)?
             }
@@ -682,7 +692,8 @@ impl Fs {
             // The log is empty now: the filesystem needs no recovery. After
             // an error, e2fsck must still look: keep needs_recovery off but
             // record the error state.
-            sb.feature_incompat &= !superblock::incompat::RECOVER;
+            sb.feature_incompat &=
+                !(superblock::incompat::RECOVER | superblock::incompat::BYTELOG);
             if errored {
                 sb.state |= STATE_ERROR;
             }
@@ -733,16 +744,13 @@ impl Fs {
                 format!("journal_frozen_copies {}", jbd2.frozen_copies),
                 format!("journal_checkpoints {}", jbd2.checkpoints),
                 format!("journal_blocks_checkpointed {}", jbd2.blocks_checkpointed),
+                format!("journal_thread_rounds {}", jbd2.thread_rounds),
                 format!("write_ahead_guard_events {}", jbd2.guard_violations),
             ]),
             None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),
         }
         if let (Some(tracker), Some(jbd2)) = (&self.core.fast_commit, journal.jbd2) {
-            lines.extend(fast_commit_lines(
-                &tracker.stats(),
-                &jbd2,
-                self.core.geo.block_size,
-            ));
+            lines.extend(fast_commit_lines(&tracker.stats(), &jbd2));
         }
         if let Some(reason) = self.core.journal.abort_reason() {
             // Last: the reason is free text.
@@ -812,11 +820,7 @@ impl Fs {
 /// `jext4 stats` lines about fast commits: how many, against full
 /// commits; bytes and flushes per fast commit (hundredths); each reason a
 /// change made fast commits ineligible.
-fn fast_commit_lines(
-    stats: &FastCommitStats,
-    jbd2: &crate::journal::Jbd2Stats,
-    block_size: u32,
-) -> Vec<String> {
+fn fast_commit_lines(stats: &FastCommitStats, jbd2: &crate::journal::Jbd2Stats) -> Vec<String> {
     let per_commit = |total: u64| match stats.commits {
         0 => "0".to_string(),
         commits => format!("{:.2}", total as f64 / commits as f64),
@@ -826,13 +830,10 @@ fn fast_commit_lines(
         format!("fast_commit_fallbacks {}", stats.fallbacks),
         format!("full_commits {}", jbd2.commits),
         format!("fast_commit_record_bytes {}", stats.record_bytes),
-        format!(
-            "fast_commit_bytes_written {}",
-            jbd2.fast_commit_blocks * block_size as u64
-        ),
+        format!("fast_commit_bytes_written {}", jbd2.fast_commit_bytes),
         format!(
             "fast_commit_bytes_per_commit {}",
-            per_commit(jbd2.fast_commit_blocks * block_size as u64)
+            per_commit(jbd2.fast_commit_bytes)
         ),
         format!("fast_commit_flushes {}", stats.flushes),
         format!(
@@ -840,6 +841,17 @@ fn fast_commit_lines(
             per_commit(stats.flushes)
         ),
     ];
+    if let Some(method) = jbd2.bytelog_method {
+        lines.push(format!(
+            "bytelog_persist_method {}",
+            method.to_string().replace(' ', "_")
+        ));
+        lines.push(format!("bytelog_persists {}", jbd2.bytelog_persists));
+        lines.push(format!(
+            "bytelog_persists_per_commit {}",
+            per_commit(jbd2.bytelog_persists)
+        ));
+    }
     for reason in Ineligible::ALL {
         lines.push(format!(
             "fast_commit_ineligible_{} {}",
@@ -855,6 +867,24 @@ fn fast_commit_lines(
 /// without it is refused (the kernel has no way to replay them there).
 fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
     let feature = sb.has_compat(superblock::compat::FAST_COMMIT);
+    if options.bytelog {
+        let refusal = if options.read_only {
+            Some("a read-only mount writes no fast commits")
+        } else if !sb.has_compat(superblock::compat::HAS_JOURNAL) || options.noload {
+            Some("the filesystem has no journal")
+        } else if !feature {
+            Some(
+                "the filesystem has no fast_commit feature (add it with tune2fs -O fast_commit while unmounted)",
+            )
+        } else if options.fast_commit == Some(false) {
+            Some("it writes fast commits, and fast_commit=off was asked for")
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            return Err(Error::Invalid(format!("mount option bytelog: {refusal}")));
+        }
+    }
     if options.fast_commit == Some(true) && !feature {
         return Err(Error::Invalid(
             "mount option fast_commit: the filesystem has no fast_commit feature \

@@ -155,6 +155,7 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("journal_async_commit", None) => engine.journal_async_commit = true,
             // Fast commits: on by default where the image has the feature.
             ("fast_commit", None | Some("on")) => engine.fast_commit = Some(true),
+            ("bytelog", None) => engine.bytelog = true,
             ("fast_commit", Some("off")) => engine.fast_commit = Some(false),
             ("fast_commit", Some(other)) => {
                 return Err(Error::Invalid(format!(

@@ -35,6 +35,13 @@
 //!   size.
 //! - [`Fault::FastCommitCrcSpan`]: the TAIL's CRC covers every byte from
 //!   the first record to the TAIL's tid; broken, it stops before the TAIL.
+//! - [`Fault::ByteLogPayloadUnfenced`]: a ByteLog fast commit's ring
+//!   records are persisted (written back and fenced) before its ANCHOR and
+//!   TAIL are stored; broken, only the ANCHOR and TAIL are persisted, and
+//!   the records' cache lines may still be lost after the fsync returned.
+//! - [`Fault::ByteLogCrcSpan`]: a ring record's payload CRC covers its
+//!   whole payload; broken, it leaves the last byte out, so replay rejects
+//!   every record.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -51,10 +58,12 @@ pub enum Fault {
     FastCommitTailFirst = 1 << 5,
     FastCommitDropRange = 1 << 6,
     FastCommitCrcSpan = 1 << 7,
+    ByteLogPayloadUnfenced = 1 << 8,
+    ByteLogCrcSpan = 1 << 9,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 10] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -63,6 +72,8 @@ impl Fault {
         Fault::FastCommitTailFirst,
         Fault::FastCommitDropRange,
         Fault::FastCommitCrcSpan,
+        Fault::ByteLogPayloadUnfenced,
+        Fault::ByteLogCrcSpan,
     ];
 }
 

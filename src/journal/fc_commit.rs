@@ -57,12 +57,14 @@ use super::format::tid_gt;
 use super::jbd2::Jbd2;
 use crate::dev::SECTOR_SIZE;
 use crate::error::Result;
+use crate::format::fast_commit::{AreaBuilder, Record};
 use std::sync::atomic::Ordering;
 
 /// What `Jbd2::begin_fast_commit` found.
 pub enum FastCommitBegin<'j> {
-    /// The transaction is durable already (committed in full). `flushed`:
-    /// a commit's final flush came after the call began.
+    /// The caller's changes are durable already: committed in full, or
+    /// carried by a fast commit that started after them. `flushed`: a
+    /// commit's final flush came after the call began.
     Durable { flushed: bool },
     /// A fast commit cannot be written now (the log has no full commit yet,
     /// or the area has no room): commit in full.
@@ -81,28 +83,101 @@ pub struct FastCommitSlot<'j> {
     /// The first fast commit since the area was retired: it opens with a
     /// HEAD.
     pub head: bool,
-    /// Area blocks still free.
-    pub free_blocks: u32,
+    /// Area blocks still free (without ByteLog).
+    free_blocks: u32,
+    /// This fast commit's number (`State::fc_started` once it began).
+    sequence: u64,
+    /// Its blocks are durable: every fsync that read a smaller
+    /// `fast_commit_sequence` is covered.
+    durable: bool,
     /// Journal block where this fast commit's first block goes.
     first_block: u32,
-    /// Area blocks this fast commit wrote (or tried to).
+    /// Area units this fast commit took (or tried to): blocks, or one per
+    /// ByteLog fast commit.
     written: u32,
 }
 
+/// What one fast commit wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    /// Bytes of records, HEAD and TAIL included (not the padding); with
+    /// ByteLog the ring records' headers and the stream line's records.
+    pub record_bytes: usize,
+    /// Bytes written to the area.
+    pub area_bytes: u64,
+    /// Device flushes.
+    pub flushes: u32,
+    /// ByteLog persists (cache-line write-back and fence, or msync).
+    pub persists: u32,
+}
+
 impl FastCommitSlot<'_> {
-    /// Write `blocks` (records then TAIL, from `format::fast_commit`) at
-    /// the slot's place and make them durable. `data_first`: the records
-    /// expose data written since the last flush (newly mapped blocks, a
-    /// size that grew), which must be durable before the TAIL is. Returns
-    /// the device flushes issued.
-    pub fn write(&mut self, blocks: &[Vec<u8>], data_first: bool) -> Result<u32> {
+    /// Whether every fast commit ends with a device flush (block fast
+    /// commits do; a ByteLog one ends with a fence, and flushes only when
+    /// its records expose new data).
+    pub fn ends_with_flush(&self) -> bool {
+        self.jbd2.bytelog.is_none()
+    }
+
+    /// Write `records` as one fast commit (HEAD first if it is the first
+    /// since the area was retired, TAIL last) at the slot's place and make
+    /// it durable. `data_first`: the records expose data written since the
+    /// last flush (newly mapped blocks, a size that grew), which must be
+    /// durable before the TAIL is. None when the area has no room for it
+    /// (nothing was written).
+    pub fn write(&mut self, records: &[Record], data_first: bool) -> Result<Option<Written>> {
         debug_assert_eq!(self.written, 0, "one fast commit per slot");
-        debug_assert!(!blocks.is_empty() && blocks.len() as u32 <= self.free_blocks);
+        let written = match &self.jbd2.bytelog {
+            Some(bytelog) => {
+                let dev = &*self.jbd2.area.dev;
+                let written = bytelog.write(dev, self.tid, self.head, records, data_first);
+                // Taken unless there was no room (then nothing was stored).
+                self.written = !matches!(written, Ok(None)) as u32;
+                written?
+            }
+            None => self.write_blocks(records, data_first)?,
+        };
+        if let Some(written) = &written {
+            self.durable = true;
+            self.jbd2.fast_commits.fetch_add(1, Ordering::Relaxed);
+            self.jbd2
+                .fast_commit_bytes
+                .fetch_add(written.area_bytes, Ordering::Relaxed);
+        }
+        Ok(written)
+    }
+
+    /// The fast commit as whole blocks of the area (the kernel's layout).
+    fn write_blocks(&mut self, records: &[Record], data_first: bool) -> Result<Option<Written>> {
+        let block_size = self.jbd2.area.fs_block_size;
+        let mut area = AreaBuilder::new(block_size as usize);
+        if self.head {
+            area.add(&Record::Head {
+                features: 0,
+                tid: self.tid,
+            });
+        }
+        for record in records {
+            area.add(record);
+        }
+        area.tail(self.tid);
+        let record_bytes = area.record_bytes();
+        let blocks = area.finish();
+        if blocks.len() as u32 > self.free_blocks {
+            return Ok(None);
+        }
         // Counted before any I/O: after an error part of it may be on disk,
         // and the next fast commit must not mix with it.
         self.written = blocks.len() as u32;
-        self.jbd2
-            .write_fast_commit(self.first_block, self.head, blocks, data_first)
+        let flushes =
+            self.jbd2
+                .write_fast_commit(self.first_block, self.head, &blocks, data_first)?;
+        Ok(Some(Written {
+            record_bytes,
+            area_bytes: blocks.len() as u64 * block_size as u64,
+            flushes,
+            persists: 0,
+        }))
     }
 }
 
@@ -140,7 +215,8 @@ impl Drop for UpdatesLocked<'_> {
 
 impl Drop for FastCommitSlot<'_> {
     fn drop(&mut self) {
-        self.jbd2.end_fast_commit(self.tid, self.written);
+        let durable = self.durable.then_some(self.sequence);
+        self.jbd2.end_fast_commit(self.tid, self.written, durable);
     }
 }
 
@@ -167,18 +243,37 @@ impl Jbd2 {
         Ok(())
     }
 
-    /// Wait until transaction `tid` is durable or a fast commit for it may
-    /// be written: no full commit and no other fast commit under way.
-    pub fn begin_fast_commit(&self, tid: u32) -> Result<FastCommitBegin<'_>> {
+    /// The number of fast commits begun so far. A caller that reads it
+    /// after making its changes (an fsync) is covered by any fast commit
+    /// numbered above it: that one takes its records after it began.
+    pub fn fast_commit_sequence(&self) -> u64 {
+        self.state.lock().fc_started
+    }
+
+    /// Wait until transaction `tid` is durable, or a fast commit numbered
+    /// above `seen` (`fast_commit_sequence` read after the caller's
+    /// changes) is, or a fast commit for it may be written: no full commit
+    /// and no other fast commit under way. The second case is the group
+    /// commit of concurrent fsyncs (the kernel's `s_fc_subtid` check): one
+    /// fast commit carries every change made before it began.
+    pub fn begin_fast_commit(&self, tid: u32, seen: u64) -> Result<FastCommitBegin<'_>> {
         let Some((first, end)) = self.fast_commit_area() else {
             return Ok(FastCommitBegin::Refused);
         };
         let mut state = self.state.lock();
+        debug_assert!(seen <= state.fc_started, "a sequence from the future");
         let mut waited = false;
         loop {
             state.check_aborted()?;
             if !tid_gt(tid, state.committed_tid) {
                 return Ok(FastCommitBegin::Durable { flushed: waited });
+            }
+            if state.fc_durable > seen {
+                // Its flushes came after `seen` was read (a ByteLog fast
+                // commit may have issued none: its fence is not a flush).
+                return Ok(FastCommitBegin::Durable {
+                    flushed: self.bytelog.is_none(),
+                });
             }
             if state.locked || state.committing_tid.is_some() || state.fc_ongoing {
                 self.changed.wait(&mut state);
@@ -190,15 +285,19 @@ impl Jbd2 {
                 "neither committed, committing nor running"
             );
             let used = state.fc_next;
-            if state.sb_empty_on_disk || first + used >= end {
+            // ByteLog checks its own room (`used` counts fast commits there).
+            if state.sb_empty_on_disk || (self.bytelog.is_none() && first + used >= end) {
                 return Ok(FastCommitBegin::Refused);
             }
             state.fc_ongoing = true;
+            state.fc_started += 1;
             return Ok(FastCommitBegin::Started(FastCommitSlot {
                 jbd2: self,
                 tid,
                 head: used == 0,
-                free_blocks: end - first - used,
+                free_blocks: end.saturating_sub(first + used),
+                sequence: state.fc_started,
+                durable: false,
                 first_block: first + used,
                 written: 0,
             }));
@@ -252,17 +351,18 @@ impl Jbd2 {
 
     /// The slot is given back; `written` area blocks now hold its fast
     /// commit (or whatever part of it reached them before an error): later
-    /// fast commits of the same transaction go after them.
-    fn end_fast_commit(&self, tid: u32, written: u32) {
+    /// fast commits of the same transaction go after them. `durable`: the
+    /// number of the fast commit, when it is durable.
+    fn end_fast_commit(&self, tid: u32, written: u32, durable: Option<u64>) {
         let mut state = self.state.lock();
         debug_assert!(state.fc_ongoing);
         debug_assert_eq!(state.running.tid, tid, "a full commit ran meanwhile");
         state.fc_ongoing = false;
         state.fc_next += written;
-        if written > 0 {
-            self.fast_commits.fetch_add(1, Ordering::Relaxed);
-            self.fast_commit_blocks
-                .fetch_add(written as u64, Ordering::Relaxed);
+        if let Some(sequence) = durable {
+            // One fast commit at a time: they end in the order they began.
+            debug_assert!(sequence > state.fc_durable && sequence == state.fc_started);
+            state.fc_durable = sequence;
         }
         self.changed.notify_all();
     }
@@ -282,6 +382,11 @@ impl Jbd2 {
             debug_assert!(!state.fc_ongoing, "a fast commit during a full commit");
             std::mem::take(&mut state.fc_next)
         };
+        if let Some(bytelog) = &self.bytelog {
+            // Its zeroed line is persisted at once: no flush to follow.
+            bytelog.retire()?;
+            return Ok(false);
+        }
         if used == 0 {
             return Ok(false);
         }

@@ -142,6 +142,11 @@ pub(crate) struct State {
     pub fc_ongoing: bool,
     /// Blocks of the fast-commit area used since the last full commit.
     pub fc_next: u32,
+    /// Fast commits begun since mount, and the number of the newest one
+    /// that is durable (`fc_commit.rs`: fsyncs covered by it need none of
+    /// their own).
+    pub fc_started: u64,
+    pub fc_durable: u64,
 }
 
 impl State {
@@ -165,10 +170,16 @@ pub struct Jbd2Stats {
     pub frozen_copies: u64,
     pub checkpoints: u64,
     pub blocks_checkpointed: u64,
+    /// Rounds of the commit thread (it wakes about once per commit
+    /// interval when idle).
+    pub thread_rounds: u64,
     pub guard_violations: u64,
     /// Fast commits written, and the area blocks they took.
     pub fast_commits: u64,
-    pub fast_commit_blocks: u64,
+    pub fast_commit_bytes: u64,
+    /// ByteLog persists (`-o bytelog`), and how they are made.
+    pub bytelog_persists: u64,
+    pub bytelog_method: Option<crate::dev::PersistMethod>,
 }
 
 pub(crate) struct Jbd2 {
@@ -215,8 +226,11 @@ pub(crate) struct Jbd2 {
     pub frozen_copies: AtomicU64,
     pub checkpoints: AtomicU64,
     pub blocks_checkpointed: AtomicU64,
+    pub thread_rounds: AtomicU64,
     pub fast_commits: AtomicU64,
-    pub fast_commit_blocks: AtomicU64,
+    pub fast_commit_bytes: AtomicU64,
+    /// Fast commits go to a persistent-memory mapping (`-o bytelog`).
+    pub bytelog: Option<super::bytelog::ByteLog>,
 }
 
 /// Options for loading the journal.
@@ -230,6 +244,9 @@ pub struct Jbd2Options {
     /// Write fast commits: the journal gets the FAST_COMMIT feature (and
     /// its log ends before the area), as the kernel sets it at mount.
     pub fast_commit: bool,
+    /// Write them through a persistent-memory mapping of the area
+    /// (`journal::bytelog`); needs `fast_commit`.
+    pub bytelog: bool,
 }
 
 impl Jbd2 {
@@ -289,6 +306,19 @@ impl Jbd2 {
         };
         area.store_superblock(&mut sb)?;
         area.dev.flush()?;
+        let fast_commit = options.fast_commit && layout.fast_commit.is_some();
+        let bytelog = match layout.fast_commit.filter(|_| options.bytelog) {
+            // The area's last block stays zero (`fc_commit.rs`).
+            Some((first, end)) if fast_commit => {
+                Some(super::bytelog::ByteLog::map(&area, first, end - 1)?)
+            }
+            _ if options.bytelog => {
+                return Err(Error::Unsupported(
+                    "bytelog needs fast commits, and the journal has no room for their area".into(),
+                ));
+            }
+            _ => None,
+        };
         let format = sb.log_format();
         let log_size = layout.last - layout.first;
         let jbd2 = Arc::new(Jbd2 {
@@ -312,6 +342,8 @@ impl Jbd2 {
                     error: None,
                     fc_ongoing: false,
                     fc_next: 0,
+                    fc_started: 0,
+                    fc_durable: 0,
                 },
             ),
             sb: Mutex::new(sb),
@@ -327,7 +359,7 @@ impl Jbd2 {
             changed: Condvar::new(),
             commit_interval: options.commit_interval,
             async_commit: options.async_commit,
-            fast_commit: options.fast_commit && layout.fast_commit.is_some(),
+            fast_commit,
             pending_free: Mutex::new(BTreeMap::new()),
             thread: Mutex::new(None),
             checkpoint_thread: Mutex::new(None),
@@ -340,8 +372,10 @@ impl Jbd2 {
             frozen_copies: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             blocks_checkpointed: AtomicU64::new(0),
+            thread_rounds: AtomicU64::new(0),
             fast_commits: AtomicU64::new(0),
-            fast_commit_blocks: AtomicU64::new(0),
+            fast_commit_bytes: AtomicU64::new(0),
+            bytelog,
         });
         jbd2.prepare_fast_commit_area()?;
         Jbd2::start_threads(&jbd2);
@@ -608,9 +642,15 @@ impl Jbd2 {
             frozen_copies: self.frozen_copies.load(Ordering::Relaxed),
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
             blocks_checkpointed: self.blocks_checkpointed.load(Ordering::Relaxed),
+            thread_rounds: self.thread_rounds.load(Ordering::Relaxed),
             guard_violations: self.guard.violations(),
             fast_commits: self.fast_commits.load(Ordering::Relaxed),
-            fast_commit_blocks: self.fast_commit_blocks.load(Ordering::Relaxed),
+            fast_commit_bytes: self.fast_commit_bytes.load(Ordering::Relaxed),
+            bytelog_persists: self
+                .bytelog
+                .as_ref()
+                .map_or(0, |bytelog| bytelog.persists.load(Ordering::Relaxed)),
+            bytelog_method: self.bytelog.as_ref().map(|bytelog| bytelog.method()),
         }
     }
 
@@ -658,10 +698,19 @@ impl Jbd2 {
     /// One round of the commit thread: wait for work, then commit.
     /// Returns false when the journal has stopped.
     fn commit_thread_step(&self) -> bool {
+        self.thread_rounds.fetch_add(1, Ordering::Relaxed);
         let mut state = self.state.lock();
+        // An empty running transaction has nothing to commit when its
+        // interval ends: a deadline already past would make this loop spin
+        // (an idle mount burnt a CPU). Look again an interval from now.
         // MountOptions::validate bounds the interval; an Instant past the
         // clock's range would still panic here, so never compute one.
-        let deadline = state.running.created.checked_add(self.commit_interval);
+        let start = if state.running.is_empty() {
+            Instant::now()
+        } else {
+            state.running.created
+        };
+        let deadline = start.checked_add(self.commit_interval);
         while state.commit_request.is_none() && !state.stopping && state.error.is_none() {
             let timed_out = match deadline {
                 Some(deadline) => self.wake_commit.wait_until(&mut state, deadline),

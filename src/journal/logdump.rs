@@ -16,6 +16,7 @@ use super::format::{
 };
 use super::recovery::JournalArea;
 use crate::error::Result;
+use crate::format::bytelog::{Anchor, read_window};
 use crate::format::fast_commit::{Record, area_records};
 use std::io::Write;
 
@@ -323,9 +324,41 @@ impl Dump<'_> {
                 entry.offset,
                 entry.record
             )?;
+            if let Record::Anchor(anchor) = &entry.record {
+                list_window(out, &blocks, anchor, head_tid, inode_size)?;
+            }
         }
         Ok(())
     }
+}
+
+/// The records of a ByteLog window (`blocks`: the fast-commit area), or
+/// why replay would refuse it.
+fn list_window(
+    out: &mut dyn Write,
+    blocks: &[Vec<u8>],
+    anchor: &Anchor,
+    tid: u32,
+    inode_size: u16,
+) -> Result<()> {
+    let ring: Vec<u8> = blocks
+        .get(anchor.ring_block as usize..)
+        .unwrap_or_default()
+        .concat();
+    let window = ring.get(anchor.head as usize..anchor.tail as usize);
+    let records = match window {
+        Some(window) => read_window(window, anchor, tid, inode_size),
+        None => Err("window outside the area".to_string()),
+    };
+    match records {
+        Ok(records) => {
+            for record in records {
+                writeln!(out, "      ring: {record}")?;
+            }
+        }
+        Err(why) => writeln!(out, "      ring: refused for transaction {tid}: {why}")?,
+    }
+    Ok(())
 }
 
 fn flag_names(flags: u16) -> String {

@@ -22,6 +22,7 @@
 //!   by a background flusher, by `sync`, under cache pressure and at
 //!   unmount. Same promise as ext2: a crash may leave work for `e2fsck`.
 
+mod bytelog;
 pub mod change;
 mod checkpoint;
 mod commit;
@@ -35,7 +36,7 @@ pub mod logdump;
 pub mod recovery;
 mod writeback;
 
-pub use fc_commit::{FastCommitBegin, FastCommitSlot};
+pub use fc_commit::{FastCommitBegin, FastCommitSlot, Written};
 pub use jbd2::{Jbd2Options, Jbd2Stats};
 
 use crate::cache::{Buffer, BufferCache};
@@ -276,13 +277,22 @@ impl Journal {
         }
     }
 
-    /// Wait until transaction `tid` is durable or a fast commit of it may
-    /// be written (`fc_commit.rs`). Unjournaled, or without a fast-commit
-    /// area: refused.
-    pub fn begin_fast_commit(&self, tid: u32) -> Result<FastCommitBegin<'_>> {
+    /// Fast commits begun so far (`fc_commit.rs`); read by an fsync before
+    /// `begin_fast_commit`.
+    pub fn fast_commit_sequence(&self) -> u64 {
+        match &self.mode {
+            Mode::WriteBack(_) => 0,
+            Mode::Jbd2(jbd2) => jbd2.fast_commit_sequence(),
+        }
+    }
+
+    /// Wait until transaction `tid` is durable, a fast commit begun after
+    /// `seen` is, or a fast commit of it may be written (`fc_commit.rs`).
+    /// Unjournaled, or without a fast-commit area: refused.
+    pub fn begin_fast_commit(&self, tid: u32, seen: u64) -> Result<FastCommitBegin<'_>> {
         match &self.mode {
             Mode::WriteBack(_) => Ok(FastCommitBegin::Refused),
-            Mode::Jbd2(jbd2) => jbd2.begin_fast_commit(tid),
+            Mode::Jbd2(jbd2) => jbd2.begin_fast_commit(tid, seen),
         }
     }
 

@@ -330,11 +330,12 @@ where
 }
 
 /// Turn INCOMPAT_RECOVER off in the primary ext4 superblock (checksum
-/// updated) and flush. Recovery runs before any buffer cache exists, so
-/// this writes through the device.
+/// updated) and flush; BYTELOG too — its fast commits are replayed (or
+/// were never there), the image is plain ext4 again. Recovery runs before
+/// any buffer cache exists, so this writes through the device.
 pub fn clear_needs_recovery(dev: &dyn BlockDevice) -> Result<()> {
     update_fs_superblock(dev, |superblock| {
-        superblock.feature_incompat &= !fs_incompat::RECOVER;
+        superblock.feature_incompat &= !(fs_incompat::RECOVER | fs_incompat::BYTELOG);
     })
 }
 

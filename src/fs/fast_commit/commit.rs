@@ -5,8 +5,9 @@
 //! instead of committing the transaction:
 //! 1. `Journal::begin_fast_commit` waits for a full commit under way (the
 //!    transaction before must be durable, or replay would never reach the
-//!    records) and for another fast commit (which may cover this fsync
-//!    already: then nothing is left to write);
+//!    records) and for another fast commit (which covers this fsync when
+//!    it began after the fsync did: then nothing is left to write — the
+//!    group commit of concurrent fsyncs);
 //! 2. with the journal's updates locked (`FastCommitSlot::lock_updates`,
 //!    the kernel's `jbd2_journal_lock_updates`: every handle has stopped,
 //!    none starts, so no operation is half-way and none holds a lock)
@@ -14,9 +15,10 @@
 //!    from the inodes as stored: a consistent cut, the "snapshot when the
 //!    fast commit starts", with no filesystem lock; operations go on once
 //!    the records are built (readers never stopped);
-//! 3. the records go to the area after the earlier fast commits of the
-//!    transaction, data first where they expose new data (see
-//!    `journal::fc_commit` for the flushes).
+//! 3. the journal lays them out — HEAD, records, TAIL — after the earlier
+//!    fast commits of the transaction, data first where they expose new
+//!    data (see `journal::fc_commit` for the flushes, `journal::bytelog`
+//!    for `-o bytelog`).
 //!
 //! Records, in the kernel's order: HEAD (first after a full commit); the
 //! name changes in the order they were made, a CREAT preceded by its
@@ -31,7 +33,7 @@
 
 use super::track::{DentryOp, PendingInode, Snapshot, Tracker};
 use crate::error::Result;
-use crate::format::fast_commit::{AreaBuilder, Dentry, Record, max_range_len};
+use crate::format::fast_commit::{Dentry, Record, max_range_len};
 use crate::format::inode::Inode;
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::GOOD_OLD_INODE_SIZE;
@@ -55,12 +57,11 @@ pub(crate) enum Outcome {
     FullCommit,
 }
 
-/// One fast commit's blocks.
+/// One fast commit's records (HEAD and TAIL are the journal's).
 struct Built {
-    blocks: Vec<Vec<u8>>,
+    records: Vec<Record>,
     /// The records expose data written since the last flush.
     data_first: bool,
-    record_bytes: usize,
     /// A record the kernel would replay wrongly: commit in full instead.
     ineligible: Option<Ineligible>,
 }
@@ -69,11 +70,14 @@ impl Fs {
     /// Make transaction `tid` (the newest to change the inode being
     /// synced) durable with a fast commit if it can be done.
     pub(crate) fn fast_commit(&self, tracker: &Tracker, tid: u32) -> Result<Outcome> {
+        // Read after this fsync's changes were made: a fast commit begun
+        // later carries them.
+        let seen = self.core.journal.fast_commit_sequence();
         if !tracker.eligible(tid) {
             tracker.count_fallback();
             return Ok(Outcome::FullCommit);
         }
-        let mut slot = match self.core.journal.begin_fast_commit(tid)? {
+        let mut slot = match self.core.journal.begin_fast_commit(tid, seen)? {
             FastCommitBegin::Durable { flushed } => return Ok(Outcome::Durable { flushed }),
             FastCommitBegin::Refused => {
                 tracker.count_fallback();
@@ -92,19 +96,17 @@ impl Fs {
                 // this fsync's changes, from a cut made after they (and the
                 // data written with them) were: its final flush covers
                 // them. (Had it failed, the transaction would be
-                // ineligible and `take` would have said so.)
-                return Ok(Outcome::Durable { flushed: true });
+                // ineligible and `take` would have said so.) A ByteLog one
+                // may have issued no flush: the data needs one.
+                return Ok(Outcome::Durable {
+                    flushed: slot.ends_with_flush(),
+                });
             }
-            let built = build(&self.core, &snapshot, slot.head, slot.tid);
+            let built = build(&self.core, &snapshot);
             drop(updates);
             built
         };
         let built = match built {
-            Ok(built) if built.blocks.len() as u32 > slot.free_blocks => {
-                tracker.mark_ineligible(slot.tid, Ineligible::AreaFull);
-                tracker.count_fallback();
-                return Ok(Outcome::FullCommit);
-            }
             Ok(Built {
                 ineligible: Some(reason),
                 ..
@@ -119,10 +121,19 @@ impl Fs {
                 return Err(error);
             }
         };
-        match slot.write(&built.blocks, built.data_first) {
-            Ok(flushes) => {
-                tracker.count_commit(built.record_bytes as u64, flushes);
-                Ok(Outcome::Durable { flushed: true })
+        match slot.write(&built.records, built.data_first) {
+            Ok(Some(written)) => {
+                tracker.count_commit(written.record_bytes as u64, written.flushes);
+                // Without a flush (ByteLog, no new data mapped) the fsync
+                // still flushes the data it may have written in place.
+                Ok(Outcome::Durable {
+                    flushed: written.flushes > 0,
+                })
+            }
+            Ok(None) => {
+                tracker.mark_ineligible(slot.tid, Ineligible::AreaFull);
+                tracker.count_fallback();
+                Ok(Outcome::FullCommit)
             }
             Err(error) => {
                 tracker.mark_ineligible(slot.tid, Ineligible::Failed);
@@ -132,18 +143,15 @@ impl Fs {
     }
 }
 
-/// Lay the records of `snapshot` out as one fast commit for `tid`.
-fn build(core: &Core, snapshot: &Snapshot, head: bool, tid: u32) -> Result<Built> {
+/// The records of `snapshot`, in the order replay needs them.
+fn build(core: &Core, snapshot: &Snapshot) -> Result<Built> {
     let mut writer = RecordWriter {
         core,
-        area: AreaBuilder::new(core.geo.block_size as usize),
+        records: Vec::new(),
         data_first: false,
         ranges_written: HashSet::new(),
         ineligible: None,
     };
-    if head {
-        writer.area.add(&Record::Head { features: 0, tid });
-    }
     for dentry in &snapshot.dentries {
         let record = Dentry {
             parent: dentry.parent,
@@ -152,26 +160,23 @@ fn build(core: &Core, snapshot: &Snapshot, head: bool, tid: u32) -> Result<Built
         };
         match dentry.op {
             DentryOp::Create => writer.create(record, snapshot.inodes.get(&dentry.ino))?,
-            DentryOp::Link => writer.area.add(&Record::Link(record)),
-            DentryOp::Unlink => writer.area.add(&Record::Unlink(record)),
+            DentryOp::Link => writer.records.push(Record::Link(record)),
+            DentryOp::Unlink => writer.records.push(Record::Unlink(record)),
         }
     }
     for (&ino, pending) in &snapshot.inodes {
         writer.inode(ino, pending)?;
     }
-    writer.area.tail(tid);
-    let record_bytes = writer.area.record_bytes();
     Ok(Built {
-        blocks: writer.area.finish(),
+        records: writer.records,
         data_first: writer.data_first,
-        record_bytes,
         ineligible: writer.ineligible,
     })
 }
 
 struct RecordWriter<'a> {
     core: &'a Core,
-    area: AreaBuilder,
+    records: Vec<Record>,
     data_first: bool,
     /// Inodes whose ranges went out with their CREAT.
     ranges_written: HashSet<u32>,
@@ -189,7 +194,7 @@ impl RecordWriter<'_> {
             self.range_records(dentry.ino, &inode, pending)?;
             self.ranges_written.insert(dentry.ino);
         }
-        self.area.add(&Record::Create(dentry));
+        self.records.push(Record::Create(dentry));
         Ok(())
     }
 
@@ -225,7 +230,7 @@ impl RecordWriter<'_> {
         let (block, offset) = inode_location(geo, &self.core.groups, ino);
         let buffer = self.core.cache.read(block)?;
         let raw = buffer.read()[offset..offset + len].to_vec();
-        self.area.add(&Record::Inode { ino, raw });
+        self.records.push(Record::Inode { ino, raw });
         Ok(())
     }
 
@@ -244,7 +249,7 @@ impl RecordWriter<'_> {
                     Lookup::Mapped(extent) => self.add_range(ino, &extent, end),
                     Lookup::Hole { next } => {
                         let hole_end = next.unwrap_or(end).min(end);
-                        self.area.add(&Record::DelRange {
+                        self.records.push(Record::DelRange {
                             ino,
                             lblk: lblk as u32,
                             len: (hole_end - lblk) as u32,
@@ -265,7 +270,7 @@ impl RecordWriter<'_> {
         let mut lblk = extent.logical;
         while lblk < stop {
             let len = (stop - lblk).min(max);
-            self.area.add(&Record::AddRange {
+            self.records.push(Record::AddRange {
                 ino,
                 extent: Extent {
                     logical: lblk,

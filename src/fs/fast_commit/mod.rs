@@ -66,6 +66,7 @@ use super::Tx;
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
 use crate::format::MetaCtx;
+use crate::format::bytelog::{self, Anchor};
 use crate::format::fast_commit::{FastCommitLog, Record, Scanner};
 use crate::format::inode::Inode;
 use crate::format::mapping::{self, BlockUse};
@@ -89,8 +90,10 @@ struct ReplayStats {
 /// Replay the fast commits of `fast_commit` (called by recovery after the
 /// block replay, before the journal reset).
 pub(crate) fn replay(area: &JournalArea, fast_commit: &FastCommitArea) -> Result<()> {
-    let geo = Geometry::from_superblock(&superblock::read_from(&*area.dev)?);
-    let log = scan(area, fast_commit, geo.inode_size)?;
+    let sb = superblock::read_from(&*area.dev)?;
+    let geo = Geometry::from_superblock(&sb);
+    let bytelog = sb.has_incompat(crate::format::superblock::incompat::BYTELOG);
+    let log = scan(area, fast_commit, geo.inode_size, bytelog)?;
     tracing::info!(
         commits = log.commits,
         records = log.records.len(),
@@ -122,12 +125,20 @@ pub(crate) fn replay(area: &JournalArea, fast_commit: &FastCommitArea) -> Result
 }
 
 /// Read the area block by block until the scan stops (`fc_do_one_pass`).
+/// With `bytelog` (the image's BYTELOG flag) ANCHOR records stand for the
+/// ByteLog windows they name; elsewhere they end the scan, as the kernel's
+/// unknown tags do.
 fn scan(
     area: &JournalArea,
     fast_commit: &FastCommitArea,
     inode_size: u16,
+    bytelog: bool,
 ) -> Result<FastCommitLog> {
     let mut scanner = Scanner::new(fast_commit.expected_tid, inode_size);
+    if bytelog {
+        scanner = scanner
+            .with_resolver(|anchor| read_bytelog_window(area, fast_commit, anchor, inode_size));
+    }
     for index in fast_commit.first_block..fast_commit.end_block {
         let block = area.read_block(index as u64)?;
         if !scanner.scan_block(&block)? {
@@ -135,6 +146,38 @@ fn scan(
         }
     }
     Ok(scanner.finish())
+}
+
+/// The records of the ByteLog window `anchor` names, read from the area and
+/// checked (`format::bytelog::read_window`); Ok(Err) says why not.
+pub(crate) fn read_bytelog_window(
+    area: &JournalArea,
+    fast_commit: &FastCommitArea,
+    anchor: &Anchor,
+    inode_size: u16,
+) -> Result<std::result::Result<Vec<Record>, String>> {
+    let block_size = area.fs_block_size as u64;
+    let ring = fast_commit.first_block as u64 + anchor.ring_block as u64;
+    let (head, tail) = (anchor.head as u64, anchor.tail as u64);
+    let end_block = ring + tail.div_ceil(block_size);
+    if tail < head || end_block > fast_commit.end_block as u64 {
+        return Ok(Err(format!(
+            "window {head}..{tail} from block {ring} lies outside the fast-commit area"
+        )));
+    }
+    let mut bytes = Vec::with_capacity((tail - head + block_size) as usize);
+    // Bounded by the area's size (checked above).
+    for index in ring + head / block_size..end_block {
+        bytes.extend_from_slice(&area.read_block(index)?);
+    }
+    let start = (head % block_size) as usize;
+    let window = &bytes[start..start + (tail - head) as usize];
+    Ok(bytelog::read_window(
+        window,
+        anchor,
+        fast_commit.expected_tid,
+        inode_size,
+    ))
 }
 
 // ---------------------------------------------------------------------------
@@ -178,6 +221,10 @@ impl<'r, 'a, 'j> Replayer<'r, 'a, 'j> {
                 Record::Create(dentry) => self.replay_create(dentry)?,
                 Record::Link(dentry) => self.replay_link(dentry)?,
                 Record::Unlink(dentry) => self.replay_unlink(dentry)?,
+                Record::Anchor(_) => {
+                    debug_assert!(false, "the scan replaces every ANCHOR by its records");
+                    false
+                }
                 Record::Head { .. } | Record::Tail { .. } | Record::Pad => true,
             };
             if applied {
