@@ -692,8 +692,7 @@ impl Fs {
             // The log is empty now: the filesystem needs no recovery. After
             // an error, e2fsck must still look: keep needs_recovery off but
             // record the error state.
-            sb.feature_incompat &=
-                !(superblock::incompat::RECOVER | superblock::incompat::BYTELOG);
+            sb.feature_incompat &= !(superblock::incompat::RECOVER | superblock::incompat::BYTELOG);
             if errored {
                 sb.state |= STATE_ERROR;
             }
