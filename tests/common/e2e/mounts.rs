@@ -192,7 +192,6 @@ impl KernelMount {
     }
 
     /// The same with mount `options` besides `loop`.
-    #[allow(dead_code)]
     pub fn mount_with(image: &Path, mountpoint: &Path, options: &str) -> KernelMount {
         fs::create_dir_all(mountpoint).expect("creating the mount point");
         let options = if options.is_empty() {
