@@ -364,6 +364,8 @@ impl Fs {
     ) -> Result<Arc<Fs>> {
         options.validate()?;
         let mut sb = superblock::read_from(&*dev)?;
+        let (at, uuid) = sb.identity();
+        dev.expect_identity(at, &uuid);
         let read_write_allowed = sb.check_features()?;
         if !options.read_only && !read_write_allowed {
             return Err(Error::Unsupported(format!(
