@@ -237,7 +237,8 @@ impl Ring {
     }
 
     /// Stop the threads (their waits end within a second, or at once when
-    /// the connection is gone) and wait for them.
+    /// the connection is gone), wait for them, and check that nothing of
+    /// the ring is left (its threads and io_uring descriptors).
     pub fn stop(self) {
         self.stop.store(true, Ordering::Release);
         for thread in self.threads {
@@ -245,7 +246,40 @@ impl Ring {
                 tracing::error!("an io_uring queue thread ended with a panic");
             }
         }
+        let (rings, threads) = leftovers();
+        if rings + threads > 0 {
+            tracing::error!(
+                rings,
+                threads,
+                "the io_uring transport left descriptors or threads behind"
+            );
+        } else {
+            tracing::info!("the io_uring transport stopped: no thread or ring left");
+        }
     }
+}
+
+/// io_uring descriptors this process holds, and queue threads still alive.
+fn leftovers() -> (usize, usize) {
+    let rings = std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| {
+            std::fs::read_link(entry.path())
+                .is_ok_and(|target| target.as_os_str() == "anon_inode:[io_uring]")
+        })
+        .count();
+    let threads = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("jext4-uring"))
+        })
+        .count();
+    (rings, threads)
 }
 
 /// One ring entry's buffers, which the kernel reads and writes while the
