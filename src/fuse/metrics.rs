@@ -339,11 +339,35 @@ impl RequestMetrics {
             ),
             format!("fuse_engine_ms {}", engine_ns / 1_000_000),
             format!("fuse_transport_ms {}", transport_ns / 1_000_000),
+            format!("fuse_engine_us {}", engine_ns / 1_000),
+            format!("fuse_transport_us {}", transport_ns / 1_000),
+            format!("fuse_threads_cpu_us {}", serving_threads_cpu_ns() / 1_000),
             format!("fuse_uptime_ms {}", self.since.elapsed().as_millis()),
         ]);
         lines.extend(per_operation);
         lines
     }
+}
+
+/// The CPU time of the threads that serve FUSE requests (fuser's
+/// `/dev/fuse` workers, the io_uring queue threads): engine and transport
+/// together, whatever the machine's load, so two transports compare by it
+/// (`/proc/self/task/*/schedstat`: nanoseconds on a CPU).
+fn serving_threads_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("fuser-") || name.starts_with("jext4-uring"))
+        })
+        .filter_map(|task| {
+            let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            schedstat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 /// One request's timing, recorded when dropped (the reply has gone out).
