@@ -50,7 +50,7 @@ impl FuseTransport {
 
 /// The defaults of the io_uring transport's shape (bench/README.md,
 /// "FUSE transports", has the measurements they come from).
-pub const URING_THREADS_DEFAULT: usize = 2;
+pub const URING_THREADS_DEFAULT: usize = 4;
 pub const URING_DEPTH_DEFAULT: usize = 1;
 
 /// Parse a size with an optional K, M, G or T suffix (powers of 1024).

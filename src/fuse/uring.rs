@@ -59,6 +59,11 @@ const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 /// Where the kernel says whether it offers FUSE over io_uring.
 pub const ENABLE_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
 
+/// The answer buffer of a thread: the largest answer to a request whose
+/// arguments occupy the payload is an extended attribute's value
+/// (XATTR_SIZE_MAX, 64 KiB); the others are a few hundred bytes at most.
+const ANSWER_BUFFER_SIZE: usize = (64 << 10) + 4096;
+
 /// How long a thread waits before looking at the stop flag again.
 const WAIT: Duration = Duration::from_secs(1);
 /// How long the threads may take to register their entries.
@@ -112,7 +117,7 @@ impl RingShape {
     pub fn buffer_bytes(&self) -> u64 {
         let entries = (self.threads() * self.entries_per_thread) as u64;
         entries * (self.payload_size + wire::RING_HEADER_SIZE) as u64
-            + (self.threads() * self.payload_size) as u64
+            + (self.threads() * ANSWER_BUFFER_SIZE) as u64
     }
 }
 
@@ -450,7 +455,7 @@ impl QueueThread {
     /// ring is stopped.
     fn serve(&self, ring: &mut IoUring<squeue::Entry128, cqueue::Entry>, entries: &[RingEntry]) {
         let mut live = entries.len();
-        let mut answers = vec![0u8; self.shape.payload_size];
+        let mut answers = vec![0u8; ANSWER_BUFFER_SIZE];
         let mut ready = Vec::with_capacity(entries.len());
         let timeout = types::Timespec::from(WAIT);
         let wait = types::SubmitArgs::new().timespec(&timeout);
