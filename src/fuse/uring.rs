@@ -83,8 +83,14 @@ pub fn kernel_offers() -> Result<(), String> {
 }
 
 /// The kernel's queue count: one per possible CPU (`num_possible_cpus()`).
+/// The ring serves nothing until every queue has an entry, so a count
+/// too small would hang the mount: without the sysfs file, the CPUs the
+/// C library counts configured.
 pub fn possible_cpus() -> usize {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    let Ok(text) = std::fs::read_to_string("/sys/devices/system/cpu/possible") else {
+        // SAFETY: sysconf has no preconditions.
+        return (unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }).max(1) as usize;
+    };
     let count: usize = text
         .trim()
         .split(',')

@@ -31,7 +31,10 @@ pub fn run(options: Options) -> io::Result<()> {
     let listing = fs::read(&options.list).map_err(at(&options.list))?;
     let mut files = Vec::new();
     let mut directories = Vec::new();
-    for line in listing.split(|&byte| byte == b'\n').filter(|line| !line.is_empty()) {
+    for line in listing
+        .split(|&byte| byte == b'\n')
+        .filter(|line| !line.is_empty())
+    {
         let relative = Path::new(std::ffi::OsStr::from_bytes(line));
         let path = options.dir.join(relative);
         if line.ends_with(b"/") {
