@@ -411,6 +411,48 @@ fn panic_on_a_queue_thread_aborts_the_journal() {
     e2e::fsck_clean(&image, "after a panic on a queue thread");
 }
 
+/// A panic on a queue thread outside any handler (JEXT4_PANIC_AT=uring:
+/// the first request the ring carries, before it is decoded): that
+/// request fails with EIO, the journal aborts, the queue thread goes on
+/// answering (the mount reads, refuses writes, unmounts).
+#[test]
+fn panic_in_the_ring_outside_a_handler_aborts_the_journal() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("uring-ring-panic");
+    let image = common::mkfs(scratch.path(), "panic", 16, &["-t", "ext4"]);
+    let mnt = scratch.path().join("mnt");
+    over("uring", |options| {
+        let env = [("JEXT4_PANIC_AT", "uring")];
+        let mount = JextMount::try_mount_with_env(&image, &mnt, options, &env)
+            .unwrap_or_else(|(output, log)| panic!("mount failed: {output:?}\n{log}"));
+        let error = fs::metadata(mount.path("probe")).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+        assert!(
+            e2e::wait_for(Duration::from_secs(10), || {
+                let report = stats(&mnt);
+                report.contains("read_only true") && report.contains("journal_aborted true")
+            }),
+            "jext4 stats does not report the abort:\n{}",
+            stats(&mnt)
+        );
+        assert_transport(&mnt, "uring");
+        let refused = fs::write(mount.path("after"), b"x").unwrap_err();
+        assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+        let log = mount.server_log();
+        assert!(
+            log.contains("injected panic")
+                && log.contains("a panic in the FUSE io_uring queue thread"),
+            "{log}"
+        );
+        let output = e2e::run(JEXT4, &["umount", "--timeout", "30", e2e::path_str(&mnt)]);
+        assert!(!output.status.success() && !e2e::is_mount_point(&mnt));
+        mount.forget();
+    });
+    e2e::fsck_clean(&image, "after a panic in the ring");
+}
+
 fn mount_error(image: &Path, mnt: &Path, options: &str, env: &[(&str, &str)]) -> String {
     match JextMount::try_mount_with_env(image, mnt, options, env) {
         Ok(_) => panic!("-o {options} {env:?} mounted"),
