@@ -235,11 +235,29 @@ impl<'a> Request<'a> {
 
     fn decode_fields(opcode: u32, header: &mut Fields<'a>, rest: &mut Fields<'a>) -> Option<Self> {
         use opcode::*;
+        match opcode {
+            LOOKUP | SYMLINK | MKNOD | MKDIR | UNLINK | RMDIR | RENAME | RENAME2 | LINK
+            | CREATE => Self::decode_namespace(opcode, header, rest),
+            READ | READDIR | READDIRPLUS | WRITE | FSYNC | IOCTL | FALLOCATE | LSEEK => {
+                Self::decode_file(opcode, header, rest)
+            }
+            SETXATTR | GETXATTR | LISTXATTR | REMOVEXATTR => {
+                Self::decode_xattr(opcode, header, rest)
+            }
+            SETATTR => Some(Request::Setattr(decode_setattr(header)?)),
+            _ => Some(Self::without_arguments(opcode)),
+        }
+    }
+
+    /// Operations on names: the names are in the payload.
+    fn decode_namespace(
+        opcode: u32,
+        header: &mut Fields<'a>,
+        rest: &mut Fields<'a>,
+    ) -> Option<Self> {
+        use opcode::*;
         Some(match opcode {
             LOOKUP => Request::Lookup { name: rest.name()? },
-            GETATTR => Request::Getattr,
-            SETATTR => Request::Setattr(decode_setattr(header)?),
-            READLINK => Request::Readlink,
             SYMLINK => Request::Symlink {
                 name: rest.name()?,
                 target: rest.name()?,
@@ -277,9 +295,28 @@ impl<'a> Request<'a> {
                 oldnodeid: header.u64()?,
                 newname: rest.name()?,
             },
-            OPEN => Request::Open,
+            CREATE => {
+                let (_flags, mode, umask) = (header.u32()?, header.u32()?, header.u32()?);
+                Request::Create {
+                    name: rest.name()?,
+                    mode,
+                    umask,
+                }
+            }
+            _ => unreachable!("decode_fields routes only namespace opcodes here"),
+        })
+    }
+
+    /// Operations on an open file or directory: the operation header leads
+    /// with the file handle.
+    fn decode_file(opcode: u32, header: &mut Fields<'a>, rest: &mut Fields<'a>) -> Option<Self> {
+        use opcode::*;
+        if opcode == WRITE {
+            return decode_write(header, rest);
+        }
+        let _fh = header.u64()?;
+        Some(match opcode {
             READ | READDIR | READDIRPLUS => {
-                let _fh = header.u64()?;
                 let (offset, size) = (header.u64()?, header.u32()?);
                 match opcode {
                     READ => Request::Read { offset, size },
@@ -287,16 +324,37 @@ impl<'a> Request<'a> {
                     _ => Request::Readdirplus { offset, size },
                 }
             }
-            WRITE => decode_write(header, rest)?,
-            STATFS => Request::Statfs,
-            RELEASE => Request::Release,
-            FSYNC => {
-                let _fh = header.u64()?;
-                // FUSE_FSYNC_FDATASYNC
-                Request::Fsync {
-                    datasync: header.u32()? & 1 != 0,
+            // FUSE_FSYNC_FDATASYNC
+            FSYNC => Request::Fsync {
+                datasync: header.u32()? & 1 != 0,
+            },
+            IOCTL => {
+                let (_flags, cmd) = (header.u32()?, header.u32()?);
+                let (_arg, _in_size, out_size) = (header.u64()?, header.u32()?, header.u32()?);
+                Request::Ioctl { cmd, out_size }
+            }
+            FALLOCATE => {
+                let (offset, length, mode) = (header.u64()?, header.u64()?, header.u32()?);
+                Request::Fallocate {
+                    offset,
+                    length,
+                    mode: mode as i32,
                 }
             }
+            LSEEK => {
+                let (offset, whence) = (header.u64()?, header.u32()?);
+                Request::Lseek {
+                    offset: offset as i64,
+                    whence: whence as i32,
+                }
+            }
+            _ => unreachable!("decode_fields routes only file opcodes here"),
+        })
+    }
+
+    fn decode_xattr(opcode: u32, header: &mut Fields<'a>, rest: &mut Fields<'a>) -> Option<Self> {
+        use opcode::*;
+        Some(match opcode {
             SETXATTR => {
                 let (size, flags) = (header.u32()?, header.u32()?);
                 let name = rest.name()?;
@@ -317,45 +375,29 @@ impl<'a> Request<'a> {
                 size: header.u32()?,
             },
             REMOVEXATTR => Request::Removexattr { name: rest.name()? },
+            _ => unreachable!("decode_fields routes only xattr opcodes here"),
+        })
+    }
+
+    /// Operations whose arguments the adapter does not use (the node id
+    /// in the request header is all), and those it does not serve.
+    fn without_arguments(opcode: u32) -> Self {
+        use opcode::*;
+        match opcode {
+            GETATTR => Request::Getattr,
+            READLINK => Request::Readlink,
+            OPEN => Request::Open,
+            STATFS => Request::Statfs,
+            RELEASE => Request::Release,
             FLUSH => Request::Flush,
             OPENDIR => Request::Opendir,
             RELEASEDIR => Request::Releasedir,
             FSYNCDIR => Request::Fsyncdir,
             ACCESS => Request::Access,
-            CREATE => {
-                let (_flags, mode, umask) = (header.u32()?, header.u32()?, header.u32()?);
-                Request::Create {
-                    name: rest.name()?,
-                    mode,
-                    umask,
-                }
-            }
-            IOCTL => {
-                let (_fh, _flags, cmd) = (header.u64()?, header.u32()?, header.u32()?);
-                let (_arg, _in_size, out_size) = (header.u64()?, header.u32()?, header.u32()?);
-                Request::Ioctl { cmd, out_size }
-            }
-            FALLOCATE => {
-                let _fh = header.u64()?;
-                let (offset, length, mode) = (header.u64()?, header.u64()?, header.u32()?);
-                Request::Fallocate {
-                    offset,
-                    length,
-                    mode: mode as i32,
-                }
-            }
-            LSEEK => {
-                let _fh = header.u64()?;
-                let (offset, whence) = (header.u64()?, header.u32()?);
-                Request::Lseek {
-                    offset: offset as i64,
-                    whence: whence as i32,
-                }
-            }
             DESTROY => Request::Destroy,
             FORGET | BATCH_FORGET => Request::Forget,
             _ => Request::Unsupported,
-        })
+        }
     }
 }
 
