@@ -114,7 +114,20 @@ fn assert_transport(mountpoint: &Path, transport: &str) {
     }
 }
 
+/// When a busy mount is detached lazily, the kernel may stop waiting for a
+/// request in flight before the server answers it (seen once over
+/// /dev/fuse, at the moment of the detach, under a load average of 75);
+/// fuser then reports the reply it could not send — ENOENT: the kernel no
+/// longer knows the request. Nothing is lost: the busy test checks every
+/// byte its writers wrote.
+const DROPPED_AT_TEARDOWN: &str = "Failed to send FUSE reply: No such file or directory";
+
 fn server_log_is_clean(log: &str, transport: &str) {
+    let log: String = log
+        .lines()
+        .filter(|line| !line.contains(DROPPED_AT_TEARDOWN))
+        .map(|line| format!("{line}\n"))
+        .collect();
     for bad in ["panicked", "ERROR", "journal aborted", "left descriptors"] {
         assert!(
             !log.contains(bad),
