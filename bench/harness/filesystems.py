@@ -362,8 +362,32 @@ class Jext4(FuseFs):
             return None
         return {
             key: value for key, value in stats.items()
-            if key == "fuse_requests" or re.fullmatch(r"fuse_op_[a-z]+", key)
+            if key in ("fuse_requests", "fuse_engine_us", "fuse_transport_us", "fuse_threads_cpu_us", "fuse_uring_requests")
+            or re.fullmatch(r"fuse_op_[a-z]+", key)
         }
+
+
+URING_PARAMETER = Path("/sys/module/fuse/parameters/enable_uring")
+
+
+class Jext4Uring(Jext4):
+    """jext4 served through FUSE over io_uring (`-o fuse_transport=uring`).
+    The kernel offers it only while its module parameter is on: it is
+    switched on for the mount (FUSE_INIT) and restored right after; the
+    connection keeps io_uring for its life."""
+
+    def unavailable_reason(self):
+        if not URING_PARAMETER.exists():
+            return f"{URING_PARAMETER} is missing: this kernel has no FUSE over io_uring"
+        return super().unavailable_reason()
+
+    def _mount(self, mount):
+        original = URING_PARAMETER.read_text().strip()
+        URING_PARAMETER.write_text("Y")
+        try:
+            super()._mount(mount)
+        finally:
+            URING_PARAMETER.write_text(original)
 
 
 class Jext4Nbd(Jext4):
@@ -470,6 +494,11 @@ def stop_nbd(mount):
         mount.nbd_cleanup = None
 
 
+# The jext4 entries but jext4-uring name their transport: /dev/fuse,
+# whatever the module parameter says.
+DEV = "fuse_transport=dev"
+
+
 def catalogue(repo):
     """Every filesystem bench/run knows, in report order."""
     binary = str(repo / "target" / "release" / "jext4")
@@ -480,9 +509,13 @@ def catalogue(repo):
         KernelFs("xfs", MKFS_XFS, "xfs", "kernel xfs, loop device, defaults"),
         KernelFs("btrfs", MKFS_BTRFS, "btrfs", "kernel btrfs, loop device, defaults (btrfs-progs)", opt_in=True),
         Fuse2fs("fuse2fs", MKFS_EXT4, "fuse2fs -o fakeroot (e2fsprogs), ext4 image as for kernel ext4"),
-        Jext4("jext4", MKFS_EXT4, "jext4 FUSE server, default options, ext4 image as for kernel ext4", binary),
-        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary),
-        Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary),
+        Jext4("jext4", MKFS_EXT4, "jext4 FUSE server through /dev/fuse, ext4 image as for kernel ext4", binary, DEV),
+        Jext4Uring(
+            "jext4-uring", MKFS_EXT4, "jext4 FUSE server through FUSE over io_uring, ext4 image as for kernel ext4",
+            binary, "fuse_transport=uring",
+        ),
+        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary, DEV),
+        Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary, DEV),
         Jext4Nbd("jext4-nbd-unix", "jext4's NBD client, nbdkit file plugin on a Unix socket, same image file", binary, "unix"),
         Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
         Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),

@@ -674,7 +674,7 @@ fn run_server(
     };
     let status_file = serve::runtime_file(mountpoint, "status");
     let _ = std::fs::remove_file(&status_file);
-    let result = serve::serve(fs, mountpoint, &config, || {
+    let result = serve::serve(fs, mountpoint, &fuse_options, &config, || {
         let _ = record.write();
         tracing::info!(image = %image.display(), mountpoint = %mountpoint.display(), "mounted");
         // Test builds: panics a test asked for, once the mount is up.
