@@ -435,6 +435,24 @@ pub fn kernel_crash_image(
     crash
 }
 
+/// Make the kernel commit its running transaction now and wait for it
+/// (syncfs(2): `ext4_sync_fs` starts a commit and waits), instead of
+/// sleeping past the `commit=` interval: on a loaded machine the kernel's
+/// commit thread runs late, and a sleep then sees no commit at all.
+pub fn commit_now(root: &Path) {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(root).unwrap();
+    // SAFETY: syncfs(2) on a descriptor this function owns.
+    let result = unsafe { libc::syncfs(dir.as_raw_fd()) };
+    assert_eq!(
+        result,
+        0,
+        "syncfs {}: {}",
+        root.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
 /// A metadata-heavy workload: directories, small and larger files, renames,
 /// hard and symbolic links, deletions of earlier files (revokes), an xattr.
 pub fn metadata_workload(root: &Path, round: usize, files: usize) {
