@@ -174,6 +174,7 @@ class Filesystem:
     fuse = False
     optional = False  # a mount failure makes it "unavailable", not a failure
     opt_in = False  # run only when named with --fs
+    ram_image = False  # the image is a file in /dev/shm (tmpfs), not in the workdir
     family = "ext"
 
     def __init__(self, name, mkfs, description):
@@ -390,6 +391,17 @@ class Jext4Uring(Jext4):
             URING_PARAMETER.write_text(original)
 
 
+class Jext4Shm(Jext4):
+    """jext4 on an image file in /dev/shm (issue 8): `-o bytelog` maps the
+    fast-commit area and persists it with msync (the slow fallback where there
+    is no pmem), and the same engine with block fast commits on the same
+    medium is its peer, so that the medium is not what differs. Opt-in
+    (`--fs bytelog`)."""
+
+    opt_in = True
+    ram_image = True
+
+
 class Jext4Nbd(Jext4):
     """jext4 over NBD (issue 13): the same image file served by nbdkit's
     file plugin on a Unix socket or on 127.0.0.1, mounted by jext4's own
@@ -516,6 +528,16 @@ def catalogue(repo):
         ),
         Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary, DEV),
         Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary, DEV),
+        Jext4Shm(
+            "jext4-bytelog", MKFS_EXT4 + ["-O", "fast_commit"],
+            "jext4 -o bytelog on an image file in /dev/shm: fast commits through a memory mapping (msync)",
+            binary, DEV + ",bytelog",
+        ),
+        Jext4Shm(
+            "jext4-fc-shm", MKFS_EXT4 + ["-O", "fast_commit"],
+            "jext4 with block fast commits on an image file in /dev/shm: jext4-bytelog's medium",
+            binary, DEV,
+        ),
         Jext4Nbd("jext4-nbd-unix", "jext4's NBD client, nbdkit file plugin on a Unix socket, same image file", binary, "unix"),
         Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
         Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),
@@ -527,6 +549,7 @@ def catalogue(repo):
 GROUPS = {
     "nbd": ["jext4", "jext4-nbd-unix", "jext4-nbd-tcp", "jext4-kernel-nbd"],
     "oos": ["ext4", "xfs", "btrfs", "fuse2fs", "jext4"],
+    "bytelog": ["ext4-fc", "jext4-fc", "jext4-fc-shm", "jext4-bytelog"],
 }
 
 
