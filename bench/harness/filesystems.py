@@ -391,6 +391,13 @@ class Jext4Uring(Jext4):
             URING_PARAMETER.write_text(original)
 
 
+class Jext4UringOptIn(Jext4Uring):
+    """A variant of jext4-uring with one of its savers off, for a
+    comparison in the same run: only when named with --fs."""
+
+    opt_in = True
+
+
 class Jext4Shm(Jext4):
     """jext4 on an image file in /dev/shm (issue 8): `-o bytelog` maps the
     fast-commit area and persists it with msync (the slow fallback where there
@@ -525,6 +532,11 @@ def catalogue(repo):
         Jext4Uring(
             "jext4-uring", MKFS_EXT4, "jext4 FUSE server through FUSE over io_uring, ext4 image as for kernel ext4",
             binary, "fuse_transport=uring",
+        ),
+        Jext4UringOptIn(
+            "jext4-uring-nopoll", MKFS_EXT4,
+            "jext4-uring whose queue threads never poll (-o uring_spin=0): what polling gains",
+            binary, "fuse_transport=uring,uring_spin=0",
         ),
         Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary, DEV),
         Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary, DEV),

@@ -28,6 +28,7 @@ mod dev;
 pub mod helper;
 pub mod metrics;
 mod options;
+mod pace;
 pub mod serve;
 mod uring;
 mod wire;
