@@ -33,26 +33,10 @@ use std::sync::atomic::Ordering;
 
 impl Tx<'_, '_> {
     /// May this caller use the blocks reserved for root?
-    fn may_use_reserved(&self) -> bool {
+    pub(super) fn may_use_reserved(&self) -> bool {
         self.caller.uid == 0
             || self.caller.uid == self.core.resuid
             || self.caller.gid == self.core.resgid
-    }
-
-    /// Blocks this caller may still allocate: not root's reserved blocks
-    /// unless it may use them, not the emergency reserve unless the
-    /// operation frees space (ext4_has_free_clusters with and without
-    /// EXT4_MB_USE_RESERVED).
-    pub fn available_blocks(&self) -> u64 {
-        let free = self.core.sbi.free_blocks();
-        let mut withheld = 0;
-        if !self.may_use_reserved() {
-            withheld += self.core.reserved_blocks;
-        }
-        if !self.draws_on_emergency_reserve {
-            withheld += self.core.emergency_reserve;
-        }
-        free.saturating_sub(withheld)
     }
 
     /// The block bitmap of the locked group, initialised (in the
@@ -121,17 +105,28 @@ impl Tx<'_, '_> {
         core.groups.lock(&core.geo, &core.sbi, self.handle, group)
     }
 
-    /// Allocate up to `count` contiguous blocks, first fit from `goal`.
+    /// Allocate up to `count` contiguous blocks, first fit from `goal`,
+    /// out of what the operation charged to the space budget.
     pub fn alloc_data_blocks(&mut self, goal: u64, count: u32) -> Result<(u64, u32)> {
         debug_assert!(count > 0);
+        self.spend_charge(count as u64)?;
+        let found = self.find_and_take(goal, count);
+        match &found {
+            Ok((_, got)) => self.spent(*got as u64),
+            Err(Error::NoSpace) if self.core.journal.has_pending_frees() => {
+                // Charged, so the blocks exist: freed by a commit that is
+                // not durable yet, or being written home by a checkpoint.
+                self.space_wait = Some(super::budget::SpaceWait::Durable);
+            }
+            Err(_) => {}
+        }
+        found
+    }
+
+    /// The search of `alloc_data_blocks`.
+    fn find_and_take(&mut self, goal: u64, count: u32) -> Result<(u64, u32)> {
         let core = self.core;
         let geo = &core.geo;
-        if self.available_blocks() == 0 {
-            return Err(Error::NoSpace);
-        }
-        let count = count
-            .min(self.available_blocks().min(u32::MAX as u64) as u32)
-            .max(1);
         let goal = if goal >= geo.first_data_block as u64 && goal < geo.blocks_count {
             goal
         } else {
@@ -155,11 +150,10 @@ impl Tx<'_, '_> {
                 return Ok(found);
             }
         }
-        // The total said there was space but no group had any: the space
-        // is freed by transactions not yet durable (ENOSPC now, retried
-        // after a commit by `Fs::transact`), or other threads took it
-        // meanwhile. A group whose count and bitmap disagree was reported
-        // as corrupt by the search itself.
+        // No group had any: the space is freed by transactions not yet
+        // durable (ENOSPC now, retried after a commit by `Fs::transact`).
+        // A group whose count and bitmap disagree was reported as corrupt
+        // by the search itself.
         Err(Error::NoSpace)
     }
 
@@ -314,6 +308,7 @@ impl Tx<'_, '_> {
             desc.set_block_bitmap_csum(geo, &bytes);
         }
         self.handle.free_blocks(start, end - start, metadata);
+        core.sbi.budget.released(end - start);
         Ok(())
     }
 
@@ -621,6 +616,14 @@ fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buff
 }
 
 impl BlockAllocator for Tx<'_, '_> {
+    fn charge(&mut self, blocks: u64) -> Result<()> {
+        Tx::charge(self, blocks)
+    }
+
+    fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
+        Tx::charge_run(self, fixed, flexible)
+    }
+
     fn alloc_blocks(&mut self, handle: &Handle<'_>, goal: u64, count: u32) -> Result<(u64, u32)> {
         debug_assert!(std::ptr::eq(
             handle as *const _ as *const u8,

@@ -65,7 +65,28 @@ enum NewNode<'a> {
     Symlink { target: &'a [u8] },
 }
 
+/// Blocks a new node's content takes: a directory's first block (its
+/// empty mapping grows by no tree block), a slow symlink's target block.
+/// An inherited ACL's xattr block is the caller's to add.
+fn new_node_blocks(geo: &crate::format::Geometry, node: &NewNode<'_>) -> u64 {
+    match node {
+        NewNode::Directory { .. } => 1,
+        NewNode::Symlink { target }
+            if target.len() >= fmt::I_BLOCK_SIZE && target.len() < geo.block_size as usize =>
+        {
+            1
+        }
+        NewNode::File { .. } | NewNode::Special { .. } | NewNode::Symlink { .. } => 0,
+    }
+}
+
 impl Tx<'_, '_> {
+    /// What adding entry `name` to directory `dir` may allocate: the
+    /// operation charges it before anything changes.
+    fn entry_cost(&self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u64> {
+        dir::add_entry_cost(&mut DirReader::new(self.core, dir, dir_inode), name)
+    }
+
     /// A directory inode that can take a new entry.
     fn writable_dir(&self, ino: u32) -> Result<Inode> {
         let inode = self.read_live_inode(ino)?;
@@ -175,6 +196,11 @@ impl Tx<'_, '_> {
             &parent_inode,
             acl::ACL_DEFAULT,
         )?;
+        // The whole cost first: a full volume fails the create before
+        // anything is allocated (and so freed again).
+        let content = new_node_blocks(&self.core.geo, &node) + parent_default.is_some() as u64;
+        let entry = self.entry_cost(parent, &parent_inode, name)?;
+        self.charge(content + entry)?;
         let ino = self.alloc_inode(parent, is_dir)?;
         faults::panic_point(faults::PanicPoint::Create);
         let _inode = self.lock_write(ino, Rank::Inode);
@@ -481,6 +507,8 @@ impl Fs {
             {
                 return Err(Error::Exists);
             }
+            let cost = tx.entry_cost(new_parent, &parent_inode, new_name)?;
+            tx.charge(cost)?;
             let file_type = dir::file_type_from_mode(inode.mode);
             let handle = tx.handle;
             let added = dir::add_entry(
@@ -756,6 +784,8 @@ impl Tx<'_, '_> {
                     let mut probe = dirs.new_dir().clone();
                     self.inc_dir_links(&mut probe)?;
                 }
+                let cost = self.entry_cost(new_parent, dirs.new_dir_ref(), new_name)?;
+                self.charge(cost)?;
                 dir::add_entry(
                     &mut DirWriter::new(self, new_parent, dirs.new_dir()),
                     handle,
