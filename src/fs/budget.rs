@@ -84,6 +84,10 @@ pub(crate) struct Budget {
     /// allocatable before its commit.
     freed: AtomicU64,
     journaled: bool,
+    /// Off (`JEXT4_SPACE_BUDGET=off`, for measuring its cost): nothing is
+    /// charged, and an allocation only checks the free count against the
+    /// reserves, as before the budget.
+    enabled: bool,
     /// Blocks root's reservation keeps from other users (s_r_blocks_count).
     pub root_reserve: u64,
     /// Blocks only operations that free space may use.
@@ -97,6 +101,8 @@ pub(crate) struct Budget {
 /// What `jext4 stats` shows of the budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetStats {
+    /// Charges are made (`JEXT4_SPACE_BUDGET=off` turns them off).
+    pub enabled: bool,
     /// The running transaction's budget before reserves.
     pub budget: u64,
     /// What is left of it for an ordinary user (reserves withheld).
@@ -120,12 +126,21 @@ impl Budget {
             charged: AtomicU64::new(0),
             freed: AtomicU64::new(0),
             journaled,
+            enabled: true,
             root_reserve,
             emergency_reserve: emergency,
             charges: AtomicU64::new(0),
             backed_out: AtomicU64::new(0),
             forced_commits: AtomicU64::new(0),
             enospc: AtomicU64::new(0),
+        }
+    }
+
+    /// The budget switched off: see `enabled`.
+    pub fn disabled(self) -> Budget {
+        Budget {
+            enabled: false,
+            ..self
         }
     }
 
@@ -246,6 +261,7 @@ impl Budget {
     pub fn stats(&self) -> BudgetStats {
         let budget = self.base.load(Ordering::Acquire);
         BudgetStats {
+            enabled: self.enabled,
             budget,
             balance: self.balance(self.withheld(false, false)),
             charged: self.charged.load(Ordering::Acquire),
@@ -274,7 +290,7 @@ impl Tx<'_, '_> {
     /// operation's for all of it. What an earlier, larger charge covers
     /// costs nothing more.
     pub fn charge(&mut self, blocks: u64) -> Result<()> {
-        if self.unmetered || blocks <= self.prepaid {
+        if self.is_unmetered() || blocks <= self.prepaid {
             return Ok(());
         }
         let more = blocks - self.prepaid;
@@ -292,7 +308,7 @@ impl Tx<'_, '_> {
     /// data blocks, which may come out shorter): returns how many of
     /// `flexible` are covered, at least one.
     pub fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
-        if self.unmetered || fixed + flexible <= self.prepaid {
+        if self.is_unmetered() || fixed + flexible <= self.prepaid {
             return Ok(flexible);
         }
         let fixed_more = fixed.saturating_sub(self.prepaid);
@@ -315,27 +331,43 @@ impl Tx<'_, '_> {
         Error::NoSpace
     }
 
-    /// `count` blocks are about to be allocated: they come out of what
-    /// this operation charged. An estimate that missed them is a bug
-    /// (debug builds stop here); release builds charge them now.
-    pub(crate) fn spend_charge(&mut self, count: u64) -> Result<()> {
+    /// Nothing is charged: mount-time work, or the budget is off.
+    fn is_unmetered(&self) -> bool {
+        self.unmetered || !self.core.sbi.budget.enabled
+    }
+
+    /// Up to `count` blocks are about to be allocated: they come out of
+    /// what this operation charged. An estimate that missed them is a bug
+    /// (debug builds stop here); release builds charge them now. With the
+    /// budget off, only the reserves are checked, against the free count,
+    /// and the run is cut to what they leave. Returns the blocks to take.
+    pub(crate) fn spend_charge(&mut self, count: u32) -> Result<u32> {
         if self.unmetered {
-            return Ok(());
+            return Ok(count);
         }
-        if count > self.prepaid {
+        let budget = &self.core.sbi.budget;
+        if !budget.enabled {
+            let free = self.core.sbi.free_blocks();
+            let available = free.saturating_sub(self.withheld().0);
+            if available == 0 {
+                return Err(Error::NoSpace);
+            }
+            return Ok(count.min(available.min(u32::MAX as u64) as u32));
+        }
+        if count as u64 > self.prepaid {
             debug_assert!(
                 false,
                 "allocating {count} blocks with {} charged: a cost estimate missed them",
                 self.prepaid
             );
-            self.charge(count)?;
+            self.charge(count as u64)?;
         }
-        Ok(())
+        Ok(count)
     }
 
     /// `count` blocks were allocated out of the charge.
     pub(crate) fn spent(&mut self, count: u64) {
-        if !self.unmetered {
+        if !self.is_unmetered() {
             debug_assert!(count <= self.prepaid);
             self.prepaid -= count.min(self.prepaid);
         }

@@ -60,6 +60,7 @@ use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superb
 use crate::journal::change::Ineligible;
 use crate::journal::{CommitHook, Handle, Jbd2Options, Journal, JournalConfig};
 use crate::lock::Rank;
+pub use alloc::AllocStats;
 use budget::Budget;
 pub use budget::BudgetStats;
 pub use fast_commit::FastCommitStats;
@@ -105,6 +106,11 @@ pub struct MountOptions {
     /// fast-commit area (ByteLog, `-o bytelog`); the image carries the
     /// BYTELOG incompat flag until a clean unmount.
     pub bytelog: bool,
+    /// Charge allocations to the space budget (`budget.rs`). Off only to
+    /// measure what it costs (`JEXT4_SPACE_BUDGET=off` in the server's
+    /// environment): operations then find out they are out of space when
+    /// an allocation fails, part-way.
+    pub space_budget: bool,
 }
 
 /// The longest commit interval: the kernel refuses `commit=` above
@@ -158,6 +164,7 @@ impl Default for MountOptions {
             journal_async_commit: false,
             fast_commit: None,
             bytelog: false,
+            space_budget: true,
         }
     }
 }
@@ -210,6 +217,8 @@ pub(crate) struct Core {
     /// counts): the allocator does not hand them out again while named,
     /// or a stale name would reach a new, unrelated file (a leaf lock).
     pub remembered: Mutex<HashMap<u32, u64>>,
+    /// What block allocation did (`jext4 stats`).
+    pub alloc_counters: alloc::AllocCounters,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -246,12 +255,15 @@ impl Core {
             .subsec_nanos();
         let reserved_blocks = sb.reserved_blocks_count;
         let emergency_reserve = emergency_reserve_blocks(geo.blocks_count);
-        let budget = Budget::new(
+        let mut budget = Budget::new(
             free_blocks,
             journal.is_journaled(),
             reserved_blocks,
             emergency_reserve,
         );
+        if !options.space_budget {
+            budget = budget.disabled();
+        }
         let core = Core {
             overhead_blocks: overhead_blocks(&geo, &sb),
             reserved_blocks,
@@ -265,6 +277,7 @@ impl Core {
             inode_tids: Mutex::new(inode::InodeTidMap::default()),
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
+            alloc_counters: alloc::AllocCounters::default(),
             orphans: Orphans::new(),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
@@ -752,6 +765,12 @@ impl Fs {
             format!("inodes_free {}", statfs.free_files),
         ];
         lines.extend(budget_lines(&self.budget_stats()));
+        let alloc = self.alloc_stats();
+        lines.extend([
+            format!("alloc_calls {}", alloc.calls),
+            format!("alloc_groups_searched {}", alloc.groups_searched),
+            format!("alloc_candidates_skipped {}", alloc.candidates_skipped),
+        ]);
         lines.extend([
             format!("read_only {}", self.is_read_only()),
             format!("errors_detected {}", self.errored.load(Ordering::Acquire)),
@@ -795,6 +814,11 @@ impl Fs {
     /// The space budget's state and counters (`budget.rs`).
     pub fn budget_stats(&self) -> BudgetStats {
         self.core.sbi.budget.stats()
+    }
+
+    /// What block allocation did (`alloc.rs`).
+    pub fn alloc_stats(&self) -> AllocStats {
+        self.core.alloc_counters.snapshot()
     }
 
     /// Fast-commit counters, when this mount writes fast commits.
@@ -858,6 +882,7 @@ impl Fs {
 /// made, backed out, commits they forced and the ENOSPC they returned.
 fn budget_lines(stats: &BudgetStats) -> Vec<String> {
     vec![
+        format!("budget_enabled {}", stats.enabled),
         format!("budget_blocks {}", stats.budget),
         format!("budget_balance {}", stats.balance),
         format!("budget_charged {}", stats.charged),
