@@ -660,10 +660,6 @@ fn engine_fill(fs: &jext4::fs::Fs, ino: u32, offset: u64, chunk: usize) -> u64 {
     }
 }
 
-fn journal_commits(fs: &jext4::fs::Fs) -> u64 {
-    fs.journal_stats().jbd2.expect("a journaled image").commits
-}
-
 /// The budget fails fast: on a volume full to the last block with nothing
 /// freed since the last commit, a thousand mkdirs and a thousand writes
 /// into holes are each ENOSPC from their charge — no commit forced, no
@@ -757,7 +753,7 @@ fn blocks_freed_but_not_committed_serve_a_write_after_one_forced_commit() {
         let end = engine_fill(&fs, filler, 0, 256 << 10);
         engine_fill(&fs, filler, end, 1);
         fs.sync().unwrap();
-        let (commits, before) = (journal_commits(&fs), fs.budget_stats());
+        let before = fs.budget_stats();
         fs.unlink(ROOT_INO, b"victim", Caller::ROOT).unwrap();
         let wanted = e2e::pattern(2, 512 << 10);
         let new = fs
@@ -771,10 +767,12 @@ fn blocks_freed_but_not_committed_serve_a_write_after_one_forced_commit() {
         let after = fs.budget_stats();
         eprintln!("{block_size}: {before:?}\n{after:?}");
         // One commit forced by the budget, unless the checkpoint thread
-        // (the fill left the log half full) committed the unlink first.
+        // (the fill left the log half full) committed the unlink first
+        // (the journal's commit count may still lag then: the budget moves
+        // at lock-down, the count when the commit is durable).
         let forced = after.forced_commits - before.forced_commits;
         assert!(forced <= 1, "{after:?}");
-        assert!(journal_commits(&fs) > commits);
+        assert!(after.budget > before.budget, "no commit made the room");
         assert_eq!(fs.read(new, 0, wanted.len()).unwrap(), wanted);
         fs.unmount().unwrap();
         e2e::fsck_clean(

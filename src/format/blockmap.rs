@@ -26,7 +26,7 @@ pub const DIRECT_BLOCKS: u64 = 12;
 /// triple-indirect ones.
 const SLOTS: usize = I_BLOCK_SIZE / 4;
 /// Deepest chain of indirect blocks (triple indirect).
-const MAX_LEVELS: usize = 3;
+pub const MAX_LEVELS: usize = 3;
 
 /// Where the pointer to a logical block lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -753,11 +753,12 @@ fn insert_entry(
 /// or two when a block becomes an htree (a leaf for the old names and one
 /// from splitting it).
 pub fn add_entry_max_new_blocks(geo: &Geometry) -> u32 {
-    if geo.has_incompat(incompat::LARGEDIR) {
+    let levels = if geo.has_incompat(incompat::LARGEDIR) {
         3
     } else {
         2
-    }
+    };
+    1 + levels
 }
 
 /// What `add_entry` of `name` may allocate, for the space budget: the
@@ -773,7 +774,7 @@ pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
     } else {
         linear_add_new_blocks(d, &fmt, name)?
     };
-    debug_assert!(blocks <= add_entry_max_new_blocks(d.geo()) + 1);
+    debug_assert!(blocks <= add_entry_max_new_blocks(d.geo()));
     if blocks == 0 {
         return Ok(0);
     }

@@ -143,6 +143,18 @@ pub fn append_cost(
     }
 }
 
+/// A bound on `append_cost` from the inode alone (no block read): what an
+/// operation may charge instead of the exact cost while the budget is far
+/// from spent.
+pub fn append_cost_bound(inode: &Inode, blocks: u32) -> u64 {
+    let per_block = if inode.uses_extents() {
+        extent::depth(inode).min(extent::MAX_DEPTH) as u64 + 2
+    } else {
+        blockmap::MAX_LEVELS as u64
+    };
+    blocks as u64 * per_block
+}
+
 /// Convert [lblk, lblk+len) from unwritten to written (splitting extents as needed). No-op for block maps.
 pub fn mark_written(
     ctx: &mut MetaCtx,

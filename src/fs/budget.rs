@@ -304,6 +304,31 @@ impl Tx<'_, '_> {
         }
     }
 
+    /// `charge` for an operation's whole cost when only a bound on it is
+    /// cheap: while the balance covers `bound` it is charged as is (what
+    /// it did not need returns when the operation ends), else `exact`
+    /// works the cost out (reading the structures it changes) and that is
+    /// charged — so the dry run is paid only near full.
+    pub fn charge_bounded(
+        &mut self,
+        bound: u64,
+        exact: impl FnOnce(&Self) -> Result<u64>,
+    ) -> Result<()> {
+        if self.is_unmetered() || bound <= self.prepaid {
+            return Ok(());
+        }
+        let withheld = self.withheld();
+        let budget = &self.core.sbi.budget;
+        let more = bound - self.prepaid;
+        if budget.balance(withheld) >= more as i64 && budget.charge(more, withheld).is_ok() {
+            self.prepaid = bound;
+            return Ok(());
+        }
+        let cost = exact(self)?;
+        debug_assert!(cost <= bound, "cost {cost} above its bound {bound}");
+        self.charge(cost)
+    }
+
     /// `charge` for `fixed` blocks and up to `flexible` more (a run of
     /// data blocks, which may come out shorter): returns how many of
     /// `flexible` are covered, at least one.

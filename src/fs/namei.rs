@@ -65,6 +65,13 @@ enum NewNode<'a> {
     Symlink { target: &'a [u8] },
 }
 
+/// A bound on `dir::add_entry_cost` from the directory inode alone: the
+/// most blocks an insert appends and the mapping blocks behind them.
+fn entry_cost_bound(geo: &crate::format::Geometry, dir_inode: &Inode) -> u64 {
+    let blocks = dir::add_entry_max_new_blocks(geo);
+    blocks as u64 + mapping::append_cost_bound(dir_inode, blocks)
+}
+
 /// Blocks a new node's content takes: a directory's first block (its
 /// empty mapping grows by no tree block), a slow symlink's target block.
 /// An inherited ACL's xattr block is the caller's to add.
@@ -85,6 +92,13 @@ impl Tx<'_, '_> {
     /// operation charges it before anything changes.
     fn entry_cost(&self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u64> {
         dir::add_entry_cost(&mut DirReader::new(self.core, dir, dir_inode), name)
+    }
+
+    /// Charge adding entry `name` to directory `dir` (the bound while far
+    /// from full, the exact cost near it).
+    fn charge_entry(&mut self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<()> {
+        let bound = entry_cost_bound(&self.core.geo, dir_inode);
+        self.charge_bounded(bound, |tx| tx.entry_cost(dir, dir_inode, name))
     }
 
     /// A directory inode that can take a new entry.
@@ -199,8 +213,10 @@ impl Tx<'_, '_> {
         // The whole cost first: a full volume fails the create before
         // anything is allocated (and so freed again).
         let content = new_node_blocks(&self.core.geo, &node) + parent_default.is_some() as u64;
-        let entry = self.entry_cost(parent, &parent_inode, name)?;
-        self.charge(content + entry)?;
+        let bound = content + entry_cost_bound(&self.core.geo, &parent_inode);
+        self.charge_bounded(bound, |tx| {
+            Ok(content + tx.entry_cost(parent, &parent_inode, name)?)
+        })?;
         let ino = self.alloc_inode(parent, is_dir)?;
         faults::panic_point(faults::PanicPoint::Create);
         let _inode = self.lock_write(ino, Rank::Inode);
@@ -507,8 +523,7 @@ impl Fs {
             {
                 return Err(Error::Exists);
             }
-            let cost = tx.entry_cost(new_parent, &parent_inode, new_name)?;
-            tx.charge(cost)?;
+            tx.charge_entry(new_parent, &parent_inode, new_name)?;
             let file_type = dir::file_type_from_mode(inode.mode);
             let handle = tx.handle;
             let added = dir::add_entry(
@@ -784,8 +799,7 @@ impl Tx<'_, '_> {
                     let mut probe = dirs.new_dir().clone();
                     self.inc_dir_links(&mut probe)?;
                 }
-                let cost = self.entry_cost(new_parent, dirs.new_dir_ref(), new_name)?;
-                self.charge(cost)?;
+                self.charge_entry(new_parent, dirs.new_dir_ref(), new_name)?;
                 dir::add_entry(
                     &mut DirWriter::new(self, new_parent, dirs.new_dir()),
                     handle,
