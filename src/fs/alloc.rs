@@ -203,7 +203,6 @@ impl Tx<'_, '_> {
     ) -> Result<Option<(u64, u32)>> {
         let core = self.core;
         let geo = &core.geo;
-        let in_group = geo.blocks_in_group(group) as usize;
         let mut desc = self.lock_group(group);
         if desc.free_blocks == 0 {
             return Ok(None); // taken meanwhile
@@ -212,27 +211,12 @@ impl Tx<'_, '_> {
         counters.groups_searched.fetch_add(1, Ordering::Relaxed);
         let buffer = self.block_bitmap(&mut desc)?;
         let base = geo.group_first_block(group);
-        // The search skips the group's pending frees (its mask, stable
-        // under the group's lock) and blocks a checkpoint pass is writing
-        // home, which may begin or end during it: sampled before and
-        // after, as either explains an empty result.
+        // The search skips blocks a checkpoint pass is writing home, which
+        // may begin or end during it: sampled before and after, as either
+        // explains an empty result (and so does the group's pending mask,
+        // stable under the group's lock).
         let writing_before = core.journal.has_checkpoint_writing();
-        let durable = core.journal.frees_durable_tid();
-        let (found, masked) = {
-            let bytes = buffer.read();
-            match durable.and_then(|durable| desc.pending(durable).mask()) {
-                Some(mask) => {
-                    let merged: Vec<u8> = bytes.iter().zip(mask).map(|(b, m)| b | m).collect();
-                    let found =
-                        self.find_allocatable(&merged, base, from, in_group, count as usize);
-                    (found, true)
-                }
-                None => (
-                    self.find_allocatable(&bytes, base, from, in_group, count as usize),
-                    false,
-                ),
-            }
-        };
+        let (found, masked) = self.search_group(&mut desc, &buffer, from, count as usize);
         let Some((start, length)) = found else {
             if from == 0 && !masked && !writing_before && !core.journal.has_checkpoint_writing() {
                 return Err(Error::corrupt(
@@ -269,6 +253,35 @@ impl Tx<'_, '_> {
             desc.set_block_bitmap_csum(geo, &bytes);
         }
         Ok(Some((first, length as u32)))
+    }
+
+    /// Search the locked group's bitmap from bit `from` for a run of up to
+    /// `count` allocatable blocks, with its pending frees laid over it
+    /// (retired first up to the journal's durable tid); also says whether
+    /// a mask was laid.
+    fn search_group(
+        &self,
+        desc: &mut GroupGuard<'_, '_>,
+        buffer: &Buffer,
+        from: usize,
+        count: usize,
+    ) -> (Option<(usize, usize)>, bool) {
+        let geo = &self.core.geo;
+        let group = desc.group();
+        let (base, end) = (
+            geo.group_first_block(group),
+            geo.blocks_in_group(group) as usize,
+        );
+        let durable = self.core.journal.frees_durable_tid();
+        let bytes = buffer.read();
+        match durable.and_then(|durable| desc.pending(durable).mask()) {
+            Some(mask) => {
+                debug_assert_eq!(mask.len(), bytes.len());
+                let merged: Vec<u8> = bytes.iter().zip(mask).map(|(b, m)| b | m).collect();
+                (self.find_allocatable(&merged, base, from, end, count), true)
+            }
+            None => (self.find_allocatable(&bytes, base, from, end, count), false),
+        }
     }
 
     /// The first run of clear bits at or after `from` (bits `..end`) that
