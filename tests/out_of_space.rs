@@ -10,8 +10,14 @@
 //!    the full volume, and the space comes back;
 //!
 //! and the bad inputs: a volume already full at mount, fallocate far
-//! larger than the volume. Metrics 4 and 5 (speed near full and far from
-//! full) are figures, not assertions: `bench/run --only oos`.
+//! larger than the volume. Then, through the library (counts, not
+//! timings): the space budget — ENOSPC on a full volume forces no commit
+//! and allocates nothing, freed but uncommitted blocks serve a write, an
+//! operation that cannot have its whole cost fails before it allocates —
+//! and metric 4 by its cause: rewriting near full steps over the blocks
+//! it freed at no cost per allocation. The speeds of metrics 4 and 5 are
+//! figures, not assertions: `bench/run --only oos`,
+//! `examples/space_budget_cost.rs`.
 
 mod common;
 
