@@ -84,6 +84,19 @@ impl PendingFrees {
     /// block may be freed, reused and freed again while an old entry
     /// waits here.
     pub fn retire(&mut self, durable: u32) {
+        // Entries come in transaction order (a group's frees are made
+        // under its lock, by handles of the running transaction): when the
+        // oldest is not durable, none is — the common case costs nothing.
+        match self.entries.first() {
+            Some(&(oldest, _, _)) if !tid_gt(oldest, durable) => {}
+            _ => return,
+        }
+        debug_assert!(
+            self.entries
+                .windows(2)
+                .all(|pair| !tid_gt(pair[0].0, pair[1].0)),
+            "pending frees out of transaction order"
+        );
         let before = self.entries.len();
         self.entries.retain(|&(tid, _, _)| tid_gt(tid, durable));
         if self.entries.len() == before {
