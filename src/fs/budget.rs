@@ -23,6 +23,12 @@
 //! one has started) the new transaction's budget is the free count, and
 //! its charges start from zero.
 //!
+//! Operations that must not fail half-way (create, link, rename) charge
+//! their whole cost first. Far from full they charge a bound worked out
+//! from the inode alone (`charge_bounded`); only when the balance no
+//! longer covers it do they work out the exact cost, which reads the
+//! structures (a dry run of the directory insert).
+//!
 //! Unjournaled (and in the unmounted engine of recovery), freed blocks are
 //! allocatable at once: they go straight into the budget, and there is no
 //! transition.
