@@ -154,7 +154,11 @@ fn physical_memory() -> Option<u64> {
 
 /// Parse the comma-separated lists given with `-o` (possibly several).
 pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOptions)> {
-    let mut engine = MountOptions::default();
+    let mut engine = MountOptions {
+        // A measurement switch, not a mount option: README, "Out of space".
+        space_budget: std::env::var_os("JEXT4_SPACE_BUDGET").is_none_or(|value| value != "off"),
+        ..MountOptions::default()
+    };
     let mut fuse = FuseOptions {
         threads: 4,
         uring_threads: URING_THREADS_DEFAULT,

@@ -269,7 +269,16 @@ impl Ring {
                 tracing::error!("an io_uring queue thread ended with a panic");
             }
         }
-        let (rings, threads) = leftovers();
+        // A joined thread is gone for Rust once its exit cleared its tid,
+        // but the kernel lists it in /proc/self/task until it has released
+        // the task, a moment later: wait that moment out (bounded) before
+        // calling anything left behind.
+        let deadline = Instant::now() + LEFTOVER_GRACE;
+        let (mut rings, mut threads) = leftovers();
+        while rings + threads > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+            (rings, threads) = leftovers();
+        }
         if rings + threads > 0 {
             tracing::error!(
                 rings,
@@ -281,6 +290,9 @@ impl Ring {
         }
     }
 }
+
+/// How long a joined queue thread may still show in /proc/self/task.
+const LEFTOVER_GRACE: Duration = Duration::from_secs(1);
 
 /// io_uring descriptors this process holds, and queue threads still alive.
 fn leftovers() -> (usize, usize) {
