@@ -173,7 +173,7 @@ pub struct FuseAdapter {
     /// Whether the kernel took FUSE_POSIX_ACL (set by `init`).
     posix_acl: AtomicBool,
     /// Inodes whose data may differ from the pages the kernel keeps (a
-    /// fallocate that failed part-way): their next open gets no
+    /// fallocate or truncate that failed part-way): their next open gets no
     /// FOPEN_KEEP_CACHE, so the kernel drops the pages then. At most one
     /// entry per inode; a leaf lock (nothing is taken under it).
     stale_pages: Mutex<HashSet<u32>>,
@@ -304,7 +304,8 @@ impl FuseAdapter {
     /// atime: the pages the kernel holds from earlier opens then stay and
     /// serve reads without asking. They are right: every change of a
     /// file's data goes through the kernel, which updates or drops its
-    /// pages, but for a fallocate that failed part-way (`data_changed`).
+    /// pages, but for a fallocate or a truncate that failed part-way
+    /// (`data_changed`).
     fn file_open_flags(&self, attr: &Attr) -> FopenFlags {
         let mut flags = self.tuning.open_flags();
         let stale = self.stale_pages.lock().remove(&attr.ino);
@@ -604,7 +605,16 @@ impl FuseAdapter {
             debug_assert!(changes.mode.is_none_or(|mode| mode & !0o7777 == 0));
             match clock.engine(|| self.fs.setattr(to_ext4(ino), changes, caller(origin))) {
                 Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
-                Err(error) => reply.error(errno(&error)),
+                Err(error) => {
+                    // A truncate that failed part-way (an I/O error) may
+                    // have moved the size and freed blocks: the kernel
+                    // changes neither its size nor its pages on an error.
+                    if changes.size.is_some() {
+                        self.attributes_changed(ino);
+                        self.data_changed(ino);
+                    }
+                    reply.error(errno(&error))
+                }
             }
         });
     }
