@@ -6,6 +6,7 @@ jext4) open the image file themselves. The ext family is checked with
 `e2fsck -fn` after unmounting, xfs with `xfs_repair -n`.
 """
 
+import copy
 import json
 import os
 import re
@@ -320,6 +321,7 @@ class Jext4(FuseFs):
     and exited."""
 
     optional = True
+    baseline = False  # served by --baseline-binary, not the build under test
 
     def __init__(self, name, mkfs, description, binary, options=None):
         super().__init__(name, mkfs, description)
@@ -554,6 +556,23 @@ def catalogue(repo):
         Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
         Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),
     ]
+
+
+def baselines(catalogue, binary):
+    """`--baseline-binary`: jext4 and jext4-uring again, served by another
+    build (main's, before a change), as the opt-in jext4-base and
+    jext4-uring-base: before and after interleaved in one run."""
+    made = []
+    for fs in catalogue:
+        if fs.name in ("jext4", "jext4-uring"):
+            base = copy.copy(fs)
+            base.name = fs.name + "-base"
+            base.description = f"{fs.description}; the baseline binary {binary}"
+            base.binary = binary
+            base.baseline = True
+            base.opt_in = True
+            made.append(base)
+    return made
 
 
 # `--fs nbd`: the opt-in NBD group with its local-file peer; `--fs oos`: the
