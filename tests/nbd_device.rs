@@ -112,11 +112,97 @@ fn writes_held_back_merge_and_reads_are_served_from_them() {
         (1..=4).contains(&writes),
         "511 writes of 256 neighbouring blocks reached the server as {writes}"
     );
-    assert_eq!(requests("Flush"), 1);
+    // All the flush had to cover was held back as one request: it went
+    // with FUA, and no flush followed.
+    assert_eq!(requests("Flush"), 0);
+    assert_eq!(fua_writes(&log), 1);
     let other = common::nbd::device(&server.uri);
     let mut back = vec![0u8; data.len()];
     other.read_at(0, &mut back).unwrap();
     assert!(back == data, "another client reads what the flush sent");
+}
+
+/// Writes in nbdkit's log sent with FUA.
+fn fua_writes(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter(|line| line.contains(" Write id=") && line.contains("fua=1"))
+        .count()
+}
+
+/// A flush costs one round trip when one held-back request is all it must
+/// make durable (a FUA write), and is an ordinary flush otherwise: two
+/// requests apart, a write already sent, or a server without FUA.
+#[test]
+fn a_flush_of_one_held_back_request_is_one_fua_write() {
+    if !servers_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["fua", "nofua"] {
+        let log = dir.path().join(format!("{name}.log"));
+        let logfile = format!("logfile={}", log.display());
+        // The log filter outermost: it sees what the client sends.
+        let mut args = vec!["--filter=log"];
+        if name == "nofua" {
+            // The fua filter's default: FUA not offered.
+            args.extend(["--filter=fua", "memory", "size=8M"]);
+        } else {
+            args.extend(["memory", "size=8M"]);
+        }
+        args.push(&logfile);
+        let server = NbdServer::nbdkit(dir.path(), name, Listen::Unix, &args);
+        let device = device(&server.uri);
+        let count = |kind: &str| {
+            std::fs::read_to_string(&log)
+                .unwrap()
+                .lines()
+                .filter(|line| line.contains(&format!(" {kind} id=")))
+                .count()
+        };
+        let fua = name == "fua";
+        // One block: a FUA write alone.
+        device.write_at(8192, &[1u8; 4096]).unwrap();
+        device.flush().unwrap();
+        assert_eq!(device.unflushed_bytes(), 0);
+        assert_eq!(
+            (count("Write"), count("Flush")),
+            (1, usize::from(!fua)),
+            "{name}"
+        );
+        assert_eq!(fua_writes(&log), usize::from(fua), "{name}");
+        // Two blocks apart: two writes and a flush.
+        device.write_at(0, &[2u8; 4096]).unwrap();
+        device.write_at(1 << 20, &[3u8; 4096]).unwrap();
+        device.flush().unwrap();
+        assert_eq!(
+            (count("Write"), count("Flush")),
+            (3, 1 + usize::from(!fua)),
+            "{name}"
+        );
+        // A write already sent (a FUA write sends what the plug holds) is
+        // not covered by a FUA write of another: a flush follows.
+        device.write_at(2 << 20, &[4u8; 4096]).unwrap();
+        device.write_at_durable(3 << 20, &[5u8; 4096]).unwrap();
+        device.write_at(4 << 20, &[6u8; 4096]).unwrap();
+        device.flush().unwrap();
+        assert_eq!(count("Flush"), 2 + usize::from(!fua) * 2, "{name}");
+        assert_eq!(device.unflushed_bytes(), 0);
+        let other = common::nbd::device(&server.uri);
+        for (at, byte) in [
+            (8192, 1u8),
+            (0, 2),
+            (1 << 20, 3),
+            (2 << 20, 4),
+            (3 << 20, 5),
+            (4 << 20, 6),
+        ] {
+            let mut back = [0u8; 4096];
+            other.read_at(at, &mut back).unwrap();
+            assert_eq!(back, [byte; 4096], "{name}: block at {at}");
+        }
+    }
 }
 
 #[test]

@@ -51,6 +51,19 @@ impl Plug {
         self.extents.is_empty()
     }
 
+    /// Whether `take` would make exactly one request: the extents are
+    /// neighbours and hold at most `max_request` bytes together.
+    pub fn is_one_request(&self, max_request: usize) -> bool {
+        let (Some((first, _)), Some((last, data))) = (
+            self.extents.first_key_value(),
+            self.extents.last_key_value(),
+        ) else {
+            return false;
+        };
+        // Extents never overlap, so they touch iff they span `bytes`.
+        self.bytes <= max_request && (last + data.len() as u64 - first) as usize == self.bytes
+    }
+
     /// Hold `data` for bytes `offset..`, replacing what the plug held there.
     pub fn insert(&mut self, offset: u64, data: &[u8]) {
         if data.is_empty() {
@@ -210,7 +223,12 @@ mod tests {
                     Step::Take { max_request } => {
                         let held = model.iter().filter(|b| b.is_some()).count();
                         prop_assert_eq!(plug.bytes(), held);
+                        let one = plug.is_one_request(max_request);
                         let writes = plug.take(max_request);
+                        prop_assert_eq!(
+                            one,
+                            writes.len() == 1 && writes[0].1.len() <= max_request
+                        );
                         let mut end_before = 0;
                         for (at, data) in &writes {
                             prop_assert!(*at >= end_before, "offset order, no overlap");
