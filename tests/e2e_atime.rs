@@ -9,6 +9,7 @@ mod common;
 use common::e2e::{self, JextMount, KernelMount};
 use std::ffi::CString;
 use std::fs;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -37,16 +38,26 @@ fn atime(path: &Path) -> (i64, i64) {
     (m.atime(), m.atime_nsec())
 }
 
+/// Let the kernel's coarse clock (a jiffy: up to 10 ms) move on, so that
+/// an access is stamped later than the change or the access before it on
+/// kernel ext4 as on jext4 (whose clock is fine): an atime equal to the
+/// mtime counts as older under relatime, and a strictatime update to the
+/// same tick would look like no update.
+fn after_a_tick() {
+    std::thread::sleep(std::time::Duration::from_millis(25));
+}
+
 /// Accesses on the mounted filesystem at `root`, each followed by whether
 /// it changed the atime.
 fn transcript(root: &Path) -> Vec<String> {
     let dir = root.join("d");
     let file = dir.join("f");
     fs::create_dir(&dir).unwrap();
-    fs::write(&file, b"content").unwrap();
+    fs::write(&file, [b'c'; 4096]).unwrap();
     let mut lines = Vec::new();
     let mut step = |what: &str, path: &Path, access: &dyn Fn()| {
         let before = atime(path);
+        after_a_tick();
         access();
         let changed = atime(path) != before;
         lines.push(format!(
@@ -61,9 +72,29 @@ fn transcript(root: &Path) -> Vec<String> {
     set_atime(&file, 1000);
     step("read, atime older than mtime", &file, &read);
     step("read again", &file, &read);
+    // A change through the filesystem makes the atime older than it
+    // again: the next access updates it under relatime. An overwrite of
+    // the whole page leaves it cached and up to date in the kernel, which
+    // must not answer the read from it (FOPEN_KEEP_CACHE).
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .write_all(&[b'd'; 4096])
+        .unwrap();
+    step("read after a write", &file, &read);
+    step("read again after the write", &file, &read);
+    set_atime(&file, 1000);
+    step("read, atime set older again", &file, &read);
     set_atime(&dir, 1000);
     step("list, atime older than mtime", &dir, &list);
     step("list again", &dir, &list);
+    // Likewise a new entry, for a listing (FOPEN_CACHE_DIR).
+    fs::write(dir.join("g"), b"").unwrap();
+    step("list after a create", &dir, &list);
+    step("list again after the create", &dir, &list);
+    set_atime(&dir, 1000);
+    step("list, atime set older again", &dir, &list);
     lines
 }
 

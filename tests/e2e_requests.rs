@@ -88,6 +88,69 @@ fn stats_count_requests_by_operation() {
     e2e::fsck_clean(&image, "after the counted workload");
 }
 
+/// How many requests of `operations` the server answered between two
+/// reports.
+fn asked_between(
+    before: &HashMap<String, u64>,
+    after: &HashMap<String, u64>,
+    operations: &[&str],
+) -> u64 {
+    operations
+        .iter()
+        .map(|operation| {
+            let name = format!("fuse_op_{operation}");
+            after.get(&name).copied().unwrap_or(0) - before.get(&name).copied().unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Under relatime a listing or a read that would not change the atime is
+/// answered from the kernel's caches (FOPEN_CACHE_DIR, FOPEN_KEEP_CACHE),
+/// and a change made through the kernel drops what it cached; under
+/// strictatime every access reaches the server (and updates the atime).
+#[test]
+fn unchanged_listings_and_files_come_from_the_kernels_caches_where_atime_allows() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("caches");
+    for (options, cached) in [("relatime", true), ("strictatime", false)] {
+        let image = common::mkfs(scratch.path(), options, 16, &["-t", "ext4"]);
+        let mnt = scratch.path().join(format!("mnt-{options}"));
+        let mount = JextMount::mount(&image, &mnt, options);
+        fs::create_dir(mount.path("dir")).unwrap();
+        for index in 0..40 {
+            fs::write(mount.path(&format!("dir/f{index}")), vec![b'a'; 8192]).unwrap();
+        }
+        let count = || fs::read_dir(mount.path("dir")).unwrap().count();
+        let file = mount.path("dir/f7");
+        // The first accesses update the atime (older than the changes) and
+        // fill the caches.
+        for _ in 0..2 {
+            assert_eq!(count(), 40);
+            assert_eq!(fs::read(&file).unwrap(), vec![b'a'; 8192]);
+        }
+        let before = stats(&mnt);
+        assert_eq!(count(), 40);
+        assert_eq!(fs::read(&file).unwrap(), vec![b'a'; 8192]);
+        let after = stats(&mnt);
+        let listed = asked_between(&before, &after, &["readdir", "readdirplus"]);
+        let read = asked_between(&before, &after, &["read"]);
+        if cached {
+            assert_eq!((listed, read), (0, 0), "{options}: {after:?}");
+        } else {
+            assert!(listed > 0 && read > 0, "{options}: {after:?}");
+        }
+        // Changes through the kernel drop what it cached.
+        fs::write(mount.path("dir/new"), b"new").unwrap();
+        fs::write(&file, vec![b'b'; 4096]).unwrap();
+        assert_eq!(count(), 41);
+        assert_eq!(fs::read(&file).unwrap(), vec![b'b'; 4096]);
+        mount.unmount();
+        e2e::fsck_clean(&image, options);
+    }
+}
+
 /// Writes, truncates and chowns of setuid, setgid and capable files by
 /// root and by an unprivileged user in and out of the file's group; prints
 /// the mode and capabilities after each. The same script runs on jext4

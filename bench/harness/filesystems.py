@@ -6,6 +6,7 @@ jext4) open the image file themselves. The ext family is checked with
 `e2fsck -fn` after unmounting, xfs with `xfs_repair -n`.
 """
 
+import copy
 import json
 import os
 import re
@@ -320,6 +321,7 @@ class Jext4(FuseFs):
     and exited."""
 
     optional = True
+    baseline = False  # served by --baseline-binary, not the build under test
 
     def __init__(self, name, mkfs, description, binary, options=None):
         super().__init__(name, mkfs, description)
@@ -389,6 +391,13 @@ class Jext4Uring(Jext4):
             super()._mount(mount)
         finally:
             URING_PARAMETER.write_text(original)
+
+
+class Jext4UringOptIn(Jext4Uring):
+    """A variant of jext4-uring with one of its savers off, for a
+    comparison in the same run: only when named with --fs."""
+
+    opt_in = True
 
 
 class Jext4Shm(Jext4):
@@ -526,6 +535,11 @@ def catalogue(repo):
             "jext4-uring", MKFS_EXT4, "jext4 FUSE server through FUSE over io_uring, ext4 image as for kernel ext4",
             binary, "fuse_transport=uring",
         ),
+        Jext4UringOptIn(
+            "jext4-uring-nopoll", MKFS_EXT4,
+            "jext4-uring whose queue threads never poll (-o uring_spin=0): what polling gains",
+            binary, "fuse_transport=uring,uring_spin=0",
+        ),
         Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary, DEV),
         Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary, DEV),
         Jext4Shm(
@@ -542,6 +556,23 @@ def catalogue(repo):
         Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
         Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),
     ]
+
+
+def baselines(catalogue, binary):
+    """`--baseline-binary`: jext4 and jext4-uring again, served by another
+    build (main's, before a change), as the opt-in jext4-base and
+    jext4-uring-base: before and after interleaved in one run."""
+    made = []
+    for fs in catalogue:
+        if fs.name in ("jext4", "jext4-uring"):
+            base = copy.copy(fs)
+            base.name = fs.name + "-base"
+            base.description = f"{fs.description}; the baseline binary {binary}"
+            base.binary = binary
+            base.baseline = True
+            base.opt_in = True
+            made.append(base)
+    return made
 
 
 # `--fs nbd`: the opt-in NBD group with its local-file peer; `--fs oos`: the

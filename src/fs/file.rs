@@ -245,6 +245,24 @@ fn write_run(
     Ok(run_end - position)
 }
 
+/// Whether an access at `now` changes an atime, given [atime, mtime,
+/// ctime]: always (strictatime), never (noatime), or under relatime when
+/// the atime is not after the last change or is a day old
+/// (`fs/inode.c: relatime_need_update`).
+fn atime_wanted(
+    policy: AtimePolicy,
+    [atime, mtime, ctime]: [Timestamp; 3],
+    now: Timestamp,
+) -> bool {
+    match policy {
+        AtimePolicy::Never => false,
+        AtimePolicy::Strict => true,
+        AtimePolicy::Relatime => {
+            atime <= mtime || atime <= ctime || now.sec - atime.sec >= 24 * 3600
+        }
+    }
+}
+
 impl Fs {
     /// A file or directory was opened: it stays until released even if its
     /// last name goes.
@@ -359,15 +377,11 @@ impl Fs {
     /// change or is a day old. Best effort: a read never fails for it.
     pub(super) fn touch_atime(&self, ino: u32, inode: &Inode) {
         let now = Timestamp::now();
-        let wanted = match self.core.options.atime {
-            AtimePolicy::Never => false,
-            AtimePolicy::Strict => true,
-            AtimePolicy::Relatime => {
-                inode.atime <= inode.mtime
-                    || inode.atime <= inode.ctime
-                    || now.sec - inode.atime.sec >= 24 * 3600
-            }
-        };
+        let wanted = atime_wanted(
+            self.core.options.atime,
+            [inode.atime, inode.mtime, inode.ctime],
+            now,
+        );
         if !wanted || self.is_read_only() || inode.has_flag(crate::format::inode::flags::NOATIME) {
             return;
         }
@@ -379,6 +393,23 @@ impl Fs {
             inode.atime = now;
             tx.write_inode_timestamps(ino, &inode)
         });
+    }
+
+    /// Whether reading `attr`'s file, or listing its directory, would
+    /// change its atime now (the mount's atime options, `nodiratime`, the
+    /// inode's NOATIME flag, a read-only mount). A front end may serve
+    /// reads or listings from a cache of its own, which the engine never
+    /// sees, only where this is false.
+    pub fn access_changes_atime(&self, attr: &Attr) -> bool {
+        let exempt = self.is_read_only()
+            || attr.flags & crate::format::inode::flags::NOATIME != 0
+            || (attr.kind == super::FileKind::Directory && self.core.options.nodiratime);
+        !exempt
+            && atime_wanted(
+                self.core.options.atime,
+                [attr.atime, attr.mtime, attr.ctime],
+                Timestamp::now(),
+            )
     }
 
     /// Write `data` at `offset`; returns the number of bytes written.

@@ -191,6 +191,8 @@ pub struct RingFigures {
     pub entries_per_thread: usize,
     pub buffer_bytes: u64,
     pub requests: Arc<AtomicU64>,
+    /// The queue threads' polling (`-o uring_spin`).
+    pub pace: Arc<super::pace::Pace>,
 }
 
 /// The counters of one mount's FUSE front end, shared by every transport
@@ -239,6 +241,14 @@ impl RequestMetrics {
                     "fuse_uring_requests {}",
                     ring.requests.load(Ordering::Acquire)
                 ),
+            ]);
+            let pace = ring.pace.figures();
+            lines.extend([
+                format!("fuse_uring_spin_us {}", pace.window_us),
+                format!("fuse_uring_polls {}", pace.polls),
+                format!("fuse_uring_polls_answered {}", pace.polls_answered),
+                format!("fuse_uring_poll_cpu_us {}", pace.polled_us),
+                format!("fuse_uring_poll_pauses {}", pace.pauses),
             ]);
         }
         lines
@@ -462,6 +472,7 @@ mod tests {
                 entries_per_thread: 64,
                 buffer_bytes: u64::MAX,
                 requests: Arc::new(AtomicU64::new(u64::MAX)),
+                pace: Arc::new(crate::fuse::pace::Pace::new(64, Duration::from_millis(10))),
             }),
         });
         for operation in Operation::ALL {

@@ -28,6 +28,7 @@ mod dev;
 pub mod helper;
 pub mod metrics;
 mod options;
+mod pace;
 pub mod serve;
 mod uring;
 mod wire;
@@ -48,6 +49,8 @@ use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, TimeOrNow, WriteFlags,
 };
+use parking_lot::Mutex;
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -84,10 +87,19 @@ struct Tuning {
     long_ttl: bool,
     /// ENOENT lookups answered as negative entries the kernel may cache.
     negative_entries: bool,
+    /// FOPEN_KEEP_CACHE on files and FOPEN_CACHE_DIR on directories
+    /// whose atime an access would not change (`FuseAdapter::open_flags`).
+    keep_cache: bool,
 }
 
 impl Tuning {
-    const NAMES: [&str; 4] = ["killpriv_v2", "noflush", "long_ttl", "negative_entries"];
+    const NAMES: [&str; 5] = [
+        "killpriv_v2",
+        "noflush",
+        "long_ttl",
+        "negative_entries",
+        "keep_cache",
+    ];
 
     /// The savers `JEXT4_FUSE_OFF` leaves on; an unknown name is refused
     /// (a typo must not measure the wrong thing).
@@ -101,6 +113,7 @@ impl Tuning {
             noflush: true,
             long_ttl: true,
             negative_entries: true,
+            keep_cache: true,
         };
         for name in off
             .split(',')
@@ -112,6 +125,7 @@ impl Tuning {
                 "noflush" => tuning.noflush = false,
                 "long_ttl" => tuning.long_ttl = false,
                 "negative_entries" => tuning.negative_entries = false,
+                "keep_cache" => tuning.keep_cache = false,
                 unknown => {
                     return Err(Error::Invalid(format!(
                         "JEXT4_FUSE_OFF: unknown name {unknown:?} (known: {})",
@@ -156,6 +170,13 @@ pub struct FuseAdapter {
     /// before any other request): then a write tells whether the caller
     /// keeps setuid and setgid.
     killpriv_v2: AtomicBool,
+    /// Whether the kernel took FUSE_POSIX_ACL (set by `init`).
+    posix_acl: AtomicBool,
+    /// Inodes whose data may differ from the pages the kernel keeps (a
+    /// fallocate or truncate that failed part-way): their next open gets no
+    /// FOPEN_KEEP_CACHE, so the kernel drops the pages then. At most one
+    /// entry per inode; a leaf lock (nothing is taken under it).
+    stale_pages: Mutex<HashSet<u32>>,
 }
 
 impl FuseAdapter {
@@ -171,6 +192,8 @@ impl FuseAdapter {
             metrics,
             tuning: Tuning::from_env()?,
             killpriv_v2: AtomicBool::new(false),
+            posix_acl: AtomicBool::new(false),
+            stale_pages: Mutex::new(HashSet::new()),
         })
     }
 
@@ -264,11 +287,68 @@ impl FuseAdapter {
     }
 
     /// Setting or removing an access ACL may change the mode: drop the
-    /// kernel's cached attributes.
+    /// kernel's cached attributes. With FUSE_POSIX_ACL the kernel does it
+    /// itself (every ACL change goes through `fuse_set_acl`, which forgets
+    /// the cached ACLs and attributes), so a notification would only cost
+    /// a system call per ACL set (one per file in `cp -a`).
     fn acl_changed(&self, ino: INodeNo, name: &OsStr) {
-        if name.as_bytes().starts_with(b"system.posix_acl") {
+        if !self.posix_acl.load(Ordering::Acquire)
+            && name.as_bytes().starts_with(b"system.posix_acl")
+        {
             self.attributes_changed(ino);
         }
+    }
+
+    /// The flags of an OPEN answer: FOPEN_NOFLUSH (a saver), and
+    /// FOPEN_KEEP_CACHE where reading the file now would not change its
+    /// atime: the pages the kernel holds from earlier opens then stay and
+    /// serve reads without asking. They are right: every change of a
+    /// file's data goes through the kernel, which updates or drops its
+    /// pages, but for a fallocate or a truncate that failed part-way
+    /// (`data_changed`).
+    fn file_open_flags(&self, attr: &Attr) -> FopenFlags {
+        let mut flags = self.tuning.open_flags();
+        let stale = self.stale_pages.lock().remove(&attr.ino);
+        if !stale && self.caches_accesses(attr) {
+            flags |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        flags
+    }
+
+    /// The flags of an OPENDIR answer: FOPEN_CACHE_DIR where listing the
+    /// directory now would not change its atime. The kernel then keeps
+    /// the listing in the directory's pages (FOPEN_KEEP_CACHE keeps the
+    /// open from dropping them) and answers the next listing from it,
+    /// unless the directory changed since: every change of entries goes
+    /// through the kernel, which then drops the listing (`fuse_dir_changed`
+    /// bumps the version the cache is checked against).
+    fn dir_open_flags(&self, attr: &Attr) -> FopenFlags {
+        if self.caches_accesses(attr) {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
+    /// Whether the kernel may answer reads or listings of `attr`'s inode
+    /// from its caches, which the engine never sees: only where such an
+    /// access would not change the atime (noatime, nodiratime, or relatime
+    /// with an atime after the last change and under a day old). Under
+    /// strictatime every access must reach the engine.
+    fn caches_accesses(&self, attr: &Attr) -> bool {
+        self.tuning.keep_cache && !self.fs.access_changes_atime(attr)
+    }
+
+    /// The inode's data may have changed in a way the kernel will not
+    /// learn from the reply: its next open drops the pages the kernel
+    /// keeps (as every open did before FOPEN_KEEP_CACHE; those of files
+    /// open now stay, as they always did). Not a notification: dropping a
+    /// page waits for its lock, which a read of the file holds until its
+    /// answer, and the thread that would answer it may be this one (one
+    /// worker, or one ring entry per queue; libfuse's
+    /// `fuse_lowlevel_notify_inval_inode` warns of the same deadlock).
+    fn data_changed(&self, ino: INodeNo) {
+        self.stale_pages.lock().insert(to_ext4(ino));
     }
 
     /// The inode's attributes changed in a way the kernel will not learn
@@ -453,11 +533,12 @@ impl FuseAdapter {
         // the umask unapplied (DONT_MASK). Both or neither: with ACLs but a
         // masked mode, inheritance would come out wrong.
         let acls = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
-        if let Err(missing) = config.add_capabilities(acls) {
-            tracing::warn!(
+        match config.add_capabilities(acls) {
+            Ok(()) => self.posix_acl.store(true, Ordering::Release),
+            Err(missing) => tracing::warn!(
                 ?missing,
                 "the kernel does not offer POSIX ACL support to FUSE: ACLs are stored but not enforced"
-            );
+            ),
         }
         let _ = config.set_max_write(wire::MAX_WRITE);
         // The ring's decoder reads the request layouts of protocol 7.36 and
@@ -524,7 +605,16 @@ impl FuseAdapter {
             debug_assert!(changes.mode.is_none_or(|mode| mode & !0o7777 == 0));
             match clock.engine(|| self.fs.setattr(to_ext4(ino), changes, caller(origin))) {
                 Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
-                Err(error) => reply.error(errno(&error)),
+                Err(error) => {
+                    // A truncate that failed part-way (an I/O error) may
+                    // have moved the size and freed blocks: the kernel
+                    // changes neither its size nor its pages on an error.
+                    if changes.size.is_some() {
+                        self.attributes_changed(ino);
+                        self.data_changed(ino);
+                    }
+                    reply.error(errno(&error))
+                }
             }
         });
     }
@@ -686,7 +776,7 @@ impl FuseAdapter {
     pub fn open(&self, ino: INodeNo, reply: impl OpenAnswer) {
         self.guard(Operation::Open, move |clock| {
             match clock.engine(|| self.fs.open_file(to_ext4(ino))) {
-                Ok(_) => reply.opened(FileHandle(0), self.tuning.open_flags()),
+                Ok(attr) => reply.opened(FileHandle(0), self.file_open_flags(&attr)),
                 Err(error) => reply.error(errno(&error)),
             }
         });
@@ -763,7 +853,7 @@ impl FuseAdapter {
                     clock.fail();
                     reply.error(Errno::from_i32(libc::ENOTDIR));
                 }
-                Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Ok(attr) => reply.opened(FileHandle(0), self.dir_open_flags(&attr)),
                 Err(error) => reply.error(errno(&error)),
             }
         });
@@ -1023,11 +1113,14 @@ impl FuseAdapter {
                 self.fs
                     .fallocate(to_ext4(ino), offset, length, mode as u32, caller(origin))
             });
+            // Running out of space part-way keeps what was allocated and
+            // the size over it (as ext4 does), and a punch or a zeroing
+            // stopped part-way changed some data: the error reply tells
+            // the kernel neither, and it drops its pages of the range only
+            // after a success.
             if result.is_err() {
-                // Running out of space part-way keeps what was allocated
-                // and the size over it (as ext4 does); the error reply
-                // does not tell the kernel.
                 self.attributes_changed(ino);
+                self.data_changed(ino);
             }
             reply_empty(reply, result);
         });

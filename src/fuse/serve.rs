@@ -302,7 +302,8 @@ fn start_transport(
         // SAFETY: geteuid has no preconditions.
         owner: unsafe { libc::geteuid() },
     };
-    match uring::Ring::start(session.as_fd(), Arc::clone(adapter), access, shape) {
+    let spin = std::time::Duration::from_micros(options.uring_spin_us);
+    match uring::Ring::start(session.as_fd(), Arc::clone(adapter), access, shape, spin) {
         Ok(ring) => {
             metrics.set_transport(TransportFigures {
                 name: "uring",
@@ -312,9 +313,10 @@ fn start_transport(
                     entries_per_thread: shape.entries_per_thread,
                     buffer_bytes: shape.buffer_bytes(),
                     requests: Arc::clone(&ring.requests),
+                    pace: Arc::clone(&ring.pace),
                 }),
             });
-            tracing::info!(?shape, "serving through FUSE over io_uring");
+            tracing::info!(?shape, ?spin, "serving through FUSE over io_uring");
             Ok(Some(ring))
         }
         Err(why) => refuse(why),

@@ -18,7 +18,9 @@
 //! `entries_per_thread` entries, bound to the queue's CPU. A thread
 //! answers its entries one after the other, so a request that blocks (an
 //! fsync waiting for its commit) holds only that thread's entries; the
-//! kernel hands new requests to the entry that became free last.
+//! kernel hands new requests to the entry that became free last. While
+//! requests keep coming, the thread that answered last polls its ring
+//! instead of sleeping (`pace.rs` says why and when).
 //!
 //! Buffers are bounded and counted: a payload and a header per entry, for
 //! queues × threads × entries, and one answer buffer per thread; `jext4
@@ -43,6 +45,7 @@ use super::answer::{
     StatfsFigures, WriteAnswer, XattrAnswer,
 };
 use super::metrics::Operation;
+use super::pace::{CONTENDED_YIELD, Pace, thread_cpu_ns};
 use super::wire::{self, Dirent, Encoder, InHeader, Request};
 use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, SessionACL};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
@@ -165,17 +168,21 @@ pub struct Ring {
     threads: Vec<std::thread::JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     pub requests: Arc<AtomicU64>,
+    pub pace: Arc<Pace>,
 }
 
 /// What a queue thread starts with.
 struct QueueThread {
     qid: u16,
+    /// The thread's index within its queue.
+    index: usize,
     fd: Arc<OwnedFd>,
     adapter: Arc<FuseAdapter>,
     access: Access,
     shape: RingShape,
     stop: Arc<AtomicBool>,
     requests: Arc<AtomicU64>,
+    pace: Arc<Pace>,
 }
 
 impl Ring {
@@ -187,6 +194,7 @@ impl Ring {
         adapter: Arc<FuseAdapter>,
         access: Access,
         shape: RingShape,
+        spin: Duration,
     ) -> Result<Ring, String> {
         let fd = Arc::new(
             device
@@ -195,22 +203,26 @@ impl Ring {
         );
         let stop = Arc::new(AtomicBool::new(false));
         let requests = Arc::new(AtomicU64::new(0));
+        let pace = Arc::new(Pace::new(shape.queues, spin));
         let (report, registered) = std::sync::mpsc::channel();
         let mut ring = Ring {
             threads: Vec::new(),
             stop: Arc::clone(&stop),
             requests: Arc::clone(&requests),
+            pace: Arc::clone(&pace),
         };
         for qid in 0..shape.queues {
             for index in 0..shape.threads_per_queue {
                 let queue = QueueThread {
                     qid: qid as u16,
+                    index,
                     fd: Arc::clone(&fd),
                     adapter: Arc::clone(&adapter),
                     access,
                     shape,
                     stop: Arc::clone(&stop),
                     requests: Arc::clone(&requests),
+                    pace: Arc::clone(&pace),
                 };
                 let report = report.clone();
                 let spawned = std::thread::Builder::new()
@@ -393,6 +405,15 @@ fn with_length(sqe: squeue::Entry128, length: u32) -> squeue::Entry128 {
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
+/// Errors of a wait that the next wait retries: its timeout, a signal,
+/// completions the ring could not take yet.
+fn is_transient(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)
+    )
+}
+
 /// Errors with which the kernel gives an entry back for good: the
 /// connection is gone or being torn down.
 fn is_teardown(error: i32) -> bool {
@@ -434,6 +455,9 @@ impl QueueThread {
         IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
+            // The kernel then flags deferred work (a request to copy in)
+            // in the shared ring, which a poller reads without a call.
+            .setup_taskrun_flag()
             .build(size)
             .map_err(|error| format!("creating an io_uring: {error}"))
     }
@@ -477,19 +501,13 @@ impl QueueThread {
         let mut ready = Vec::with_capacity(entries.len());
         let timeout = types::Timespec::from(WAIT);
         let wait = types::SubmitArgs::new().timespec(&timeout);
+        // Whether this thread answered a request since it last waited.
+        let mut answered = false;
         while live > 0 && !self.stop.load(Ordering::Acquire) {
-            match ring.submitter().submit_with_args(1, &wait) {
-                Ok(_) => {}
-                Err(error)
-                    if matches!(
-                        error.raw_os_error(),
-                        Some(libc::ETIME | libc::EINTR | libc::EBUSY)
-                    ) => {}
-                Err(error) => {
-                    tracing::error!(%error, qid = self.qid, "waiting on the FUSE io_uring");
-                    return;
-                }
+            if !self.next_completions(ring, &wait, answered) {
+                return;
             }
+            answered = false;
             ready.clear();
             ready.extend(
                 ring.completion()
@@ -507,7 +525,9 @@ impl QueueThread {
                     }
                     continue;
                 }
+                self.pace.note_request();
                 let commit_id = self.answer(entry, &mut answers);
+                answered = true;
                 let sqe = command(
                     self.fd.as_raw_fd(),
                     FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
@@ -524,6 +544,82 @@ impl QueueThread {
                 }
             }
         }
+    }
+
+    /// Send the answers queued so far and wait for completions: polling
+    /// while the filesystem is busy and this thread has its queue's turn
+    /// to poll (`pace.rs`), sleeping otherwise (at most `wait`). False on
+    /// an error that ends the thread.
+    fn next_completions(
+        &self,
+        ring: &mut IoUring<squeue::Entry128, cqueue::Entry>,
+        wait: &types::SubmitArgs<'_, '_>,
+        answered: bool,
+    ) -> bool {
+        let queue = self.qid as usize;
+        if answered && self.pace.busy() && self.pace.take_turn(queue, self.index) {
+            let (found, cpu_ns) = self.poll(ring);
+            self.pace.end_poll(queue, self.index, cpu_ns, found);
+            if found {
+                return true;
+            }
+        }
+        let waited = if ring.completion().is_empty() {
+            ring.submitter().submit_with_args(1, wait)
+        } else {
+            ring.submitter().submit()
+        };
+        match waited {
+            Ok(_) => true,
+            Err(error) if is_transient(&error) => true,
+            Err(error) => {
+                tracing::error!(%error, qid = self.qid, "waiting on the FUSE io_uring");
+                false
+            }
+        }
+    }
+
+    /// Send the answers, then poll until a completion is there (true), or
+    /// no queue has had a request for the window or another thread of
+    /// this queue answered since (false), yielding the CPU at every turn
+    /// so that the caller the answer woke, or anything else runnable
+    /// here, runs first. Bounded by the window: every turn without a
+    /// request brings its end nearer. Also says the CPU time the polling
+    /// took after the answers went.
+    fn poll(&self, ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> (bool, u64) {
+        let mut cpu_before = None;
+        let found = loop {
+            // Send the answers; with the kernel's deferred work flagged
+            // (a new request to copy in), run it (GETEVENTS).
+            let pending = !ring.submission().is_empty() || ring.submission().taskrun();
+            if pending
+                && let Err(error) = ring.submitter().submit_and_wait(0)
+                && !is_transient(&error)
+            {
+                break false;
+            }
+            if !ring.completion().is_empty() {
+                break true;
+            }
+            if !self.pace.busy()
+                || !self.pace.has_turn(self.qid as usize, self.index)
+                || self.stop.load(Ordering::Acquire)
+            {
+                break false;
+            }
+            cpu_before.get_or_insert_with(thread_cpu_ns);
+            let yielded = Instant::now();
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+            if yielded.elapsed() > CONTENDED_YIELD {
+                // Other work runs here: let the scheduler wake this
+                // thread for its requests instead (`pace.rs`).
+                self.pace.pause(self.qid as usize);
+                break !ring.completion().is_empty();
+            }
+        };
+        let cpu_ns = cpu_before.map_or(0, |before| thread_cpu_ns().saturating_sub(before));
+        (found, cpu_ns)
     }
 
     /// Handle the request the kernel put in `entry`; returns its commit id.
