@@ -60,6 +60,8 @@ pub struct RecordingDevice {
     inner: Arc<dyn BlockDevice>,
     /// Shared with the persistent-memory mappings made of this device.
     log: Arc<Mutex<Vec<Record>>>,
+    /// How long a barrier keeps its caller once logged (`with_latency`).
+    barrier_latency: std::time::Duration,
 }
 
 impl RecordingDevice {
@@ -67,6 +69,21 @@ impl RecordingDevice {
         RecordingDevice {
             inner,
             log: Arc::new(Mutex::new(Vec::new())),
+            barrier_latency: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Each flush and durable write returns `latency` after it is logged,
+    /// as a device's flush takes time: other threads go on meanwhile (the
+    /// log stays exact — the barrier is logged when it took effect).
+    pub fn with_latency(mut self, latency: std::time::Duration) -> Self {
+        self.barrier_latency = latency;
+        self
+    }
+
+    fn barrier_wait(&self) {
+        if !self.barrier_latency.is_zero() {
+            std::thread::sleep(self.barrier_latency);
         }
     }
 
@@ -128,6 +145,8 @@ impl BlockDevice for RecordingDevice {
         let mut log = self.log.lock();
         self.inner.flush()?;
         log.push(Record::Flush);
+        drop(log);
+        self.barrier_wait();
         Ok(())
     }
 
@@ -147,6 +166,8 @@ impl BlockDevice for RecordingDevice {
         let mut synced = ranges.to_vec();
         synced.push((offset, buf.len() as u64));
         log.push(Record::Sync { ranges: synced });
+        drop(log);
+        self.barrier_wait();
         Ok(())
     }
 

@@ -137,16 +137,25 @@ pub(crate) struct State {
     pub checkpoint_stopping: bool,
     /// Set when the journal aborted: every later handle fails.
     pub error: Option<String>,
-    /// A fast commit is being written (`fc_commit.rs`): no full commit may
-    /// lock the running transaction down until it ends.
-    pub fc_ongoing: bool,
-    /// Blocks of the fast-commit area used since the last full commit.
+    /// Fast-commit tickets alive (`fc_commit.rs`): no full commit may lock
+    /// the running transaction down until every one has dropped.
+    pub fc_active: u32,
+    /// A full commit waits to lock down: no new ticket is handed out.
+    pub fc_full_wanted: bool,
+    /// Units of the fast-commit area used since the last full commit
+    /// (blocks; ByteLog: fast commits).
     pub fc_next: u32,
-    /// Fast commits begun since mount, and the number of the newest one
-    /// that is durable (`fc_commit.rs`: fsyncs covered by it need none of
-    /// their own).
-    pub fc_started: u64,
-    pub fc_durable: u64,
+    /// Directory transactions queued for the next fast commit, in order.
+    pub fc_queue: Vec<super::fc_commit::QueuedFastCommit>,
+    /// The number of the last one queued, and of the last one durable (a
+    /// queued commit is durable once this reaches its number).
+    pub fc_queued_seq: u64,
+    pub fc_durable_seq: u64,
+    /// A group is being written (one at a time, in queue order).
+    pub fc_writing: bool,
+    /// Queued commits that were not made durable, and why (taken by their
+    /// waiter).
+    pub fc_refused: BTreeMap<u64, super::fc_commit::Refusal>,
 }
 
 impl State {
@@ -174,9 +183,14 @@ pub struct Jbd2Stats {
     /// interval when idle).
     pub thread_rounds: u64,
     pub guard_violations: u64,
-    /// Fast commits written, and the area blocks they took.
+    /// Fast commits written (writes of the area), the directory
+    /// transactions they held (compound degree: members per fast commit),
+    /// the area bytes, record bytes and flushes (barriers) they took.
     pub fast_commits: u64,
+    pub fast_commit_members: u64,
     pub fast_commit_bytes: u64,
+    pub fast_commit_record_bytes: u64,
+    pub fast_commit_flushes: u64,
     /// ByteLog persists (`-o bytelog`), and how they are made.
     pub bytelog_persists: u64,
     pub bytelog_method: Option<crate::dev::PersistMethod>,
@@ -228,7 +242,10 @@ pub(crate) struct Jbd2 {
     pub blocks_checkpointed: AtomicU64,
     pub thread_rounds: AtomicU64,
     pub fast_commits: AtomicU64,
+    pub fast_commit_members: AtomicU64,
     pub fast_commit_bytes: AtomicU64,
+    pub fast_commit_record_bytes: AtomicU64,
+    pub fast_commit_flushes: AtomicU64,
     /// Fast commits go to a persistent-memory mapping (`-o bytelog`).
     pub bytelog: Option<super::bytelog::ByteLog>,
 }
@@ -340,10 +357,14 @@ impl Jbd2 {
                     stopping: false,
                     checkpoint_stopping: false,
                     error: None,
-                    fc_ongoing: false,
+                    fc_active: 0,
+                    fc_full_wanted: false,
                     fc_next: 0,
-                    fc_started: 0,
-                    fc_durable: 0,
+                    fc_queue: Vec::new(),
+                    fc_queued_seq: 0,
+                    fc_durable_seq: 0,
+                    fc_writing: false,
+                    fc_refused: BTreeMap::new(),
                 },
             ),
             sb: Mutex::new(sb),
@@ -374,7 +395,10 @@ impl Jbd2 {
             blocks_checkpointed: AtomicU64::new(0),
             thread_rounds: AtomicU64::new(0),
             fast_commits: AtomicU64::new(0),
+            fast_commit_members: AtomicU64::new(0),
             fast_commit_bytes: AtomicU64::new(0),
+            fast_commit_record_bytes: AtomicU64::new(0),
+            fast_commit_flushes: AtomicU64::new(0),
             bytelog,
         });
         jbd2.prepare_fast_commit_area()?;
@@ -649,7 +673,10 @@ impl Jbd2 {
             thread_rounds: self.thread_rounds.load(Ordering::Relaxed),
             guard_violations: self.guard.violations(),
             fast_commits: self.fast_commits.load(Ordering::Relaxed),
+            fast_commit_members: self.fast_commit_members.load(Ordering::Relaxed),
             fast_commit_bytes: self.fast_commit_bytes.load(Ordering::Relaxed),
+            fast_commit_record_bytes: self.fast_commit_record_bytes.load(Ordering::Relaxed),
+            fast_commit_flushes: self.fast_commit_flushes.load(Ordering::Relaxed),
             bytelog_persists: self
                 .bytelog
                 .as_ref()
