@@ -514,8 +514,12 @@ impl Tx<'_, '_> {
             }
             desc.set_inode_bitmap_csum(geo, &bytes);
         }
-        drop(desc);
+        // Under the group's lock, as `claim_inode_locked` notes its
+        // allocation: the change observer must see the free before any
+        // reuse of the number (else it takes the new file's first name for
+        // a link, and forgets the new file).
         self.handle.note(Change::InodeFreed { ino });
+        drop(desc);
         Ok(())
     }
 

@@ -25,6 +25,9 @@
 //!   — with one set of flushes (`wait`). A queued commit is acknowledged
 //!   when the write holding it is durable, and writes go one at a time in
 //!   queue order, so everything before it in the area is durable by then;
+//!   once one is refused (no room, an error) every later one of the
+//!   transaction is too — it may build on the refused one (a later commit
+//!   of the same directory) — and the full commit that follows covers them;
 //! - a full commit retires them (`retire_area`): every record describes a
 //!   change the full commit now holds, so the next fast commit starts at
 //!   the area's first block again with a HEAD for the new transaction.
@@ -184,6 +187,13 @@ impl FastCommitTicket<'_> {
                 continue;
             }
             let group = std::mem::take(&mut state.fc_queue);
+            if state.fc_refusing {
+                // An earlier group was not written: these may depend on it
+                // (a later commit of the same directory), so none is.
+                let refusal = (0, Ok(None));
+                jbd2.end_group(&mut state, &group, refusal);
+                continue;
+            }
             state.fc_writing = true;
             let used = state.fc_next;
             if faults::active(Fault::FastCommitAckEarly) {
@@ -376,7 +386,6 @@ impl Jbd2 {
         group: &[QueuedFastCommit],
         (units, result): GroupResult,
     ) {
-        debug_assert!(state.fc_writing);
         state.fc_writing = false;
         state.fc_next += units;
         let last = group.last().expect("a group").seq;
@@ -398,11 +407,13 @@ impl Jbd2 {
                     .fetch_add(written.flushes as u64, Ordering::Relaxed);
             }
             Ok(None) => {
+                state.fc_refusing = true;
                 for queued in group {
                     state.fc_refused.insert(queued.seq, Refusal::NoRoom);
                 }
             }
             Err(error) => {
+                state.fc_refusing = true;
                 for queued in group {
                     state
                         .fc_refused
@@ -480,6 +491,7 @@ impl Jbd2 {
             debug_assert!(state.fc_queue.is_empty());
             // The full commit holds what they would have.
             state.fc_refused.clear();
+            state.fc_refusing = false;
             std::mem::take(&mut state.fc_next)
         };
         if let Some(bytelog) = &self.bytelog {

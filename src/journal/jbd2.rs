@@ -153,9 +153,11 @@ pub(crate) struct State {
     pub fc_durable_seq: u64,
     /// A group is being written (one at a time, in queue order).
     pub fc_writing: bool,
-    /// Queued commits that were not made durable, and why (taken by their
-    /// waiter).
+    /// Queued commits that were not made durable, and why (kept for every
+    /// waiter until the area is retired).
     pub fc_refused: BTreeMap<u64, super::fc_commit::Refusal>,
+    /// A group was refused: every later one of the transaction is too.
+    pub fc_refusing: bool,
 }
 
 impl State {
@@ -365,6 +367,7 @@ impl Jbd2 {
                     fc_durable_seq: 0,
                     fc_writing: false,
                     fc_refused: BTreeMap::new(),
+                    fc_refusing: false,
                 },
             ),
             sb: Mutex::new(sb),
@@ -618,9 +621,12 @@ impl Jbd2 {
                 waited = true;
                 continue;
             }
-            if state
-                .commit_request
-                .is_none_or(|requested| super::format::tid_gt(tid, requested))
+            // Already committing: wait for it. Asking again would make the
+            // commit thread commit the next transaction too, for nobody.
+            if state.committing_tid != Some(tid)
+                && state
+                    .commit_request
+                    .is_none_or(|requested| super::format::tid_gt(tid, requested))
             {
                 state.commit_request = Some(tid);
             }
@@ -761,6 +767,14 @@ impl Jbd2 {
                 self.abort(&mut state, &error);
             }
             return false;
+        }
+        // A request for a transaction already committed or committing (an
+        // older tid than the running one) asks nothing more.
+        if state
+            .commit_request
+            .is_some_and(|requested| super::format::tid_gt(state.running.tid, requested))
+        {
+            state.commit_request = None;
         }
         let wants_commit = state.commit_request.is_some()
             || (!state.running.is_empty()

@@ -141,17 +141,17 @@ impl Fs {
         ticket: &FastCommitTicket<'_>,
         after: Option<u64>,
     ) -> Result<Committed> {
-        if !tracker.eligible(ticket.tid) {
-            // The changes were dropped for the full commit to hold.
+        if let Some(seq) = after
+            && ticket.wait(seq)? == FastCommitOutcome::NoRoom
+        {
             return Ok(Committed::FullCommit);
         }
-        let Some(seq) = after else {
-            return Ok(Committed::Durable { data: false });
-        };
-        Ok(match ticket.wait(seq)? {
-            FastCommitOutcome::Durable => Committed::Durable { data: false },
-            FastCommitOutcome::NoRoom => Committed::FullCommit,
-        })
+        if !tracker.eligible(ticket.tid) {
+            // The changes may have been dropped for the full commit to
+            // hold them.
+            return Ok(Committed::FullCommit);
+        }
+        Ok(Committed::Durable { data: false })
     }
 
     /// Commit the taken transaction `txn`: drain, build, freeze, write
@@ -189,8 +189,8 @@ impl Fs {
         let seq = match queued {
             Ok(seq) => seq,
             Err(error) => {
-                tracker.put_back(txn, Entries::default());
                 tracker.mark_ineligible(ticket.tid, Ineligible::Failed);
+                tracker.put_back(txn, Entries::default());
                 return Err(error);
             }
         };
@@ -200,14 +200,16 @@ impl Fs {
                 tracker.count_commit();
                 Ok(Committed::Durable { data: true })
             }
+            // Ineligible first: nobody may take the retired transaction's
+            // changes for durable meanwhile.
             Ok(FastCommitOutcome::NoRoom) => {
-                tracker.retire(txn, None);
                 tracker.mark_ineligible(ticket.tid, Ineligible::AreaFull);
+                tracker.retire(txn, None);
                 Ok(Committed::FullCommit)
             }
             Err(error) => {
-                tracker.retire(txn, None);
                 tracker.mark_ineligible(ticket.tid, Ineligible::Failed);
+                tracker.retire(txn, None);
                 Err(error)
             }
         }

@@ -438,11 +438,13 @@ impl Scopes {
         Ok(Some(running))
     }
 
-    /// The queue number the set of `key` last used, if not durable yet.
+    /// The queue number the set of `key` last used, if any since the last
+    /// full commit. (Not compared with the numbers known durable: a later
+    /// number durable says nothing of a refused earlier one.)
     pub fn last_queued(&mut self, key: Key) -> Option<u64> {
         let root = self.find(key);
         let last = self.sets[&root].last_queued;
-        (last > self.durable_seq).then_some(last)
+        (last > 0).then_some(last)
     }
 
     /// The transaction's handles have drained: take its entries to build
@@ -534,6 +536,8 @@ impl Scopes {
             && running.updates == 0
             && set.building.is_empty()
             && set.unqueued.is_empty()
+            // Durable (a refused commit refuses every later one: a number
+            // known durable comes after none refused).
             && set.last_queued <= self.durable_seq;
         if !idle {
             return;
