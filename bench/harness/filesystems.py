@@ -320,10 +320,11 @@ class Jext4(FuseFs):
 
     optional = True
 
-    def __init__(self, name, mkfs, description, binary, options=None):
+    def __init__(self, name, mkfs, description, binary, options=None, opt_in=False):
         super().__init__(name, mkfs, description)
         self.binary = binary
         self.options = options
+        self.opt_in = opt_in
         self.build_error = None
 
     def unavailable_reason(self):
@@ -350,6 +351,11 @@ class Jext4(FuseFs):
         if mounted_at(mount.mountpoint):
             run([self.binary, "umount", mount.mountpoint], timeout=UMOUNT_TIMEOUT)
         self._wait_server_exit(mount)
+
+    def stats(self, mountpoint):
+        """Every counter of `jext4 stats --json`; None when it fails."""
+        result = run([self.binary, "stats", "--json", mountpoint], timeout=30, check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
 
     def request_counts(self, mountpoint):
         """The server's FUSE request counters (`jext4 stats`): the total and
@@ -481,7 +487,8 @@ def catalogue(repo):
         KernelFs("btrfs", MKFS_BTRFS, "btrfs", "kernel btrfs, loop device, defaults (btrfs-progs)", opt_in=True),
         Fuse2fs("fuse2fs", MKFS_EXT4, "fuse2fs -o fakeroot (e2fsprogs), ext4 image as for kernel ext4"),
         Jext4("jext4", MKFS_EXT4, "jext4 FUSE server, default options, ext4 image as for kernel ext4", binary),
-        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary),
+        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits, one transaction per directory", binary),
+        Jext4("jext4-fc-global", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 -o fast_commit=global: fast commits of one scope for the whole filesystem (the kernel's single queue)", binary, options="fast_commit=global", opt_in=True),
         Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary),
         Jext4Nbd("jext4-nbd-unix", "jext4's NBD client, nbdkit file plugin on a Unix socket, same image file", binary, "unix"),
         Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
@@ -493,6 +500,9 @@ def catalogue(repo):
 # peers of the out-of-space workloads (issue 10, after the Tux3 post).
 GROUPS = {
     "nbd": ["jext4", "jext4-nbd-unix", "jext4-nbd-tcp", "jext4-kernel-nbd"],
+    # `--fs dirs`: issue 9's comparison — per-directory fast commits, one
+    # global scope, and the kernel's peers.
+    "dirs": ["ext4", "ext4-fc", "xfs", "jext4-fc", "jext4-fc-global"],
     "oos": ["ext4", "xfs", "btrfs", "fuse2fs", "jext4"],
 }
 
