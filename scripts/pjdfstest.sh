@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # POSIX conformance: run the pjdfstest suite (crates.io) against a jext4
 # FUSE mount, require zero failures, then require e2fsck -fn clean.
-# Usage: scripts/pjdfstest.sh [PATH-TO-JEXT4-BINARY]
+# Usage: [PJDFSTEST_TRANSPORT=dev|uring] scripts/pjdfstest.sh [PATH-TO-JEXT4-BINARY]
+# PJDFSTEST_TRANSPORT=uring serves the mount through FUSE over io_uring: the
+# kernel's module parameter is switched on for the run and restored after
+# (a kernel without it has no FUSE over io_uring: the run is skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -22,21 +25,37 @@ work=$(mktemp -d /tmp/jext4-pjdfstest.XXXXXX)
 # side by side.
 mnt=${PJDFSTEST_MNT:-/mnt/jext4-pjdfstest}
 mkdir -p "$mnt"
+transport=${PJDFSTEST_TRANSPORT:-dev}
+parameter=/sys/module/fuse/parameters/enable_uring
+original=
 cleanup() {
     mountpoint -q "$mnt" && { "$jext4" umount "$mnt" || fusermount3 -uz "$mnt"; } || true
     rm -rf "$work"
+    if [ -n "$original" ]; then echo "$original" > "$parameter"; fi
 }
 trap cleanup EXIT
+if [ "$transport" = uring ]; then
+    if [ ! -e "$parameter" ]; then
+        echo "pjdfstest over io_uring: SKIP: $parameter is missing (this kernel has no FUSE over io_uring)"
+        exit 0
+    fi
+    original=$(cat "$parameter")
+    echo Y > "$parameter"
+fi
 
 truncate -s 256M "$work/pjdfstest.img"
 mkfs.ext4 -q -F "$work/pjdfstest.img"
 # allow_other: the suite switches to unprivileged users.
-"$jext4" mount -o allow_other "$work/pjdfstest.img" "$mnt"
+"$jext4" mount -o "allow_other,fuse_transport=$transport" "$work/pjdfstest.img" "$mnt"
+"$jext4" stats "$mnt" | grep -qx "fuse_transport $transport" || {
+    echo "pjdfstest: the mount is not served through $transport" >&2
+    exit 1
+}
 chmod 777 "$mnt"
 (cd "$mnt" && "$tools/bin/pjdfstest" -c "$OLDPWD/tests/pjdfstest/jext4.toml" -p "$mnt") 2>&1 | tee "$work/pjdfstest.log" | grep -E "FAILED|Summary" || true
 "$jext4" umount "$mnt"
 summary=$(grep "^Summary" "$work/pjdfstest.log" || echo "Summary: missing")
-echo "pjdfstest: $summary"
+echo "pjdfstest ($transport): $summary"
 case "$summary" in
     "Summary: 0 failed,"*) ;;
     *) echo "pjdfstest reported failures" >&2; exit 1 ;;

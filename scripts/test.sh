@@ -17,6 +17,8 @@ echo "== cargo test (profile ci: optimised, debug assertions on)"
 # A test that cannot run here (not root, no FUSE, no loop devices, a tool
 # missing) fails instead of skipping: CI must not pass by skipping.
 JEXT4_NO_SKIP=1 cargo test --profile ci
-echo "== pjdfstest"
+echo "== pjdfstest (/dev/fuse)"
 scripts/pjdfstest.sh target/ci/jext4
+echo "== pjdfstest (FUSE over io_uring)"
+PJDFSTEST_TRANSPORT=uring scripts/pjdfstest.sh target/ci/jext4
 echo "== all tests passed"

@@ -72,11 +72,18 @@ fn run_workload(geo: &Geometry, device_blocks: u64, work: &Workload) -> Run {
             let name = random_name(&mut rng, len, op);
             let ino = random_ino(geo, &mut rng);
             let blocks_before = d.map.len();
+            // The space budget's estimate (the test directory's blocks
+            // need no mapping blocks): never below what the insert takes.
+            let estimate = dir::add_entry_cost(&mut d, &name).unwrap();
             dir::add_entry(&mut d, &handle, &name, ino, FT_REG_FILE).unwrap();
             let appended = (d.map.len() - blocks_before) as u32;
             assert!(
-                appended <= dir::add_entry_max_new_blocks(geo),
-                "{appended} new blocks"
+                appended as u64 <= estimate,
+                "{appended} new blocks, {estimate} estimated"
+            );
+            assert!(
+                estimate <= dir::add_entry_max_new_blocks(geo) as u64,
+                "{estimate} estimated"
             );
             assert!(model.insert(name.clone(), ino).is_none());
             live.push(name);

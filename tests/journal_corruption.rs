@@ -206,11 +206,12 @@ fn damaged_async_commit_journal_replays_like_e2fsck() {
     let crash = kernel_crash_image(
         &image,
         "commit=1,journal_async_commit,data=writeback",
-        Duration::from_millis(2500),
+        Duration::ZERO,
         |root| {
             metadata_workload(root, 0, 60);
-            std::thread::sleep(Duration::from_millis(1500));
+            commit_now(root);
             metadata_workload(root, 1, 60);
+            commit_now(root);
         },
     );
     let log = log_blocks(&crash);

@@ -176,15 +176,11 @@ fn kernel_journal_recovery_survives_crashes() {
     let _kernel = kernel_lock();
     let dir = tempfile::tempdir().unwrap();
     let image = common::mkfs(dir.path(), "kcrash", 16, &["-t", "ext4", "-b", "1024"]);
-    let crash = kernel_crash_image(
-        &image,
-        "commit=1",
-        std::time::Duration::from_millis(2500),
-        |root| {
-            metadata_workload(root, 0, 60);
-            std::thread::sleep(std::time::Duration::from_millis(1500));
-            metadata_workload(root, 1, 40);
-        },
-    );
+    let crash = kernel_crash_image(&image, "commit=1", std::time::Duration::ZERO, |root| {
+        metadata_workload(root, 0, 60);
+        commit_now(root);
+        metadata_workload(root, 1, 40);
+        commit_now(root);
+    });
     check_every_crash_point(&crash, 7);
 }

@@ -134,10 +134,11 @@ fn logdump_lists_kernel_journals_like_debugfs() {
     let _kernel = kernel_lock();
     let dir = tempfile::tempdir().unwrap();
     let image = common::mkfs(dir.path(), "ld-kernel", 32, &["-t", "ext3", "-b", "1024"]);
-    let crash = kernel_crash_image(&image, "commit=1", Duration::from_millis(2500), |root| {
+    let crash = kernel_crash_image(&image, "commit=1", Duration::ZERO, |root| {
         metadata_workload(root, 0, 60);
-        std::thread::sleep(Duration::from_millis(1500));
+        commit_now(root);
         metadata_workload(root, 1, 60);
+        commit_now(root);
     });
     assert_same_listing(&crash);
     let (listing, _) = our_listing(&crash);

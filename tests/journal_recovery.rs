@@ -195,11 +195,12 @@ fn kernel_journals_replay_like_e2fsck() {
     let dir = tempfile::tempdir().unwrap();
     for (name, args, options) in KERNEL_VARIANTS {
         let image = common::mkfs(dir.path(), name, 64, args);
-        let crash = kernel_crash_image(&image, options, Duration::from_millis(2500), |root| {
+        let crash = kernel_crash_image(&image, options, Duration::ZERO, |root| {
             metadata_workload(root, 0, 120);
             magic_payload(root, 16);
-            std::thread::sleep(Duration::from_millis(1500));
+            commit_now(root);
             metadata_workload(root, 1, 80);
+            commit_now(root);
         });
         let (report, ours) = recover_both(&crash);
         assert!(report.needed, "{name}");
@@ -236,16 +237,15 @@ fn kernel_log_that_wraps_replays_like_e2fsck() {
         for attempt in 0..3 {
             let image = common::mkfs(dir.path(), &format!("{name}-{attempt}"), 64, args);
             let blocks = journal_blocks_from_debugfs(&image);
-            let crash =
-                kernel_crash_image(&image, "commit=1", Duration::from_millis(1200), |root| {
-                    for round in 0..80 {
-                        metadata_workload(root, round, 100);
-                        std::thread::sleep(Duration::from_millis(1100));
-                        if round >= 3 && log_wraps(&image, &blocks) {
-                            break;
-                        }
+            let crash = kernel_crash_image(&image, "commit=1", Duration::ZERO, |root| {
+                for round in 0..80 {
+                    metadata_workload(root, round, 100);
+                    commit_now(root);
+                    if round >= 3 && log_wraps(&image, &blocks) {
+                        break;
                     }
-                });
+                }
+            });
             let (report, _) = recover_both(&crash);
             assert_eq!(report.problem, None, "{name}: {report:?}");
             if report.log_wrapped {

@@ -61,6 +61,64 @@ fn reads_writes_flushes_fua_and_trim_over_nbdkit_memory() {
     }
 }
 
+/// Writes are held back until a flush (`src/dev/nbd/plug.rs`): 256
+/// neighbouring 4 KiB writes and rewrites of one block reach the server
+/// as a few long writes, reads of what is held back never reach it, and
+/// after the flush another client reads every byte.
+#[test]
+fn writes_held_back_merge_and_reads_are_served_from_them() {
+    if !servers_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.log");
+    let logfile = format!("logfile={}", log.display());
+    let server = NbdServer::nbdkit(
+        dir.path(),
+        "plug",
+        Listen::Unix,
+        &["--filter=log", "memory", "size=8M", &logfile],
+    );
+    let device = device(&server.uri);
+    let data = pattern(7, 1 << 20);
+    for (index, block) in data.chunks(4096).enumerate() {
+        device.write_at(index as u64 * 4096, block).unwrap();
+        // tar's pattern: the next record rewrites the block the last ended in.
+        if index > 0 {
+            let mut previous = vec![0u8; 4096];
+            device
+                .read_at((index as u64 - 1) * 4096, &mut previous)
+                .unwrap();
+            assert!(previous == data[(index - 1) * 4096..index * 4096]);
+            device
+                .write_at((index as u64 - 1) * 4096, &previous)
+                .unwrap();
+        }
+    }
+    assert!(device.unflushed_bytes() >= data.len());
+    let requests = |kind: &str| {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|line| line.contains(&format!(" {kind} id=")))
+            .count()
+    };
+    assert_eq!(requests("Write"), 0, "nothing is sent before the flush");
+    assert_eq!(requests("Read"), 0, "held-back bytes are read from memory");
+    device.flush().unwrap();
+    assert_eq!(device.unflushed_bytes(), 0);
+    let writes = requests("Write");
+    assert!(
+        (1..=4).contains(&writes),
+        "511 writes of 256 neighbouring blocks reached the server as {writes}"
+    );
+    assert_eq!(requests("Flush"), 1);
+    let other = common::nbd::device(&server.uri);
+    let mut back = vec![0u8; data.len()];
+    other.read_at(0, &mut back).unwrap();
+    assert!(back == data, "another client reads what the flush sent");
+}
+
 #[test]
 fn one_connection_without_multi_conn() {
     if !servers_available() {

@@ -404,12 +404,14 @@ fn server_gone_past_the_timeout() {
 }
 
 /// Deterministic: a file is written, the server is killed and restarted,
-/// then the file is fsync'd. With `read_back`, the file is read back before
-/// the kill, which waits for the server's acknowledgements: the writes are
-/// then acknowledged and unflushed, in nbdkit's writeback cache that the
-/// kill loses, and the client must replay them from its log; without, they
-/// are still in flight when the server dies, and the client must send them
-/// again.
+/// then the file is fsync'd. The file is larger than the client's plug
+/// (4 MiB), so most of it has been sent before the kill. With `read_back`,
+/// the file is read back before the kill, which waits for the server's
+/// acknowledgements: the writes sent are then acknowledged and unflushed,
+/// in nbdkit's writeback cache that the kill loses, and the client must
+/// replay them from its log; without, they are still in flight when the
+/// server dies, and the client must send them again. What the plug still
+/// holds is sent after the restart either way.
 fn restart_after_writes(read_back: bool) {
     if !servers_available() {
         return;
@@ -428,7 +430,7 @@ fn restart_after_writes(read_back: bool) {
         ],
     );
     let image = Image::open(server.uri_with("", "x-reconnect-timeout=10")).unwrap();
-    let big = e2e::pattern(99, 3 << 20);
+    let big = e2e::pattern(99, 10 << 20);
     let file = image.create("/big", 0o644).unwrap();
     file.write_at(0, &big).unwrap();
     if read_back {
@@ -453,4 +455,54 @@ fn acknowledged_writes_lost_by_a_restarted_server_are_replayed() {
 #[test]
 fn writes_in_flight_when_the_server_dies_are_sent_again() {
     restart_after_writes(false);
+}
+
+/// The server dies and another image is served at the same address (a
+/// restart on the wrong disk): the client must not write a byte into it —
+/// its superblock UUID differs, so the reconnect gives up and the
+/// filesystem turns read-only — and the first image, served again, is
+/// recovered with every file fsync'd before.
+#[test]
+fn a_server_restarted_on_another_image_is_never_written_to() {
+    if !servers_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let first = common::mkfs(dir.path(), "first", 32, &["-t", "ext4", "-b", "4096"]);
+    let other = common::mkfs(dir.path(), "other", 32, &["-t", "ext4", "-b", "4096"]);
+    let other_before = std::fs::read(&other).unwrap();
+    let serve = |image: &Path| {
+        NbdServer::nbdkit(
+            dir.path(),
+            "swap",
+            Listen::Unix,
+            &["file", e2e::path_str(image)],
+        )
+    };
+    let mut server = serve(&first);
+    let image = Image::open(server.uri_with("", "x-reconnect-timeout=10")).unwrap();
+    let mut durable = Durable::new();
+    for n in 0..20 {
+        let name = format!("/f{n}");
+        image.write_file(&name, &content(n)).unwrap();
+        image.open_file(&name).unwrap().sync_all().unwrap();
+        durable.insert(name, content(n));
+    }
+    image.write_file("/unsynced", &content(99)).unwrap();
+    server.kill9();
+    drop(server);
+    let swapped = serve(&other);
+    let error = image.sync().unwrap_err();
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    assert_read_only(&image);
+    drop(image);
+    drop(swapped);
+    assert!(
+        std::fs::read(&other).unwrap() == other_before,
+        "the client wrote into the image that took the first one's place"
+    );
+    let server = serve(&first);
+    recover(&server.uri);
+    drop(server);
+    assert_recovered_with(&first, &durable);
 }

@@ -174,6 +174,7 @@ class Filesystem:
     fuse = False
     optional = False  # a mount failure makes it "unavailable", not a failure
     opt_in = False  # run only when named with --fs
+    ram_image = False  # the image is a file in /dev/shm (tmpfs), not in the workdir
     family = "ext"
 
     def __init__(self, name, mkfs, description):
@@ -368,8 +369,43 @@ class Jext4(FuseFs):
             return None
         return {
             key: value for key, value in stats.items()
-            if key == "fuse_requests" or re.fullmatch(r"fuse_op_[a-z]+", key)
+            if key in ("fuse_requests", "fuse_engine_us", "fuse_transport_us", "fuse_threads_cpu_us", "fuse_uring_requests")
+            or re.fullmatch(r"fuse_op_[a-z]+", key)
         }
+
+
+URING_PARAMETER = Path("/sys/module/fuse/parameters/enable_uring")
+
+
+class Jext4Uring(Jext4):
+    """jext4 served through FUSE over io_uring (`-o fuse_transport=uring`).
+    The kernel offers it only while its module parameter is on: it is
+    switched on for the mount (FUSE_INIT) and restored right after; the
+    connection keeps io_uring for its life."""
+
+    def unavailable_reason(self):
+        if not URING_PARAMETER.exists():
+            return f"{URING_PARAMETER} is missing: this kernel has no FUSE over io_uring"
+        return super().unavailable_reason()
+
+    def _mount(self, mount):
+        original = URING_PARAMETER.read_text().strip()
+        URING_PARAMETER.write_text("Y")
+        try:
+            super()._mount(mount)
+        finally:
+            URING_PARAMETER.write_text(original)
+
+
+class Jext4Shm(Jext4):
+    """jext4 on an image file in /dev/shm (issue 8): `-o bytelog` maps the
+    fast-commit area and persists it with msync (the slow fallback where there
+    is no pmem), and the same engine with block fast commits on the same
+    medium is its peer, so that the medium is not what differs. Opt-in
+    (`--fs bytelog`)."""
+
+    opt_in = True
+    ram_image = True
 
 
 class Jext4Nbd(Jext4):
@@ -476,6 +512,11 @@ def stop_nbd(mount):
         mount.nbd_cleanup = None
 
 
+# The jext4 entries but jext4-uring name their transport: /dev/fuse,
+# whatever the module parameter says.
+DEV = "fuse_transport=dev"
+
+
 def catalogue(repo):
     """Every filesystem bench/run knows, in report order."""
     binary = str(repo / "target" / "release" / "jext4")
@@ -486,10 +527,28 @@ def catalogue(repo):
         KernelFs("xfs", MKFS_XFS, "xfs", "kernel xfs, loop device, defaults"),
         KernelFs("btrfs", MKFS_BTRFS, "btrfs", "kernel btrfs, loop device, defaults (btrfs-progs)", opt_in=True),
         Fuse2fs("fuse2fs", MKFS_EXT4, "fuse2fs -o fakeroot (e2fsprogs), ext4 image as for kernel ext4"),
-        Jext4("jext4", MKFS_EXT4, "jext4 FUSE server, default options, ext4 image as for kernel ext4", binary),
-        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits, one transaction per directory", binary),
-        Jext4("jext4-fc-global", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 -o fast_commit=global: fast commits of one scope for the whole filesystem (the kernel's single queue)", binary, options="fast_commit=global", opt_in=True),
-        Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary),
+        Jext4("jext4", MKFS_EXT4, "jext4 FUSE server through /dev/fuse, ext4 image as for kernel ext4", binary, DEV),
+        Jext4Uring(
+            "jext4-uring", MKFS_EXT4, "jext4 FUSE server through FUSE over io_uring, ext4 image as for kernel ext4",
+            binary, "fuse_transport=uring",
+        ),
+        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits, one transaction per directory", binary, DEV),
+        Jext4(
+            "jext4-fc-global", MKFS_EXT4 + ["-O", "fast_commit"],
+            "jext4 -o fast_commit=global: fast commits of one scope for the whole filesystem (the kernel's single queue)",
+            binary, DEV + ",fast_commit=global", opt_in=True,
+        ),
+        Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary, DEV),
+        Jext4Shm(
+            "jext4-bytelog", MKFS_EXT4 + ["-O", "fast_commit"],
+            "jext4 -o bytelog on an image file in /dev/shm: fast commits through a memory mapping (msync)",
+            binary, DEV + ",bytelog",
+        ),
+        Jext4Shm(
+            "jext4-fc-shm", MKFS_EXT4 + ["-O", "fast_commit"],
+            "jext4 with block fast commits on an image file in /dev/shm: jext4-bytelog's medium",
+            binary, DEV,
+        ),
         Jext4Nbd("jext4-nbd-unix", "jext4's NBD client, nbdkit file plugin on a Unix socket, same image file", binary, "unix"),
         Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
         Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),
@@ -504,6 +563,7 @@ GROUPS = {
     # global scope, and the kernel's peers.
     "dirs": ["ext4", "ext4-fc", "xfs", "jext4-fc", "jext4-fc-global"],
     "oos": ["ext4", "xfs", "btrfs", "fuse2fs", "jext4"],
+    "bytelog": ["ext4-fc", "jext4-fc", "jext4-fc-shm", "jext4-bytelog"],
 }
 
 

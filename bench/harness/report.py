@@ -166,8 +166,9 @@ def requests_table(workloads, aggregated, filesystems):
     """Requests the FUSE server answered per file made (untar, copy): the
     median over the runs, and the operations that made them (first run)."""
     lines = [
-        "| workload | case | filesystem | files | requests per file | by operation, per file |",
-        "|---|---|---|---|---|---|",
+        "| workload | case | filesystem | files | requests per file | engine µs per file | transport µs per file "
+        "| server threads' CPU µs per file | by operation, per file |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for workload in workloads:
         data = aggregated[workload.name]
@@ -181,8 +182,13 @@ def requests_table(workloads, aggregated, filesystems):
                 operations = ", ".join(
                     f"{name} {count}" for name, count in extras[0]["requests_by_operation_per_file"].items()
                 )
+                times = []
+                for key in ("engine_us_per_file", "transport_us_per_file", "server_cpu_us_per_file"):
+                    values = [extra[key] for extra in extras if key in extra]
+                    times.append(number(median(values)) if values else "–")
                 lines.append(
-                    f"| {workload.name} | {case} | {fs.name} | {extras[0]['files']} | {number(per_file)} | {operations} |"
+                    f"| {workload.name} | {case} | {fs.name} | {extras[0]['files']} | {number(per_file)} | "
+                    f"{times[0]} | {times[1]} | {times[2]} | {operations} |"
                 )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 

@@ -34,8 +34,12 @@ SIZES = {
         "journal_seconds": 0.25,
         "writers": 100,
         "fio_seq_mib": 32,
+        "fio_seq_small_mib": 8,
         "fio_rand_mib": 32,
         "fio_rand_seconds": 1,
+        "walk_member": "linux-source-6.1/kernel",
+        "statstorm_threads": 4,
+        "statstorm_rounds": 3,
         "dbbench_num": 200,
         "fsmark_files": 100,
         "dbench_seconds": 1,
@@ -74,8 +78,14 @@ SIZES = {
         "journal_seconds": 1.0,
         "writers": 1000,
         "fio_seq_mib": 1024,
+        "fio_seq_small_mib": 256,
         "fio_rand_mib": 128,
         "fio_rand_seconds": 3,
+        # The metadata walk and the stat storm run over the untar subtree
+        # (6,069 entries): untarred, synced and remounted before each case.
+        "walk_member": "linux-source-6.1/drivers/net",
+        "statstorm_threads": 4,
+        "statstorm_rounds": 4,
         "dbbench_num": 1000,
         "fsmark_files": 500,
         "dbench_seconds": 5,
@@ -127,6 +137,8 @@ class Context:
     request_counts: object = None
     # All of jext4's counters (`jext4 stats --json`), for jext4; else None.
     stats: object = None
+    # Unmount and mount the filesystem again (empties its caches).
+    remount: object = None
 
 
 def read_request_counts(ctx):
@@ -147,11 +159,24 @@ def requests_per_file(before, after, tree):
         for key, count in sorted(asked.items(), key=lambda item: -item[1])
         if key.startswith("fuse_op_") and count > 0
     }
-    return {
+    figures = {
         "files": files,
         "requests_per_file": round(asked["fuse_requests"] / files, 2),
         "requests_by_operation_per_file": by_operation,
     }
+    # Where the server's time went, µs per file: in the engine and in the
+    # transport (the handlers' time outside the engine: /dev/fuse's reply
+    # write; a ring answer is sent with the next fetch, outside it), and
+    # the CPU time of the serving threads (engine and transport, whatever
+    # the load: what compares the transports).
+    for key, name in (
+        ("fuse_engine_us", "engine_us_per_file"),
+        ("fuse_transport_us", "transport_us_per_file"),
+        ("fuse_threads_cpu_us", "server_cpu_us_per_file"),
+    ):
+        if key in asked:
+            figures[name] = round(asked[key] / files, 1)
+    return figures
 
 
 class Workload:
@@ -297,6 +322,105 @@ class CopyTree(Untar):
                 "extra": {"sync_seconds": ended - copied, **requests},
             })
         return results
+
+
+class MetaWalk(Untar):
+    """Walks of a tree the filesystem holds but has not cached: the tree is
+    untarred and synced (not measured), then before each case the
+    filesystem is remounted, and the case is timed: `find` printing each
+    entry's size, mode, owner and time (an lstat per entry), `du -s`,
+    `ls -lR`."""
+
+    name = "walk"
+    title = "metadata walk after a remount: find + stat, du -s, ls -lR"
+    origin = "issue 11 (a cold walk of an untarred tree); Debian's linux-source-6.1"
+    tools = ["tar", "find", "du", "ls"]
+
+    def prepare(self, ctx):
+        self.cut_members(ctx, [ctx.sizes["walk_member"]])
+
+    def populate(self, ctx, directory):
+        """Untar the walk's tree and sync; returns the directory tar wrote into."""
+        target = directory / "tree"
+        target.mkdir()
+        run(["tar", "-xf", self.tarball(ctx, ctx.sizes["walk_member"]), "-C", target], timeout=900)
+        run(["sync"], timeout=600)
+        return target
+
+    def cases(self, tree):
+        return [
+            ("find + stat", ["find", tree, "-printf", "%s %m %u %T@\n"]),
+            ("du -s", ["du", "-s", tree]),
+            ("ls -lR", ["ls", "-lR", tree]),
+        ]
+
+    def run(self, ctx, directory):
+        tree = self.populate(ctx, directory)
+        member = ctx.sizes["walk_member"]
+        results = []
+        for label, argv in self.cases(tree):
+            ctx.remount()
+            before = read_request_counts(ctx)
+            began = time.monotonic()
+            run(argv, timeout=900)
+            ended = time.monotonic()
+            requests = requests_per_file(before, read_request_counts(ctx), tree)
+            results.append({
+                "case": f"{label}, {member.split('/', 1)[1]}",
+                "params": {"member": member, "command": label},
+                "values": {"seconds": ended - began},
+                "extra": requests,
+            })
+        return results
+
+
+class StatStorm(MetaWalk):
+    """`git status` on a tree nobody changed: lstat every file the index
+    lists (on several threads, as git's preload does), then read every
+    directory (the untracked-files scan); the first round right after a
+    remount, then warm rounds. The list is tar's, made outside the
+    measurement."""
+
+    name = "statstorm"
+    title = "stat storm: git status-like lstat of every file (threads) and readdir of every directory"
+    origin = "issue 11 (git status); jext4-bench-driver statstorm"
+    tools = ["tar"]
+    metrics = [Metric("seconds", "seconds", "s", "lower")]
+
+    def listing(self, ctx):
+        return ctx.cache / ("listing-" + ctx.sizes["walk_member"].replace("/", "_") + ".txt")
+
+    def prepare(self, ctx):
+        MetaWalk.prepare(self, ctx)
+        listing = self.listing(ctx)
+        if not listing.exists():
+            output = run(["tar", "-tf", self.tarball(ctx, ctx.sizes["walk_member"])], timeout=600).stdout
+            listing.write_text(output)
+
+    def run(self, ctx, directory):
+        tree = self.populate(ctx, directory)
+        ctx.remount()
+        threads, rounds = ctx.sizes["statstorm_threads"], ctx.sizes["statstorm_rounds"]
+        before = read_request_counts(ctx)
+        figures = driver(
+            ctx, "statstorm", tree, "--list", self.listing(ctx), "--threads", threads, "--rounds", rounds
+        )
+        requests = requests_per_file(before, read_request_counts(ctx), tree)
+        member = ctx.sizes["walk_member"].split("/", 1)[1]
+        return [
+            {
+                "case": f"cold (after a remount), {threads} threads, {member}",
+                "params": {"threads": threads, "round": "cold"},
+                "values": {"seconds": figures["cold_seconds"]},
+                "extra": {"files": figures["files"], "directories": figures["directories"], **requests},
+            },
+            {
+                "case": f"warm (median of {rounds - 1} rounds), {threads} threads, {member}",
+                "params": {"threads": threads, "round": "warm"},
+                "values": {"seconds": figures["warm_seconds"]},
+                "extra": {"rounds": figures["rounds"]},
+            },
+        ]
 
 
 class ThreadSweep(Workload):
@@ -616,9 +740,12 @@ class Fio(Workload):
 
     def jobs(self, ctx):
         seq, rand, seconds = ctx.sizes["fio_seq_mib"], ctx.sizes["fio_rand_mib"], ctx.sizes["fio_rand_seconds"]
+        small = ctx.sizes["fio_seq_small_mib"]
         return [
             (f"sequential write {seq} MiB, 1 MiB blocks", "write", "seq.dat", "1M", seq, None, True),
             (f"sequential read {seq} MiB, 1 MiB blocks", "read", "seq.dat", "1M", seq, None, False),
+            (f"sequential write {small} MiB, 4 KiB blocks", "write", "seq4k.dat", "4k", small, None, True),
+            (f"sequential read {small} MiB, 4 KiB blocks", "read", "seq4k.dat", "4k", small, None, False),
             (f"random write 4 KiB in {rand} MiB", "randwrite", "rand.dat", "4k", rand, seconds, True),
             (f"random read 4 KiB in {rand} MiB", "randread", "rand.dat", "4k", rand, seconds, False),
         ]
@@ -724,11 +851,11 @@ for _workload in DIRS:
     _workload.opt_in = True
 
 ALL = [
-    Untar(), CopyTree(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps(),
+    Untar(), CopyTree(), MetaWalk(), StatStorm(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps(),
     *OUT_OF_SPACE, *DIRS,
 ]
 DRIVER_WORKLOADS = {
-    "metafsync", "varmail", "exim", "lsm", "msgjournal", "smallwriters", "blurt",
+    "metafsync", "varmail", "exim", "lsm", "msgjournal", "smallwriters", "blurt", "statstorm",
     "stream", "metafsync-dirs", "varmail-dirs", "exim-dirs", "lsm-dirs",
 }
 # `--only oos`: the out-of-space group; `--only dirs`: the per-directory

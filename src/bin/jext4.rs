@@ -401,14 +401,15 @@ fn wait_for_previous_server(image: &Path, mountpoint: &Path) -> Result<(), Strin
     }
 }
 
-/// `name value` lines as one JSON object: numbers and booleans as such,
-/// anything else as a string.
+/// `name value` lines as one JSON object: integers (the budget's balance
+/// may be negative) and booleans as such, anything else as a string.
 fn stats_json(report: &str) -> String {
     let fields: Vec<String> = report
         .lines()
         .filter_map(|line| line.split_once(' '))
         .map(|(name, value)| {
-            let value = if value == "true" || value == "false" || value.parse::<u64>().is_ok() {
+            let number = value.parse::<u64>().is_ok() || value.parse::<i64>().is_ok();
+            let value = if value == "true" || value == "false" || number {
                 value.to_string()
             } else {
                 json_string(value)
@@ -685,7 +686,7 @@ fn run_server(
     };
     let status_file = serve::runtime_file(mountpoint, "status");
     let _ = std::fs::remove_file(&status_file);
-    let result = serve::serve(fs, mountpoint, &config, || {
+    let result = serve::serve(fs, mountpoint, &fuse_options, &config, || {
         let _ = record.write();
         tracing::info!(image = %image.display(), mountpoint = %mountpoint.display(), "mounted");
         // Test builds: panics a test asked for, once the mount is up.
@@ -869,5 +870,19 @@ fn umount(mountpoint: &Path, timeout: Duration) -> Result<(), String> {
             "server reported: {}",
             error.trim_start_matches("error: ")
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stats_json;
+
+    #[test]
+    fn stats_json_keeps_integers_and_booleans_as_such() {
+        let report = "budget_blocks 12\nbudget_balance -5\nread_only false\nper_commit 0.50\nreason a \"b\"\n";
+        assert_eq!(
+            stats_json(report),
+            r#"{"budget_blocks": 12, "budget_balance": -5, "read_only": false, "per_commit": "0.50", "reason": "a \"b\""}"#
+        );
     }
 }

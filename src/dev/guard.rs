@@ -159,6 +159,10 @@ impl GuardedDevice {
 }
 
 impl BlockDevice for GuardedDevice {
+    fn expect_identity(&self, offset: u64, bytes: &[u8]) {
+        self.inner.expect_identity(offset, bytes);
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.inner.read_at(offset, buf)?;
         if faults::active(Fault::DeferOrderedData) {

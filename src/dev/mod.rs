@@ -72,6 +72,13 @@ pub trait BlockDevice: Send + Sync {
         self.write_at(offset, buf)?;
         self.flush()
     }
+    /// `bytes` are at `offset` on this medium and stay there while it is in
+    /// use (the filesystem's UUID). A device that can lose its medium and
+    /// find one again — an NBD client reconnecting to whatever server now
+    /// answers at the address — checks them before it writes anything
+    /// again, so that it never writes into another medium that took the
+    /// first one's place. Wrappers pass it on.
+    fn expect_identity(&self, _offset: u64, _bytes: &[u8]) {}
     /// Bytes `[offset, offset + len)` as persistent memory (ByteLog), where
     /// the device can be mapped; None where it cannot (NBD, read-only).
     fn map_persistent(

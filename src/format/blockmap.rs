@@ -26,7 +26,7 @@ pub const DIRECT_BLOCKS: u64 = 12;
 /// triple-indirect ones.
 const SLOTS: usize = I_BLOCK_SIZE / 4;
 /// Deepest chain of indirect blocks (triple indirect).
-const MAX_LEVELS: usize = 3;
+pub const MAX_LEVELS: usize = 3;
 
 /// Where the pointer to a logical block lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,7 +425,12 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
             levels => self.shape.per - route.offsets[levels - 1],
         };
         let hole_end = next.unwrap_or(limit).min(limit);
-        let want = (len as u64).min(hole_end - lblk).min(array_room) as u32;
+        let want = (len as u64).min(hole_end - lblk).min(array_room);
+        debug_assert!(want > 0);
+        // The data run and the indirect blocks above it, before anything
+        // changes; near full the run shrinks to what the budget covers.
+        let missing = missing_chain(&self.reader(), self.inode, &route)?;
+        let want = self.ctx.charge_run(missing, want)? as u32;
         debug_assert!(want > 0);
         let goal = match lblk.checked_sub(1) {
             Some(before) => match reader.lookup(self.inode, before)? {
@@ -664,6 +669,50 @@ impl Runs {
     fn finish(self) -> Vec<Extent> {
         self.runs
     }
+}
+
+/// Indirect blocks `build_chain` would create for `route`: those below
+/// the first missing pointer (for the space budget).
+fn missing_chain(reader: &Reader<'_>, inode: &Inode, route: &Route) -> Result<u64> {
+    let mut pointer = slot_pointer(inode, route.slot);
+    for depth in 0..route.levels {
+        if pointer == 0 {
+            return Ok((route.levels - depth) as u64);
+        }
+        if depth + 1 == route.levels {
+            break;
+        }
+        let buffer = reader.read_indirect(pointer)?;
+        pointer = get_u32(&buffer.read(), route.offsets[depth] as usize * 4) as u64;
+    }
+    Ok(0)
+}
+
+/// Indirect blocks that mapping `blocks` new blocks from `lblk` on, one
+/// at a time, may allocate (space budget): the chain missing above the
+/// first, and a whole chain for each later one that starts a leaf array.
+pub fn append_cost(
+    geo: &Geometry,
+    cache: &BufferCache,
+    ino: u32,
+    inode: &Inode,
+    lblk: u64,
+    blocks: u32,
+) -> Result<u64> {
+    let shape = Shape::new(geo);
+    let reader = Reader::new(geo, cache, ino);
+    let mut cost = 0;
+    for index in 0..blocks as u64 {
+        let Some(route) = shape.route(lblk + index) else {
+            break; // past the map: the allocation fails with EFBIG
+        };
+        if index == 0 {
+            cost += missing_chain(&reader, inode, &route)?;
+        } else if route.levels > 0 && route.offsets[route.levels - 1] == 0 {
+            cost += route.levels as u64;
+        }
+    }
+    Ok(cost)
 }
 
 pub fn allocate(

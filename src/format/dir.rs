@@ -76,6 +76,9 @@ pub trait DirBlocks {
     /// Allocate and map a new block at the end of the directory, grow i_size; returns (lblk, buffer)
     /// with zeroed content in the transaction (already get_create_access'ed by the implementor).
     fn append_block(&mut self, handle: &Handle<'_>) -> Result<(u64, Arc<Buffer>)>;
+    /// Mapping blocks (extent-tree or indirect) that appending `blocks`
+    /// blocks may allocate besides the blocks themselves (space budget).
+    fn append_cost(&mut self, blocks: u32) -> Result<u64>;
     /// The inode's INDEX (htree) flag.
     fn is_indexed(&self) -> bool;
     fn set_indexed(&mut self, indexed: bool);
@@ -748,13 +751,49 @@ fn insert_entry(
 /// The most blocks one `add_entry` appends to the directory: a leaf plus
 /// one index block per level it splits or adds (at most the level count),
 /// or two when a block becomes an htree (a leaf for the old names and one
-/// from splitting it). For the fs layer's space budget.
+/// from splitting it).
 pub fn add_entry_max_new_blocks(geo: &Geometry) -> u32 {
-    if geo.has_incompat(incompat::LARGEDIR) {
+    let levels = if geo.has_incompat(incompat::LARGEDIR) {
         3
     } else {
         2
+    };
+    1 + levels
+}
+
+/// What `add_entry` of `name` may allocate, for the space budget: the
+/// blocks it would append (none when a leaf has room for the name, as
+/// `insert_entry` and `htree::add` decide it) and the mapping blocks
+/// behind them. Reads only; an operation charges this before its first
+/// change, so that a full volume fails it whole.
+pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
+    check_name(name)?;
+    let fmt = Format::of(d);
+    let blocks = if uses_htree(d, &fmt) {
+        htree::add_new_blocks(d, &fmt, name)?
+    } else {
+        linear_add_new_blocks(d, &fmt, name)?
+    };
+    debug_assert!(blocks <= add_entry_max_new_blocks(d.geo()));
+    if blocks == 0 {
+        return Ok(0);
     }
+    Ok(blocks as u64 + d.append_cost(blocks)?)
+}
+
+/// `insert_entry`'s choice for a linear directory, without the change.
+fn linear_add_new_blocks(d: &mut dyn DirBlocks, fmt: &Format, name: &[u8]) -> Result<u32> {
+    let blocks = d.block_count();
+    for lblk in 0..blocks {
+        let buffer = read_leaf(d, fmt, lblk)?;
+        if find_slot(fmt, &buffer.read(), lblk, name)?.is_some() {
+            return Ok(0);
+        }
+        if blocks == 1 && fmt.dir_index && !d.is_indexed() {
+            return htree::make_indexed_new_blocks(fmt, &buffer.read(), name);
+        }
+    }
+    Ok(1)
 }
 
 /// The most directory blocks one `add_entry` changes, new ones included:

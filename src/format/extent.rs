@@ -538,6 +538,24 @@ fn can_merge(left: &Extent, right: &Extent) -> bool {
         && left.len + right.len <= max_len(left.unwritten)
 }
 
+/// Tree blocks that inserting `entries` new extents into the leaf on
+/// `path` may allocate, for the space budget. None while the leaf has
+/// room. One entry: one block per full node from the leaf up — each is
+/// split once (`make_room`), or the root grows, and the node the root's
+/// entries move to has room. More entries: each may split every level
+/// once, of a tree that may have grown by one.
+fn insert_cost(path: &Path, entries: usize) -> u64 {
+    let leaf = &leaf(path).node;
+    if leaf.len() + entries <= leaf.max as usize {
+        return 0;
+    }
+    if entries == 1 {
+        let full = path.iter().rev().take_while(|level| level.node.is_full());
+        return full.count().max(1) as u64;
+    }
+    entries as u64 * (path.len() as u64 + 1)
+}
+
 /// A tree being changed: the inode (root and i_blocks) and the context
 /// that allocates, frees and journals blocks.
 struct Writer<'x, 'a, 'j> {
@@ -827,6 +845,16 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     /// Unmap `[start, end)` and free its data blocks, then let the tree
     /// lose levels it no longer needs.
     fn remove_range(&mut self, start: u64, end: u64) -> Result<()> {
+        // Only an extent strictly containing the range gains an entry (it
+        // becomes two); the range's later extents start at its cursor.
+        let path = self.find_path(start)?;
+        let containing = leaf(&path).pos.checked_sub(1);
+        let splits = containing
+            .map(|i| leaf_extents(&path)[i])
+            .is_some_and(|extent| extent.logical < start && extent.end() > end);
+        if splits {
+            self.ctx.charge(insert_cost(&path, 1))?;
+        }
         self.remove_extents(start, end)?;
         self.shrink_root()
     }
@@ -986,6 +1014,12 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     /// Make `[start, end)` written; merges may leave the tree with levels
     /// it no longer needs.
     fn mark_written(&mut self, start: u64, end: u64) -> Result<()> {
+        // Only the extents at the range's two ends can be cut, into up to
+        // three pieces: two new entries in each end's leaf at most.
+        let first = self.find_path(start)?;
+        let last = self.find_path(end - 1)?;
+        self.ctx
+            .charge(insert_cost(&first, 2) + insert_cost(&last, 2))?;
         self.convert_range(start, end)?;
         self.shrink_root()
     }
@@ -1084,6 +1118,23 @@ pub fn lookup(
     Ok(lookup_in_path(&path, lblk))
 }
 
+/// Tree blocks that mapping `blocks` new blocks at `lblk` (a hole), one
+/// extent each at worst, may allocate (space budget).
+pub fn append_cost(
+    geo: &Geometry,
+    cache: &BufferCache,
+    ino: u32,
+    inode: &Inode,
+    lblk: u64,
+    blocks: u32,
+) -> Result<u64> {
+    if lblk >= LOGICAL_LIMIT {
+        return Ok(0); // the allocation fails with EFBIG
+    }
+    let path = Reader::new(geo, cache, ino, inode).find_path(inode, lblk)?;
+    Ok(insert_cost(&path, blocks as usize))
+}
+
 pub fn allocate(
     ctx: &mut MetaCtx,
     ino: u32,
@@ -1107,7 +1158,11 @@ pub fn allocate(
     let hole_end = next.unwrap_or(limit).min(limit);
     let want = (len as u64)
         .min(hole_end - lblk)
-        .min(max_len(unwritten) as u64) as u32;
+        .min(max_len(unwritten) as u64);
+    debug_assert!(want > 0);
+    // The data run and the tree's growth, before anything changes; near
+    // full the run shrinks to what the budget covers.
+    let want = tree.ctx.charge_run(insert_cost(&path, 1), want)? as u32;
     debug_assert!(want > 0);
     // The extent ending right at lblk, if any, is the last one at or before
     // it in this leaf: continue it physically.

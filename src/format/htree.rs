@@ -684,6 +684,21 @@ pub(crate) fn add(
     ))
 }
 
+/// The blocks `add` would append for `name` (space budget): none when its
+/// leaf has room; else the leaf's split and one block per full index node
+/// from the deepest up (each is split once, or the root adds a level,
+/// whose new node has room).
+pub(crate) fn add_new_blocks(d: &mut dyn DirBlocks, fmt: &Format, name: &[u8]) -> Result<u32> {
+    let hasher = root_hasher(d, fmt)?;
+    let path = probe(d, fmt, hasher.major(name))?;
+    let leaf = read_leaf(d, fmt, path.leaf)?;
+    if find_slot(fmt, &leaf.read(), path.leaf, name)?.is_some() {
+        return Ok(0);
+    }
+    let full = path.frames.iter().rev().take_while(|frame| frame.is_full());
+    Ok(1 + full.count() as u32)
+}
+
 fn try_insert(
     handle: &Handle<'_>,
     fmt: &Format,
@@ -924,6 +939,22 @@ fn rewrite_leaf(
         );
         Ok(())
     })
+}
+
+/// The blocks `make_indexed` appends to add `name` (space budget): the
+/// leaf the names move to, and a second when the packed names leave no
+/// room for the new one there (the leaf then splits).
+pub(crate) fn make_indexed_new_blocks(fmt: &Format, block0: &[u8], name: &[u8]) -> Result<u32> {
+    let (_, dotdot) = dot_records(fmt, block0, false)?;
+    let start = dotdot.offset + dotdot.rec_len;
+    let mut bytes = record_len(name.len());
+    for record in Records::range(fmt, block0, start, fmt.leaf_space(), 0) {
+        let record = record?;
+        if record.is_live() {
+            bytes += record_len(record.name(block0).len());
+        }
+    }
+    Ok(if bytes <= fmt.leaf_space() { 1 } else { 2 })
 }
 
 /// make_indexed_dir: block 0 of a full single-block directory becomes the

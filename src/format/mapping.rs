@@ -121,6 +121,40 @@ pub fn allocate(
     Ok(extent)
 }
 
+/// Mapping blocks (extent-tree or indirect) that allocating `blocks` new
+/// blocks from `lblk` (a hole) on, in separate runs at worst, may take
+/// besides the blocks themselves: what an operation that must not fail
+/// half-way charges first (`mapping::allocate` charges its own step).
+pub fn append_cost(
+    geo: &Geometry,
+    cache: &BufferCache,
+    ino: u32,
+    inode: &Inode,
+    lblk: u64,
+    blocks: u32,
+) -> Result<u64> {
+    if blocks == 0 {
+        return Ok(0);
+    }
+    if inode.uses_extents() {
+        extent::append_cost(geo, cache, ino, inode, lblk, blocks)
+    } else {
+        blockmap::append_cost(geo, cache, ino, inode, lblk, blocks)
+    }
+}
+
+/// A bound on `append_cost` from the inode alone (no block read): what an
+/// operation may charge instead of the exact cost while the budget is far
+/// from spent.
+pub fn append_cost_bound(inode: &Inode, blocks: u32) -> u64 {
+    let per_block = if inode.uses_extents() {
+        extent::depth(inode).min(extent::MAX_DEPTH) as u64 + 2
+    } else {
+        blockmap::MAX_LEVELS as u64
+    };
+    blocks as u64 * per_block
+}
+
 /// Convert [lblk, lblk+len) from unwritten to written (splitting extents as needed). No-op for block maps.
 pub fn mark_written(
     ctx: &mut MetaCtx,

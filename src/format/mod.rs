@@ -9,6 +9,15 @@
 //! htree splits, xattr block copy-on-write) need blocks allocated and freed;
 //! they get that through [`MetaCtx`], which `fs/` builds around its allocator,
 //! so this layer stays below `fs/` in the layer picture.
+//!
+//! Space is charged where the costs are known: each algorithm that may
+//! allocate charges its worst case (`MetaCtx::charge`, `charge_run`)
+//! before its first change, from what it has read of the structure (a
+//! leaf with room costs nothing), so that running out of space fails a
+//! step before anything changed. Operations that must not fail half-way
+//! charge their whole cost first from the estimates here
+//! (`dir::add_entry_cost`, `mapping::append_cost`); `fs/budget.rs` holds
+//! the budget the charges go against.
 
 pub mod acl;
 pub mod bitmap;
@@ -35,10 +44,20 @@ pub use superblock::Geometry;
 
 /// Block allocation as seen from the format layer. Implemented by `fs/`.
 pub trait BlockAllocator {
+    /// Make sure the operation holds `blocks` charged to the space budget
+    /// and not yet allocated (what it holds already counts). ENOSPC when
+    /// the budget cannot cover them; nothing is charged then.
+    fn charge(&mut self, blocks: u64) -> Result<()>;
+
+    /// `charge` for `fixed` blocks and up to `flexible` more: returns how
+    /// many of `flexible` are covered, at least one (when `flexible` > 0).
+    fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64>;
+
     /// Allocate up to `count` contiguous blocks near `goal` (at least one);
     /// returns the first block and how many were allocated. The blocks are
     /// marked in use in the bitmap and counted in the descriptors; the caller
-    /// accounts them in the owning inode's `i_blocks`.
+    /// accounts them in the owning inode's `i_blocks`. They must have been
+    /// charged.
     fn alloc_blocks(&mut self, handle: &Handle<'_>, goal: u64, count: u32) -> Result<(u64, u32)>;
 
     /// Return `count` blocks starting at `start` to the free pool. Blocks
@@ -62,6 +81,16 @@ pub struct MetaCtx<'a, 'j> {
 }
 
 impl MetaCtx<'_, '_> {
+    /// See `BlockAllocator::charge`.
+    pub fn charge(&mut self, blocks: u64) -> Result<()> {
+        self.alloc.charge(blocks)
+    }
+
+    /// See `BlockAllocator::charge_run`.
+    pub fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
+        self.alloc.charge_run(fixed, flexible)
+    }
+
     /// Allocate one block to hold metadata and return its (zeroed) buffer.
     /// The caller fills it through `handle.get_create_access`.
     pub fn new_meta_block(&mut self, goal: u64) -> Result<Arc<Buffer>> {

@@ -307,6 +307,12 @@ fn seconds_with_hi(lo: u32, hi: u8) -> i64 {
 }
 
 impl Superblock {
+    /// Where the UUID lies on the device, and its bytes: what tells this
+    /// filesystem's medium from another (`BlockDevice::expect_identity`).
+    pub fn identity(&self) -> (u64, [u8; 16]) {
+        (SUPERBLOCK_OFFSET + S_UUID as u64, self.uuid)
+    }
+
     /// Decode and validate the 1024 superblock bytes. Checks what must hold
     /// before anything else can be computed from the superblock (magic,
     /// sizes, counts that other arithmetic divides by); feature support is

@@ -936,6 +936,8 @@ fn store_block(
 /// group's first block) and fill it with `entries`.
 fn write_new_block(ctx: &mut MetaCtx, ino: u32, entries: &[Entry]) -> Result<u64> {
     debug_assert!(!entries.is_empty());
+    // Nothing has changed yet (`store_block` allocates first).
+    ctx.charge(1)?;
     let goal = ctx.geo.group_first_block(ctx.geo.group_of_inode(ino));
     let buffer = ctx.new_meta_block(goal)?;
     let block = buffer.block();

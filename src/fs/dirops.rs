@@ -30,6 +30,13 @@ fn dir_block(core: &Core, ino: u32, inode: &Inode, lblk: u64) -> Result<Arc<Buff
     }
 }
 
+/// Mapping blocks that appending `blocks` blocks to directory `ino` may
+/// allocate (space budget).
+fn append_cost(core: &Core, ino: u32, inode: &Inode, blocks: u32) -> Result<u64> {
+    let lblk = inode.size / core.geo.block_size as u64;
+    mapping::append_cost(&core.geo, &core.cache, ino, inode, lblk, blocks)
+}
+
 pub(crate) struct DirReader<'a> {
     core: &'a Core,
     ino: u32,
@@ -70,6 +77,9 @@ impl DirBlocks for DirReader<'_> {
     fn append_block(&mut self, _handle: &Handle<'_>) -> Result<(u64, Arc<Buffer>)> {
         debug_assert!(false, "a DirReader never grows a directory");
         Err(Error::ReadOnly)
+    }
+    fn append_cost(&mut self, blocks: u32) -> Result<u64> {
+        append_cost(self.core, self.ino, self.inode, blocks)
     }
     fn is_indexed(&self) -> bool {
         self.inode.has_flag(flags::INDEX)
@@ -137,6 +147,9 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
         handle.get_create_access(&buffer)?.fill(0);
         buffer.set_verified();
         Ok((lblk, buffer))
+    }
+    fn append_cost(&mut self, blocks: u32) -> Result<u64> {
+        append_cost(self.tx.core, self.ino, self.inode, blocks)
     }
     fn is_indexed(&self) -> bool {
         self.inode.has_flag(flags::INDEX)

@@ -97,8 +97,15 @@ impl Tx<'_, '_> {
                     let extent =
                         match mapping::allocate(&mut ctx, ino, inode, lblk, wanted, goal, false) {
                             Ok(extent) => extent,
-                            // Out of space part-way: what is written stays written.
-                            Err(Error::NoSpace) if position > offset => break,
+                            // Out of space part-way: what is written stays
+                            // written — unless a commit makes room: then
+                            // `Fs::transact` commits and writes the chunk
+                            // again (rewriting what this try wrote).
+                            Err(Error::NoSpace)
+                                if position > offset && self.space_wait.is_none() =>
+                            {
+                                break;
+                            }
                             Err(error) => return Err(error),
                         };
                     write_run(self, (ino, &extent), position, end, data, offset, true)?;

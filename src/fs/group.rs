@@ -9,27 +9,118 @@
 //! (`SbInfo`) move by what its counts moved: the totals always equal the
 //! sum of the descriptors written. The table blocks stay resident, so the
 //! write back cannot fail.
+//!
+//! Beside its descriptor, each group keeps the blocks freed in it by
+//! transactions that are not durable yet (`PendingFrees`), as a mask the
+//! allocator lays over the bitmap: those blocks read free but must not be
+//! handed out before the commit that frees them is durable (the journal's
+//! pending-free map is the authority; the mask is its per-group copy, so
+//! that a search never asks about one candidate at a time — the kernel's
+//! mballoc keeps such blocks used in its buddy bitmap until the commit).
 
 use super::sb_info::SbInfo;
 use crate::cache::{Buffer, BufferCache};
 use crate::error::Result;
+use crate::format::bitmap;
 use crate::format::group_desc::{GroupDesc, GroupLocations};
 use crate::format::superblock::Geometry;
 use crate::journal::Handle;
+use crate::journal::format::tid_gt;
 use crate::lock::{Mutex, MutexGuard, Rank};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 struct Group {
     at: GroupLocations,
-    /// [Group] The descriptor as it is on disk, or will be at commit.
-    desc: Mutex<GroupDesc>,
+    /// [Group] The descriptor as it is on disk, or will be at commit, and
+    /// the blocks freed but not allocatable yet.
+    desc: Mutex<GroupState>,
     /// Mirrors of the descriptor's free counts and of the initialised part
     /// of its inode table, for readers that take no lock.
     free_blocks: AtomicU32,
     free_inodes: AtomicU32,
     initialised_inodes: AtomicU32,
+    /// Mirror of the pending frees: the oldest entry's tid in the high
+    /// half, the masked blocks in the low half (0: none). A hint for
+    /// scans that take no lock.
+    pending_hint: AtomicU64,
+}
+
+struct GroupState {
+    desc: GroupDesc,
+    pending: PendingFrees,
+}
+
+/// Blocks of one group freed by transactions that are not durable yet:
+/// each free with its transaction, and a bit per block of the group set
+/// while any of them covers it (no mask while there are none).
+#[derive(Default)]
+pub(crate) struct PendingFrees {
+    /// (freeing tid, first bit, count), oldest first.
+    entries: Vec<(u32, u32, u32)>,
+    mask: Vec<u8>,
+    blocks: u32,
+}
+
+impl PendingFrees {
+    /// Bits `first..first+count` were freed in transaction `tid`.
+    pub fn add(&mut self, tid: u32, first: u32, count: u32, bitmap_bytes: usize) {
+        debug_assert!(count > 0);
+        if self.mask.is_empty() {
+            self.mask = vec![0; bitmap_bytes];
+        }
+        self.entries.push((tid, first, count));
+        for bit in first as usize..(first + count) as usize {
+            if !bitmap::test_bit(&self.mask, bit) {
+                bitmap::set_bit(&mut self.mask, bit);
+                self.blocks += 1;
+            }
+        }
+    }
+
+    /// Forget the frees of transactions up to `durable` (their blocks are
+    /// allocatable now); the mask is rebuilt from what stays, since one
+    /// block may be freed, reused and freed again while an old entry
+    /// waits here.
+    pub fn retire(&mut self, durable: u32) {
+        // Entries come in transaction order (a group's frees are made
+        // under its lock, by handles of the running transaction): when the
+        // oldest is not durable, none is — the common case costs nothing.
+        match self.entries.first() {
+            Some(&(oldest, _, _)) if !tid_gt(oldest, durable) => {}
+            _ => return,
+        }
+        debug_assert!(
+            self.entries
+                .windows(2)
+                .all(|pair| !tid_gt(pair[0].0, pair[1].0)),
+            "pending frees out of transaction order"
+        );
+        let before = self.entries.len();
+        self.entries.retain(|&(tid, _, _)| tid_gt(tid, durable));
+        if self.entries.len() == before {
+            return;
+        }
+        if self.entries.is_empty() {
+            self.mask = Vec::new();
+            self.blocks = 0;
+            return;
+        }
+        self.mask.fill(0);
+        self.blocks = 0;
+        let entries = std::mem::take(&mut self.entries);
+        let bytes = self.mask.len();
+        self.mask = Vec::new();
+        for (tid, first, count) in entries {
+            self.add(tid, first, count, bytes);
+        }
+    }
+
+    /// The bits not allocatable yet, if any.
+    pub fn mask(&self) -> Option<&[u8]> {
+        (!self.mask.is_empty()).then_some(&self.mask[..])
+    }
 }
 
 pub(crate) struct Groups {
@@ -59,7 +150,14 @@ impl Groups {
                 free_blocks: AtomicU32::new(desc.free_blocks),
                 free_inodes: AtomicU32::new(desc.free_inodes),
                 initialised_inodes: AtomicU32::new(desc.initialised_inodes(geo)),
-                desc: Mutex::new(Rank::Group, desc),
+                pending_hint: AtomicU64::new(0),
+                desc: Mutex::new(
+                    Rank::Group,
+                    GroupState {
+                        desc,
+                        pending: PendingFrees::default(),
+                    },
+                ),
             });
         }
         Ok(Groups { groups, table })
@@ -84,6 +182,27 @@ impl Groups {
         self.groups[group as usize]
             .free_blocks
             .load(Ordering::Acquire)
+    }
+
+    /// Whether `group` may have a block to allocate, from its counts alone
+    /// (no lock): not when it has none free, nor when every free block is
+    /// one its pending frees hold and the oldest of them is not durable
+    /// yet (`durable`; the newer ones are not either, so the count is
+    /// exact). Pending frees that may be durable are retired by the
+    /// search, which must visit the group for that.
+    pub fn may_allocate(&self, group: u32, durable: Option<u32>) -> bool {
+        let free = self.free_blocks(group);
+        if free == 0 {
+            return false;
+        }
+        let hint = self.groups[group as usize]
+            .pending_hint
+            .load(Ordering::Acquire);
+        let (oldest, pending) = ((hint >> 32) as u32, hint as u32);
+        match durable {
+            Some(durable) if pending >= free => !tid_gt(oldest, durable),
+            _ => true,
+        }
     }
 
     /// Free inodes in `group` when last written (no lock: a hint).
@@ -119,7 +238,7 @@ impl Groups {
         group: u32,
     ) -> GroupGuard<'a, 'j> {
         let desc = self.groups[group as usize].desc.lock();
-        let before = (desc.free_blocks, desc.free_inodes);
+        let before = (desc.desc.free_blocks, desc.desc.free_inodes);
         GroupGuard {
             groups: self,
             geo,
@@ -141,7 +260,7 @@ pub(crate) struct GroupGuard<'a, 'j> {
     sbi: &'a SbInfo,
     handle: &'a Handle<'j>,
     group: u32,
-    desc: MutexGuard<'a, GroupDesc>,
+    desc: MutexGuard<'a, GroupState>,
     /// The free counts when locked: the totals move by the difference.
     before: (u32, u32),
     dirty: bool,
@@ -150,6 +269,31 @@ pub(crate) struct GroupGuard<'a, 'j> {
 impl GroupGuard<'_, '_> {
     pub fn group(&self) -> u32 {
         self.group
+    }
+
+    /// The group's blocks freed but not allocatable yet, with the frees of
+    /// transactions up to `durable` retired first.
+    pub fn pending(&mut self, durable: u32) -> &PendingFrees {
+        self.desc.pending.retire(durable);
+        self.publish_pending();
+        &self.desc.pending
+    }
+
+    /// Blocks `first..first+count` of the group (bits) were freed in the
+    /// running transaction `tid`.
+    pub fn add_pending(&mut self, tid: u32, first: u32, count: u32) {
+        let bytes = self.geo.block_size as usize;
+        self.desc.pending.add(tid, first, count, bytes);
+        self.publish_pending();
+    }
+
+    fn publish_pending(&self) {
+        let pending = &self.desc.pending;
+        let oldest = pending.entries.first().map_or(0, |&(tid, _, _)| tid);
+        let hint = (oldest as u64) << 32 | pending.blocks as u64;
+        self.groups.groups[self.group as usize]
+            .pending_hint
+            .store(hint, Ordering::Release);
     }
 
     /// Write the descriptor into its table block (if it changed) and
@@ -163,23 +307,25 @@ impl GroupGuard<'_, '_> {
         if let Ok(mut bytes) = self.handle.get_write_access(buffer) {
             let size = geo.desc_size as usize;
             self.desc
+                .desc
                 .encode(geo, self.group, &mut bytes[offset..offset + size]);
         }
         let shared = &self.groups.groups[self.group as usize];
+        let desc = &self.desc.desc;
         shared
             .free_blocks
-            .store(self.desc.free_blocks, Ordering::Release);
+            .store(desc.free_blocks, Ordering::Release);
         shared
             .free_inodes
-            .store(self.desc.free_inodes, Ordering::Release);
+            .store(desc.free_inodes, Ordering::Release);
         shared
             .initialised_inodes
-            .store(self.desc.initialised_inodes(geo), Ordering::Release);
+            .store(desc.initialised_inodes(geo), Ordering::Release);
         self.sbi.add_free(
-            self.desc.free_blocks as i64 - self.before.0 as i64,
-            self.desc.free_inodes as i64 - self.before.1 as i64,
+            desc.free_blocks as i64 - self.before.0 as i64,
+            desc.free_inodes as i64 - self.before.1 as i64,
         );
-        self.before = (self.desc.free_blocks, self.desc.free_inodes);
+        self.before = (desc.free_blocks, desc.free_inodes);
         self.dirty = false;
     }
 }
@@ -187,14 +333,14 @@ impl GroupGuard<'_, '_> {
 impl Deref for GroupGuard<'_, '_> {
     type Target = GroupDesc;
     fn deref(&self) -> &GroupDesc {
-        &self.desc
+        &self.desc.desc
     }
 }
 
 impl DerefMut for GroupGuard<'_, '_> {
     fn deref_mut(&mut self) -> &mut GroupDesc {
         self.dirty = true;
-        &mut self.desc
+        &mut self.desc.desc
     }
 }
 
@@ -203,5 +349,36 @@ impl Drop for GroupGuard<'_, '_> {
         if self.dirty {
             self.write_back();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_frees_retire_by_transaction_and_keep_blocks_freed_again() {
+        let mut pending = PendingFrees::default();
+        assert!(pending.mask().is_none());
+        pending.add(7, 10, 3, 4);
+        pending.add(8, 20, 1, 4);
+        // Block 11 was allocatable after 7, reused, and freed again in 9.
+        pending.add(9, 11, 1, 4);
+        assert_eq!(pending.blocks, 4, "block 11 counts once");
+        pending.retire(6);
+        assert_eq!(pending.blocks, 4, "nothing durable yet");
+        pending.retire(7);
+        let mask = pending.mask().expect("8 and 9 still pending");
+        let set: Vec<usize> = (0..32).filter(|&bit| bitmap::test_bit(mask, bit)).collect();
+        assert_eq!(set, vec![11, 20], "7's blocks are free again but for 11");
+        assert_eq!(pending.blocks, 2);
+        pending.retire(9);
+        assert!(pending.mask().is_none());
+        assert_eq!(pending.blocks, 0);
+        // Transaction ids wrap: u32::MAX is older than 0.
+        pending.add(u32::MAX, 0, 1, 4);
+        pending.add(0, 1, 1, 4);
+        pending.retire(u32::MAX);
+        assert_eq!(pending.blocks, 1);
     }
 }

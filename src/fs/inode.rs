@@ -572,6 +572,14 @@ fn resolve(time: TimeSet, now: Timestamp) -> Timestamp {
 struct FreeAsMetadata<'t, 'a, 'j>(&'t mut Tx<'a, 'j>);
 
 impl crate::format::BlockAllocator for FreeAsMetadata<'_, '_, '_> {
+    fn charge(&mut self, blocks: u64) -> Result<()> {
+        self.0.charge(blocks)
+    }
+
+    fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
+        self.0.charge_run(fixed, flexible)
+    }
+
     fn alloc_blocks(
         &mut self,
         _handle: &crate::journal::Handle<'_>,

@@ -115,6 +115,8 @@ fn open_journaled(
 /// features jext4 does not know and filesystems without a journal.
 fn journaled_superblock(dev: &Arc<dyn BlockDevice>) -> Result<(Superblock, Geometry)> {
     let sb = superblock::read_from(&**dev)?;
+    let (at, uuid) = sb.identity();
+    dev.expect_identity(at, &uuid);
     sb.check_features()?;
     if !sb.has_compat(superblock::compat::HAS_JOURNAL) {
         return Err(Error::Invalid("the filesystem has no journal".into()));

@@ -23,6 +23,7 @@
 
 mod acl;
 mod alloc;
+mod budget;
 mod caller;
 mod dirops;
 mod fast_commit;
@@ -59,6 +60,9 @@ use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superb
 use crate::journal::change::Ineligible;
 use crate::journal::{CommitHook, Handle, Jbd2Options, Journal, JournalConfig};
 use crate::lock::Rank;
+pub use alloc::AllocStats;
+use budget::Budget;
+pub use budget::BudgetStats;
 pub use fast_commit::{ConflictStats, FastCommitStats};
 use group::Groups;
 use inode_lock::{InodeGuard, InodeLocks};
@@ -107,6 +111,11 @@ pub struct MountOptions {
     /// fast-commit area (ByteLog, `-o bytelog`); the image carries the
     /// BYTELOG incompat flag until a clean unmount.
     pub bytelog: bool,
+    /// Charge allocations to the space budget (`budget.rs`). Off only to
+    /// measure what it costs (`JEXT4_SPACE_BUDGET=off` in the server's
+    /// environment): operations then find out they are out of space when
+    /// an allocation fails, part-way.
+    pub space_budget: bool,
 }
 
 /// The longest commit interval: the kernel refuses `commit=` above
@@ -161,6 +170,7 @@ impl Default for MountOptions {
             fast_commit: None,
             fast_commit_global: false,
             bytelog: false,
+            space_budget: true,
         }
     }
 }
@@ -213,6 +223,8 @@ pub(crate) struct Core {
     /// counts): the allocator does not hand them out again while named,
     /// or a stale name would reach a new, unrelated file (a leaf lock).
     pub remembered: Mutex<HashMap<u32, u64>>,
+    /// What block allocation did (`jext4 stats`).
+    pub alloc_counters: alloc::AllocCounters,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -247,19 +259,31 @@ impl Core {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .subsec_nanos();
+        let reserved_blocks = sb.reserved_blocks_count;
+        let emergency_reserve = emergency_reserve_blocks(geo.blocks_count);
+        let mut budget = Budget::new(
+            free_blocks,
+            journal.is_journaled(),
+            reserved_blocks,
+            emergency_reserve,
+        );
+        if !options.space_budget {
+            budget = budget.disabled();
+        }
         let core = Core {
             overhead_blocks: overhead_blocks(&geo, &sb),
-            reserved_blocks: sb.reserved_blocks_count,
-            emergency_reserve: emergency_reserve_blocks(geo.blocks_count),
+            reserved_blocks,
+            emergency_reserve,
             resuid: sb.def_resuid as u32,
             resgid: sb.def_resgid as u32,
-            sbi: SbInfo::new(&geo, sb, &cache)?,
+            sbi: SbInfo::new(&geo, sb, &cache, budget)?,
             groups,
             next_topdir_group: AtomicU32::new(generation_seed % geo.group_count.max(1)),
             next_generation: AtomicU32::new(generation_seed),
             inode_tids: Mutex::new(inode::InodeTidMap::default()),
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
+            alloc_counters: alloc::AllocCounters::default(),
             orphans: Orphans::new(),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
@@ -330,6 +354,15 @@ pub(crate) struct Tx<'a, 'j> {
     /// the blocks it needs to do so — an extent split, a deeper tree — so
     /// that deleting works on a full volume.
     pub draws_on_emergency_reserve: bool,
+    /// Blocks charged to the space budget and not yet allocated
+    /// (`budget.rs`); what is left when the operation ends goes back.
+    pub prepaid: u64,
+    /// Mount-time work (journal recovery, fast-commit replay) allocates
+    /// outside the budget: nothing else runs yet.
+    pub unmetered: bool,
+    /// Why this operation's ENOSPC may pass: what `Fs::transact` waits for
+    /// before running it again.
+    pub space_wait: Option<budget::SpaceWait>,
     /// Large inodes to free in chunks once this operation's handle is
     /// stopped (they are on the orphan records).
     pub deferred_evictions: Vec<u32>,
@@ -343,6 +376,9 @@ impl<'a, 'j> Tx<'a, 'j> {
             caller,
             mapping_changed: false,
             draws_on_emergency_reserve: false,
+            prepaid: 0,
+            unmetered: false,
+            space_wait: None,
             deferred_evictions: Vec::new(),
         }
     }
@@ -387,6 +423,8 @@ impl Fs {
     ) -> Result<Arc<Fs>> {
         options.validate()?;
         let mut sb = superblock::read_from(&*dev)?;
+        let (at, uuid) = sb.identity();
+        dev.expect_identity(at, &uuid);
         let read_write_allowed = sb.check_features()?;
         if !options.read_only && !read_write_allowed {
             return Err(Error::Unsupported(format!(
@@ -539,11 +577,15 @@ impl Fs {
     /// operation asked for sync): a thread holding a filesystem lock never
     /// waits for a commit.
     ///
-    /// When the operation runs out of space while blocks freed by
-    /// uncommitted transactions are waiting to become allocatable, it is
-    /// run again after those transactions commit, up to three times (the
-    /// kernel's `ext4_should_retry_alloc`); `body` must therefore leave the
-    /// filesystem consistent when it fails, as every operation here does.
+    /// The body charges what it may allocate to the space budget
+    /// (`budget.rs`) before it changes anything; what it did not use goes
+    /// back when it ends. When it failed with ENOSPC that a commit can
+    /// cure — the running transaction freed the blocks its charge needs,
+    /// or the blocks it was charged for were freed by a commit not yet
+    /// durable — it runs again after that commit, a bounded number of
+    /// times; any other ENOSPC returns at once. `body` must therefore
+    /// leave the filesystem consistent when it fails, as every operation
+    /// here does.
     pub(crate) fn transact<R>(
         &self,
         scope: Scope<'_>,
@@ -583,29 +625,30 @@ impl Fs {
             self.enter_scope(&handle, scope);
             let tid = handle.tid();
             let mut deferred = Vec::new();
-            let result = {
+            let (result, space_wait) = {
                 let mut tx = Tx::new(&self.core, &handle, caller);
                 tx.draws_on_emergency_reserve = releases_space;
                 // Whatever the body managed before an error is consistent on
                 // its own (operations order their steps so).
                 let result = body(&mut tx);
                 deferred.append(&mut tx.deferred_evictions);
-                result
+                // Before the handle stops: at lock-down every charge of the
+                // transaction is allocated or back.
+                tx.refund_charge();
+                (result, tx.space_wait)
             };
             let stopped = handle.stop();
             // Deferred evictions are on the orphan records whatever the
             // outcome: finish them.
             let evicted = self.finish_deferred_evictions(deferred);
-            // Up to three retries, as the kernel's ext4_should_retry_alloc:
-            // other threads keep freeing into the running transaction, so
-            // one commit may not release enough.
             if matches!(result, Err(Error::NoSpace))
-                && attempt < 3
-                && self.core.journal.has_pending_frees()
+                && space_wait.is_some()
+                && attempt < budget::SPACE_RETRIES
             {
                 attempt += 1;
                 stopped?;
                 evicted?;
+                self.core.sbi.budget.note_forced_commit();
                 self.core.journal.commit_and_wait(tid)?;
                 continue;
             }
@@ -771,6 +814,15 @@ impl Fs {
             format!("blocks_reserved_root {}", self.core.reserved_blocks),
             format!("blocks_reserved_emergency {}", self.core.emergency_reserve),
             format!("inodes_free {}", statfs.free_files),
+        ];
+        lines.extend(budget_lines(&self.budget_stats()));
+        let alloc = self.alloc_stats();
+        lines.extend([
+            format!("alloc_calls {}", alloc.calls),
+            format!("alloc_groups_searched {}", alloc.groups_searched),
+            format!("alloc_candidates_skipped {}", alloc.candidates_skipped),
+        ]);
+        lines.extend([
             format!("read_only {}", self.is_read_only()),
             format!("errors_detected {}", self.errored.load(Ordering::Acquire)),
             format!(
@@ -783,7 +835,7 @@ impl Fs {
             format!("cache_misses {}", cache.misses),
             format!("cache_evictions {}", cache.evictions),
             format!("journaled {}", journal.jbd2.is_some()),
-        ];
+        ]);
         match journal.jbd2 {
             Some(jbd2) => lines.extend([
                 format!("journal_commits {}", jbd2.commits),
@@ -812,6 +864,16 @@ impl Fs {
             ));
         }
         lines.join("\n") + "\n"
+    }
+
+    /// The space budget's state and counters (`budget.rs`).
+    pub fn budget_stats(&self) -> BudgetStats {
+        self.core.sbi.budget.stats()
+    }
+
+    /// What block allocation did (`alloc.rs`).
+    pub fn alloc_stats(&self) -> AllocStats {
+        self.core.alloc_counters.snapshot()
     }
 
     /// Fast-commit counters, when this mount writes fast commits.
@@ -867,6 +929,24 @@ impl Fs {
             name_max: 255,
         }
     }
+}
+
+/// `jext4 stats` lines about the space budget: the running transaction's
+/// budget (free blocks when it opened), its balance for an ordinary user
+/// (both reserves withheld), what is charged and freed in it; charges
+/// made, backed out, commits they forced and the ENOSPC they returned.
+fn budget_lines(stats: &BudgetStats) -> Vec<String> {
+    vec![
+        format!("budget_enabled {}", stats.enabled),
+        format!("budget_blocks {}", stats.budget),
+        format!("budget_balance {}", stats.balance),
+        format!("budget_charged {}", stats.charged),
+        format!("budget_freed_in_running {}", stats.freed_in_running),
+        format!("budget_charges {}", stats.charges),
+        format!("budget_charges_backed_out {}", stats.backed_out),
+        format!("budget_commits_forced {}", stats.forced_commits),
+        format!("budget_enospc {}", stats.enospc),
+    ]
 }
 
 /// `jext4 stats` lines about fast commits: how many, against full
@@ -1011,8 +1091,10 @@ impl Fs {
             // overrun warning.
             let handle = core.journal.start(1 << 20)?;
             let mut tx = Tx::new(&core, &handle, Caller::ROOT);
-            // Mount-time work (recovery, orphan cleanup) frees space.
+            // Mount-time work (recovery, orphan cleanup) frees space, and
+            // replays what was accepted within a budget before the crash.
             tx.draws_on_emergency_reserve = true;
+            tx.unmetered = true;
             let value = body(&mut tx)?;
             debug_assert!(tx.deferred_evictions.is_empty());
             handle.stop()?;

@@ -65,7 +65,42 @@ enum NewNode<'a> {
     Symlink { target: &'a [u8] },
 }
 
+/// A bound on `dir::add_entry_cost` from the directory inode alone: the
+/// most blocks an insert appends and the mapping blocks behind them.
+fn entry_cost_bound(geo: &crate::format::Geometry, dir_inode: &Inode) -> u64 {
+    let blocks = dir::add_entry_max_new_blocks(geo);
+    blocks as u64 + mapping::append_cost_bound(dir_inode, blocks)
+}
+
+/// Blocks a new node's content takes: a directory's first block (its
+/// empty mapping grows by no tree block), a slow symlink's target block.
+/// An inherited ACL's xattr block is the caller's to add.
+fn new_node_blocks(geo: &crate::format::Geometry, node: &NewNode<'_>) -> u64 {
+    match node {
+        NewNode::Directory { .. } => 1,
+        NewNode::Symlink { target }
+            if target.len() >= fmt::I_BLOCK_SIZE && target.len() < geo.block_size as usize =>
+        {
+            1
+        }
+        NewNode::File { .. } | NewNode::Special { .. } | NewNode::Symlink { .. } => 0,
+    }
+}
+
 impl Tx<'_, '_> {
+    /// What adding entry `name` to directory `dir` may allocate: the
+    /// operation charges it before anything changes.
+    fn entry_cost(&self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u64> {
+        dir::add_entry_cost(&mut DirReader::new(self.core, dir, dir_inode), name)
+    }
+
+    /// Charge adding entry `name` to directory `dir` (the bound while far
+    /// from full, the exact cost near it).
+    fn charge_entry(&mut self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<()> {
+        let bound = entry_cost_bound(&self.core.geo, dir_inode);
+        self.charge_bounded(bound, |tx| tx.entry_cost(dir, dir_inode, name))
+    }
+
     /// A directory inode that can take a new entry.
     fn writable_dir(&self, ino: u32) -> Result<Inode> {
         let inode = self.read_live_inode(ino)?;
@@ -175,6 +210,13 @@ impl Tx<'_, '_> {
             &parent_inode,
             acl::ACL_DEFAULT,
         )?;
+        // The whole cost first: a full volume fails the create before
+        // anything is allocated (and so freed again).
+        let content = new_node_blocks(&self.core.geo, &node) + parent_default.is_some() as u64;
+        let bound = content + entry_cost_bound(&self.core.geo, &parent_inode);
+        self.charge_bounded(bound, |tx| {
+            Ok(content + tx.entry_cost(parent, &parent_inode, name)?)
+        })?;
         let ino = self.alloc_inode(parent, is_dir)?;
         faults::panic_point(faults::PanicPoint::Create);
         let _inode = self.lock_write(ino, Rank::Inode);
@@ -487,6 +529,7 @@ impl Fs {
             {
                 return Err(Error::Exists);
             }
+            tx.charge_entry(new_parent, &parent_inode, new_name)?;
             let file_type = dir::file_type_from_mode(inode.mode);
             let handle = tx.handle;
             let added = dir::add_entry(
@@ -762,6 +805,7 @@ impl Tx<'_, '_> {
                     let mut probe = dirs.new_dir().clone();
                     self.inc_dir_links(&mut probe)?;
                 }
+                self.charge_entry(new_parent, dirs.new_dir_ref(), new_name)?;
                 dir::add_entry(
                     &mut DirWriter::new(self, new_parent, dirs.new_dir()),
                     handle,

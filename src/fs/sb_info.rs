@@ -13,6 +13,7 @@
 //!
 //! Locks: `sb` [Superblock], then the superblock's buffer [Buffer].
 
+use super::budget::Budget;
 use crate::cache::{Buffer, BufferCache};
 use crate::error::Result;
 use crate::format::superblock::{Geometry, SUPERBLOCK_SIZE, Superblock};
@@ -31,15 +32,24 @@ pub(crate) struct SbInfo {
     free_blocks: AtomicU64,
     /// `s_free_inodes_count` (`s_freeinodes_counter`).
     free_inodes: AtomicU64,
+    /// The running transaction's space budget, moved to the next one at
+    /// each lock-down (the kernel keeps its dirty-clusters counter here).
+    pub budget: Budget,
 }
 
 impl SbInfo {
     /// The superblock `sb`, whose free counts are taken as given (the
     /// caller sums them from the descriptors).
-    pub fn new(geo: &Geometry, sb: Superblock, cache: &BufferCache) -> Result<Arc<SbInfo>> {
+    pub fn new(
+        geo: &Geometry,
+        sb: Superblock,
+        cache: &BufferCache,
+        budget: Budget,
+    ) -> Result<Arc<SbInfo>> {
         let (block, offset) = geo.superblock_location();
         let buffer = cache.read(block)?;
         Ok(Arc::new(SbInfo {
+            budget,
             free_blocks: AtomicU64::new(sb.free_blocks_count),
             free_inodes: AtomicU64::new(sb.free_inodes_count as u64),
             sb: Mutex::new(Rank::Superblock, sb),
@@ -106,6 +116,9 @@ impl SbInfo {
 
 impl CommitHook for SbInfo {
     fn before_commit(&self, access: &CommitAccess<'_>) {
+        // Every handle of the transaction has stopped and none of the next
+        // one has started: the next one's budget is what is free now.
+        self.budget.transition(self.free_blocks());
         let sb = self.sb.lock();
         let mut full = self.with_counts(&sb);
         access.change(&self.buffer, |bytes| {

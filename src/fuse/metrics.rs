@@ -15,6 +15,7 @@
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The FUSE operations, named as in `linux/fuse.h` (RENAME2 counts as
@@ -173,6 +174,25 @@ impl OperationMetrics {
     }
 }
 
+/// Which transport carries the requests, set once the mount is up.
+#[derive(Debug, Clone)]
+pub struct TransportFigures {
+    /// "dev" or "uring".
+    pub name: &'static str,
+    pub ring: Option<RingFigures>,
+}
+
+/// The io_uring transport's shape, its buffers and the requests it
+/// carried (FORGET and INTERRUPT still come through /dev/fuse).
+#[derive(Debug, Clone)]
+pub struct RingFigures {
+    pub queues: usize,
+    pub threads_per_queue: usize,
+    pub entries_per_thread: usize,
+    pub buffer_bytes: u64,
+    pub requests: Arc<AtomicU64>,
+}
+
 /// The counters of one mount's FUSE front end, shared by every transport
 /// thread.
 pub struct RequestMetrics {
@@ -180,6 +200,7 @@ pub struct RequestMetrics {
     in_flight: AtomicI64,
     in_flight_max: AtomicI64,
     since: Instant,
+    transport: OnceLock<TransportFigures>,
 }
 
 impl Default for RequestMetrics {
@@ -192,11 +213,37 @@ impl Default for RequestMetrics {
             in_flight: AtomicI64::new(0),
             in_flight_max: AtomicI64::new(0),
             since: Instant::now(),
+            transport: OnceLock::new(),
         }
     }
 }
 
 impl RequestMetrics {
+    /// Say which transport is live (once, when the mount is up).
+    pub fn set_transport(&self, figures: TransportFigures) {
+        let _ = self.transport.set(figures);
+    }
+
+    fn transport_lines(&self) -> Vec<String> {
+        let Some(transport) = self.transport.get() else {
+            return Vec::new();
+        };
+        let mut lines = vec![format!("fuse_transport {}", transport.name)];
+        if let Some(ring) = &transport.ring {
+            lines.extend([
+                format!("fuse_uring_queues {}", ring.queues),
+                format!("fuse_uring_threads_per_queue {}", ring.threads_per_queue),
+                format!("fuse_uring_entries_per_thread {}", ring.entries_per_thread),
+                format!("fuse_uring_buffer_bytes {}", ring.buffer_bytes),
+                format!(
+                    "fuse_uring_requests {}",
+                    ring.requests.load(Ordering::Acquire)
+                ),
+            ]);
+        }
+        lines
+    }
+
     /// A request of `operation` arrived (now, or at `arrived` when the
     /// transport saw it earlier than it could start the clock).
     pub fn begin(&self, operation: Operation, arrived: Instant) -> RequestClock<'_> {
@@ -279,7 +326,8 @@ impl RequestMetrics {
                 ),
             ]);
         }
-        let mut lines = vec![
+        let mut lines = self.transport_lines();
+        lines.extend([
             format!("fuse_requests {total}"),
             format!(
                 "fuse_requests_in_flight {}",
@@ -291,11 +339,35 @@ impl RequestMetrics {
             ),
             format!("fuse_engine_ms {}", engine_ns / 1_000_000),
             format!("fuse_transport_ms {}", transport_ns / 1_000_000),
+            format!("fuse_engine_us {}", engine_ns / 1_000),
+            format!("fuse_transport_us {}", transport_ns / 1_000),
+            format!("fuse_threads_cpu_us {}", serving_threads_cpu_ns() / 1_000),
             format!("fuse_uptime_ms {}", self.since.elapsed().as_millis()),
-        ];
+        ]);
         lines.extend(per_operation);
         lines
     }
+}
+
+/// The CPU time of the threads that serve FUSE requests (fuser's
+/// `/dev/fuse` workers, the io_uring queue threads): engine and transport
+/// together, whatever the machine's load, so two transports compare by it
+/// (`/proc/self/task/*/schedstat`: nanoseconds on a CPU).
+fn serving_threads_cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("fuser-") || name.starts_with("jext4-uring"))
+        })
+        .filter_map(|task| {
+            let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+            schedstat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 /// One request's timing, recorded when dropped (the reply has gone out).
@@ -382,11 +454,22 @@ mod tests {
     #[test]
     fn a_report_with_every_operation_fits_the_stats_ioctl() {
         let metrics = RequestMetrics::default();
+        metrics.set_transport(TransportFigures {
+            name: "uring",
+            ring: Some(RingFigures {
+                queues: 64,
+                threads_per_queue: 16,
+                entries_per_thread: 64,
+                buffer_bytes: u64::MAX,
+                requests: Arc::new(AtomicU64::new(u64::MAX)),
+            }),
+        });
         for operation in Operation::ALL {
             let mut clock = metrics.begin(operation, Instant::now());
             let _: Result<(), ()> = clock.engine(|| Ok(()));
         }
         let report = metrics.report_lines().join("\n");
+        assert!(report.contains("fuse_transport uring\n"), "{report}");
         // The engine's own lines take about 1.5 KiB of the ioctl's buffer.
         assert!(
             report.len() + 2048 <= super::super::control::STATS_SIZE,

@@ -2,6 +2,19 @@
 //! results into replies. No filesystem logic lives here, so that the FUSE
 //! mount and the library API behave identically.
 //!
+//! Two transports carry the requests, behind one adapter (`FuseAdapter`,
+//! its handlers generic over the answer: `answer.rs`): `/dev/fuse`
+//! (`dev.rs`, fuser's session) and FUSE over io_uring (`uring.rs`). fuser
+//! 0.18 has no io_uring transport, and its request decoder and reply
+//! encoder are private (`ll`, `ReplySender` and the reply constructors
+//! are crate-internal), so nothing of it can be fed a request that came
+//! from a ring. Rather than decode `/dev/fuse` ourselves too, fuser keeps
+//! that path (mount, FUSE_INIT, its tested decoder, notifications), and
+//! `wire.rs` decodes and encodes only what the ring carries for the
+//! operations served here — a ring entry splits a request into header,
+//! operation header and payload anyway. Every handler, engine call, metric
+//! and panic rule is written once, here.
+//!
 //! Inode numbers: FUSE calls the root 1, ext4 calls it 2; ext4's inode 1
 //! (bad blocks) is never reachable by name, so the two are simply swapped.
 //! Permission checks are the kernel's (`default_permissions`), POSIX ACLs
@@ -9,28 +22,36 @@
 //! ACL inheritance, the umask, the mode following the ACL and back — is the
 //! engine's (`fs::acl`), so the library API behaves the same.
 
+pub mod answer;
 pub mod control;
+mod dev;
 pub mod helper;
 pub mod metrics;
 mod options;
 pub mod serve;
+mod uring;
+mod wire;
 
-pub use options::{FuseOptions, parse_mount_options};
+pub use options::{FuseOptions, FuseTransport, parse_mount_options};
 
+use self::answer::{
+    AttrAnswer, CreateAnswer, DataAnswer, DirectoryAnswer, DirectoryPlusAnswer, EmptyAnswer,
+    EntryAnswer, IoctlAnswer, LseekAnswer, OpenAnswer, Origin, StatfsAnswer, StatfsFigures,
+    WriteAnswer, XattrAnswer,
+};
 use self::metrics::{Operation, RequestClock, RequestMetrics};
 use crate::error::Error;
 use crate::format::inode::Timestamp;
 use crate::format::superblock::ROOT_INO;
 use crate::fs::{Attr, Caller, FileKind, Fs, RenameFlags, SeekWhence, SetAttr, TimeSet, XattrMode};
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -68,14 +89,19 @@ struct Tuning {
 impl Tuning {
     const NAMES: [&str; 4] = ["killpriv_v2", "noflush", "long_ttl", "negative_entries"];
 
-    fn from_env() -> Tuning {
+    /// The savers `JEXT4_FUSE_OFF` leaves on; an unknown name is refused
+    /// (a typo must not measure the wrong thing).
+    fn from_env() -> crate::Result<Tuning> {
+        Tuning::parse(&std::env::var("JEXT4_FUSE_OFF").unwrap_or_default())
+    }
+
+    fn parse(off: &str) -> crate::Result<Tuning> {
         let mut tuning = Tuning {
             killpriv_v2: true,
             noflush: true,
             long_ttl: true,
             negative_entries: true,
         };
-        let off = std::env::var("JEXT4_FUSE_OFF").unwrap_or_default();
         for name in off
             .split(',')
             .map(str::trim)
@@ -86,16 +112,18 @@ impl Tuning {
                 "noflush" => tuning.noflush = false,
                 "long_ttl" => tuning.long_ttl = false,
                 "negative_entries" => tuning.negative_entries = false,
-                unknown => tracing::warn!(
-                    "JEXT4_FUSE_OFF: unknown {unknown:?} ignored (known: {})",
-                    Tuning::NAMES.join(", ")
-                ),
+                unknown => {
+                    return Err(Error::Invalid(format!(
+                        "JEXT4_FUSE_OFF: unknown name {unknown:?} (known: {})",
+                        Tuning::NAMES.join(", ")
+                    )));
+                }
             }
         }
-        if !off.is_empty() {
+        if !off.trim().is_empty() {
             tracing::info!(?tuning, "FUSE round-trip savers");
         }
-        tuning
+        Ok(tuning)
     }
 
     fn ttl(&self) -> &'static Duration {
@@ -124,24 +152,46 @@ pub struct FuseAdapter {
     /// Requests by operation, their latency and where it went.
     metrics: Arc<RequestMetrics>,
     tuning: Tuning,
-    /// Whether the kernel took FUSE_HANDLE_KILLPRIV_V2 (set by `init`):
-    /// then a write tells whether the caller keeps setuid and setgid.
-    killpriv_v2: bool,
+    /// Whether the kernel took FUSE_HANDLE_KILLPRIV_V2 (set by `init`,
+    /// before any other request): then a write tells whether the caller
+    /// keeps setuid and setgid.
+    killpriv_v2: AtomicBool,
 }
 
 impl FuseAdapter {
+    /// Fails only on a bad `JEXT4_FUSE_OFF`.
     pub fn new(
         fs: Arc<Fs>,
         notifier: Arc<OnceLock<fuser::Notifier>>,
         metrics: Arc<RequestMetrics>,
-    ) -> Self {
-        FuseAdapter {
+    ) -> crate::Result<Self> {
+        Ok(FuseAdapter {
             fs,
             notifier,
             metrics,
-            tuning: Tuning::from_env(),
-            killpriv_v2: false,
-        }
+            tuning: Tuning::from_env()?,
+            killpriv_v2: AtomicBool::new(false),
+        })
+    }
+
+    pub fn metrics(&self) -> &RequestMetrics {
+        &self.metrics
+    }
+
+    /// A bug outside any handler (in a transport): abort the journal, as
+    /// a handler's panic does (`guard`).
+    pub fn abort(&self, why: &str) {
+        self.fs.abort(why);
+    }
+
+    /// A request a transport answered itself (DESTROY).
+    pub fn count(&self, operation: Operation) {
+        drop(self.metrics.begin(operation, Instant::now()));
+    }
+
+    /// A request a transport refused itself (ENOSYS).
+    pub fn count_failure(&self, operation: Operation) {
+        self.metrics.begin(operation, Instant::now()).fail();
     }
 
     /// The engine's statistics followed by the request counters.
@@ -152,7 +202,7 @@ impl FuseAdapter {
     /// Every entry the kernel receives raises its lookup count for that
     /// inode, which the engine must know before the reply leaves (a FORGET
     /// may follow at once).
-    fn reply_entry(&self, reply: ReplyEntry, result: crate::Result<Attr>) {
+    fn reply_entry(&self, reply: impl EntryAnswer, result: crate::Result<Attr>) {
         match result {
             Ok(attr) => {
                 self.fs.remember(attr.ino);
@@ -171,7 +221,7 @@ impl FuseAdapter {
     /// nodeid is the same as ENOENT, but with a valid timeout") instead of
     /// asking again. Creating the name goes through the kernel, which
     /// replaces the negative dentry; the engine never adds a name by itself.
-    fn reply_negative(&self, reply: ReplyEntry) {
+    fn reply_negative(&self, reply: impl EntryAnswer) {
         let attr = FileAttr {
             ino: INodeNo(0),
             size: 0,
@@ -266,20 +316,20 @@ fn errno(error: &Error) -> Errno {
 
 /// The request's fsuid and fsgid; its pid is the calling thread's id, where
 /// `/proc` tells its supplementary groups and capabilities.
-fn caller(request: &Request) -> Caller {
+fn caller(origin: &Origin) -> Caller {
     Caller {
-        tid: Some(request.pid()),
-        ..Caller::new(request.uid(), request.gid())
+        tid: Some(origin.pid),
+        ..Caller::new(origin.uid, origin.gid)
     }
 }
 
 /// `caller` with the umask that create, mknod and mkdir carry: with
 /// FUSE_DONT_MASK the kernel leaves the mode unmasked, because only the
 /// server knows whether the directory's default ACL replaces the umask.
-fn creator(request: &Request, umask: u32) -> Caller {
+fn creator(origin: &Origin, umask: u32) -> Caller {
     Caller {
         umask: (umask & 0o777) as u16,
-        ..caller(request)
+        ..caller(origin)
     }
 }
 
@@ -344,14 +394,14 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
-fn reply_empty(reply: ReplyEmpty, result: crate::Result<()>) {
+fn reply_empty(reply: impl EmptyAnswer, result: crate::Result<()>) {
     match result {
         Ok(()) => reply.ok(),
         Err(error) => reply.error(errno(&error)),
     }
 }
 
-fn reply_xattr(reply: ReplyXattr, result: crate::Result<Vec<u8>>, size: u32) {
+fn reply_xattr(reply: impl XattrAnswer, result: crate::Result<Vec<u8>>, size: u32) {
     match result {
         Ok(data) if size == 0 => reply.size(data.len() as u32),
         Ok(data) if data.len() > size as usize => reply.error(Errno::from_i32(libc::ERANGE)),
@@ -367,8 +417,11 @@ fn time_set(time: TimeOrNow) -> TimeSet {
     }
 }
 
-impl Filesystem for FuseAdapter {
-    fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+impl FuseAdapter {
+    /// Choose the capabilities to take from what the kernel offers in
+    /// FUSE_INIT (`config`), FUSE_OVER_IO_URING when `uring` asks for it;
+    /// says whether the kernel took io_uring.
+    pub fn init(&self, config: &mut KernelConfig, uring: bool) -> bool {
         // Optional capabilities: take each one the kernel offers. Not
         // FUSE_WRITEBACK_CACHE: with it, write(2) only fills the kernel's page
         // cache and a full filesystem never fails the write — the ENOSPC of
@@ -384,20 +437,21 @@ impl Filesystem for FuseAdapter {
         // truncate and chown as the kernel would (Tx::kill_privileges); the
         // kernel then marks the mount SB_NOSEC and stops asking
         // getxattr("security.capability") before every write.
-        self.killpriv_v2 = self.tuning.killpriv_v2
+        let killpriv_v2 = self.tuning.killpriv_v2
             && config
                 .add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2)
                 .is_ok();
-        // POSIX ACLs: the kernel then checks permissions against them (it
-        // checked mode bits only before) and leaves inheritance, the umask
-        // and the mode/ACL interplay to the engine (fs::acl), which needs
-        // the umask unapplied (DONT_MASK). Both or neither: with ACLs but a
-        // masked mode, inheritance would come out wrong.
+        self.killpriv_v2.store(killpriv_v2, Ordering::Release);
         // Stable file handles (name_to_handle_at, NFS): lookups of "." and
         // ".." by node id after the kernel forgot the inode (`lookup`).
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_EXPORT_SUPPORT) {
             tracing::warn!(?missing, "no FUSE export support: file handles go stale");
         }
+        // POSIX ACLs: the kernel then checks permissions against them (it
+        // checked mode bits only before) and leaves inheritance, the umask
+        // and the mode/ACL interplay to the engine (fs::acl), which needs
+        // the umask unapplied (DONT_MASK). Both or neither: with ACLs but a
+        // masked mode, inheritance would come out wrong.
         let acls = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
         if let Err(missing) = config.add_capabilities(acls) {
             tracing::warn!(
@@ -405,18 +459,24 @@ impl Filesystem for FuseAdapter {
                 "the kernel does not offer POSIX ACL support to FUSE: ACLs are stored but not enforced"
             );
         }
-        let _ = config.set_max_write(1 << 20);
-        Ok(())
+        let _ = config.set_max_write(wire::MAX_WRITE);
+        // The ring's decoder reads the request layouts of protocol 7.36 and
+        // later; every kernel that offers io_uring speaks 7.42 or later.
+        uring
+            && config.kernel_abi() >= fuser::Version(7, 36)
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_ok()
     }
 
     // BATCH_FORGET: fuser's default hands each node to forget().
-    fn forget(&self, _request: &Request, ino: INodeNo, nlookup: u64) {
+    pub fn forget(&self, ino: INodeNo, nlookup: u64) {
         self.guard(Operation::Forget, move |clock| {
             clock.timed(|| self.fs.forget(to_ext4(ino), nlookup));
         });
     }
 
-    fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    pub fn lookup(&self, parent: INodeNo, name: &OsStr, reply: impl EntryAnswer) {
         // With FUSE_EXPORT_SUPPORT the kernel decodes a file handle whose
         // inode it has forgotten by looking up "." in the handle's node id
         // (any kind of inode), and reconnects a directory through "..".
@@ -442,7 +502,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    pub fn getattr(&self, ino: INodeNo, reply: impl AttrAnswer) {
         self.guard(Operation::Getattr, move |clock| {
             match clock.engine(|| self.fs.getattr(to_ext4(ino))) {
                 Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
@@ -451,42 +511,25 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn setattr(
+    /// `changes` as the transport decoded them (the mode's permission bits
+    /// only).
+    pub fn setattr(
         &self,
-        request: &Request,
+        origin: &Origin,
         ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
+        changes: &SetAttr,
+        reply: impl AttrAnswer,
     ) {
         self.guard(Operation::Setattr, move |clock| {
-            let changes = SetAttr {
-                mode: mode.map(|mode| (mode & 0o7777) as u16),
-                uid,
-                gid,
-                size,
-                atime: atime.map(time_set),
-                mtime: mtime.map(time_set),
-                ctime: ctime.map(timestamp),
-            };
-            match clock.engine(|| self.fs.setattr(to_ext4(ino), &changes, caller(request))) {
+            debug_assert!(changes.mode.is_none_or(|mode| mode & !0o7777 == 0));
+            match clock.engine(|| self.fs.setattr(to_ext4(ino), changes, caller(origin))) {
                 Ok(attr) => reply.attr(self.tuning.ttl(), &file_attr(&attr)),
                 Err(error) => reply.error(errno(&error)),
             }
         });
     }
 
-    fn readlink(&self, _request: &Request, ino: INodeNo, reply: ReplyData) {
+    pub fn readlink(&self, ino: INodeNo, reply: impl DataAnswer) {
         self.guard(Operation::Readlink, move |clock| {
             match clock.engine(|| self.fs.readlink(to_ext4(ino))) {
                 Ok(target) => reply.data(&target),
@@ -495,15 +538,17 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn mknod(
+    // One argument per field of the request, as in fuser's trait.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
         &self,
-        request: &Request,
+        origin: &Origin,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         rdev: u32,
-        reply: ReplyEntry,
+        reply: impl EntryAnswer,
     ) {
         self.guard(Operation::Mknod, move |clock| {
             let result = clock.engine(|| {
@@ -512,21 +557,21 @@ impl Filesystem for FuseAdapter {
                     name.as_bytes(),
                     mode as u16,
                     rdev as u64,
-                    creator(request, umask),
+                    creator(origin, umask),
                 )
             });
             self.reply_entry(reply, result);
         });
     }
 
-    fn mkdir(
+    pub fn mkdir(
         &self,
-        request: &Request,
+        origin: &Origin,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        reply: ReplyEntry,
+        reply: impl EntryAnswer,
     ) {
         self.guard(Operation::Mkdir, move |clock| {
             let result = clock.engine(|| {
@@ -534,40 +579,40 @@ impl Filesystem for FuseAdapter {
                     to_ext4(parent),
                     name.as_bytes(),
                     mode as u16,
-                    creator(request, umask),
+                    creator(origin, umask),
                 )
             });
             self.reply_entry(reply, result);
         });
     }
 
-    fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    pub fn unlink(&self, origin: &Origin, parent: INodeNo, name: &OsStr, reply: impl EmptyAnswer) {
         self.guard(Operation::Unlink, move |clock| {
             let result = clock.engine(|| {
                 self.fs
-                    .unlink(to_ext4(parent), name.as_bytes(), caller(request))
+                    .unlink(to_ext4(parent), name.as_bytes(), caller(origin))
             });
             reply_empty(reply, result);
         });
     }
 
-    fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    pub fn rmdir(&self, origin: &Origin, parent: INodeNo, name: &OsStr, reply: impl EmptyAnswer) {
         self.guard(Operation::Rmdir, move |clock| {
             let result = clock.engine(|| {
                 self.fs
-                    .rmdir(to_ext4(parent), name.as_bytes(), caller(request))
+                    .rmdir(to_ext4(parent), name.as_bytes(), caller(origin))
             });
             reply_empty(reply, result);
         });
     }
 
-    fn symlink(
+    pub fn symlink(
         &self,
-        request: &Request,
+        origin: &Origin,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
-        reply: ReplyEntry,
+        reply: impl EntryAnswer,
     ) {
         self.guard(Operation::Symlink, move |clock| {
             let result = clock.engine(|| {
@@ -575,22 +620,24 @@ impl Filesystem for FuseAdapter {
                     to_ext4(parent),
                     link_name.as_bytes(),
                     target.as_os_str().as_bytes(),
-                    caller(request),
+                    caller(origin),
                 )
             });
             self.reply_entry(reply, result);
         });
     }
 
-    fn rename(
+    // One argument per field of the request, as in fuser's trait.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename(
         &self,
-        request: &Request,
+        origin: &Origin,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
         newname: &OsStr,
         flags: fuser::RenameFlags,
-        reply: ReplyEmpty,
+        reply: impl EmptyAnswer,
     ) {
         self.guard(Operation::Rename, move |clock| {
             if flags.contains(fuser::RenameFlags::RENAME_WHITEOUT) {
@@ -608,20 +655,20 @@ impl Filesystem for FuseAdapter {
                     to_ext4(newparent),
                     newname.as_bytes(),
                     flags,
-                    caller(request),
+                    caller(origin),
                 )
             });
             reply_empty(reply, result);
         });
     }
 
-    fn link(
+    pub fn link(
         &self,
-        request: &Request,
+        origin: &Origin,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
-        reply: ReplyEntry,
+        reply: impl EntryAnswer,
     ) {
         self.guard(Operation::Link, move |clock| {
             let result = clock.engine(|| {
@@ -629,14 +676,14 @@ impl Filesystem for FuseAdapter {
                     to_ext4(ino),
                     to_ext4(newparent),
                     newname.as_bytes(),
-                    caller(request),
+                    caller(origin),
                 )
             });
             self.reply_entry(reply, result);
         });
     }
 
-    fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    pub fn open(&self, ino: INodeNo, reply: impl OpenAnswer) {
         self.guard(Operation::Open, move |clock| {
             match clock.engine(|| self.fs.open_file(to_ext4(ino))) {
                 Ok(_) => reply.opened(FileHandle(0), self.tuning.open_flags()),
@@ -645,17 +692,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn read(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    pub fn read(&self, ino: INodeNo, offset: u64, size: u32, reply: impl DataAnswer) {
         self.guard(Operation::Read, move |clock| {
             match clock.engine(|| self.fs.read(to_ext4(ino), offset, size as usize)) {
                 Ok(data) => reply.data(&data),
@@ -664,17 +701,14 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn write(
+    pub fn write(
         &self,
-        request: &Request,
+        origin: &Origin,
         ino: INodeNo,
-        _fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
+        reply: impl WriteAnswer,
     ) {
         self.guard(Operation::Write, move |clock| {
             // With KILLPRIV_V2 the kernel says whether the caller lacks
@@ -683,8 +717,9 @@ impl Filesystem for FuseAdapter {
             let caller = Caller {
                 fsetid: self
                     .killpriv_v2
+                    .load(Ordering::Acquire)
                     .then(|| !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)),
-                ..caller(request)
+                ..caller(origin)
             };
             match clock.engine(|| self.fs.write_file(to_ext4(ino), offset, data, caller)) {
                 Ok(written) => {
@@ -699,42 +734,19 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn flush(
-        &self,
-        _request: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    pub fn flush(&self, reply: impl EmptyAnswer) {
         self.guard(Operation::Flush, move |_clock| {
             reply.ok();
         });
     }
 
-    fn release(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
+    pub fn release(&self, ino: INodeNo, reply: impl EmptyAnswer) {
         self.guard(Operation::Release, move |clock| {
             reply_empty(reply, clock.engine(|| self.fs.release_file(to_ext4(ino))));
         });
     }
 
-    fn fsync(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    pub fn fsync(&self, ino: INodeNo, datasync: bool, reply: impl EmptyAnswer) {
         self.guard(Operation::Fsync, move |clock| {
             reply_empty(
                 reply,
@@ -743,7 +755,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    pub fn opendir(&self, ino: INodeNo, reply: impl OpenAnswer) {
         self.guard(Operation::Opendir, move |clock| {
             match clock.engine(|| self.fs.open_file(to_ext4(ino))) {
                 Ok(attr) if attr.kind != FileKind::Directory => {
@@ -757,14 +769,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn readdir(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+    pub fn readdir(&self, ino: INodeNo, offset: u64, mut reply: impl DirectoryAnswer) {
         self.guard(Operation::Readdir, move |clock| {
             let result = clock.engine(|| {
                 self.fs.readdir(to_ext4(ino), offset, &mut |entry| {
@@ -784,14 +789,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn readdirplus(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
+    pub fn readdirplus(&self, ino: INodeNo, offset: u64, mut reply: impl DirectoryPlusAnswer) {
         self.guard(Operation::Readdirplus, move |clock| {
             // Collect a batch first: the attributes are read after the listing
             // has released the filesystem lock (its read lock is not re-entrant
@@ -820,7 +818,6 @@ impl Filesystem for FuseAdapter {
                 // an entry that does not fit is not sent, so counted after.
                 let dots = entry.name == b"." || entry.name == b"..";
                 let full = reply.add(
-                    to_fuse(entry.ino),
                     entry.next,
                     OsStr::from_bytes(&entry.name),
                     self.tuning.ttl(),
@@ -838,27 +835,13 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn releasedir(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
+    pub fn releasedir(&self, ino: INodeNo, reply: impl EmptyAnswer) {
         self.guard(Operation::Releasedir, move |clock| {
             reply_empty(reply, clock.engine(|| self.fs.release_file(to_ext4(ino))));
         });
     }
 
-    fn fsyncdir(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
+    pub fn fsyncdir(&self, ino: INodeNo, reply: impl EmptyAnswer) {
         // fsync of a directory commits everything pending, as one JBD2
         // commit does on ext4: the one durability request a user can send
         // on any mount, since sync(2) never reaches a FUSE server.
@@ -869,17 +852,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn ioctl(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        cmd: u32,
-        _in_data: &[u8],
-        out_size: u32,
-        reply: ReplyIoctl,
-    ) {
+    pub fn ioctl(&self, ino: INodeNo, cmd: u32, out_size: u32, reply: impl IoctlAnswer) {
         self.guard(Operation::Ioctl, move |clock| match cmd {
             control::JEXT4_IOC_SYNC => {
                 match clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync())) {
@@ -901,31 +874,30 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    pub fn statfs(&self, reply: impl StatfsAnswer) {
         self.guard(Operation::Statfs, move |clock| {
             let stat = clock.timed(|| self.fs.statfs());
-            reply.statfs(
-                stat.blocks,
-                stat.free_blocks,
-                stat.available_blocks,
-                stat.files,
-                stat.free_files,
-                stat.block_size,
-                stat.name_max,
-                stat.block_size,
-            );
+            reply.statfs(&StatfsFigures {
+                blocks: stat.blocks,
+                free_blocks: stat.free_blocks,
+                available_blocks: stat.available_blocks,
+                files: stat.files,
+                free_files: stat.free_files,
+                block_size: stat.block_size,
+                name_max: stat.name_max,
+                fragment_size: stat.block_size,
+            });
         });
     }
 
-    fn setxattr(
+    pub fn setxattr(
         &self,
-        request: &Request,
+        origin: &Origin,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
         flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
+        reply: impl EmptyAnswer,
     ) {
         self.guard(Operation::Setxattr, move |clock| {
             let mode = match flags {
@@ -939,7 +911,7 @@ impl Filesystem for FuseAdapter {
             };
             let result = clock.engine(|| {
                 self.fs
-                    .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(request))
+                    .setxattr(to_ext4(ino), name.as_bytes(), value, mode, caller(origin))
             });
             if result.is_ok() {
                 self.acl_changed(ino, name);
@@ -948,21 +920,14 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn getxattr(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        size: u32,
-        reply: ReplyXattr,
-    ) {
+    pub fn getxattr(&self, ino: INodeNo, name: &OsStr, size: u32, reply: impl XattrAnswer) {
         self.guard(Operation::Getxattr, move |clock| {
             let result = clock.engine(|| self.fs.getxattr(to_ext4(ino), name.as_bytes()));
             reply_xattr(reply, result, size);
         });
     }
 
-    fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    pub fn listxattr(&self, ino: INodeNo, size: u32, reply: impl XattrAnswer) {
         self.guard(Operation::Listxattr, move |clock| {
             let result = clock
                 .engine(|| self.fs.listxattr(to_ext4(ino)))
@@ -978,11 +943,17 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn removexattr(&self, request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    pub fn removexattr(
+        &self,
+        origin: &Origin,
+        ino: INodeNo,
+        name: &OsStr,
+        reply: impl EmptyAnswer,
+    ) {
         self.guard(Operation::Removexattr, move |clock| {
             let result = clock.engine(|| {
                 self.fs
-                    .removexattr(to_ext4(ino), name.as_bytes(), caller(request))
+                    .removexattr(to_ext4(ino), name.as_bytes(), caller(origin))
             });
             if result.is_ok() {
                 self.acl_changed(ino, name);
@@ -991,7 +962,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn access(&self, _request: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    pub fn access(&self, ino: INodeNo, reply: impl EmptyAnswer) {
         self.guard(Operation::Access, move |clock| {
             // The kernel checks permissions (default_permissions); we only
             // confirm the inode exists.
@@ -1002,15 +973,14 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn create(
+    pub fn create(
         &self,
-        request: &Request,
+        origin: &Origin,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
+        reply: impl CreateAnswer,
     ) {
         self.guard(Operation::Create, move |clock| {
             let result = clock.engine(|| {
@@ -1019,7 +989,7 @@ impl Filesystem for FuseAdapter {
                         to_ext4(parent),
                         name.as_bytes(),
                         mode as u16,
-                        creator(request, umask),
+                        creator(origin, umask),
                     )
                     .and_then(|attr| self.fs.open_file(attr.ino))
             });
@@ -1039,20 +1009,19 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn fallocate(
+    pub fn fallocate(
         &self,
-        request: &Request,
+        origin: &Origin,
         ino: INodeNo,
-        _fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
-        reply: ReplyEmpty,
+        reply: impl EmptyAnswer,
     ) {
         self.guard(Operation::Fallocate, move |clock| {
             let result = clock.engine(|| {
                 self.fs
-                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(request))
+                    .fallocate(to_ext4(ino), offset, length, mode as u32, caller(origin))
             });
             if result.is_err() {
                 // Running out of space part-way keeps what was allocated
@@ -1064,15 +1033,7 @@ impl Filesystem for FuseAdapter {
         });
     }
 
-    fn lseek(
-        &self,
-        _request: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
+    pub fn lseek(&self, ino: INodeNo, offset: i64, whence: i32, reply: impl LseekAnswer) {
         self.guard(Operation::Lseek, move |clock| {
             let whence = match whence {
                 libc::SEEK_DATA => SeekWhence::Data,

@@ -18,9 +18,40 @@ pub struct FuseOptions {
     pub noexec: bool,
     pub fsname: Option<String>,
     pub subtype: Option<String>,
-    /// FUSE worker threads.
+    /// FUSE worker threads (the `/dev/fuse` transport).
     pub threads: usize,
+    /// How requests travel between the kernel and the server.
+    pub transport: FuseTransport,
+    /// Threads serving each io_uring queue (one queue per CPU).
+    pub uring_threads: usize,
+    /// Ring entries each of those threads registers.
+    pub uring_depth: usize,
 }
+
+/// `fuse_transport=`: FUSE over io_uring where the kernel offers it and
+/// `/dev/fuse` otherwise (`auto`), or one of them only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FuseTransport {
+    #[default]
+    Auto,
+    Dev,
+    Uring,
+}
+
+impl FuseTransport {
+    pub fn name(self) -> &'static str {
+        match self {
+            FuseTransport::Auto => "auto",
+            FuseTransport::Dev => "dev",
+            FuseTransport::Uring => "uring",
+        }
+    }
+}
+
+/// The defaults of the io_uring transport's shape (bench/README.md,
+/// "FUSE transports", has the measurements they come from).
+pub const URING_THREADS_DEFAULT: usize = 4;
+pub const URING_DEPTH_DEFAULT: usize = 1;
 
 /// Parse a size with an optional K, M, G or T suffix (powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64> {
@@ -44,6 +75,23 @@ fn parse_number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
     value
         .parse()
         .map_err(|_| Error::Invalid(format!("mount option {name}={value}: not a number")))
+}
+
+/// A count within `bounds`, refused by name otherwise.
+fn parse_bounded(
+    name: &str,
+    value: &str,
+    bounds: std::ops::RangeInclusive<usize>,
+) -> Result<usize> {
+    let number: usize = parse_number(name, value)?;
+    if !bounds.contains(&number) {
+        return Err(Error::Invalid(format!(
+            "mount option {name}={value}: must be between {} and {}",
+            bounds.start(),
+            bounds.end()
+        )));
+    }
+    Ok(number)
 }
 
 /// `commit=SECONDS` as the kernel bounds it (fs/ext4/super.c): 0 means the
@@ -99,9 +147,15 @@ fn physical_memory() -> Option<u64> {
 
 /// Parse the comma-separated lists given with `-o` (possibly several).
 pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOptions)> {
-    let mut engine = MountOptions::default();
+    let mut engine = MountOptions {
+        // A measurement switch, not a mount option: README, "Out of space".
+        space_budget: std::env::var_os("JEXT4_SPACE_BUDGET").is_none_or(|value| value != "off"),
+        ..MountOptions::default()
+    };
     let mut fuse = FuseOptions {
         threads: 4,
+        uring_threads: URING_THREADS_DEFAULT,
+        uring_depth: URING_DEPTH_DEFAULT,
         ..FuseOptions::default()
     };
     for option in lists.iter().flat_map(|list| list.split(',')).map(str::trim) {
@@ -189,13 +243,25 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("fsname", value) => fuse.fsname = Some(needs_value(name, value)?.to_string()),
             ("subtype", value) => fuse.subtype = Some(needs_value(name, value)?.to_string()),
             ("threads", value) => {
-                fuse.threads = parse_number(name, needs_value(name, value)?)?;
-                if !(1..=64).contains(&fuse.threads) {
-                    return Err(Error::Invalid(format!(
-                        "mount option threads={}: must be between 1 and 64",
-                        fuse.threads
-                    )));
+                fuse.threads = parse_bounded(name, needs_value(name, value)?, 1..=64)?
+            }
+            ("fuse_transport", value) => {
+                fuse.transport = match needs_value(name, value)? {
+                    "auto" => FuseTransport::Auto,
+                    "dev" => FuseTransport::Dev,
+                    "uring" => FuseTransport::Uring,
+                    other => {
+                        return Err(Error::Invalid(format!(
+                            "mount option fuse_transport={other}: expected auto, dev or uring"
+                        )));
+                    }
                 }
+            }
+            ("uring_threads", value) => {
+                fuse.uring_threads = parse_bounded(name, needs_value(name, value)?, 1..=16)?
+            }
+            ("uring_depth", value) => {
+                fuse.uring_depth = parse_bounded(name, needs_value(name, value)?, 1..=64)?
             }
             (_, Some(_)) if is_flag_option(name) => {
                 return Err(Error::Invalid(format!(
@@ -268,6 +334,12 @@ mod tests {
             "cache_size=16777215T",
             "threads=0",
             "threads=65",
+            "uring_threads=0",
+            "uring_threads=17",
+            "uring_depth=0",
+            "uring_depth=65",
+            "fuse_transport=fast",
+            "fuse_transport",
         ] {
             let error = parse_mount_options(&[bad.into()]).unwrap_err();
             let name = bad.split('=').next().unwrap();
@@ -280,6 +352,26 @@ mod tests {
         let (engine, _) = parse_mount_options(&["noload,journal_async_commit".into()]).unwrap();
         assert!(engine.noload && engine.read_only && engine.journal_async_commit);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+    }
+
+    #[test]
+    fn fuse_transport_is_auto_dev_or_uring() {
+        let parse = |text: &str| parse_mount_options(&[text.into()]).map(|(_, fuse)| fuse);
+        assert_eq!(parse("rw").unwrap().transport, FuseTransport::Auto);
+        assert_eq!(
+            parse("fuse_transport=dev").unwrap().transport,
+            FuseTransport::Dev
+        );
+        let fuse = parse("fuse_transport=uring,uring_threads=3,uring_depth=4").unwrap();
+        assert_eq!(
+            (fuse.transport, fuse.uring_threads, fuse.uring_depth),
+            (FuseTransport::Uring, 3, 4)
+        );
+        let error = parse("fuse_transport=ring").unwrap_err().to_string();
+        assert!(
+            error.contains("fuse_transport=ring") && error.contains("auto, dev or uring"),
+            "{error}"
+        );
     }
 
     #[test]

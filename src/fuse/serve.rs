@@ -2,11 +2,13 @@
 //! (`<runtime>/jext4/<mountpoint hex>.pid|.status|.log`) that let
 //! `jext4 umount` find the server and wait until it has written everything.
 
-use super::metrics::RequestMetrics;
-use super::{FuseAdapter, FuseOptions, stats_report};
+use super::dev::DevSession;
+use super::metrics::{RequestMetrics, RingFigures, TransportFigures};
+use super::{FuseAdapter, FuseOptions, FuseTransport, stats_report, uring, wire};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 use fuser::{Config, MountOption, SessionACL};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -185,18 +187,38 @@ pub fn fuse_config(options: &FuseOptions, read_only: bool, image: &Path) -> Conf
 
 /// Mount `fs` at `mountpoint`, call `ready` once the kernel has accepted
 /// the mount, serve until unmounted, then unmount the engine (final
-/// write-out, clean state).
-pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce()) -> Result<()> {
+/// write-out, clean state). The requests travel over `options.transport`.
+pub fn serve(
+    fs: Arc<Fs>,
+    mountpoint: &Path,
+    options: &FuseOptions,
+    config: &Config,
+    ready: impl FnOnce(),
+) -> Result<()> {
     let notifier = Arc::new(OnceLock::new());
     let metrics = Arc::new(RequestMetrics::default());
-    let adapter = FuseAdapter::new(Arc::clone(&fs), Arc::clone(&notifier), Arc::clone(&metrics));
-    let session = fuser::Session::new(adapter, mountpoint, config).map_err(|error| {
+    let adapter = Arc::new(FuseAdapter::new(
+        Arc::clone(&fs),
+        Arc::clone(&notifier),
+        Arc::clone(&metrics),
+    )?);
+    let want_uring = want_uring(options.transport)?;
+    let mut config = config.clone();
+    if want_uring {
+        // Only FORGET and INTERRUPT still come through /dev/fuse.
+        config.n_threads = Some(1);
+    }
+    let uring_taken = Arc::new(OnceLock::new());
+    let session = DevSession::new(Arc::clone(&adapter), want_uring, Arc::clone(&uring_taken));
+    let session = fuser::Session::new(session, mountpoint, &config).map_err(|error| {
         Error::Io(std::io::Error::new(
             error.kind(),
             format!("cannot mount on {}: {error}", mountpoint.display()),
         ))
     })?;
     let _ = notifier.set(session.notifier());
+    let uring_taken = uring_taken.get().copied().unwrap_or(false);
+    let ring = start_transport(&session, &adapter, options, &config, uring_taken)?;
     ready();
     let reporter = StatsReporter::start(
         Arc::clone(&fs),
@@ -204,10 +226,99 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce
         runtime_file(mountpoint, "stats"),
     );
     let served = run_until_unmounted(session);
+    if let Some(ring) = ring {
+        ring.stop();
+    }
     let unmounted = fs.unmount();
     reporter.stop(&fs, &metrics);
     served.map_err(Error::Io)?;
     unmounted
+}
+
+/// Whether to ask the kernel for FUSE over io_uring: `auto` where the
+/// kernel offers it; `uring` refuses to mount where it does not.
+fn want_uring(transport: FuseTransport) -> Result<bool> {
+    match (transport, uring::kernel_offers()) {
+        (FuseTransport::Dev, _) => Ok(false),
+        (_, Ok(())) => Ok(true),
+        (FuseTransport::Auto, Err(why)) => {
+            tracing::debug!("serving through /dev/fuse: {why}");
+            Ok(false)
+        }
+        (FuseTransport::Uring, Err(why)) => Err(Error::Invalid(format!(
+            "mount option fuse_transport=uring: {why}"
+        ))),
+    }
+}
+
+/// Start the io_uring queues if the kernel took io_uring at FUSE_INIT, and
+/// say in the statistics which transport serves. Where the ring cannot
+/// start, `auto` stays on /dev/fuse (the kernel falls back to it when a
+/// registration fails) and `uring` gives up the mount (dropping the
+/// session unmounts).
+fn start_transport(
+    session: &fuser::Session<DevSession>,
+    adapter: &Arc<FuseAdapter>,
+    options: &FuseOptions,
+    config: &Config,
+    uring_taken: bool,
+) -> Result<Option<uring::Ring>> {
+    let metrics = adapter.metrics();
+    let refuse = |why: String| -> Result<Option<uring::Ring>> {
+        if options.transport == FuseTransport::Uring {
+            return Err(Error::Invalid(format!(
+                "mount option fuse_transport=uring: {why}"
+            )));
+        }
+        tracing::warn!("serving through /dev/fuse: {why}");
+        metrics.set_transport(TransportFigures {
+            name: "dev",
+            ring: None,
+        });
+        Ok(None)
+    };
+    if options.transport == FuseTransport::Dev
+        || (!uring_taken
+            && options.transport == FuseTransport::Auto
+            && uring::kernel_offers().is_err())
+    {
+        metrics.set_transport(TransportFigures {
+            name: "dev",
+            ring: None,
+        });
+        return Ok(None);
+    }
+    if !uring_taken {
+        return refuse("the kernel did not take FUSE_OVER_IO_URING at FUSE_INIT".into());
+    }
+    let shape = uring::RingShape {
+        queues: uring::possible_cpus(),
+        threads_per_queue: options.uring_threads,
+        entries_per_thread: options.uring_depth,
+        payload_size: wire::MAX_WRITE as usize,
+    };
+    let access = uring::Access {
+        acl: config.acl,
+        // SAFETY: geteuid has no preconditions.
+        owner: unsafe { libc::geteuid() },
+    };
+    match uring::Ring::start(session.as_fd(), Arc::clone(adapter), access, shape) {
+        Ok(ring) => {
+            metrics.set_transport(TransportFigures {
+                name: "uring",
+                ring: Some(RingFigures {
+                    queues: shape.queues,
+                    threads_per_queue: shape.threads_per_queue,
+                    entries_per_thread: shape.entries_per_thread,
+                    buffer_bytes: shape.buffer_bytes(),
+                    requests: Arc::clone(&ring.requests),
+                }),
+            });
+            tracing::info!(?shape, "serving through FUSE over io_uring");
+            Ok(Some(ring))
+        }
+        Err(why) => refuse(why),
+    }
 }
 
 /// Serve until the kernel ends the session (the mount point was unmounted:
@@ -220,7 +331,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, config: &Config, ready: impl FnOnce
 /// on the same mount point (a quick unmount/mount cycle), unmounts that one,
 /// and what is written next lands in the directory underneath. So fuser's
 /// mount handle is never dropped: the kernel has unmounted already.
-fn run_until_unmounted(session: fuser::Session<FuseAdapter>) -> std::io::Result<()> {
+fn run_until_unmounted(session: fuser::Session<DevSession>) -> std::io::Result<()> {
     let background = std::mem::ManuallyDrop::new(session.spawn()?);
     // SAFETY: `guard` is read out exactly once and `background` is never
     // used or dropped afterwards, so the handle has one owner; the other

@@ -220,6 +220,7 @@ impl Jbd2 {
         self.pending_free
             .lock()
             .retain(|_, (_, freed_in)| super::format::tid_gt(*freed_in, tid));
+        self.frees_durable_tid.store(tid, Ordering::Release);
         let mut state = self.state.lock();
         state.committed_tid = tid;
         state.head = end;

@@ -155,6 +155,9 @@ pub enum PanicPoint {
     /// Creating a file, after its inode is allocated in the running
     /// transaction and before its name exists: half of a change.
     Create = 1 << 1,
+    /// An io_uring queue thread, about to decode a request (outside any
+    /// request handler).
+    UringQueue = 1 << 2,
 }
 
 /// The armed panic points, one bit per `PanicPoint`.
@@ -173,6 +176,7 @@ pub fn arm_panics_from_env() {
         let point = match name {
             "commit" => PanicPoint::Commit,
             "create" => PanicPoint::Create,
+            "uring" => PanicPoint::UringQueue,
             _ => continue,
         };
         PANIC_AT.fetch_or(point as u32, Ordering::SeqCst);

@@ -228,6 +228,10 @@ pub(crate) struct Jbd2 {
     pub fast_commit: bool,
     /// Freed ranges not yet allocatable: start → (end, freeing tid).
     pub pending_free: Mutex<BTreeMap<u64, (u64, u32)>>,
+    /// The newest transaction whose freed blocks are allocatable again
+    /// (`committed_tid`, published after `pending_free` drops them), read
+    /// without a lock by the allocator's per-group masks.
+    pub frees_durable_tid: AtomicU32,
     thread: Mutex<Option<JoinHandle<()>>>,
     checkpoint_thread: Mutex<Option<JoinHandle<()>>>,
     /// Told of every handle's logical changes and every full commit.
@@ -340,6 +344,7 @@ impl Jbd2 {
         };
         let format = sb.log_format();
         let log_size = layout.last - layout.first;
+        let first_tid = sb.sequence;
         let jbd2 = Arc::new(Jbd2 {
             uuid: sb.uuid,
             max_transaction: (log_size / 4).max(16),
@@ -385,6 +390,7 @@ impl Jbd2 {
             async_commit: options.async_commit,
             fast_commit,
             pending_free: Mutex::new(BTreeMap::new()),
+            frees_durable_tid: AtomicU32::new(first_tid.wrapping_sub(1)),
             thread: Mutex::new(None),
             checkpoint_thread: Mutex::new(None),
             observer: OnceLock::new(),
@@ -581,6 +587,22 @@ impl Jbd2 {
             (Some(freed), Some(writing)) => Some(freed.min(writing)),
             (freed, writing) => freed.or(writing),
         }
+    }
+
+    /// Whether a checkpoint pass is writing blocks home now: those are not
+    /// allocatable until it ends, even if a newer transaction freed them
+    /// and is durable.
+    pub fn checkpoint_writing_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
+        let writing = self.checkpoint_writing.lock();
+        let index = writing.partition_point(|&block| block < start);
+        writing
+            .get(index)
+            .filter(|&&block| block < start + len)
+            .map(|&block| (block, block + 1))
+    }
+
+    pub fn has_checkpoint_writing(&self) -> bool {
+        !self.checkpoint_writing.lock().is_empty()
     }
 
     /// Some free blocks are not allocatable yet: freed by a transaction

@@ -341,6 +341,32 @@ impl Journal {
         }
     }
 
+    /// The newest transaction whose freed blocks are allocatable again:
+    /// blocks freed in it or before may be handed out (unjournaled, freed
+    /// blocks are allocatable at once: `None`).
+    pub fn frees_durable_tid(&self) -> Option<u32> {
+        match &self.mode {
+            Mode::WriteBack(_) => None,
+            Mode::Jbd2(jbd2) => Some(jbd2.frees_durable_tid.load(Ordering::Acquire)),
+        }
+    }
+
+    /// The first block in `start..start+len` a checkpoint pass is writing
+    /// home (not allocatable until the pass ends).
+    pub fn checkpoint_writing_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
+        match &self.mode {
+            Mode::WriteBack(_) => None,
+            Mode::Jbd2(jbd2) => jbd2.checkpoint_writing_overlap(start, len),
+        }
+    }
+
+    pub fn has_checkpoint_writing(&self) -> bool {
+        match &self.mode {
+            Mode::WriteBack(_) => false,
+            Mode::Jbd2(jbd2) => jbd2.has_checkpoint_writing(),
+        }
+    }
+
     pub fn has_pending_frees(&self) -> bool {
         match &self.mode {
             Mode::WriteBack(_) => false,

@@ -65,6 +65,9 @@ impl DirBlocks for TestDir {
         self.map.push(physical);
         Ok((self.map.len() as u64 - 1, buffer))
     }
+    fn append_cost(&mut self, _blocks: u32) -> Result<u64> {
+        Ok(0) // blocks come from a plain list, no mapping
+    }
     fn is_indexed(&self) -> bool {
         self.indexed
     }

@@ -140,8 +140,13 @@ pub struct TestAllocator {
     /// Start searching one past the goal, so that consecutive allocations
     /// are never physically contiguous (no merging: many extents).
     pub scatter: bool,
-    /// Blocks it may still hand out before answering NoSpace.
+    /// Blocks it may still hand out before answering NoSpace: charges
+    /// (`BlockAllocator::charge`) past it fail.
     pub budget: Option<u64>,
+    /// Blocks charged by the running operation and not yet allocated:
+    /// every allocation must fit in them (the format layer's estimates are
+    /// worst cases), and `with_ctx` drops the rest when the operation ends.
+    pub prepaid: u64,
     /// Ignore frees of blocks it never handed out (for garbage mappings).
     pub lenient: bool,
     on_disk: Option<OnDisk>,
@@ -179,6 +184,7 @@ impl TestAllocator {
             max_run: u32::MAX,
             scatter: false,
             budget: None,
+            prepaid: 0,
             lenient: false,
             on_disk: None,
         }
@@ -329,8 +335,31 @@ impl OnDisk {
 }
 
 impl BlockAllocator for TestAllocator {
+    fn charge(&mut self, blocks: u64) -> Result<()> {
+        if blocks > self.budget.unwrap_or(u64::MAX) {
+            return Err(Error::NoSpace);
+        }
+        self.prepaid = self.prepaid.max(blocks);
+        Ok(())
+    }
+
+    fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
+        let room = self.budget.unwrap_or(u64::MAX).saturating_sub(fixed);
+        let granted = flexible.min(room);
+        if fixed > self.budget.unwrap_or(u64::MAX) || (granted == 0 && flexible > 0) {
+            return Err(Error::NoSpace);
+        }
+        self.prepaid = self.prepaid.max(fixed + granted);
+        Ok(granted)
+    }
+
     fn alloc_blocks(&mut self, handle: &Handle<'_>, goal: u64, count: u32) -> Result<(u64, u32)> {
         assert!(count > 0);
+        assert!(
+            count as u64 <= self.prepaid,
+            "allocating {count} blocks with {} charged: a cost estimate missed them",
+            self.prepaid
+        );
         let mut count = count.min(self.max_run);
         if let Some(budget) = self.budget {
             if budget == 0 {
@@ -342,6 +371,7 @@ impl BlockAllocator for TestAllocator {
         if let Some(budget) = &mut self.budget {
             *budget -= len as u64;
         }
+        self.prepaid -= len as u64;
         self.mark(handle, start, len as u64, true);
         Ok((start, len))
     }
@@ -382,6 +412,8 @@ pub fn with_ctx<T>(
         };
         op(&mut ctx)
     };
+    // What the operation charged and did not allocate goes back.
+    alloc.prepaid = 0;
     handle.stop().unwrap();
     result
 }

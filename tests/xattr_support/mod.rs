@@ -27,6 +27,9 @@ pub struct TestAllocator {
     cache: Arc<BufferCache>,
     descs: Vec<GroupDesc>,
     superblock: Superblock,
+    /// Blocks charged and not yet allocated: every allocation must have
+    /// been charged first (`BlockAllocator::charge`).
+    prepaid: u64,
 }
 
 impl TestAllocator {
@@ -48,6 +51,7 @@ impl TestAllocator {
             cache: Arc::clone(cache),
             descs,
             superblock,
+            prepaid: 0,
         }
     }
 
@@ -112,7 +116,19 @@ impl TestAllocator {
 }
 
 impl BlockAllocator for TestAllocator {
+    fn charge(&mut self, blocks: u64) -> Result<()> {
+        self.prepaid = self.prepaid.max(blocks);
+        Ok(())
+    }
+
+    fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
+        self.prepaid = self.prepaid.max(fixed + flexible);
+        Ok(flexible)
+    }
+
     fn alloc_blocks(&mut self, handle: &Handle<'_>, goal: u64, _count: u32) -> Result<(u64, u32)> {
+        assert!(self.prepaid >= 1, "allocating a block nobody charged");
+        self.prepaid -= 1;
         let groups = self.geo.group_count;
         let start = self
             .geo

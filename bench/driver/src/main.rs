@@ -10,6 +10,7 @@ mod lsm;
 mod metafsync;
 mod msgjournal;
 mod smallwriters;
+mod statstorm;
 mod stream;
 mod varmail;
 
@@ -113,6 +114,19 @@ enum Workload {
         #[arg(long, default_value_t = 1024)]
         record_bytes: usize,
     },
+    /// A `git status`-like stat storm: lstat every listed file on THREADS
+    /// threads, then read every listed directory; ROUNDS times (the first
+    /// cold, the rest warm).
+    Statstorm {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        list: PathBuf,
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        #[arg(long, default_value_t = 4)]
+        rounds: usize,
+    },
     /// Tux3's blurt loop: PASSES × DIRECTORIES steps of TASKS processes,
     /// each rewriting DIR/<step>/f<task> WRITES × CHUNK bytes; stops at the
     /// first step with a failed task (ENOSPC is the expected end).
@@ -186,6 +200,17 @@ fn main() -> ExitCode {
             writes,
             record_bytes,
         } => smallwriters::run(dir, procs, writes, record_bytes),
+        Workload::Statstorm {
+            dir,
+            list,
+            threads,
+            rounds,
+        } => statstorm::run(statstorm::Options {
+            dir,
+            list,
+            threads,
+            rounds,
+        }),
         Workload::Blurt {
             dir,
             passes,

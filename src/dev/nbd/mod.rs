@@ -22,6 +22,12 @@
 //! `WINDOW_WRITES` writes and `WINDOW_BYTES` bytes are in flight per
 //! connection. Reads wait for their data, of course.
 //!
+//! Plugging. Before any of that, aligned writes are held back in the plug
+//! (`plug.rs`): merged with their neighbours, replaced when written again,
+//! and read from there, until a flush, a request that needs the server's
+//! order, or `PLUG_MAX_BYTES` sends them. On a small machine each request's
+//! wake-ups cost more than its bytes.
+//!
 //! Connections. The device opens `x-connections` of them (4 by default)
 //! when the server allows several; a request takes whichever is free. Each
 //! connection is used by one thread at a time (its slot's lock), which
@@ -34,23 +40,29 @@
 //! went with it), so the device keeps those writes — the *replay log* — and
 //! writes them again on the new connections, then the writes still in
 //! flight, in the order they were issued; then the interrupted request is
-//! sent again. A write sent twice is harmless (block writes are idempotent)
+//! sent again. Before any of it, the export must still hold the identity
+//! bytes the filesystem gave (`expect_identity`: its UUID): a server that
+//! came back serving another image is never written to — that error is
+//! final. A write sent twice is harmless (block writes are idempotent)
 //! and a flush sent again covers everything replayed. The replay log is
 //! bounded: past `REPLAY_LOG_MAX_BYTES` the device flushes on its own,
 //! which empties it. After the timeout the device gives up for good: every
 //! request fails with one message, and the filesystem turns read-only.
 //!
-//! Locks, outermost first: `gate` (read: using a connection; write: a
+//! Locks, outermost first: `plug` (held while it is sent, so that a read
+//! finds a write either in the plug or in flight) → `gate` (read: using a connection; write: a
 //! reconnect, which so has every connection to itself) → one slot of
 //! `slots` → `partial` is taken before both (read-modify-write below the
 //! server's minimum block) → `pending`, `replay`, `failed`, `dead` (leaves,
 //! never held across I/O).
 
+mod plug;
 mod protocol;
 pub mod uri;
 
 use super::{BlockDevice, check_range};
 use parking_lot::{Mutex, MutexGuard, RwLock};
+use plug::{Coverage, PLUG_MAX_BYTES, Plug};
 use protocol::{Connection, ExportInfo, RequestError};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
@@ -154,6 +166,11 @@ pub struct NbdDevice {
     pending: Mutex<Pending>,
     replay: Mutex<ReplayLog>,
     partial: Mutex<()>,
+    /// Aligned writes not sent yet.
+    plug: Mutex<Plug>,
+    /// Bytes the export must hold for a reconnect to write to it
+    /// (`BlockDevice::expect_identity`): offset and bytes.
+    identity: Mutex<Option<(u64, Vec<u8>)>>,
     /// A write the server failed: every later write and flush fails so.
     failed: Mutex<Option<String>>,
     /// Set when reconnecting gave up: why, for every later request.
@@ -229,6 +246,8 @@ impl NbdDevice {
             pending: Mutex::new(Pending::new()),
             replay: Mutex::new(ReplayLog::default()),
             partial: Mutex::new(()),
+            plug: Mutex::new(Plug::default()),
+            identity: Mutex::new(None),
             failed: Mutex::new(None),
             dead: Mutex::new(None),
             outage: Mutex::new(None),
@@ -250,11 +269,29 @@ impl NbdDevice {
         self.generation.load(Ordering::Relaxed)
     }
 
-    /// Bytes written that no flush has covered yet (in flight or
-    /// acknowledged).
+    /// Bytes written that no flush has covered yet (held in the plug, in
+    /// flight or acknowledged).
     pub fn unflushed_bytes(&self) -> usize {
+        let plugged = self.plug.lock().bytes();
         let in_flight: usize = self.slots.iter().map(|slot| slot.lock().bytes).sum();
-        self.replay.lock().bytes + in_flight
+        self.replay.lock().bytes + in_flight + plugged
+    }
+
+    /// Send what the plug holds (its lock held throughout: a reader that
+    /// does not find a write in the plug finds it in flight).
+    fn unplug(&self) -> io::Result<()> {
+        let mut plug = self.plug.lock();
+        self.unplug_locked(&mut plug)
+    }
+
+    fn unplug_locked(&self, plug: &mut Plug) -> io::Result<()> {
+        if plug.is_empty() {
+            return Ok(());
+        }
+        for (offset, data) in plug.take(self.max_request as usize) {
+            self.write_aligned(offset, &data, 0)?;
+        }
+        Ok(())
     }
 
     fn check_dead(&self) -> io::Result<()> {
@@ -492,6 +529,11 @@ impl NbdDevice {
                 );
                 tracing::warn!("{why}");
                 *self.dead.lock() = Some(why.clone());
+                // Closed, so that a server waiting for its clients to leave
+                // (nbdkit after SIGTERM) can exit.
+                for slot in &self.slots {
+                    slot.lock().connection = None;
+                }
                 return Err(io::Error::new(io::ErrorKind::NotConnected, why));
             }
             std::thread::sleep(pause);
@@ -507,6 +549,7 @@ impl NbdDevice {
             check_same_export(&self.uri, &self.export, &export)?;
             fresh.push(connection);
         }
+        self.check_identity(&mut fresh[0])?;
         let mut slots: Vec<MutexGuard<'_, Slot>> = self.slots.iter().map(|s| s.lock()).collect();
         let mut in_flight: Vec<&InFlight> =
             slots.iter().flat_map(|slot| slot.writes.values()).collect();
@@ -550,6 +593,39 @@ impl NbdDevice {
             }
         }
         Ok(count)
+    }
+
+    /// Before anything is written again after a reconnect: the export must
+    /// still hold the identity bytes, or another medium answers at the
+    /// address now (a server restarted on another image) and nothing may be
+    /// written to it. An error here is final.
+    fn check_identity(&self, connection: &mut Connection) -> io::Result<()> {
+        let Some((offset, expected)) = self.identity.lock().clone() else {
+            return Ok(());
+        };
+        let (start, length) = self.aligned_around(offset, expected.len());
+        let mut whole = vec![0u8; length as usize];
+        connection
+            .read(start, &mut whole)
+            .map_err(|error| match error {
+                RequestError::Transport(error) => error,
+                RequestError::Server(errno) => {
+                    server_error(&self.uri, &format!("read at byte {start}"), errno)
+                }
+            })?;
+        let at = (offset - start) as usize;
+        if whole[at..at + expected.len()] != expected[..] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: the export now holds another image (bytes {offset}..{} differ from \
+                     the mounted filesystem's identity): nothing more is written to it",
+                    self.uri,
+                    offset + expected.len() as u64
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The aligned requests that make up an access of `len` bytes at
@@ -644,6 +720,9 @@ impl NbdDevice {
         }
         check_range(offset, buf.len(), self.export.size)?;
         self.check_failed()?;
+        // A FUA write, or one below the server's block: in the server's
+        // order, after everything held back.
+        self.unplug()?;
         let sequence = if self.is_aligned(offset, buf.len()) {
             self.write_aligned(offset, buf, flags)?
         } else {
@@ -658,10 +737,35 @@ impl NbdDevice {
             whole[at..at + buf.len()].copy_from_slice(buf);
             self.write_aligned(start, &whole, flags)?
         };
+        self.bound_replay_log()?;
+        Ok(sequence)
+    }
+
+    /// Past `REPLAY_LOG_MAX_BYTES` of acknowledged writes, flush (which
+    /// empties the replay log).
+    fn bound_replay_log(&self) -> io::Result<()> {
         if self.replay.lock().bytes > REPLAY_LOG_MAX_BYTES {
             self.flush()?;
         }
-        Ok(sequence)
+        Ok(())
+    }
+
+    /// A write held back in the plug; sent when the plug is full.
+    fn write_plugged(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        check_range(offset, buf.len(), self.export.size)?;
+        self.check_failed()?;
+        {
+            let mut plug = self.plug.lock();
+            plug.insert(offset, buf);
+            if plug.bytes() <= PLUG_MAX_BYTES {
+                return Ok(());
+            }
+            self.unplug_locked(&mut plug)?;
+        }
+        self.bound_replay_log()
     }
 
     /// A write that is durable when this returns: `NBD_CMD_FLAG_FUA` where
@@ -672,7 +776,7 @@ impl NbdDevice {
             self.settle(sequence + 1)?;
             self.check_failed()
         } else {
-            self.write_with(offset, buf, 0)?;
+            self.write_at(offset, buf)?;
             self.flush()
         }
     }
@@ -718,6 +822,14 @@ impl NbdDevice {
 impl BlockDevice for NbdDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len(), self.export.size)?;
+        {
+            let mut plug = self.plug.lock();
+            match plug.read(offset, buf) {
+                Coverage::Full => return Ok(()),
+                Coverage::None => {}
+                Coverage::Partial => self.unplug_locked(&mut plug)?,
+            }
+        }
         if self.is_aligned(offset, buf.len()) {
             return self.read_aligned(offset, buf);
         }
@@ -730,6 +842,9 @@ impl BlockDevice for NbdDevice {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if self.is_aligned(offset, buf.len()) {
+            return self.write_plugged(offset, buf);
+        }
         self.write_with(offset, buf, 0).map(|_| ())
     }
 
@@ -740,6 +855,7 @@ impl BlockDevice for NbdDevice {
         if self.read_only {
             return Ok(());
         }
+        self.unplug()?;
         self.settle(self.next_sequence.load(Ordering::Acquire))?;
         self.check_failed()?;
         if !self.export.has(protocol::FLAG_SEND_FLUSH) {
@@ -768,12 +884,27 @@ impl BlockDevice for NbdDevice {
         Ok(())
     }
 
+    /// NBD has no ranged barrier: the plugged writes are sent (the
+    /// ranges' among them) so their transfer is paid for now, and
+    /// `write_durable` keeps the trait's write and full `flush`.
+    fn write_back(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.unplug()
+    }
+
     fn size_bytes(&self) -> u64 {
         self.export.size
     }
 
     fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn expect_identity(&self, offset: u64, bytes: &[u8]) {
+        debug_assert!(offset + bytes.len() as u64 <= self.export.size);
+        *self.identity.lock() = Some((offset, bytes.to_vec()));
     }
 }
 
@@ -782,6 +913,7 @@ impl Drop for NbdDevice {
     /// connection (proto.md: the client ends transmission with
     /// `NBD_CMD_DISC`).
     fn drop(&mut self) {
+        let _ = self.unplug();
         let _ = self.settle(self.next_sequence.load(Ordering::Acquire));
         for slot in &self.slots {
             if let Some(connection) = slot.lock().connection.take() {

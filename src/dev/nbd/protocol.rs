@@ -527,6 +527,23 @@ impl Connection {
         }
     }
 
+    /// One read, waited for: the reply's data lands in `into`.
+    pub fn read(&mut self, offset: u64, into: &mut [u8]) -> Result<(), RequestError> {
+        let cookie = self
+            .send_request(CMD_READ, 0, offset, into.len() as u32, None)
+            .map_err(RequestError::Transport)?;
+        let (replied, error) = self.receive_reply().map_err(RequestError::Transport)?;
+        if replied != cookie {
+            return Err(RequestError::Transport(protocol_error(format!(
+                "the server answered cookie {replied}, expected {cookie}"
+            ))));
+        }
+        match error {
+            0 => self.receive_payload(into).map_err(RequestError::Transport),
+            error => Err(RequestError::Server(error)),
+        }
+    }
+
     /// Header and payload in as few system calls as is cheap: small
     /// payloads are copied behind the header, large ones sent after it.
     fn send(&mut self, header: &[u8; 28], payload: Option<&[u8]>) -> io::Result<()> {

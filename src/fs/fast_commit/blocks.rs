@@ -200,6 +200,16 @@ pub(super) struct ReplayAllocator<'r, 'a, 'j> {
 }
 
 impl BlockAllocator for ReplayAllocator<'_, '_, '_> {
+    // Replay runs before the mount, unmetered: what it maps was accepted
+    // within a budget before the crash.
+    fn charge(&mut self, blocks: u64) -> Result<()> {
+        self.tx.charge(blocks)
+    }
+
+    fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
+        self.tx.charge_run(fixed, flexible)
+    }
+
     fn alloc_blocks(&mut self, _handle: &Handle<'_>, goal: u64, count: u32) -> Result<(u64, u32)> {
         if let Some((start, len)) = self.pinned.take() {
             return Ok((start, count.min(len)));
