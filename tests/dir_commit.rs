@@ -6,6 +6,9 @@
 //! directory's data — recognised by its bytes — until the test releases
 //! it: that directory's commit is stuck before it reaches the fast-commit
 //! area, as behind a slow stream of its own.
+//!
+//! An inode number freed by the held commit is not given to a new file
+//! of the other directory (which would tie that file's commit to it).
 
 mod common;
 
@@ -92,8 +95,11 @@ impl BlockDevice for StallingDevice {
 }
 
 /// Mount a fresh fast_commit image on a stalling device; make /a and /b.
+/// 4 KiB blocks: one block group, so /a's and /b's files share one inode
+/// bitmap.
 fn mounted(dir: &std::path::Path, global: bool) -> (Arc<StallingDevice>, Arc<Fs>, u32, u32) {
-    let image = common::mkfs(dir, "dirs", 64, &["-t", "ext4", "-O", "fast_commit"]);
+    let args = ["-t", "ext4", "-O", "fast_commit", "-b", "4096"];
+    let image = common::mkfs(dir, "dirs", 64, &args);
     let device = Arc::new(StallingDevice {
         inner: FileDevice::open(&image, false).unwrap(),
         gate: Mutex::new((false, false)),
@@ -116,10 +122,14 @@ fn mounted(dir: &std::path::Path, global: bool) -> (Arc<StallingDevice>, Arc<Fs>
 }
 
 /// Hold /b's commit at the device; fsync a new file in /a meanwhile.
-/// Returns whether /a's fsync came back while /b's was held.
-fn fsync_in_a_while_b_is_held(global: bool) -> bool {
+/// Returns whether /a's fsync came back while /b's was held. With
+/// `free_in_b`, /b's held commit also frees an inode (a durable file of
+/// /b unlinked), the lowest free number when /a's file is created.
+fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
     let scratch = tempfile::tempdir().unwrap();
     let (device, fs, a, b) = mounted(scratch.path(), global);
+    let old = fs.create(b, b"old", 0o644, Caller::ROOT).unwrap().ino;
+    fs.sync().unwrap();
     let big = fs.create(b, b"big", 0o644, Caller::ROOT).unwrap().ino;
     let data: Vec<u8> = HELD_PATTERN
         .iter()
@@ -128,6 +138,9 @@ fn fsync_in_a_while_b_is_held(global: bool) -> bool {
         .take(256 << 10)
         .collect();
     fs.write(big, 0, &data, Caller::ROOT).unwrap();
+    if free_in_b {
+        fs.unlink(b, b"old", Caller::ROOT).unwrap();
+    }
     let (a_done_tx, a_done) = mpsc::channel();
     let returned_while_held = std::thread::scope(|scope| {
         let b_fsync = scope.spawn(|| fs.fsync(big, false));
@@ -137,15 +150,19 @@ fn fsync_in_a_while_b_is_held(global: bool) -> bool {
             let small = fs.create(a, b"small", 0o644, Caller::ROOT).unwrap().ino;
             fs.write(small, 0, &[7u8; 1024], Caller::ROOT).unwrap();
             fs.fsync(small, false).unwrap();
-            a_done_tx.send(()).unwrap();
+            a_done_tx.send(small).unwrap();
         });
-        let returned = a_done.recv_timeout(Duration::from_secs(5)).is_ok();
+        let small = a_done.recv_timeout(Duration::from_secs(5));
+        let returned = small.is_ok();
         device.release();
-        if !returned {
+        let small = small.unwrap_or_else(|_| {
             // Global scope: /a's fsync ends once /b's commit may go on.
             a_done
                 .recv_timeout(Duration::from_secs(30))
-                .expect("/a's fsync after the release");
+                .expect("/a's fsync after the release")
+        });
+        if free_in_b {
+            assert_ne!(small, old, "/b's freed inode number went to /a's file");
         }
         b_fsync.join().unwrap().unwrap();
         returned
@@ -172,7 +189,21 @@ fn an_fsync_in_one_directory_returns_while_anothers_commit_is_held() {
         return;
     }
     assert!(
-        fsync_in_a_while_b_is_held(false),
+        fsync_in_a_while_b_is_held(false, false),
+        "/a's fsync waited for /b's commit"
+    );
+}
+
+/// /b's held commit frees an inode number: a new file of /a does not take
+/// it (its creation would have to replay after that freeing, so it would
+/// join /b's commit and wait for it).
+#[test]
+fn a_number_freed_by_a_held_commit_goes_to_no_other_directory() {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    assert!(
+        fsync_in_a_while_b_is_held(false, true),
         "/a's fsync waited for /b's commit"
     );
 }
@@ -185,7 +216,7 @@ fn with_one_global_scope_the_fsync_waits_for_the_other_directory() {
         return;
     }
     assert!(
-        !fsync_in_a_while_b_is_held(true),
+        !fsync_in_a_while_b_is_held(true, false),
         "/a's fsync returned while /b's commit, which it carries, was held"
     );
 }

@@ -510,7 +510,8 @@ impl Scopes {
 
     /// `id`, queued, is durable (or will never be written: a full commit
     /// covers it): it goes, and so does the set if nothing is left in it.
-    pub fn retire(&mut self, id: TxnId, durable: Option<u64>) {
+    /// Returns the inodes it held.
+    pub fn retire(&mut self, id: TxnId, durable: Option<u64>) -> Vec<u32> {
         if let Some(seq) = durable {
             self.durable_seq = self.durable_seq.max(seq);
         }
@@ -519,12 +520,13 @@ impl Scopes {
         set.unqueued.retain(|&other| other != id);
         set.building.retain(|&other| other != id);
         let txn = self.txns.remove(&id).expect("a live transaction");
-        for ino in txn.taken_inodes {
+        for &ino in &txn.taken_inodes {
             if self.owner.get(&ino) == Some(&id) {
                 self.owner.remove(&ino);
             }
         }
         self.dissolve_if_idle(root);
+        txn.taken_inodes
     }
 
     /// A set with nothing running, taken or bound falls apart into its

@@ -50,6 +50,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+/// Freed inode numbers held back from reuse at most.
+const MAX_HELD_BACK: usize = 1 << 16;
+
 /// Record bytes an inode costs at most (INODE with a 256-byte inode).
 const INODE_RECORD_BYTES: usize = RECORD_HEADER_SIZE + 4 + 256;
 /// One range record.
@@ -257,6 +260,14 @@ pub(crate) struct Tracker {
     /// Waiters for a directory's lock-down, drain, freeze or queue turn.
     wake: Condvar,
     data: Mutex<UnflushedData>,
+    /// Inodes freed in a directory transaction not known durable yet, with
+    /// the JBD2 transaction that freed them: the allocator hands them out
+    /// last (`holds_back`), so that a new file does not tie its directory's
+    /// commit to the freeing directory's. Per-directory scope only; at most
+    /// `MAX_HELD_BACK` (past it numbers are reused, and the directories are
+    /// united instead). A leaf lock.
+    held_back: Mutex<HashMap<u32, u32>>,
+    global: bool,
     commits: AtomicU64,
     fallbacks: AtomicU64,
     retries: AtomicU64,
@@ -288,6 +299,8 @@ impl Tracker {
             }),
             wake: Condvar::new(),
             data: Mutex::new(UnflushedData::default()),
+            held_back: Mutex::new(HashMap::new()),
+            global,
             commits: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
             retries: AtomicU64::new(0),
@@ -453,8 +466,22 @@ impl Tracker {
     /// commit covers it), is done.
     pub fn retire(&self, txn: TxnId, durable: Option<u64>) {
         let mut state = self.state.lock();
-        state.scopes().retire(txn, durable);
+        let inodes = state.scopes().retire(txn, durable);
         self.wake.notify_all();
+        drop(state);
+        if durable.is_some() {
+            // Their freeing is durable: the numbers may go to new files.
+            let mut held_back = self.held_back.lock();
+            for ino in inodes {
+                held_back.remove(&ino);
+            }
+        }
+    }
+
+    /// Whether free inode `ino` was freed by a directory transaction not
+    /// known durable (the allocator hands it out last).
+    pub fn holds_back(&self, ino: u32) -> bool {
+        self.held_back.lock().contains_key(&ino)
     }
 
     // -----------------------------------------------------------------
@@ -539,6 +566,12 @@ impl Tracker {
             }
             Change::InodeFreed { ino } => {
                 state.unnamed.remove(&ino);
+                if !self.global {
+                    let mut held_back = self.held_back.lock();
+                    if held_back.len() < MAX_HELD_BACK {
+                        held_back.insert(ino, tid);
+                    }
+                }
                 // Its owner stays: a new file given this number depends on
                 // the freeing (the old names' UNLINKs, the old blocks).
                 let txn = self.route_inode(state, handle, ino);
@@ -639,6 +672,9 @@ impl ChangeObserver for Tracker {
         }
         drop(state);
         self.data.lock().committed(tid);
+        self.held_back
+            .lock()
+            .retain(|_, freed_in| tid_gt(*freed_in, tid));
         self.wake.notify_all();
     }
 }
