@@ -65,10 +65,12 @@
 //!
 //! Waiting: a thread holding a filesystem lock never waits for a commit
 //! (fsync, sync, `-o sync` wait after their operation released its locks
-//! and stopped its handle), and a fast commit takes its consistent cut of
-//! the inodes with the journal's update barrier (`FastCommitSlot::
-//! lock_updates`, the kernel's `jbd2_journal_lock_updates`): every handle
-//! has stopped, so no operation is half-way, and none holds a lock.
+//! and stopped its handle). A directory's fast commit takes its consistent
+//! cut without stopping other directories: it waits for the handles bound
+//! to that directory's transaction to stop (they hold locks, it holds
+//! none), and new operations in that directory wait at their start —
+//! holding only their handle — until its records are built
+//! (`fs::fast_commit::track`); each inode is read under its inode lock.
 
 use std::ops::{Deref, DerefMut};
 use std::time::Instant;

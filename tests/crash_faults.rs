@@ -140,6 +140,45 @@ fn a_fast_commit_crc_over_the_wrong_span_is_caught() {
     );
 }
 
+/// Per-directory commits: a directory's commit that leaves its inodes'
+/// data out of its barrier lets the TAIL be durable before the data the
+/// records map (stale or zero bytes under an acknowledged size).
+#[test]
+fn a_directory_commit_without_its_data_is_caught() {
+    assert_caught_on(
+        Fault::DirCommitSkipsData,
+        &["msgjournal", "mailspool"],
+        300,
+        Mode::FastCommits,
+    );
+}
+
+/// Per-directory commits: a rename across directories split between the
+/// two directories' transactions is committed half by an fsync of one
+/// (both names, or neither, survive).
+#[test]
+fn a_rename_across_directories_committed_by_halves_is_caught() {
+    assert_caught_on(
+        Fault::DirCommitSplitsCoalesced,
+        &["acedirs", "spool8"],
+        400,
+        Mode::FastCommits,
+    );
+}
+
+/// Group commit: an fsync acknowledged while the write holding its
+/// directory's commit is still under way loses it to a crash before the
+/// write's barrier. Needs concurrent fsyncs: eight threads.
+#[test]
+fn an_fsync_acknowledged_before_its_fast_commit_is_durable_is_caught() {
+    assert_caught_on(
+        Fault::FastCommitAckEarly,
+        &["varmail8", "spool8"],
+        400,
+        Mode::FastCommits,
+    );
+}
+
 /// ByteLog: records whose cache lines are not written back and fenced
 /// before the ANCHOR that names them may be lost after the fsync returned
 /// (the crash states keep any subset of unfenced lines).

@@ -10,7 +10,8 @@
 //! thread alone. Every readdir and stat checks the thread's own names
 //! against its model while the others run; at the end the whole tree must
 //! be exactly the union of the models, e2fsck clean, and the same through
-//! a kernel mount.
+//! a kernel mount. Once on a plain image, once on a fast_commit image
+//! (per-directory fast commits).
 
 mod common;
 
@@ -240,11 +241,28 @@ fn actual_tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
 
 #[test]
 fn sixteen_threads_through_fuse_match_their_models() {
+    stress(false);
+}
+
+/// The same on a fast_commit image: every fsync commits its directory's
+/// transaction, renames across the shared directories unite theirs, and
+/// concurrent fsyncs share writes of the fast-commit area.
+#[test]
+fn sixteen_threads_with_per_directory_fast_commits_match_their_models() {
+    stress(true);
+}
+
+fn stress(fast_commit: bool) {
     if !e2e::require_e2e() {
         return;
     }
     let scratch = e2e::scratch("stress");
-    let image = common::mkfs(scratch.path(), "stress", 256, &["-t", "ext4"]);
+    let features: &[&str] = if fast_commit {
+        &["-t", "ext4", "-O", "fast_commit"]
+    } else {
+        &["-t", "ext4"]
+    };
+    let image = common::mkfs(scratch.path(), "stress", 256, features);
     let mnt = scratch.path().join("mnt");
     let mount = JextMount::mount(&image, &mnt, "threads=16");
     for index in 0..DIRECTORIES {
@@ -286,6 +304,29 @@ fn sixteen_threads_through_fuse_match_their_models() {
     let seen_by_jext4 = e2e::snapshot(&mnt);
     let log = mount.server_log();
     mount.unmount();
+    // The server's last report, written as it unmounted.
+    let stats = e2e::jext4_stats(&mnt);
+    if fast_commit {
+        let value = |name: &str| -> u64 {
+            stats
+                .lines()
+                .find_map(|line| line.strip_prefix(&format!("{name} ")))
+                .and_then(|value| value.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in:\n{stats}"))
+        };
+        assert!(
+            value("fast_commit_directory_transactions") > 0,
+            "no directory transaction was fast-committed:\n{stats}"
+        );
+        eprintln!(
+            "{}",
+            stats
+                .lines()
+                .filter(|line| line.starts_with("fast_commit") || line.starts_with("dir_tx"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
     assert!(
         !log.contains("panicked") && !log.contains("lock ranking violated"),
         "the server panicked:\n{log}"
@@ -296,7 +337,8 @@ fn sixteen_threads_through_fuse_match_their_models() {
     kernel.unmount();
     e2e::assert_same(&seen_by_jext4, &seen_by_kernel, ("jext4", "kernel"));
     eprintln!(
-        "stress: {THREADS} threads × {STEPS} steps, {fsyncs} fsyncs, {} names at the end, {:.1} s",
+        "stress{}: {THREADS} threads × {STEPS} steps, {fsyncs} fsyncs, {} names at the end, {:.1} s",
+        if fast_commit { " (fast commits)" } else { "" },
         expected.len(),
         elapsed.as_secs_f64()
     );

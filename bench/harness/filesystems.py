@@ -323,10 +323,14 @@ class Jext4(FuseFs):
     optional = True
     baseline = False  # served by --baseline-binary, not the build under test
 
-    def __init__(self, name, mkfs, description, binary, options=None):
+    def __init__(self, name, mkfs, description, binary, options=None, opt_in=False):
         super().__init__(name, mkfs, description)
         self.binary = binary
         self.options = options
+        if opt_in:
+            # Only to switch it on: subclasses say opt_in = True as a class
+            # attribute, which an instance attribute would hide.
+            self.opt_in = True
         self.build_error = None
 
     def unavailable_reason(self):
@@ -353,6 +357,11 @@ class Jext4(FuseFs):
         if mounted_at(mount.mountpoint):
             run([self.binary, "umount", mount.mountpoint], timeout=UMOUNT_TIMEOUT)
         self._wait_server_exit(mount)
+
+    def stats(self, mountpoint):
+        """Every counter of `jext4 stats --json`; None when it fails."""
+        result = run([self.binary, "stats", "--json", mountpoint], timeout=30, check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
 
     def request_counts(self, mountpoint):
         """The server's FUSE request counters (`jext4 stats`): the total and
@@ -540,7 +549,12 @@ def catalogue(repo):
             "jext4-uring whose queue threads never poll (-o uring_spin=0): what polling gains",
             binary, "fuse_transport=uring,uring_spin=0",
         ),
-        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits", binary, DEV),
+        Jext4("jext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "jext4 on an image as for ext4-fc: fsync writes fast commits, one transaction per directory", binary, DEV),
+        Jext4(
+            "jext4-fc-global", MKFS_EXT4 + ["-O", "fast_commit"],
+            "jext4 -o fast_commit=global: fast commits of one scope for the whole filesystem (the kernel's single queue)",
+            binary, DEV + ",fast_commit=global", opt_in=True,
+        ),
         Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary, DEV),
         Jext4Shm(
             "jext4-bytelog", MKFS_EXT4 + ["-O", "fast_commit"],
@@ -579,6 +593,9 @@ def baselines(catalogue, binary):
 # peers of the out-of-space workloads (issue 10, after the Tux3 post).
 GROUPS = {
     "nbd": ["jext4", "jext4-nbd-unix", "jext4-nbd-tcp", "jext4-kernel-nbd"],
+    # `--fs dirs`: issue 9's comparison — per-directory fast commits, one
+    # global scope, and the kernel's peers.
+    "dirs": ["ext4", "ext4-fc", "xfs", "jext4-fc", "jext4-fc-global"],
     "oos": ["ext4", "xfs", "btrfs", "fuse2fs", "jext4"],
     "bytelog": ["ext4-fc", "jext4-fc", "jext4-fc-shm", "jext4-bytelog"],
 }

@@ -26,6 +26,8 @@ SIZES = {
         "varmail_threads": [1, 2],
         "varmail_files": 200,
         "spool_threads": [1, 8],
+        "dirs_threads": [1, 2],
+        "stream_mib": 64,
         "seconds": 0.3,
         "lsm_table_kib": 256,
         "journal_count": 100,
@@ -67,6 +69,9 @@ SIZES = {
         "varmail_threads": [1, 4, 16],
         "varmail_files": 1000,
         "spool_threads": [1, 8],
+        # The per-directory sweeps (issue 9): one directory (tree) per thread.
+        "dirs_threads": [1, 2, 4, 8, 16],
+        "stream_mib": 400,
         "seconds": 1.5,
         "lsm_table_kib": 1024,
         "journal_count": 5000,
@@ -130,6 +135,8 @@ class Context:
     # The mounted filesystem's FUSE request counters, for jext4 (a callable
     # returning {"fuse_requests": n, "fuse_op_lookup": n, ...} or None).
     request_counts: object = None
+    # All of jext4's counters (`jext4 stats --json`), for jext4; else None.
+    stats: object = None
     # Unmount and mount the filesystem again (empties its caches).
     remount: object = None
 
@@ -442,6 +449,187 @@ class ThreadSweep(Workload):
         return results
 
 
+# The server refreshes what `jext4 stats` reads every 2 s.
+STATS_REFRESH_SECONDS = 2.2
+FAST_COMMIT_COUNTERS = [
+    "fast_commits", "fast_commit_directory_transactions", "fast_commit_flushes",
+    "fast_commit_fallbacks", "full_commits", "dir_tx_coalesced", "dir_tx_conflicts_waited",
+    "dir_tx_conflicts_shadowed", "dir_tx_lockup_waits", "dir_tx_lockup_micros",
+]
+
+
+def fast_commit_counters(ctx):
+    """jext4's fast-commit counters now (after the server's next refresh), or
+    None for other filesystems and mounts without fast commits."""
+    if not ctx.stats:
+        return None
+    time.sleep(STATS_REFRESH_SECONDS)
+    stats = ctx.stats() or {}
+    if "fast_commits" not in stats:
+        return None
+    return {key: stats.get(key, 0) for key in FAST_COMMIT_COUNTERS}
+
+
+def fast_commit_figures(before, after, operations):
+    """What a case cost in fast commits: the compound degree (directory
+    transactions per write of the area), flushes per fast commit, and per
+    operation; {} where nobody counted."""
+    if before is None or after is None:
+        return {}
+    delta = {key: after[key] - before[key] for key in FAST_COMMIT_COUNTERS}
+    writes = delta["fast_commits"]
+    figures = {"jext4_" + key: value for key, value in delta.items()}
+    if writes:
+        figures["compound_degree"] = round(delta["fast_commit_directory_transactions"] / writes, 2)
+        figures["flushes_per_fast_commit"] = round(delta["fast_commit_flushes"] / writes, 2)
+    if operations:
+        figures["fast_commit_flushes_per_op"] = round(delta["fast_commit_flushes"] / operations, 3)
+    return figures
+
+
+class DirsSweep(ThreadSweep):
+    """A driver workload at several thread counts, each thread its own
+    directory tree (the DJFS paper's property D): N single-threaded driver
+    processes at once, ops/s summed; with jext4's fast-commit figures."""
+
+    threads_key = "dirs_threads"
+
+    def run(self, ctx, directory):
+        results = []
+        for threads in ctx.sizes[self.threads_key]:
+            before = fast_commit_counters(ctx)
+            own = directory / f"{self.name}-{threads}"
+            args = ["--threads", 1, "--seconds", ctx.sizes["seconds"], *self.extra_args(ctx)]
+            figures = driver_processes(ctx, self.subcommand, [own / f"t{i}" for i in range(threads)], *args)
+            operations = sum(figure["operations"] for figure in figures)
+            seconds = max(figure["seconds"] for figure in figures)
+            results.append({
+                "case": f"{threads} thread{'s' if threads > 1 else ''}",
+                "params": {"threads": threads},
+                "values": {"ops_per_sec": operations / seconds},
+                "extra": {"operations": operations,
+                          **fast_commit_figures(before, fast_commit_counters(ctx), operations)},
+            })
+        return results
+
+
+def driver_processes(ctx, subcommand, directories, *args, timeout=300):
+    """Runs one jext4-bench-driver process per directory, all at once, and
+    returns their JSON lines."""
+    import subprocess
+    processes = []
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        argv = [str(ctx.driver), subcommand, "--dir", str(directory), *[str(arg) for arg in args]]
+        processes.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    figures = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=timeout)
+        if process.returncode != 0:
+            raise Failure(f"driver {subcommand} exited {process.returncode}: {last_line(stderr)}")
+        try:
+            figures.append(json.loads(last_line(stdout, limit=10**7)))
+        except json.JSONDecodeError:
+            raise Failure(f"driver {subcommand} printed no JSON result: {last_line(stdout)[:200]}")
+    return figures
+
+
+class VarmailDirs(DirsSweep):
+    name = "varmail-dirs"
+    title = "varmail, one directory per thread: create/append/fsync/read/delete"
+    origin = "filebench's varmail as the DJFS paper runs it (dedicated directories); ops = flowops"
+    subcommand = "varmail"
+
+    def extra_args(self, ctx):
+        return ["--files", ctx.sizes["varmail_files"] // 4]
+
+
+class EximDirs(DirsSweep):
+    name = "exim-dirs"
+    title = "mail spool, one spool tree per thread: Exim receive, deliver, retire"
+    origin = "DJFS paper's Exim workload, each instance in its own directory; ops = messages"
+    subcommand = "exim"
+
+
+class LsmDirs(DirsSweep):
+    name = "lsm-dirs"
+    title = "LSM compaction, one database directory per thread"
+    origin = "DJFS paper's RocksDB compaction pattern, each instance in its own directory; ops = outputs"
+    subcommand = "lsm"
+
+    def extra_args(self, ctx):
+        return ["--table-kib", ctx.sizes["lsm_table_kib"]]
+
+
+class MetaFsyncDirs(DirsSweep):
+    name = "metafsync-dirs"
+    title = "metadata + fsync with jext4's fast-commit figures: create, write 4 KiB, fsync, unlink, own directory"
+    origin = "ext4 ByteLog RFC's meta_create_unlink_fsyncN; DJFS's MDTest"
+    subcommand = "metafsync"
+
+
+class FsMarkDirs(Workload):
+    """fs_mark -S 1 with one directory per thread."""
+
+    name = "fsmark-dirs"
+    title = "fs_mark -S 1 (fsync each file), 4 KiB files, one directory per thread"
+    origin = "Debian's fsmark; DJFS's MDTest shape"
+    plot = "threads"
+    metrics = [Metric("files_per_sec", "files/s", "files/s", "higher")]
+    packages = ["fsmark"]
+    tools = ["fs_mark"]
+
+    def run(self, ctx, directory):
+        results = []
+        for threads in ctx.sizes["dirs_threads"]:
+            before = fast_commit_counters(ctx)
+            target = directory / f"fsmark-{threads}"
+            dirs = []
+            for index in range(threads):
+                (target / f"t{index}").mkdir(parents=True)
+                dirs += ["-d", f"t{index}"]
+            files = ctx.sizes["fsmark_files"]
+            # Relative names: fs_mark 3.3 overflows a buffer on long paths.
+            argv = ["fs_mark", *dirs, "-n", files, "-s", 4096, "-S", 1, "-t", 1, "-L", 1]
+            output = run(argv, timeout=900, cwd=target).stdout
+            rows = [line.split() for line in output.splitlines() if re.match(r"^\s*\d+\s+\d+\s+\d+\s+[\d.]+", line)]
+            if not rows:
+                raise Failure(f"fs_mark: no result row: {last_line(output)}")
+            rate = float(rows[-1][3])
+            results.append({
+                "case": f"{threads} thread{'s' if threads > 1 else ''}",
+                "params": {"threads": threads},
+                "values": {"files_per_sec": rate},
+                "extra": fast_commit_figures(before, fast_commit_counters(ctx), files * threads),
+            })
+        return results
+
+
+class Stream(Workload):
+    """Issue 9's streaming case (the driver's `stream`)."""
+
+    name = "stream"
+    title = "create + 1 KiB write + fsync in a/ while b/ streams a file unsynced"
+    origin = "issue 9: an fsync must not pay for another directory's unsynced data"
+    metrics = [
+        Metric("p99_us", "a/ p99 µs", "µs", "lower"),
+        Metric("p50_us", "a/ p50 µs", "µs", "lower"),
+        Metric("fsyncs_during_stream", "a/ fsyncs during the stream", "fsyncs", "higher"),
+    ]
+
+    def run(self, ctx, directory):
+        mib = ctx.sizes["stream_mib"]
+        before = fast_commit_counters(ctx)
+        figures = driver(ctx, "stream", directory / "stream", "--stream-mib", mib, timeout=900)
+        return [{
+            "case": f"{mib} MiB streamed",
+            "params": {"stream_mib": mib},
+            "values": {key: figures[key] for key in ("p99_us", "p50_us", "fsyncs_during_stream")},
+            "extra": {key: figures[key] for key in ("p999_us", "max_us", "fsyncs", "stream_seconds")}
+            | fast_commit_figures(before, fast_commit_counters(ctx), figures["fsyncs"]),
+        }]
+
+
 class MetaFsync(ThreadSweep):
     name = "metafsync"
     title = "metadata + fsync: N threads, own directory each: create, write 4 KiB, fsync, unlink"
@@ -658,10 +846,18 @@ class Apps(Workload):
 # oos.py builds on the classes above (a deliberate import at the end).
 from oos import WORKLOADS as OUT_OF_SPACE  # noqa: E402
 
+DIRS = [Stream(), MetaFsyncDirs(), FsMarkDirs(), VarmailDirs(), EximDirs(), LsmDirs()]
+for _workload in DIRS:
+    _workload.opt_in = True
+
 ALL = [
     Untar(), CopyTree(), MetaWalk(), StatStorm(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps(),
-    *OUT_OF_SPACE,
+    *OUT_OF_SPACE, *DIRS,
 ]
-DRIVER_WORKLOADS = {"metafsync", "varmail", "exim", "lsm", "msgjournal", "smallwriters", "blurt", "statstorm"}
-# `--only oos`: the out-of-space group (opt-in: not part of a default run).
-GROUPS = {"oos": [w.name for w in OUT_OF_SPACE]}
+DRIVER_WORKLOADS = {
+    "metafsync", "varmail", "exim", "lsm", "msgjournal", "smallwriters", "blurt", "statstorm",
+    "stream", "metafsync-dirs", "varmail-dirs", "exim-dirs", "lsm-dirs",
+}
+# `--only oos`: the out-of-space group; `--only dirs`: the per-directory
+# group of issue 9 (both opt-in: not part of a default run).
+GROUPS = {"oos": [w.name for w in OUT_OF_SPACE], "dirs": [w.name for w in DIRS]}

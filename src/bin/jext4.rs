@@ -89,6 +89,11 @@ struct CrashtestArgs {
     /// for e2fsck's and the kernel's replay, which refuse such images.
     #[arg(long)]
     bytelog: bool,
+    /// With --fast-commit: one transaction scope for the whole filesystem
+    /// (`-o fast_commit=global`) instead of one per directory; the oracle
+    /// then expects each lane's tree to be one op's.
+    #[arg(long, requires = "fast_commit")]
+    fast_commit_global: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -191,6 +196,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String
     config.keep = args.keep.clone();
     config.fast_commit = args.fast_commit;
     config.bytelog = args.bytelog;
+    config.fast_commit_global = args.fast_commit_global;
     Ok(config)
 }
 
@@ -243,10 +249,15 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
                 "block size {}{}, seed {}: jext4 recovery and model check on every state; \
                  e2fsck -fn on {}, {} on {}{}, {} on {}{} ({:.1?})",
                 config.block_size,
-                match (config.fast_commit, config.bytelog) {
-                    (_, true) => ", ByteLog fast commits",
-                    (true, false) => ", fast commits",
-                    (false, false) => "",
+                match (
+                    config.fast_commit,
+                    config.bytelog,
+                    config.fast_commit_global
+                ) {
+                    (_, true, _) => ", ByteLog fast commits per directory",
+                    (true, false, false) => ", fast commits per directory",
+                    (true, false, true) => ", fast commits of one global scope",
+                    (false, false, _) => "",
                 },
                 config.seed,
                 summary.fsck_runs,

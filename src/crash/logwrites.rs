@@ -19,6 +19,7 @@
 //!
 //! What we write: a `Record::Write` is an entry with flags 0 and its data;
 //! a `Record::Flush` is an entry with flags FLUSH and no sectors; a
+//! `Record::Sync` (a barrier over some ranges) is written as a FLUSH; a
 //! `Record::Mark` is an entry with flags MARK and its text (at most 480
 //! bytes). What we read besides: an entry with FLUSH and data (the kernel's
 //! pre-flush write) is a flush then a write; a FUA write is a write then a
@@ -87,7 +88,12 @@ pub fn write_log(out: &mut dyn Write, records: &[Record]) -> io::Result<()> {
                 out.write_all(&entry_header(offset / SECTOR_SIZE as u64, sectors, 0, 0))?;
                 out.write_all(data)?;
             }
-            Record::Flush => out.write_all(&entry_header(0, 0, flags::FLUSH, 0))?,
+            // The format has no ranged barrier: a `Sync` is written as a
+            // flush, which claims more durable than it made (a reader of
+            // the log tries fewer states, never impossible ones).
+            Record::Flush | Record::Sync { .. } => {
+                out.write_all(&entry_header(0, 0, flags::FLUSH, 0))?
+            }
             Record::Store { offset, .. } | Record::Fence { offset, .. } => {
                 return Err(invalid(format!(
                     "a cache-line store or fence at byte {offset} (ByteLog) has no \

@@ -171,7 +171,8 @@ pub fn join(root: &str, rel: &str) -> String {
     }
 }
 
-fn parent_of(rel: &str) -> Option<&str> {
+/// The relative path of `rel`'s directory; None for the lane root.
+pub fn parent_of(rel: &str) -> Option<&str> {
     if rel.is_empty() {
         return None;
     }
@@ -317,10 +318,12 @@ impl<T> History<T> {
     }
 }
 
-/// A name changed: in directory `parent`, from inode `old` to `new`.
+/// A name changed: in directory `parent` (at relative path
+/// `parent_path`), from inode `old` to `new`.
 #[derive(Debug, Clone)]
 struct NameChange {
     parent: Option<u32>,
+    parent_path: String,
     old: Option<u32>,
     new: Option<u32>,
 }
@@ -359,12 +362,30 @@ pub enum Durable {
     Inode(u32),
 }
 
-#[derive(Debug, Clone, Copy)]
+/// Whose operations an acknowledgement made durable, up to its bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckScope {
+    /// Every directory's (sync).
+    Everything,
+    /// These directories' (relative paths): where the synced inode has
+    /// its names, and those the bounding op changed names in. A
+    /// per-directory transaction commits those directories' operations
+    /// in order; other directories' may be left behind.
+    Dirs(Vec<String>),
+}
+
+#[derive(Debug, Clone)]
 pub struct Ack {
     pub op: u32,
     pub persist: Persist,
-    /// Every op up to this one is durable.
+    /// Every op up to this one is durable (one journal for everything);
+    /// with per-directory transactions, every op up to this one of the
+    /// directories of `scope`.
     pub namespace_bound: u32,
+    pub scope: AckScope,
+    /// The inode whose metadata is durable as of `namespace_bound` or
+    /// later (fsync, fdatasync).
+    pub inode: Option<u32>,
     pub data: Durable,
 }
 
@@ -473,9 +494,13 @@ impl LaneModel {
             .and_then(|parent| self.paths.get(parent))
             .and_then(|history| history.latest())
             .map(|entry| entry.ino);
-        self.ops[op as usize]
-            .names
-            .push(NameChange { parent, old, new });
+        let parent_path = parent_of(path).unwrap_or_default().to_string();
+        self.ops[op as usize].names.push(NameChange {
+            parent,
+            parent_path,
+            old,
+            new,
+        });
     }
 
     fn update_inode(&mut self, op: u32, ino: u32, mut version: InodeVersion) {
@@ -539,15 +564,81 @@ impl LaneModel {
             ),
         };
         debug_assert!(namespace_bound <= op);
+        let (scope, inode) = match persist {
+            Persist::Sync => (AckScope::Everything, None),
+            Persist::Fsync(ino) | Persist::Fdatasync(ino) => (
+                AckScope::Dirs(self.dirs_of(ino, namespace_bound)),
+                Some(ino),
+            ),
+            Persist::FsyncDir(dir) => {
+                let mut dirs = self.dirs_of(dir, namespace_bound);
+                // The directory's own entries, not (only) its parent's.
+                dirs.extend(self.names_of(dir));
+                dirs.sort();
+                dirs.dedup();
+                (AckScope::Dirs(dirs), None)
+            }
+        };
         self.acks.insert(
             op,
             Ack {
                 op,
                 persist,
                 namespace_bound,
+                scope,
+                inode,
                 data,
             },
         );
+    }
+
+    /// The paths naming `ino` now.
+    fn names_of(&self, ino: u32) -> Vec<String> {
+        self.paths
+            .iter()
+            .filter(|(_, history)| history.latest().is_some_and(|entry| entry.ino == ino))
+            .map(|(path, _)| path.clone())
+            .collect()
+    }
+
+    /// The directories an acknowledgement about `ino` bounded by op
+    /// `bound` covers: those holding its names now, and those op `bound`
+    /// changed names in.
+    fn dirs_of(&self, ino: u32, bound: u32) -> Vec<String> {
+        let mut dirs: Vec<String> = self
+            .names_of(ino)
+            .iter()
+            .filter_map(|path| parent_of(path).map(str::to_string))
+            .collect();
+        dirs.extend(
+            self.ops[bound as usize]
+                .names
+                .iter()
+                .map(|change| change.parent_path.clone()),
+        );
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+
+    /// The ops of `low..=high` that changed names in several directories
+    /// (renames and links across directories), with those directories:
+    /// each is atomic across them.
+    pub fn spanning_ops(&self, low: u32, high: u32) -> Vec<(u32, Vec<String>)> {
+        (low.max(1)..=high)
+            .filter_map(|op| {
+                let mut dirs: Vec<String> = self
+                    .ops
+                    .get(op as usize)?
+                    .names
+                    .iter()
+                    .map(|change| change.parent_path.clone())
+                    .collect();
+                dirs.sort();
+                dirs.dedup();
+                (dirs.len() > 1).then_some((op, dirs))
+            })
+            .collect()
     }
 }
 

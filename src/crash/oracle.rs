@@ -28,7 +28,9 @@
 //! file showing a block its metadata points at before the data reached it
 //! (data=ordered broken) or another file's old bytes matches no version.
 
-use super::model::{Durable, Entry, InodeMeta, LaneModel, SECTOR_SIZE, Snapshot};
+use super::model::{
+    AckScope, Durable, Entry, InodeMeta, LaneModel, SECTOR_SIZE, Snapshot, parent_of,
+};
 use super::states::CrashState;
 use crate::dev::Record;
 use std::collections::HashMap;
@@ -99,7 +101,21 @@ impl Marks {
                 let Some(acknowledged) = lane.acks.get(&op) else {
                     continue;
                 };
-                window.low = window.low.max(acknowledged.namespace_bound);
+                let bound = acknowledged.namespace_bound;
+                window.low = window.low.max(bound);
+                match &acknowledged.scope {
+                    AckScope::Everything => window.all_low = window.all_low.max(bound),
+                    AckScope::Dirs(dirs) => {
+                        for dir in dirs {
+                            let low = window.dir_low.entry(dir.clone()).or_default();
+                            *low = (*low).max(bound);
+                        }
+                    }
+                }
+                if let Some(ino) = acknowledged.inode {
+                    let low = window.inode_low.entry(ino).or_default();
+                    *low = (*low).max(bound);
+                }
                 match acknowledged.data {
                     Durable::Everything => window.data_all = window.data_all.max(op),
                     Durable::Inode(ino) => {
@@ -120,6 +136,12 @@ impl Marks {
 pub struct Window {
     pub low: u32,
     pub high: u32,
+    /// Per-directory transactions: the op up to which every directory's
+    /// ops are durable (a sync), and per directory (relative path) and per
+    /// inode the op up to which theirs are.
+    pub all_low: u32,
+    pub dir_low: HashMap<String, u32>,
+    pub inode_low: HashMap<u32, u32>,
     /// Per inode, the op whose version of the bytes is durable.
     pub data: HashMap<u32, u32>,
     /// Op as of which every inode's bytes are durable (a sync).
@@ -160,15 +182,34 @@ fn describe_meta(meta: Option<&InodeMeta>) -> String {
     }
 }
 
+/// How the recovered namespace may relate to the model's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ordering {
+    /// One journal: the lane's tree after one op of the window.
+    Prefix,
+    /// Per-directory transactions: each directory's entries after an op of
+    /// its own window, ops across directories atomic (see
+    /// `check_namespace_per_directory`).
+    PerDirectory,
+}
+
 /// Check `actual` (the lane's recovered subtree) against the model.
-pub fn check_lane(lane: &LaneModel, window: &Window, actual: &Snapshot) -> Result<(), String> {
+pub fn check_lane(
+    lane: &LaneModel,
+    window: &Window,
+    actual: &Snapshot,
+    ordering: Ordering,
+) -> Result<(), String> {
     if window.low > window.high {
         return Err(format!(
             "lane {}: acknowledged op {} is later than the last op begun ({}): the marks are wrong",
             lane.lane, window.low, window.high
         ));
     }
-    check_namespace(lane, window, actual)?;
+    match ordering {
+        Ordering::Prefix => check_namespace(lane, window, actual)?,
+        Ordering::PerDirectory => check_namespace_per_directory(lane, window, actual)?,
+    }
     check_data(lane, window, actual)
 }
 
@@ -238,6 +279,212 @@ fn check_namespace(lane: &LaneModel, window: &Window, actual: &Snapshot) -> Resu
         return Ok(());
     }
     Err(explain_namespace(lane, window, actual, best))
+}
+
+/// Ops a directory's entries may be as of: a sorted set within the window.
+type Cuts = std::collections::BTreeSet<u32>;
+
+/// Nodes the search for per-directory cuts visits at most.
+const CUT_SEARCH_BUDGET: usize = 100_000;
+
+/// The per-directory check. With per-directory transactions each
+/// directory commits its own operations in order, so the recovered tree
+/// is no longer one op's tree: each directory d's entries must be the
+/// model's after some op m_d of its own window (from the largest bound of
+/// the acknowledgements covering d, or of a sync, to the last op begun),
+/// every op that changed names in several directories (a rename, a link
+/// across them) must be on the same side of every one of their cuts —
+/// atomic —, and every inode's metadata must be one of its versions from
+/// its own bound (fsync, fdatasync, sync) on. What a directory's cut says
+/// of the others' is left to e2fsck (link counts).
+fn check_namespace_per_directory(
+    lane: &LaneModel,
+    window: &Window,
+    actual: &Snapshot,
+) -> Result<(), String> {
+    let high = window.high;
+    let mut cuts: HashMap<String, Cuts> = HashMap::new();
+    let low_of = |dir: &str| {
+        window
+            .all_low
+            .max(window.dir_low.get(dir).copied().unwrap_or(0))
+    };
+    let mut restrict = |dir: &str, keep: &dyn Fn(u32) -> bool| {
+        let set = cuts
+            .entry(dir.to_string())
+            .or_insert_with(|| (low_of(dir)..=high).collect());
+        set.retain(|&op| keep(op));
+    };
+    for (path, history) in lane.paths() {
+        let Some(dir) = parent_of(path) else {
+            continue; // the lane's root: the same throughout
+        };
+        let found = actual.entries.get(path);
+        restrict(dir, &|op| history.at(op) == found);
+    }
+    for path in actual.entries.keys() {
+        if lane.path(path).is_none()
+            && let Some(dir) = parent_of(path)
+        {
+            restrict(dir, &|_| false);
+        }
+    }
+    for (dir, set) in &cuts {
+        if set.is_empty() {
+            return Err(explain_directory(lane, window, actual, dir, low_of(dir)));
+        }
+    }
+    check_inodes(lane, window, actual)?;
+    let spanning = lane.spanning_ops(window.all_low, high);
+    let mut budget = CUT_SEARCH_BUDGET;
+    if !solve_cuts(&mut cuts, &spanning, &mut budget) {
+        let ops: Vec<String> = spanning
+            .iter()
+            .map(|(op, dirs)| format!("op {op} {} in {dirs:?}", lane.ops[*op as usize].what))
+            .collect();
+        return Err(format!(
+            "lane {} ({}): each directory matches some op of its window, but no choice keeps \
+             every operation across directories atomic ({}; acknowledged: {}): {}",
+            lane.lane,
+            lane.root,
+            if budget == 0 {
+                "search gave up"
+            } else {
+                "none exists"
+            },
+            describe_acks(lane, window),
+            ops.join("; ")
+        ));
+    }
+    Ok(())
+}
+
+/// Every recovered inode is one of its versions from its bound on.
+fn check_inodes(lane: &LaneModel, window: &Window, actual: &Snapshot) -> Result<(), String> {
+    for (ino, version) in &actual.inodes {
+        let low = window
+            .all_low
+            .max(window.inode_low.get(ino).copied().unwrap_or(0));
+        let matches = lane.inode(*ino).is_some_and(|history| {
+            history
+                .segments(low.min(window.high), window.high)
+                .iter()
+                .any(|(_, _, expected)| expected.map(|v| &v.meta) == Some(&version.meta))
+        });
+        if !matches {
+            let expected = lane.inode(*ino).and_then(|history| history.at(window.high));
+            return Err(format!(
+                "lane {} ({}): inode {ino} is none of its versions of ops {low}..={} \
+                 (acknowledged: {}): latest {}, found {}",
+                lane.lane,
+                lane.root,
+                window.high,
+                describe_acks(lane, window),
+                describe_meta(expected.map(|v| &v.meta)),
+                describe_meta(Some(&version.meta))
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Choose, for each directory, a cut among `cuts` so that every op of
+/// `spanning` is before all of its directories' cuts or after all of them:
+/// propagation, then a bounded search over the ops left open.
+fn solve_cuts(
+    cuts: &mut HashMap<String, Cuts>,
+    spanning: &[(u32, Vec<String>)],
+    budget: &mut usize,
+) -> bool {
+    if *budget == 0 {
+        return false;
+    }
+    *budget -= 1;
+    // Each round decides at least one op or stops.
+    loop {
+        let mut open = None;
+        let mut changed = false;
+        for (op, dirs) in spanning {
+            let sets: Vec<&Cuts> = dirs.iter().filter_map(|dir| cuts.get(dir)).collect();
+            let before = sets.iter().all(|set| set.iter().any(|&cut| cut < *op));
+            let after = sets.iter().all(|set| set.iter().any(|&cut| cut >= *op));
+            match (before, after) {
+                (false, false) => return false,
+                (true, true) => {
+                    open.get_or_insert((*op, dirs));
+                }
+                (before, _) => {
+                    for dir in dirs {
+                        if let Some(set) = cuts.get_mut(dir) {
+                            let size = set.len();
+                            set.retain(|&cut| (cut < *op) == before);
+                            changed |= set.len() != size;
+                        }
+                    }
+                }
+            }
+        }
+        if changed {
+            continue;
+        }
+        let Some((op, dirs)) = open else {
+            return true;
+        };
+        for before in [false, true] {
+            let mut trial = cuts.clone();
+            for dir in dirs {
+                if let Some(set) = trial.get_mut(dir) {
+                    set.retain(|&cut| (cut < op) == before);
+                }
+            }
+            if trial.values().all(|set| !set.is_empty()) && solve_cuts(&mut trial, spanning, budget)
+            {
+                *cuts = trial;
+                return true;
+            }
+        }
+        return false;
+    }
+}
+
+/// Why directory `dir`'s entries match no op of its window.
+fn explain_directory(
+    lane: &LaneModel,
+    window: &Window,
+    actual: &Snapshot,
+    dir: &str,
+    low: u32,
+) -> String {
+    let in_dir = |path: &str| parent_of(path) == Some(dir);
+    let mut lines = Vec::new();
+    for (path, history) in lane.paths().filter(|(path, _)| in_dir(path)) {
+        let expected = history.at(window.high);
+        if expected != actual.entries.get(path) {
+            lines.push(format!(
+                "  /{path}: after op {} {}, found {}",
+                window.high,
+                describe_entry(expected),
+                describe_entry(actual.entries.get(path))
+            ));
+        }
+    }
+    for (path, entry) in actual.entries.iter().filter(|(path, _)| in_dir(path)) {
+        if lane.path(path).is_none() {
+            lines.push(format!(
+                "  /{path}: never existed, found {}",
+                describe_entry(Some(entry))
+            ));
+        }
+    }
+    lines.truncate(MISMATCHES_SHOWN);
+    format!(
+        "lane {} ({}): directory /{dir} is no state of ops {low}..={} (acknowledged: {}):\n{}",
+        lane.lane,
+        lane.root,
+        window.high,
+        describe_acks(lane, window),
+        lines.join("\n")
+    )
 }
 
 /// Why the recovered tree is not the model's tree after op `best` (the
@@ -457,16 +704,17 @@ mod tests {
     fn accepts_any_tree_of_the_window() {
         let lane = model();
         let before = snapshot(&[]);
-        assert!(check_lane(&lane, &window(0, 4, &[]), &before).is_ok());
+        assert!(check_lane(&lane, &window(0, 4, &[]), &before, Ordering::Prefix).is_ok());
         let renamed = snapshot(&[("b", 12, &[7u8; 1000])]);
-        assert!(check_lane(&lane, &window(2, 4, &[(12, 3)]), &renamed).is_ok());
+        assert!(check_lane(&lane, &window(2, 4, &[(12, 3)]), &renamed, Ordering::Prefix).is_ok());
     }
 
     #[test]
     fn refuses_lost_acknowledged_work_and_torn_renames() {
         let lane = model();
         let lost = snapshot(&[]);
-        let error = check_lane(&lane, &window(2, 4, &[(12, 3)]), &lost).unwrap_err();
+        let error =
+            check_lane(&lane, &window(2, 4, &[(12, 3)]), &lost, Ordering::Prefix).unwrap_err();
         // Closest: before the rename (a missing) or after it (b missing).
         assert!(
             error.contains("expected Regular inode 12, found absent"),
@@ -481,7 +729,7 @@ mod tests {
                 ino: 12,
             },
         );
-        assert!(check_lane(&lane, &window(0, 4, &[]), &both).is_err());
+        assert!(check_lane(&lane, &window(0, 4, &[]), &both, Ordering::Prefix).is_err());
     }
 
     #[test]
@@ -489,13 +737,116 @@ mod tests {
         let lane = model();
         let mut stale = vec![7u8; 1000];
         stale[512..528].copy_from_slice(STALE_PATTERN);
-        let error =
-            check_lane(&lane, &window(2, 4, &[]), &snapshot(&[("a", 12, &stale)])).unwrap_err();
+        let error = check_lane(
+            &lane,
+            &window(2, 4, &[]),
+            &snapshot(&[("a", 12, &stale)]),
+            Ordering::Prefix,
+        )
+        .unwrap_err();
         assert!(error.contains("stale free-space bytes"), "{error}");
         // Zeros where the fsynced version had data: older than durable.
         let zeros = snapshot(&[("a", 12, &[0u8; 1000])]);
-        assert!(check_lane(&lane, &window(2, 4, &[]), &zeros).is_ok());
-        assert!(check_lane(&lane, &window(2, 4, &[(12, 3)]), &zeros).is_err());
+        assert!(check_lane(&lane, &window(2, 4, &[]), &zeros, Ordering::Prefix).is_ok());
+        assert!(check_lane(&lane, &window(2, 4, &[(12, 3)]), &zeros, Ordering::Prefix).is_err());
+    }
+
+    /// 1: create d1/x; 2: create d2/y; 3: fsync d2/y; 4: rename d1/x d2/z.
+    fn two_directories() -> LaneModel {
+        let dirs = || {
+            let mut tree = snapshot(&[]);
+            for (path, ino) in [("d1", 20), ("d2", 21)] {
+                tree.entries.insert(
+                    path.into(),
+                    Entry {
+                        kind: FileKind::Directory,
+                        ino,
+                    },
+                );
+                tree.inodes.insert(ino, version(FileKind::Directory, b""));
+            }
+            tree
+        };
+        let mut lane = LaneModel::new(0, "/", Vec::new(), dirs());
+        let with = |files: &[(&str, u32, &[u8])]| {
+            let mut tree = dirs();
+            let files = snapshot(files);
+            tree.entries.extend(files.entries);
+            tree.inodes.extend(files.inodes);
+            tree
+        };
+        let steps: Vec<(&str, Snapshot)> = vec![
+            ("create d1/x", with(&[("d1/x", 12, b"")])),
+            ("create d2/y", with(&[("d1/x", 12, b""), ("d2/y", 13, b"")])),
+            ("fsync d2/y", with(&[("d1/x", 12, b""), ("d2/y", 13, b"")])),
+            (
+                "rename d1/x d2/z",
+                with(&[("d2/z", 12, b""), ("d2/y", 13, b"")]),
+            ),
+        ];
+        for (what, tree) in steps {
+            let op = lane.begin(what.into());
+            lane.finish(op, vec![(String::new(), tree)]);
+            if what.starts_with("fsync") {
+                lane.acknowledge(op, Persist::Fsync(13));
+            }
+        }
+        lane
+    }
+
+    fn recovered(files: &[(&str, u32)]) -> Snapshot {
+        let lane = two_directories();
+        let mut tree = snapshot(&[]);
+        for (path, history) in lane.paths() {
+            if let Some(entry) = history.at(0) {
+                tree.entries.insert(path.clone(), entry.clone());
+                let meta = lane.inode(entry.ino).unwrap().at(0).unwrap();
+                tree.inodes.insert(entry.ino, (**meta).clone());
+            }
+        }
+        for (path, ino) in files {
+            tree.entries.insert(
+                path.to_string(),
+                Entry {
+                    kind: FileKind::Regular,
+                    ino: *ino,
+                },
+            );
+            tree.inodes.insert(*ino, version(FileKind::Regular, b""));
+        }
+        tree
+    }
+
+    #[test]
+    fn per_directory_allows_one_directory_ahead_of_another() {
+        let lane = two_directories();
+        let window = Marks::new(&[Record::Mark(ack_mark(0, 3))]).window(
+            &lane,
+            &CrashState {
+                number: 0,
+                epoch: 0,
+                kind: crate::crash::states::StateKind::AtFlush,
+                writes: Vec::new(),
+                torn: None,
+                begun_before: 0,
+                acked_before: 1,
+            },
+        );
+        let window = Window { high: 4, ..window };
+        // d2/y fsynced, d1/x never was: lost, though created before.
+        let tree = recovered(&[("d2/y", 13)]);
+        assert!(check_lane(&lane, &window, &tree, Ordering::PerDirectory).is_ok());
+        assert!(check_lane(&lane, &window, &tree, Ordering::Prefix).is_err());
+        // The fsynced file is not optional.
+        let tree = recovered(&[("d1/x", 12)]);
+        let error = check_lane(&lane, &window, &tree, Ordering::PerDirectory).unwrap_err();
+        assert!(error.contains("directory /d2"), "{error}");
+        // The rename across d1 and d2: both sides or neither.
+        let moved = recovered(&[("d2/z", 12), ("d2/y", 13)]);
+        assert!(check_lane(&lane, &window, &moved, Ordering::PerDirectory).is_ok());
+        let torn = recovered(&[("d1/x", 12), ("d2/z", 12), ("d2/y", 13)]);
+        let error = check_lane(&lane, &window, &torn, Ordering::PerDirectory).unwrap_err();
+        assert!(error.contains("atomic"), "{error}");
     }
 
     #[test]

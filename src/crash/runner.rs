@@ -38,7 +38,7 @@
 use super::driver::{FsSource, Lane};
 use super::logwrites;
 use super::model::{LaneModel, TreeSource, read_subtree};
-use super::oracle::{Marks, check_lane};
+use super::oracle::{Marks, Ordering, check_lane};
 use super::overlay::{Base, ImageFile, OverlayDevice};
 use super::states::{self, CrashState};
 use super::tools::{self, KernelMount, Scratch, StdSource};
@@ -92,6 +92,9 @@ pub struct Config {
     pub fast_commit: bool,
     /// Record on `-o bytelog` mounts (implies `fast_commit`).
     pub bytelog: bool,
+    /// Fast commits with one scope for everything (`-o
+    /// fast_commit=global`) instead of one per directory.
+    pub fast_commit_global: bool,
 }
 
 impl Config {
@@ -113,6 +116,17 @@ impl Config {
             stop_at_first_failure: false,
             fast_commit: false,
             bytelog: false,
+            fast_commit_global: false,
+        }
+    }
+
+    /// What the oracle may expect of the namespace: per-directory fast
+    /// commits leave each directory a prefix of its own.
+    fn ordering(&self) -> Ordering {
+        if self.fast_commit_images() && !self.fast_commit_global {
+            Ordering::PerDirectory
+        } else {
+            Ordering::Prefix
         }
     }
 
@@ -129,6 +143,7 @@ pub struct Failure {
     pub block_size: u32,
     pub fast_commit: bool,
     pub bytelog: bool,
+    pub fast_commit_global: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -152,10 +167,11 @@ impl std::fmt::Display for Failure {
             "reproduce: jext4 crashtest --workload {} --block-size {}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
-            match (self.fast_commit, self.bytelog) {
-                (_, true) => " --bytelog",
-                (true, false) => " --fast-commit",
-                (false, false) => "",
+            match (self.fast_commit, self.bytelog, self.fast_commit_global) {
+                (_, true, _) => " --bytelog",
+                (true, false, false) => " --fast-commit",
+                (true, false, true) => " --fast-commit --fast-commit-global",
+                (false, false, _) => "",
             },
             self.seed,
             self.states,
@@ -206,9 +222,11 @@ pub struct Recorded {
     pub lanes: Vec<LaneModel>,
 }
 
-fn mount_options(bytelog: bool) -> MountOptions {
+/// The options the workloads run with (and, both off, recovery mounts).
+pub fn mount_options(bytelog: bool, fast_commit_global: bool) -> MountOptions {
     MountOptions {
         bytelog,
+        fast_commit_global,
         // Commits happen when the workload asks (fsync, sync) or the
         // transaction fills up, never on a timer: the recording is
         // reproducible. Fast commits wherever the image has the feature.
@@ -242,12 +260,11 @@ pub fn record(
     scenario: &Scenario,
     seed: u64,
     fault_list: &[Fault],
-    bytelog: bool,
+    options: MountOptions,
 ) -> Result<Recorded, String> {
     let memory = Arc::new(MemoryDevice::from_bytes(template.to_vec()));
-    let device = Arc::new(RecordingDevice::new(memory));
-    let fs =
-        Fs::mount(device.clone(), mount_options(bytelog)).map_err(|e| format!("mount: {e}"))?;
+    let device = Arc::new(RecordingDevice::new(memory).with_latency(scenario.barrier_latency));
+    let fs = Fs::mount(device.clone(), options).map_err(|e| format!("mount: {e}"))?;
     let mut lanes: Vec<Lane> = scenario
         .lanes
         .iter()
@@ -442,8 +459,8 @@ impl Checker<'_> {
     ) -> Result<(), String> {
         // Recovery mounts are plain fast-commit mounts: they must replay a
         // ByteLog whatever the options.
-        let fs =
-            Fs::mount(device, mount_options(false)).map_err(|e| format!("{how}: mount: {e}"))?;
+        let fs = Fs::mount(device, mount_options(false, false))
+            .map_err(|e| format!("{how}: mount: {e}"))?;
         let compared = self.compare(&FsSource(&fs), how, state);
         let unmounted = fs.unmount();
         let violations = fs
@@ -468,7 +485,8 @@ impl Checker<'_> {
             let actual = read_subtree(source, &lane.root, "", &lane.exclude)
                 .map_err(|e| format!("{how}: reading lane {}: {e}", lane.lane))?;
             let window = self.marks.window(lane, state);
-            check_lane(lane, &window, &actual).map_err(|e| format!("{how}: {e}"))?;
+            check_lane(lane, &window, &actual, self.config.ordering())
+                .map_err(|e| format!("{how}: {e}"))?;
         }
         Ok(())
     }
@@ -643,6 +661,7 @@ impl Context<'_> {
             block_size: self.config.block_size,
             fast_commit: self.config.fast_commit,
             bytelog: self.config.bytelog,
+            fast_commit_global: self.config.fast_commit_global,
             seed: self.config.seed,
             states: budget,
             state,
@@ -678,7 +697,7 @@ impl Context<'_> {
                 scenario,
                 self.config.seed,
                 &self.config.faults,
-                self.config.bytelog,
+                mount_options(self.config.bytelog, self.config.fast_commit_global),
             ) {
                 Ok(recorded) => recorded,
                 Err(message) => {

@@ -91,11 +91,14 @@ pub fn epochs(log: &[Record]) -> Vec<Epoch> {
             }
             Record::Mark(_) => continue,
             Record::Flush => std::mem::take(&mut writes),
+            Record::Sync { ranges } => {
+                let covered = |entry: &usize| inside(log, *entry, ranges);
+                let (synced, rest) = std::mem::take(&mut writes).into_iter().partition(covered);
+                writes = rest;
+                synced
+            }
             Record::Fence { offset, len } => {
-                let covered = |entry: &usize| {
-                    let (at, data) = log[*entry].bytes().expect("a store");
-                    *offset <= at && at + data.len() as u64 <= offset + len
-                };
+                let covered = |entry: &usize| inside(log, *entry, &[(*offset, *len)]);
                 let (fenced, rest) = stores.into_iter().partition(covered);
                 stores = rest;
                 fenced
@@ -112,6 +115,12 @@ pub fn epochs(log: &[Record]) -> Vec<Epoch> {
                 .collect(),
             settled: std::mem::take(&mut settled),
         });
+        debug_assert!(
+            writes
+                .iter()
+                .all(|&older| !overlapped_later(log, older, &made_durable)),
+            "a barrier made a write durable over part of an older pending one"
+        );
         settled = made_durable;
         start = index + 1;
     }
@@ -123,6 +132,32 @@ pub fn epochs(log: &[Record]) -> Vec<Epoch> {
     });
     debug_assert!(epochs.windows(2).all(|pair| pair[0].end < pair[1].start));
     epochs
+}
+
+/// Whether entry `index` lies wholly inside one of `ranges` (offset,
+/// length).
+fn inside(log: &[Record], index: usize, ranges: &[(u64, u64)]) -> bool {
+    let (at, data) = log[index].bytes().expect("a write or a store");
+    let end = at + data.len() as u64;
+    ranges
+        .iter()
+        .any(|&(offset, len)| offset <= at && end <= offset + len)
+}
+
+/// Whether a newer write of `durable` overlaps the pending write `older`.
+/// A crash state could then put the older bytes back over the newer,
+/// durable ones: the writers never do that (a barrier over some ranges
+/// names whole writes, and a block is rewritten inside the same ranges).
+fn overlapped_later(log: &[Record], older: usize, durable: &[usize]) -> bool {
+    let (at, data) = log[older].bytes().expect("a write");
+    let end = at + data.len() as u64;
+    durable
+        .iter()
+        .filter(|&&newer| newer > older)
+        .any(|&newer| {
+            let (newer_at, newer_data) = log[newer].bytes().expect("a write");
+            newer_at < end && at < newer_at + newer_data.len() as u64
+        })
 }
 
 /// Whether entry `index` touches none of the bytes of `others`.
@@ -445,6 +480,45 @@ mod tests {
         assert_eq!((epochs[1].start, epochs[1].end), (4, 7));
         assert_eq!(epochs[1].writes, vec![4, 5, 6]);
         assert!(epochs[2].writes.is_empty());
+    }
+
+    #[test]
+    fn a_sync_makes_only_its_ranges_durable() {
+        let log = vec![
+            write(4096, 8, 1),
+            write(16384, 8, 2),
+            write(8192, 1, 3),
+            Record::Sync {
+                ranges: vec![(4096, 4096), (8192, 512)],
+            },
+            write(4096, 8, 4),
+            Record::Flush,
+        ];
+        let epochs = epochs(&log);
+        assert_eq!(epochs.len(), 3);
+        assert_eq!(epochs[0].writes, vec![0, 1, 2]);
+        // The write outside the ranges stays pending across the barrier.
+        assert_eq!(epochs[1].settled, vec![0, 2]);
+        assert_eq!(epochs[1].writes, vec![1, 4]);
+        assert_eq!(epochs[2].settled, vec![1, 4]);
+        assert!(epochs[2].writes.is_empty());
+    }
+
+    #[test]
+    fn a_write_partly_inside_the_ranges_stays_pending() {
+        let log = vec![
+            write(4096, 8, 1),
+            Record::Sync {
+                ranges: vec![(4096, 512)],
+            },
+            Record::Sync {
+                ranges: vec![(4096, 4096)],
+            },
+        ];
+        let epochs = epochs(&log);
+        assert!(epochs[1].settled.is_empty());
+        assert_eq!(epochs[1].writes, vec![0]);
+        assert_eq!(epochs[2].settled, vec![0]);
     }
 
     #[test]

@@ -25,6 +25,11 @@ pub struct Scenario {
     /// Nearly fill the filesystem before setup, leaving about this many
     /// bytes free.
     pub fill_leaving_bytes: Option<u64>,
+    /// How long each barrier (flush, durable write) keeps its caller after
+    /// it is logged, as a real device's flush would: concurrent fsyncs
+    /// meanwhile queue behind it and share the next fast commit (group
+    /// commit). Zero for single-threaded workloads.
+    pub barrier_latency: std::time::Duration,
 }
 
 impl Scenario {
@@ -35,6 +40,7 @@ impl Scenario {
             setup,
             run,
             fill_leaving_bytes: None,
+            barrier_latency: std::time::Duration::ZERO,
         }
     }
 }
@@ -100,6 +106,34 @@ pub const WORKLOADS: &[Workload] = &[
         tear: true,
         scenarios: random,
         states_per_scenario: 0,
+    },
+    Workload {
+        name: "spool8",
+        about: "8 Exim spools, one directory tree each: data, fsync; header in tmp/, fsync, rename into input/; deliveries",
+        tear: true,
+        scenarios: spool8,
+        states_per_scenario: 0,
+    },
+    Workload {
+        name: "compaction",
+        about: "4 RocksDB instances: sst files fsynced, db/ fsynced, inputs unlinked, MANIFEST; WAL archived across directories",
+        tear: true,
+        scenarios: compaction,
+        states_per_scenario: 0,
+    },
+    Workload {
+        name: "varmail8",
+        about: "filebench varmail at 8 threads, each in its own directory",
+        tear: true,
+        scenarios: varmail8,
+        states_per_scenario: 0,
+    },
+    Workload {
+        name: "acedirs",
+        about: "sequences of up to 3 operations across directories (renames and links between A and B), each made durable by fsync of the file or of either directory",
+        tear: false,
+        scenarios: acedirs,
+        states_per_scenario: ACE_STATES_PER_SCENARIO,
     },
     Workload {
         name: "ace2",
@@ -250,16 +284,30 @@ fn lsm_write_table(lane: &mut Lane, path: &str, rng: &mut Rng) {
     let _ = lane.fsync(path);
 }
 
+/// The barrier latency of the multi-threaded workloads (about an SSD's
+/// flush): long enough that concurrent fsyncs meet in group commits.
+const GROUP_COMMIT_LATENCY: std::time::Duration = std::time::Duration::from_micros(300);
+
 const VARMAIL_THREADS: u32 = 4;
 
 fn varmail(seed: u64, _budget: usize) -> Vec<Scenario> {
+    varmail_scenario("varmail", VARMAIL_THREADS, seed)
+}
+
+fn varmail8(seed: u64, _budget: usize) -> Vec<Scenario> {
+    varmail_scenario("varmail8", 8, seed)
+}
+
+/// `threads` lanes, each in its own directory `/tN` (every lane's
+/// changes are one directory's transaction).
+fn varmail_scenario(name: &str, threads: u32, seed: u64) -> Vec<Scenario> {
     let mut lanes = vec!["/".to_string()];
-    lanes.extend((0..VARMAIL_THREADS).map(|t| format!("/t{t}")));
+    lanes.extend((0..threads).map(|t| format!("/t{t}")));
     vec![Scenario {
-        name: "varmail".into(),
+        name: name.into(),
         lanes,
-        setup: Box::new(|lanes| {
-            for t in 0..VARMAIL_THREADS {
+        setup: Box::new(move |lanes| {
+            for t in 0..threads {
                 let _ = lanes[0].mkdir(&format!("t{t}"));
             }
             for lane in lanes.iter_mut().skip(1) {
@@ -278,6 +326,7 @@ fn varmail(seed: u64, _budget: usize) -> Vec<Scenario> {
             });
         }),
         fill_leaving_bytes: None,
+        barrier_latency: GROUP_COMMIT_LATENCY,
     }]
 }
 
@@ -301,6 +350,153 @@ fn varmail_thread(lane: &mut Lane, seed: u64) {
         let _ = lane.fsync(&target);
         let read = rng.pick(&files).clone();
         let _ = lane.read(&read);
+    }
+}
+
+const SPOOLS: u32 = 8;
+
+/// Exim at `SPOOLS` threads, each with its own spool tree: the data file
+/// written and fsynced in input/, the header written and fsynced in tmp/
+/// then renamed into input/ (across directories: one transaction with
+/// input/'s), the message log in msglog/, deliveries appended to a mailbox
+/// in mail/ and fsynced, and the delivered message's files unlinked.
+fn spool8(seed: u64, _budget: usize) -> Vec<Scenario> {
+    let mut lanes = vec!["/".to_string()];
+    lanes.extend((0..SPOOLS).map(|spool| format!("/s{spool}")));
+    vec![Scenario {
+        name: "spool8".into(),
+        lanes,
+        setup: Box::new(|lanes| {
+            for spool in 0..SPOOLS {
+                let _ = lanes[0].mkdir(&format!("s{spool}"));
+            }
+            for lane in lanes.iter_mut().skip(1) {
+                for dir in ["input", "tmp", "msglog", "mail"] {
+                    let _ = lane.mkdir(dir);
+                }
+            }
+        }),
+        run: Box::new(move |lanes| {
+            std::thread::scope(|scope| {
+                for lane in lanes.iter_mut().skip(1) {
+                    scope.spawn(move || spool_thread(lane, seed));
+                }
+            });
+        }),
+        fill_leaving_bytes: None,
+        barrier_latency: GROUP_COMMIT_LATENCY,
+    }]
+}
+
+fn spool_thread(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, &format!("spool {}", lane.id));
+    let mut pending: Vec<String> = Vec::new();
+    for message in 0..8 {
+        let id = format!("1m{message:03}");
+        let data = format!("input/{id}-D");
+        let temp = format!("tmp/hdr.{id}");
+        let _ = lane.create(&data);
+        let _ = lane.append(&data, rng.range(300, 6_000) as usize);
+        let _ = lane.fsync(&data);
+        let _ = lane.create(&temp);
+        let _ = lane.append(&temp, rng.range(200, 1_500) as usize);
+        let _ = lane.fsync(&temp);
+        let _ = lane.rename(&temp, &format!("input/{id}-H"));
+        let _ = lane.create(&format!("msglog/{id}"));
+        let _ = lane.append(&format!("msglog/{id}"), rng.range(100, 400) as usize);
+        pending.push(id);
+        if message % 2 == 1 {
+            // Deliver the oldest: append to a mailbox, sync it, then the
+            // spool files go.
+            let id = pending.remove(0);
+            let mailbox = format!("mail/user{}", rng.below(2));
+            if !lane.exists(&mailbox) {
+                let _ = lane.create(&mailbox);
+            }
+            let _ = lane.append(&mailbox, rng.range(300, 6_000) as usize);
+            let _ = lane.fsync(&mailbox);
+            for file in [format!("input/{id}-D"), format!("input/{id}-H")] {
+                let _ = lane.unlink(&file);
+            }
+            let _ = lane.unlink(&format!("msglog/{id}"));
+        }
+    }
+}
+
+const DATABASES: u32 = 4;
+
+/// RocksDB at `DATABASES` threads, each its own database: WAL appends with
+/// fdatasync in wal/, memtable flushes and compactions writing tables in
+/// db/ (each fsynced, then db/ fsynced, then the MANIFEST appended and
+/// fsynced, then the inputs unlinked), and old WAL files moved to archive/
+/// by rename across directories (RocksDB's `wal_dir` with WAL archiving).
+fn compaction(seed: u64, _budget: usize) -> Vec<Scenario> {
+    let mut lanes = vec!["/".to_string()];
+    lanes.extend((0..DATABASES).map(|db| format!("/r{db}")));
+    vec![Scenario {
+        name: "compaction".into(),
+        lanes,
+        setup: Box::new(|lanes| {
+            for db in 0..DATABASES {
+                let _ = lanes[0].mkdir(&format!("r{db}"));
+            }
+            for lane in lanes.iter_mut().skip(1) {
+                for dir in ["db", "wal", "archive"] {
+                    let _ = lane.mkdir(dir);
+                }
+                let _ = lane.create("db/MANIFEST-000001");
+                let _ = lane.append("db/MANIFEST-000001", 300);
+                let _ = lane.create("wal/000002.log");
+            }
+        }),
+        run: Box::new(move |lanes| {
+            std::thread::scope(|scope| {
+                for lane in lanes.iter_mut().skip(1) {
+                    scope.spawn(move || compaction_thread(lane, seed));
+                }
+            });
+        }),
+        fill_leaving_bytes: None,
+        barrier_latency: GROUP_COMMIT_LATENCY,
+    }]
+}
+
+fn compaction_thread(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, &format!("compaction {}", lane.id));
+    let manifest = "db/MANIFEST-000001";
+    let mut live: Vec<String> = Vec::new();
+    let mut log = "wal/000002.log".to_string();
+    let mut next = 3u32;
+    for round in 0..5 {
+        for _ in 0..rng.range(1, 3) {
+            let _ = lane.append(&log, rng.range(100, 1_500) as usize);
+            let _ = lane.fdatasync(&log);
+        }
+        let sst = format!("db/{next:06}.sst");
+        next += 1;
+        lsm_write_table(lane, &sst, &mut rng);
+        let _ = lane.fsync("db");
+        let _ = lane.append(manifest, rng.range(100, 400) as usize);
+        let _ = lane.fsync(manifest);
+        live.push(sst);
+        // The WAL the flush made obsolete goes to the archive.
+        let old = std::mem::replace(&mut log, format!("wal/{next:06}.log"));
+        next += 1;
+        let _ = lane.create(&log);
+        let _ = lane.rename(&old, &old.replacen("wal/", "archive/", 1));
+        if round % 2 == 1 && live.len() >= 2 {
+            let inputs: Vec<String> = live.drain(..2).collect();
+            let output = format!("db/{next:06}.sst");
+            next += 1;
+            lsm_write_table(lane, &output, &mut rng);
+            let _ = lane.fsync("db");
+            let _ = lane.append(manifest, rng.range(100, 400) as usize);
+            let _ = lane.fsync(manifest);
+            live.push(output);
+            for input in inputs {
+                let _ = lane.unlink(&input);
+            }
+        }
     }
 }
 
@@ -391,6 +587,7 @@ fn smallwriters(seed: u64, _budget: usize) -> Vec<Scenario> {
         // About 1.3 KiB per task: the later rounds (at 4 KiB blocks, the
         // first) run out of space.
         fill_leaving_bytes: Some(1_300_000),
+        barrier_latency: std::time::Duration::ZERO,
     }]
 }
 
@@ -561,6 +758,107 @@ fn ace2(seed: u64, budget: usize) -> Vec<Scenario> {
 
 fn ace3(seed: u64, budget: usize) -> Vec<Scenario> {
     ace_scenarios(seed, budget, 3)
+}
+
+/// Operations across two directories A and B (C is another directory's
+/// unsynced noise): renames and links between them, and what each
+/// direction of a rename leaves behind.
+const ACE_DIR_OPS: &[&str] = &[
+    "creat A/new",
+    "creat B/new",
+    "append A/x",
+    "rename A/x B/x2",
+    "rename B/y A/y2",
+    "link A/x B/xl",
+    "rename A/x A/x3",
+    "unlink B/y",
+    "creat C/noise",
+];
+
+/// How each operation is made durable: its file, or either directory.
+const ACE_DIR_PERSIST: &[&str] = &["fsync target", "fsync A", "fsync B", "fdatasync target"];
+
+fn acedirs(seed: u64, budget: usize) -> Vec<Scenario> {
+    let steps = ACE_DIR_OPS.len() * ACE_DIR_PERSIST.len();
+    let mut sequences: Vec<Vec<usize>> = Vec::new();
+    for len in 1..=3u32 {
+        sequences.extend((0..steps.pow(len)).map(|mut code| {
+            (0..len)
+                .map(|_| {
+                    let step = code % steps;
+                    code /= steps;
+                    step
+                })
+                .collect()
+        }));
+    }
+    let wanted = (budget / ACE_STATES_PER_SCENARIO * 2).max(1);
+    if wanted < sequences.len() {
+        Rng::derive(seed, "acedirs").shuffle(&mut sequences);
+        sequences.truncate(wanted);
+    }
+    sequences.into_iter().map(acedirs_scenario).collect()
+}
+
+fn acedirs_scenario(sequence: Vec<usize>) -> Scenario {
+    let split = |step: usize| {
+        (
+            ACE_DIR_OPS[step / ACE_DIR_PERSIST.len()],
+            ACE_DIR_PERSIST[step % ACE_DIR_PERSIST.len()],
+        )
+    };
+    let name = sequence
+        .iter()
+        .map(|&step| {
+            let (op, persist) = split(step);
+            format!("{op}; {persist}")
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Scenario::single(
+        &format!("acedirs: {name}"),
+        Box::new(|lanes| {
+            let lane = &mut lanes[0];
+            for dir in ["A", "B", "C"] {
+                let _ = lane.mkdir(dir);
+            }
+            let _ = lane.create("A/x");
+            let _ = lane.write("A/x", 0, 4_096);
+            let _ = lane.create("B/y");
+            let _ = lane.write("B/y", 0, 6_000);
+        }),
+        Box::new(move |lanes| {
+            let lane = &mut lanes[0];
+            for &step in &sequence {
+                let (op, persist) = split(step);
+                let target = acedirs_step(lane, op);
+                let _ = match persist {
+                    "fsync A" => lane.fsync("A"),
+                    "fsync B" => lane.fsync("B"),
+                    "fsync target" => lane.fsync(target),
+                    _ => lane.fdatasync(target),
+                };
+            }
+        }),
+    )
+}
+
+/// Run one cross-directory operation; returns the path it leaves behind.
+fn acedirs_step(lane: &mut Lane, op: &str) -> &'static str {
+    let (result, target) = match op {
+        "creat A/new" => (lane.create("A/new"), "A/new"),
+        "creat B/new" => (lane.create("B/new"), "B/new"),
+        "append A/x" => (lane.append("A/x", 3_000), "A/x"),
+        "rename A/x B/x2" => (lane.rename("A/x", "B/x2"), "B/x2"),
+        "rename B/y A/y2" => (lane.rename("B/y", "A/y2"), "A/y2"),
+        "link A/x B/xl" => (lane.link("A/x", "B/xl"), "B/xl"),
+        "rename A/x A/x3" => (lane.rename("A/x", "A/x3"), "A/x3"),
+        "unlink B/y" => (lane.unlink("B/y"), "B"),
+        "creat C/noise" => (lane.create("C/noise"), "C/noise"),
+        other => unreachable!("unknown cross-directory operation {other}"),
+    };
+    let _ = result;
+    target
 }
 
 /// States one Ace scenario gets (its log has a few flush epochs).

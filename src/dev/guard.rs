@@ -193,6 +193,21 @@ impl BlockDevice for GuardedDevice {
         self.inner.flush()
     }
 
+    fn write_back(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.inner.write_back(ranges)
+    }
+
+    /// A home write like `write_at` (refused over a pinned block), made
+    /// durable with `ranges`.
+    fn write_durable(&self, offset: u64, buf: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
+        if faults::active(Fault::DeferOrderedData) || self.pinned_by(offset, buf.len()).is_some() {
+            // Held back: what is on the device is made durable in full.
+            self.write_at(offset, buf)?;
+            return self.inner.flush();
+        }
+        self.inner.write_durable(offset, buf, ranges)
+    }
+
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }

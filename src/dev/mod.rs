@@ -35,6 +35,25 @@ pub trait BlockDevice: Send + Sync {
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Make every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// Push the completed writes inside `ranges` (byte offset, length) out
+    /// of this machine's caches towards the medium and wait for them,
+    /// without a barrier: nothing is promised durable until a later
+    /// `write_durable` naming them, or `flush`. Lets a caller pay for the
+    /// transfer of its own writes before it enters a serialised section.
+    fn write_back(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        Ok(())
+    }
+    /// Write `buf` at `offset` and make it durable together with every
+    /// write completed before this call inside `ranges` — and promise
+    /// nothing about other writes, which may stay in a volatile cache. On
+    /// an image file this is `sync_file_range` of the ranges and a
+    /// `RWF_DSYNC` write (the host syncs that range and flushes its disk),
+    /// so a commit does not wait for another writer's unsynced data;
+    /// elsewhere a write and a flush.
+    fn write_durable(&self, offset: u64, buf: &[u8], _ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.write_at(offset, buf)?;
+        self.flush()
+    }
     /// Size of the device in bytes.
     fn size_bytes(&self) -> u64;
     /// Whether writes are refused (opened read-only).

@@ -30,6 +30,10 @@ pub enum Record {
     Write { offset: u64, data: Vec<u8> },
     /// Every write logged before this one is durable.
     Flush,
+    /// Every write logged before this one that lies inside one of these
+    /// byte ranges (offset, length) is durable; nothing is said of the
+    /// others (`BlockDevice::write_durable`).
+    Sync { ranges: Vec<(u64, u64)> },
     /// One cache line (`data`, 64 bytes) stored at device byte `offset`
     /// through a persistent-memory mapping.
     Store { offset: u64, data: Vec<u8> },
@@ -56,6 +60,8 @@ pub struct RecordingDevice {
     inner: Arc<dyn BlockDevice>,
     /// Shared with the persistent-memory mappings made of this device.
     log: Arc<Mutex<Vec<Record>>>,
+    /// How long a barrier keeps its caller once logged (`with_latency`).
+    barrier_latency: std::time::Duration,
 }
 
 impl RecordingDevice {
@@ -63,6 +69,21 @@ impl RecordingDevice {
         RecordingDevice {
             inner,
             log: Arc::new(Mutex::new(Vec::new())),
+            barrier_latency: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Each flush and durable write returns `latency` after it is logged,
+    /// as a device's flush takes time: other threads go on meanwhile (the
+    /// log stays exact — the barrier is logged when it took effect).
+    pub fn with_latency(mut self, latency: std::time::Duration) -> Self {
+        self.barrier_latency = latency;
+        self
+    }
+
+    fn barrier_wait(&self) {
+        if !self.barrier_latency.is_zero() {
+            std::thread::sleep(self.barrier_latency);
         }
     }
 
@@ -128,6 +149,29 @@ impl BlockDevice for RecordingDevice {
         let mut log = self.log.lock();
         self.inner.flush()?;
         log.push(Record::Flush);
+        drop(log);
+        self.barrier_wait();
+        Ok(())
+    }
+
+    fn write_back(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.inner.write_back(ranges)
+    }
+
+    /// Logged as the write, then a `Sync` of `ranges` and the write's own.
+    fn write_durable(&self, offset: u64, buf: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
+        let mut log = self.log.lock();
+        self.inner.write_durable(offset, buf, ranges)?;
+        debug_assert!(!buf.is_empty(), "empty write at byte {offset}");
+        log.push(Record::Write {
+            offset,
+            data: buf.to_vec(),
+        });
+        let mut synced = ranges.to_vec();
+        synced.push((offset, buf.len() as u64));
+        log.push(Record::Sync { ranges: synced });
+        drop(log);
+        self.barrier_wait();
         Ok(())
     }
 
@@ -259,6 +303,26 @@ mod tests {
         memory.read_at(4096, &mut back).unwrap();
         assert_eq!(&back[64..192], &[7; 128]);
         assert_eq!(back[0], 0);
+    }
+
+    #[test]
+    fn a_durable_write_logs_the_ranges_it_makes_durable() {
+        let device = RecordingDevice::new(Arc::new(MemoryDevice::new(8192)));
+        device
+            .write_durable(1024, &[3; 512], &[(4096, 1024)])
+            .unwrap();
+        assert_eq!(
+            device.take_log(),
+            vec![
+                Record::Write {
+                    offset: 1024,
+                    data: vec![3; 512]
+                },
+                Record::Sync {
+                    ranges: vec![(4096, 1024), (1024, 512)]
+                },
+            ]
+        );
     }
 
     #[test]

@@ -429,6 +429,17 @@ impl Tx<'_, '_> {
         Err(Error::NoSpace)
     }
 
+    /// Whether free inode `ino` should not be handed out now (see
+    /// `alloc_inode_in`). Each check takes its leaf lock alone.
+    fn inode_held_back(&self, ino: u32) -> bool {
+        self.core.remembered.lock().contains_key(&ino)
+            || self
+                .core
+                .fast_commit
+                .as_ref()
+                .is_some_and(|tracker| tracker.holds_back(ino))
+    }
+
     /// Take a free inode of `group`, if it has one.
     fn alloc_inode_in(&mut self, group: u32, is_dir: bool) -> Result<Option<u32>> {
         let core = self.core;
@@ -448,15 +459,16 @@ impl Tx<'_, '_> {
         let found = {
             let bytes = buffer.read();
             let ipg = geo.inodes_per_group as usize;
-            let remembered = core.remembered.lock();
             let first_free = bitmap::find_zero(&bytes, first, ipg);
-            // Skip numbers a front end still names; if the group has only
-            // those left, reusing one is the lesser evil (ENOSPC would be
-            // false).
+            // Skip numbers a front end still names, and numbers whose
+            // freeing is not durable yet (`fast_commit`: a new file given
+            // one would have to commit with the directory that freed it);
+            // if the group has only those left, reusing one is the lesser
+            // evil (ENOSPC would be false).
             let mut candidate = first_free;
             while let Some(index) = candidate {
                 let ino = group * geo.inodes_per_group + index as u32 + 1;
-                if !remembered.contains_key(&ino) {
+                if !self.inode_held_back(ino) {
                     break;
                 }
                 candidate = bitmap::find_zero(&bytes, index + 1, ipg);
@@ -583,8 +595,12 @@ impl Tx<'_, '_> {
             }
             desc.set_inode_bitmap_csum(geo, &bytes);
         }
-        drop(desc);
+        // Under the group's lock, as `claim_inode_locked` notes its
+        // allocation: the change observer must see the free before any
+        // reuse of the number (else it takes the new file's first name for
+        // a link, and forgets the new file).
         self.handle.note(Change::InodeFreed { ino });
+        drop(desc);
         Ok(())
     }
 

@@ -10,7 +10,7 @@
 use super::fast_commit::Outcome;
 use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::inode::{Attr, attr_of, check_live, has_xattrs, read_inode, setid_bits_to_drop};
-use super::{AtimePolicy, Caller, Fs, Tx};
+use super::{AtimePolicy, Caller, Fs, Scope, Tx};
 use crate::error::{Error, Result};
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::mapping::{self, Extent, Lookup};
@@ -108,12 +108,20 @@ impl Tx<'_, '_> {
                             }
                             Err(error) => return Err(error),
                         };
-                    write_run(self, &extent, position, end, data, offset, true)?;
+                    write_run(self, (ino, &extent), position, end, data, offset, true)?;
                     position = (extent.logical + extent.len as u64) * block_size;
                     continue;
                 }
             };
-            let written = write_run(self, &extent, position, end, data, offset, extent.unwritten)?;
+            let written = write_run(
+                self,
+                (ino, &extent),
+                position,
+                end,
+                data,
+                offset,
+                extent.unwritten,
+            )?;
             if extent.unwritten {
                 self.mapping_changed = true;
                 let mut ctx = self.meta_ctx();
@@ -169,7 +177,7 @@ impl Tx<'_, '_> {
                 let start = (position - lblk * block_size) as usize;
                 let stop = (block_end - lblk * block_size) as usize;
                 block[start..stop].fill(0);
-                self.core.dev().write_at(address, &block)?;
+                self.write_data_in_place(ino, address, &block)?;
             }
             position = block_end;
         }
@@ -199,13 +207,13 @@ impl Tx<'_, '_> {
 }
 
 /// Write the part of `data` (which starts at file byte `data_offset`) that
-/// falls in `extent`, from file byte `position` up to `end`. With `fresh`,
-/// the blocks hold nothing worth keeping: partial blocks are padded with
-/// zeros instead of read. Returns the bytes of the file covered (position
-/// up to the end of the write or of the extent).
+/// falls in `extent` of inode `ino`, from file byte `position` up to `end`.
+/// With `fresh`, the blocks hold nothing worth keeping: partial blocks are
+/// padded with zeros instead of read. Returns the bytes of the file covered
+/// (position up to the end of the write or of the extent).
 fn write_run(
     tx: &Tx<'_, '_>,
-    extent: &Extent,
+    (ino, extent): (u32, &Extent),
     position: u64,
     end: u64,
     data: &[u8],
@@ -241,7 +249,7 @@ fn write_run(
     }
     let source = &data[(position - data_offset) as usize..(run_end - data_offset) as usize];
     buffer[head..head + source.len()].copy_from_slice(source);
-    tx.core.dev().write_at(physical * block_size, &buffer)?;
+    tx.write_data_in_place(ino, physical * block_size, &buffer)?;
     Ok(run_end - position)
 }
 
@@ -387,7 +395,7 @@ impl Fs {
         }
         // Shared: two updates of one inode's atime differ in it alone, and
         // whatever changes the rest of the inode holds its lock exclusive.
-        let _ = self.transact(1, Caller::ROOT, |tx| {
+        let _ = self.transact(Scope::File(ino), 1, Caller::ROOT, |tx| {
             let _inode = tx.lock_read(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             inode.atime = now;
@@ -446,7 +454,7 @@ impl Fs {
             // (the kernel's file_remove_privs before a write).
             let first = done == 0;
             let credits = CREDITS_WRITE + if first { xattr::SET_CREDITS } else { 0 };
-            let chunk_written = self.transact(credits, caller, |tx| {
+            let chunk_written = self.transact(Scope::File(ino), credits, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 tx.with_regular_file(ino, |tx, inode| {
                     if first && (inode.mode & 0o6000 != 0 || has_xattrs(inode)) {
@@ -488,34 +496,35 @@ impl Fs {
         // then takes it off (a crash midway: the next mount finishes it).
         // Growing a file allocates nothing; shrinking frees, and may need
         // the emergency reserve to split an extent on a full volume.
-        let chunked = self.transact_releasing(CREDITS_TRUNCATE, caller, |tx| {
-            let _inode = tx.lock_write(ino, Rank::Inode);
-            self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
-            tx.with_regular_file(ino, |tx, inode| {
-                if inode.size == size {
-                    return Ok(false);
-                }
-                let large =
-                    size < inode.size && inode.blocks / (block_size / 512) > PUNCH_CHUNK_BLOCKS;
-                if large {
-                    if size % block_size != 0 {
-                        let tail_end = (keep_blocks * block_size).min(inode.size);
-                        tx.zero_range_in_place(ino, inode, size, tail_end)?;
+        let chunked =
+            self.transact_releasing(Scope::File(ino), CREDITS_TRUNCATE, caller, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
+                self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
+                tx.with_regular_file(ino, |tx, inode| {
+                    if inode.size == size {
+                        return Ok(false);
                     }
-                    inode.size = size;
-                    tx.orphan_add(ino, inode)?;
-                } else {
-                    tx.truncate_to(ino, inode, size)?;
-                }
-                let now = Timestamp::now();
-                inode.mtime = now;
-                inode.ctime = now;
-                Ok(large)
-            })
-        })?;
+                    let large =
+                        size < inode.size && inode.blocks / (block_size / 512) > PUNCH_CHUNK_BLOCKS;
+                    if large {
+                        if size % block_size != 0 {
+                            let tail_end = (keep_blocks * block_size).min(inode.size);
+                            tx.zero_range_in_place(ino, inode, size, tail_end)?;
+                        }
+                        inode.size = size;
+                        tx.orphan_add(ino, inode)?;
+                    } else {
+                        tx.truncate_to(ino, inode, size)?;
+                    }
+                    let now = Timestamp::now();
+                    inode.mtime = now;
+                    inode.ctime = now;
+                    Ok(large)
+                })
+            })?;
         if chunked {
             self.punch_in_chunks(ino, keep_blocks)?;
-            self.transact_releasing(CREDITS_TRUNCATE, caller, |tx| {
+            self.transact_releasing(Scope::File(ino), CREDITS_TRUNCATE, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 tx.orphan_remove(ino, &mut inode)?;
@@ -556,9 +565,9 @@ impl Fs {
         };
         if mode & FALLOC_FL_PUNCH_HOLE != 0 {
             // Punching frees, but splitting an extent may take a block.
-            self.transact_releasing(64, caller, body)
+            self.transact_releasing(Scope::File(ino), 64, caller, body)
         } else {
-            self.transact(64, caller, body)
+            self.transact(Scope::File(ino), 64, caller, body)
         }
     }
 }
@@ -672,11 +681,12 @@ impl Fs {
 
     /// fsync / fdatasync: the file's data and (for fsync, all of; for
     /// fdatasync, what reading the data needs of) its metadata are durable
-    /// when this returns. Data is already on the device; it needs a flush,
-    /// and a commit only if the transaction holding the inode's change is
-    /// not durable yet — an overwrite of allocated blocks commits nothing.
-    /// The commit is a fast commit where the image has them and the
-    /// changes since the last full commit allow it (`fast_commit::commit`).
+    /// when this returns. Data is already on the device; it needs a
+    /// barrier, and a commit only if the transaction holding the inode's
+    /// change is not durable yet — an overwrite of allocated blocks commits
+    /// nothing. The commit is a fast commit of the file's directory
+    /// transaction where the image has them and the changes since the last
+    /// full commit allow it (`fast_commit::commit`).
     pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
         if !self.core.journal.is_journaled() {
             return self.note_error(self.core.journal.sync());
@@ -688,12 +698,13 @@ impl Fs {
             .get(ino)
             .map(|tids| if datasync { tids.datasync } else { tids.sync });
         let Some(tid) = pending else {
-            return self.core.journal.flush_data();
+            return self.note_error(self.sync_data_of(ino));
         };
         if let Some(tracker) = &self.core.fast_commit {
-            match self.note_error(self.fast_commit(tracker, tid))? {
-                Outcome::Durable { flushed: true } => return Ok(()),
-                Outcome::Durable { flushed: false } => return self.core.journal.flush_data(),
+            let is_dir = read_inode(&self.core, ino).is_ok_and(|inode| inode.is_dir());
+            match self.note_error(self.fast_commit(tracker, ino, is_dir, tid))? {
+                Outcome::Durable { data: true } => return Ok(()),
+                Outcome::Durable { data: false } => return self.note_error(self.sync_data_of(ino)),
                 Outcome::FullCommit => {}
             }
         }
@@ -701,6 +712,21 @@ impl Fs {
             return Ok(()); // the commit's final flush covered the data too
         }
         self.note_error(self.core.journal.flush_data())
+    }
+
+    /// Make the data `ino` wrote in place durable: a barrier over its
+    /// ranges where they are known (another file's unsynced data stays
+    /// where it is), a flush of the device otherwise.
+    fn sync_data_of(&self, ino: u32) -> Result<()> {
+        match self
+            .core
+            .fast_commit
+            .as_ref()
+            .and_then(|tracker| tracker.data_ranges([ino]))
+        {
+            Some(ranges) => self.core.journal.barrier(&ranges),
+            None => self.core.journal.flush_data(),
+        }
     }
 
     /// Attributes after a change made through a file handle.

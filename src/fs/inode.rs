@@ -3,7 +3,7 @@
 //! and the last open reference are gone.
 
 use super::group::Groups;
-use super::{Caller, Core, Fs, InodeTids, Tx};
+use super::{Caller, Core, Fs, InodeTids, Scope, Tx};
 use crate::cache::BufferCache;
 use crate::error::{Error, Location, Result};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
@@ -276,6 +276,17 @@ impl Tx<'_, '_> {
         self.core.inode_tids.lock().note(ino, tid, timestamps_only);
     }
 
+    /// Write file data of `ino` in place at device byte `offset` (data
+    /// blocks never enter the metadata cache), remembered until durable
+    /// so that the file's directory commit makes it so (`fast_commit`).
+    pub fn write_data_in_place(&self, ino: u32, offset: u64, data: &[u8]) -> Result<()> {
+        self.core.dev().write_at(offset, data)?;
+        if let Some(tracker) = &self.core.fast_commit {
+            tracker.wrote_data(self.handle.tid(), ino, offset, data.len() as u64);
+        }
+        Ok(())
+    }
+
     pub fn next_generation(&self) -> u32 {
         let step = |generation: u32| generation.wrapping_mul(1_103_515_245).wrapping_add(12_345);
         let previous = self
@@ -483,64 +494,69 @@ impl Fs {
         if let Some(size) = changes.size {
             self.truncate(ino, size, caller)?;
         }
-        self.transact(2 + crate::format::xattr::SET_CREDITS, caller, |tx| {
-            let _inode = tx.lock_write(ino, Rank::Inode);
-            let mut inode = tx.read_live_inode(ino)?;
-            self.check_not_freed(ino, &inode)?;
-            if inode.is_dir() {
-                // Fast commits record a directory's inode only with its
-                // creation (as the kernel's): its own attributes need a
-                // full commit.
-                tx.handle
-                    .note(Change::Ineligible(Ineligible::DirAttributes));
-            }
-            let now = Timestamp::now();
-            let mut changed = false;
-            if let Some(mode) = changes.mode {
-                inode.mode = (inode.mode & fmt::S_IFMT) | (mode & 0o7777);
-                changed = true;
-                if inode.file_acl != 0 || !inode.inline_xattr_area().is_empty() {
-                    let mut ctx = tx.meta_ctx();
-                    super::acl::chmod(&mut ctx, ino, &mut inode)?;
+        self.transact(
+            Scope::File(ino),
+            2 + crate::format::xattr::SET_CREDITS,
+            caller,
+            |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
+                let mut inode = tx.read_live_inode(ino)?;
+                self.check_not_freed(ino, &inode)?;
+                if inode.is_dir() {
+                    // Fast commits record a directory's inode only with its
+                    // creation (as the kernel's): its own attributes need a
+                    // full commit.
+                    tx.handle
+                        .note(Change::Ineligible(Ineligible::DirAttributes));
                 }
-            }
-            let chown = changes.uid.is_some() || changes.gid.is_some();
-            // chown takes setuid and setgid (decided against the old group),
-            // a truncate too unless the caller holds CAP_FSETID; neither
-            // when the caller sets the mode in the same call. Both drop
-            // file capabilities.
-            let setid = if changes.mode.is_none() && (chown || changes.size.is_some()) {
-                setid_bits_to_drop(&inode, &caller, chown)
-            } else {
-                0
-            };
-            if let Some(uid) = changes.uid {
-                inode.uid = uid;
-                changed = true;
-            }
-            if let Some(gid) = changes.gid {
-                inode.gid = gid;
-                changed = true;
-            }
-            if chown || changes.size.is_some() {
-                changed |= tx.kill_privileges(ino, &mut inode, setid)?;
-            }
-            if let Some(time) = changes.atime {
-                inode.atime = resolve(time, now);
-                changed = true;
-            }
-            if let Some(time) = changes.mtime {
-                inode.mtime = resolve(time, now);
-                changed = true;
-            }
-            if let Some(ctime) = changes.ctime {
-                inode.ctime = ctime;
-            } else if changed || changes.size.is_some() {
-                inode.ctime = now;
-            }
-            tx.write_inode(ino, &inode)?;
-            attr_of(tx.core, ino, &inode)
-        })
+                let now = Timestamp::now();
+                let mut changed = false;
+                if let Some(mode) = changes.mode {
+                    inode.mode = (inode.mode & fmt::S_IFMT) | (mode & 0o7777);
+                    changed = true;
+                    if inode.file_acl != 0 || !inode.inline_xattr_area().is_empty() {
+                        let mut ctx = tx.meta_ctx();
+                        super::acl::chmod(&mut ctx, ino, &mut inode)?;
+                    }
+                }
+                let chown = changes.uid.is_some() || changes.gid.is_some();
+                // chown takes setuid and setgid (decided against the old group),
+                // a truncate too unless the caller holds CAP_FSETID; neither
+                // when the caller sets the mode in the same call. Both drop
+                // file capabilities.
+                let setid = if changes.mode.is_none() && (chown || changes.size.is_some()) {
+                    setid_bits_to_drop(&inode, &caller, chown)
+                } else {
+                    0
+                };
+                if let Some(uid) = changes.uid {
+                    inode.uid = uid;
+                    changed = true;
+                }
+                if let Some(gid) = changes.gid {
+                    inode.gid = gid;
+                    changed = true;
+                }
+                if chown || changes.size.is_some() {
+                    changed |= tx.kill_privileges(ino, &mut inode, setid)?;
+                }
+                if let Some(time) = changes.atime {
+                    inode.atime = resolve(time, now);
+                    changed = true;
+                }
+                if let Some(time) = changes.mtime {
+                    inode.mtime = resolve(time, now);
+                    changed = true;
+                }
+                if let Some(ctime) = changes.ctime {
+                    inode.ctime = ctime;
+                } else if changed || changes.size.is_some() {
+                    inode.ctime = now;
+                }
+                tx.write_inode(ino, &inode)?;
+                attr_of(tx.core, ino, &inode)
+            },
+        )
     }
 }
 

@@ -63,7 +63,7 @@ use crate::lock::Rank;
 pub use alloc::AllocStats;
 use budget::Budget;
 pub use budget::BudgetStats;
-pub use fast_commit::FastCommitStats;
+pub use fast_commit::{ConflictStats, FastCommitStats};
 use group::Groups;
 use inode_lock::{InodeGuard, InodeLocks};
 use orphan::Orphans;
@@ -102,6 +102,11 @@ pub struct MountOptions {
     /// `None` (the default) where the image has it, `Some(false)` never
     /// (`-o fast_commit=off`), `Some(true)` required (`-o fast_commit`).
     pub fast_commit: Option<bool>,
+    /// One transaction scope for the whole filesystem (`-o
+    /// fast_commit=global`, the kernel's single fast-commit queue): an
+    /// fsync commits every directory's changes. The default is one per
+    /// directory (DESIGN §2, tier 3).
+    pub fast_commit_global: bool,
     /// Fast commits go through a persistent-memory mapping of the journal's
     /// fast-commit area (ByteLog, `-o bytelog`); the image carries the
     /// BYTELOG incompat flag until a clean unmount.
@@ -163,6 +168,7 @@ impl Default for MountOptions {
             noload: false,
             journal_async_commit: false,
             fast_commit: None,
+            fast_commit_global: false,
             bytelog: false,
             space_budget: true,
         }
@@ -281,7 +287,7 @@ impl Core {
             orphans: Orphans::new(),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
-            fast_commit: fast_commit::Tracker::attach(&geo, &journal),
+            fast_commit: fast_commit::Tracker::attach(&geo, &journal, options.fast_commit_global),
             geo,
             cache,
             journal,
@@ -316,6 +322,23 @@ pub struct Fs {
     /// The claimed MMP block of a read-write mount with `mmp`, released
     /// (marked clean) last at unmount.
     mmp: Mutex<Option<mmp::Protection>>,
+}
+
+/// The directory transaction an operation enters (per-directory fast
+/// commits, `fast_commit/scope.rs`): a path-based operation names its
+/// directories, a descriptor-based one its file.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scope<'s> {
+    /// Names change in these directories: their transaction (united when
+    /// two, as a rename across directories needs).
+    Dirs(&'s [u32]),
+    /// The file's own changes: its directory's transaction.
+    File(u32),
+    /// A new name in `dir` for the existing `file`: both transactions.
+    Link { dir: u32, file: u32 },
+    /// The filesystem's own bookkeeping (mount, unmount, orphans found at
+    /// mount): whatever it changes decides.
+    Housekeeping,
 }
 
 /// One operation's view of the filesystem while it changes it.
@@ -519,7 +542,7 @@ impl Fs {
     /// is due after a crash.
     fn mark_mounted(&self) -> Result<()> {
         let journaled = self.core.journal.is_journaled();
-        self.transact(1, Caller::ROOT, |tx| {
+        self.transact(Scope::Housekeeping, 1, Caller::ROOT, |tx| {
             let mut sb = tx.core.sbi.lock();
             if sb.state & STATE_VALID == 0 {
                 tracing::warn!(
@@ -565,26 +588,29 @@ impl Fs {
     /// here does.
     pub(crate) fn transact<R>(
         &self,
+        scope: Scope<'_>,
         credits: u32,
         caller: Caller,
         body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
-        self.transact_with(credits, caller, false, body)
+        self.transact_with(scope, credits, caller, false, body)
     }
 
     /// `transact` for an operation that frees space (unlink, rmdir,
     /// truncate, hole punching): it may draw on the emergency reserve.
     pub(crate) fn transact_releasing<R>(
         &self,
+        scope: Scope<'_>,
         credits: u32,
         caller: Caller,
         body: impl FnMut(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
-        self.transact_with(credits, caller, true, body)
+        self.transact_with(scope, credits, caller, true, body)
     }
 
     fn transact_with<R>(
         &self,
+        scope: Scope<'_>,
         credits: u32,
         caller: Caller,
         releases_space: bool,
@@ -596,6 +622,7 @@ impl Fs {
         let mut attempt = 0;
         loop {
             let handle = self.core.journal.start(credits)?;
+            self.enter_scope(&handle, scope);
             let tid = handle.tid();
             let mut deferred = Vec::new();
             let (result, space_wait) = {
@@ -628,6 +655,28 @@ impl Fs {
             let result = result.and_then(|value| stopped.map(|()| value));
             let result = result.and_then(|value| evicted.map(|()| value));
             return self.note_error(result);
+        }
+    }
+
+    /// Enter the directory transaction of `scope` with `handle` (before
+    /// any filesystem lock: entering may wait for that directory's commit
+    /// to be built).
+    fn enter_scope(&self, handle: &Handle<'_>, scope: Scope<'_>) {
+        let Some(tracker) = &self.core.fast_commit else {
+            return;
+        };
+        let nested = handle.depth() > 1;
+        match scope {
+            Scope::Dirs(dirs) => tracker.enter(handle.id(), dirs, nested),
+            Scope::File(ino) => {
+                let key = tracker.key_of(ino, false);
+                tracker.enter(handle.id(), &[key], nested);
+            }
+            Scope::Link { dir, file } => {
+                let key = tracker.key_of(file, false);
+                tracker.enter(handle.id(), &[dir, key], nested);
+            }
+            Scope::Housekeeping => {}
         }
     }
 
@@ -718,7 +767,7 @@ impl Fs {
             for ino in orphans {
                 self.note_error(self.evict_if_unlinked(ino))?;
             }
-            self.transact(1, Caller::ROOT, |tx| {
+            self.transact(Scope::Housekeeping, 1, Caller::ROOT, |tx| {
                 let mut sb = tx.core.sbi.lock();
                 sb.state |= STATE_VALID;
                 // Every orphan was just released.
@@ -801,7 +850,11 @@ impl Fs {
             None => lines.push(format!("dirty_buffers {}", journal.dirty_buffers)),
         }
         if let (Some(tracker), Some(jbd2)) = (&self.core.fast_commit, journal.jbd2) {
-            lines.extend(fast_commit_lines(&tracker.stats(), &jbd2));
+            lines.extend(fast_commit_lines(
+                &tracker.stats(),
+                &jbd2,
+                self.core.options.fast_commit_global,
+            ));
         }
         if let Some(reason) = self.core.journal.abort_reason() {
             // Last: the reason is free text.
@@ -899,26 +952,46 @@ fn budget_lines(stats: &BudgetStats) -> Vec<String> {
 /// `jext4 stats` lines about fast commits: how many, against full
 /// commits; bytes and flushes per fast commit (hundredths); each reason a
 /// change made fast commits ineligible.
-fn fast_commit_lines(stats: &FastCommitStats, jbd2: &crate::journal::Jbd2Stats) -> Vec<String> {
-    let per_commit = |total: u64| match stats.commits {
+fn fast_commit_lines(
+    stats: &FastCommitStats,
+    jbd2: &crate::journal::Jbd2Stats,
+    global: bool,
+) -> Vec<String> {
+    // Per fast commit: per write of the area, which holds the directory
+    // transactions committed together (the compound degree).
+    let per_commit = |total: u64| match jbd2.fast_commits {
         0 => "0".to_string(),
         commits => format!("{:.2}", total as f64 / commits as f64),
     };
+    let scope = if global { "global" } else { "directory" };
     let mut lines = vec![
-        format!("fast_commits {}", stats.commits),
+        format!("fast_commit_scope {scope}"),
+        format!("fast_commits {}", jbd2.fast_commits),
+        format!("fast_commit_directory_transactions {}", stats.commits),
+        format!(
+            "fast_commit_compound_degree {}",
+            per_commit(jbd2.fast_commit_members)
+        ),
         format!("fast_commit_fallbacks {}", stats.fallbacks),
         format!("full_commits {}", jbd2.commits),
-        format!("fast_commit_record_bytes {}", stats.record_bytes),
+        format!("fast_commit_record_bytes {}", jbd2.fast_commit_record_bytes),
         format!("fast_commit_bytes_written {}", jbd2.fast_commit_bytes),
         format!(
             "fast_commit_bytes_per_commit {}",
             per_commit(jbd2.fast_commit_bytes)
         ),
-        format!("fast_commit_flushes {}", stats.flushes),
+        format!("fast_commit_flushes {}", jbd2.fast_commit_flushes),
         format!(
             "fast_commit_flushes_per_commit {}",
-            per_commit(stats.flushes)
+            per_commit(jbd2.fast_commit_flushes)
         ),
+        format!("fast_commit_data_overflows {}", stats.data_overflows),
+        format!("dir_tx_coalesced {}", stats.conflicts.coalesced),
+        format!("dir_tx_conflicts_waited {}", stats.conflicts.waited),
+        format!("dir_tx_conflicts_shadowed {}", stats.conflicts.shadowed),
+        format!("dir_tx_build_retries {}", stats.retries),
+        format!("dir_tx_lockup_waits {}", stats.lockup_waits),
+        format!("dir_tx_lockup_micros {}", stats.lockup_micros),
     ];
     if let Some(method) = jbd2.bytelog_method {
         lines.push(format!(

@@ -9,7 +9,7 @@
 use super::acl;
 use super::dirops::{DirReader, DirWriter};
 use super::inode::{Attr, attr_of, check_live, read_inode};
-use super::{Caller, Fs, Tx};
+use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
 use crate::format::dir::{self, EntryLocation};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
@@ -331,10 +331,7 @@ impl Tx<'_, '_> {
         };
         let mut block = vec![0u8; geo.block_size as usize];
         block[..target.len()].copy_from_slice(target);
-        self.core
-            .dev()
-            .write_at(extent.physical * geo.block_size as u64, &block)
-            .map_err(Error::Io)
+        self.write_data_in_place(ino, extent.physical * geo.block_size as u64, &block)
     }
 
     /// Free an inode that no name ever pointed to (a failed create).
@@ -403,12 +400,17 @@ impl Fs {
             attr_of(&self.core, entry.ino, &inode)
         })();
         drop(dir);
+        if let (Ok(attr), Some(tracker)) = (&result, &self.core.fast_commit) {
+            // Where a descriptor of it will commit (the first directory it
+            // is seen in).
+            tracker.learn_home(attr.ino, parent);
+        }
         self.note_error(result)
     }
 
     /// Create a regular file.
     pub fn create(&self, parent: u32, name: &[u8], mode: u16, caller: Caller) -> Result<Attr> {
-        self.transact(CREDITS_CREATE_NODE, caller, |tx| {
+        self.transact(Scope::Dirs(&[parent]), CREDITS_CREATE_NODE, caller, |tx| {
             let (ino, inode) = tx.create_node(parent, name, NewNode::File { mode })?;
             attr_of(tx.core, ino, &inode)
         })
@@ -431,21 +433,21 @@ impl Fs {
             }
             _ => return Err(Error::Invalid(format!("mknod of mode {mode:o}"))),
         };
-        self.transact(CREDITS_CREATE_NODE, caller, |tx| {
+        self.transact(Scope::Dirs(&[parent]), CREDITS_CREATE_NODE, caller, |tx| {
             let (ino, inode) = tx.create_node(parent, name, node)?;
             attr_of(tx.core, ino, &inode)
         })
     }
 
     pub fn mkdir(&self, parent: u32, name: &[u8], mode: u16, caller: Caller) -> Result<Attr> {
-        self.transact(CREDITS_CREATE_NODE, caller, |tx| {
+        self.transact(Scope::Dirs(&[parent]), CREDITS_CREATE_NODE, caller, |tx| {
             let (ino, inode) = tx.create_node(parent, name, NewNode::Directory { mode })?;
             attr_of(tx.core, ino, &inode)
         })
     }
 
     pub fn symlink(&self, parent: u32, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
-        self.transact(CREDITS_CREATE, caller, |tx| {
+        self.transact(Scope::Dirs(&[parent]), CREDITS_CREATE, caller, |tx| {
             let (ino, inode) = tx.create_node(parent, name, NewNode::Symlink { target })?;
             attr_of(tx.core, ino, &inode)
         })
@@ -499,7 +501,11 @@ impl Fs {
 
     /// Add a hard link `new_parent/new_name` to `ino`.
     pub fn link(&self, ino: u32, new_parent: u32, new_name: &[u8], caller: Caller) -> Result<Attr> {
-        self.transact(CREDITS_CREATE, caller, |tx| {
+        let scope = Scope::Link {
+            dir: new_parent,
+            file: ino,
+        };
+        self.transact(scope, CREDITS_CREATE, caller, |tx| {
             check_name(new_name)?;
             if ino == new_parent {
                 return Err(Error::NotPermitted); // a directory
@@ -565,7 +571,7 @@ impl Fs {
             return Err(Error::IsDirectory); // unlink of "." or ".."
         }
         check_name(name)?;
-        self.transact_releasing(CREDITS_UNLINK, caller, |tx| {
+        self.transact_releasing(Scope::Dirs(&[parent]), CREDITS_UNLINK, caller, |tx| {
             let _dir = tx.lock_write(parent, Rank::Directory);
             let mut parent_inode = tx.writable_dir(parent)?;
             let entry = tx
@@ -921,7 +927,13 @@ impl Fs {
         if is_dot_or_dotdot(old_name) || is_dot_or_dotdot(new_name) {
             return Err(Error::Invalid("rename of \".\" or \"..\"".into()));
         }
-        self.transact(CREDITS_RENAME, caller, |tx| {
+        let dirs = [old_parent, new_parent];
+        let scope = Scope::Dirs(if old_parent == new_parent {
+            &dirs[..1]
+        } else {
+            &dirs
+        });
+        self.transact(scope, CREDITS_RENAME, caller, |tx| {
             let core = tx.core;
             // Across directories: the rename lock keeps the tree's shape,
             // which fixes the two directories' order and the traps.

@@ -17,7 +17,7 @@
 //! ext4 keeps the link in its in-memory inode (`NEXT_ORPHAN`).
 
 use super::inode::PUNCH_CHUNK_BLOCKS;
-use super::{Caller, Fs, Tx};
+use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
 use crate::format::inode::Inode;
 use crate::format::mapping::{self, Lookup};
@@ -302,7 +302,7 @@ impl Tx<'_, '_> {
 impl Fs {
     /// At mount: free the orphans a crash left behind.
     pub(crate) fn recover_orphans(&self) -> Result<()> {
-        let resolved = self.transact_releasing(64, Caller::ROOT, |tx| {
+        let resolved = self.transact_releasing(Scope::Housekeeping, 64, Caller::ROOT, |tx| {
             let mut pending = tx.orphan_file_entries()?;
             let mut ino = tx.core.sbi.lock().last_orphan;
             let mut steps = 0;
@@ -356,7 +356,7 @@ impl Fs {
         if !self.core.open_orphans.lock().remove(&ino) {
             return Ok(());
         }
-        self.transact_releasing(16, Caller::ROOT, |tx| {
+        self.transact_releasing(Scope::File(ino), 16, Caller::ROOT, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let inode = tx.read_inode(ino)?;
             // A link cannot come back to an inode with none (link() refuses
@@ -396,7 +396,7 @@ impl Fs {
         let credits = self.punch_chunk_credits();
         let mut position = from;
         loop {
-            let next = self.transact_releasing(credits, Caller::ROOT, |tx| {
+            let next = self.transact_releasing(Scope::File(ino), credits, Caller::ROOT, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 let geo = &tx.core.geo;
@@ -425,7 +425,7 @@ impl Fs {
     pub(crate) fn finish_deferred_evictions(&self, inodes: Vec<u32>) -> Result<()> {
         for ino in inodes {
             self.punch_in_chunks(ino, 0)?;
-            self.transact_releasing(16, Caller::ROOT, |tx| {
+            self.transact_releasing(Scope::File(ino), 16, Caller::ROOT, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let inode = tx.read_inode(ino)?;
                 tx.evict_inode_now(ino, inode)

@@ -4,7 +4,7 @@
 
 use super::acl::{self, ACL_ACCESS};
 use super::inode::{check_live, read_inode};
-use super::{Caller, Fs};
+use super::{Caller, Fs, Scope};
 use crate::error::{Error, Result};
 use crate::format::inode::Timestamp;
 use crate::format::superblock::compat;
@@ -77,7 +77,7 @@ impl Fs {
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::Range);
         }
-        self.transact(CREDITS_XATTR, caller, |tx| {
+        self.transact(Scope::File(ino), CREDITS_XATTR, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;

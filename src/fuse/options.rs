@@ -217,11 +217,15 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             ("journal_async_commit", None) => engine.journal_async_commit = true,
             // Fast commits: on by default where the image has the feature.
             ("fast_commit", None | Some("on")) => engine.fast_commit = Some(true),
+            ("fast_commit", Some("global")) => {
+                engine.fast_commit = Some(true);
+                engine.fast_commit_global = true;
+            }
             ("bytelog", None) => engine.bytelog = true,
             ("fast_commit", Some("off")) => engine.fast_commit = Some(false),
             ("fast_commit", Some(other)) => {
                 return Err(Error::Invalid(format!(
-                    "fast_commit={other}: expected on or off"
+                    "fast_commit={other}: expected on, off or global"
                 )));
             }
             ("noload", None) | ("norecovery", None) => {
@@ -398,6 +402,10 @@ mod tests {
         assert_eq!(parse("fast_commit").unwrap().fast_commit, Some(true));
         assert_eq!(parse("fast_commit=on").unwrap().fast_commit, Some(true));
         assert_eq!(parse("fast_commit=off").unwrap().fast_commit, Some(false));
+        let global = parse("fast_commit=global").unwrap();
+        assert_eq!(global.fast_commit, Some(true));
+        assert!(global.fast_commit_global);
+        assert!(!parse("fast_commit").unwrap().fast_commit_global);
         let error = parse("fast_commit=maybe").unwrap_err();
         assert!(error.to_string().contains("fast_commit=maybe"), "{error}");
     }

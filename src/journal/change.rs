@@ -151,8 +151,12 @@ pub enum Change<'a> {
 /// Called with filesystem and buffer locks held: implementations take only
 /// a leaf lock of their own.
 pub trait ChangeObserver: Send + Sync {
-    /// `change` was made in transaction `tid`.
-    fn changed(&self, tid: u32, change: Change<'_>);
+    /// `change` was made by the operation holding handle `handle` (its
+    /// number: `Handle::id`), in transaction `tid`.
+    fn changed(&self, handle: u64, tid: u32, change: Change<'_>);
+    /// The operation holding handle `handle` stopped it (its outermost
+    /// level): it makes no more changes under it.
+    fn stopped(&self, handle: u64);
     /// Transaction `tid`'s commit block is durable: every change made in
     /// it or before is on disk through the log.
     fn committed(&self, tid: u32);

@@ -66,12 +66,15 @@ impl Jbd2 {
     /// the transaction's contents, and open the next transaction.
     fn lock_down(&self) -> Result<Option<LockedDown>> {
         let mut state = self.state.lock();
-        // A fast commit under way extends the running transaction: it
+        // Fast commits under way extend the running transaction: they
         // must end before that transaction is locked down (the kernel's
-        // FULL_COMMIT_ONGOING waits for FAST_COMMIT_ONGOING too).
-        while state.fc_ongoing {
+        // FULL_COMMIT_ONGOING waits for FAST_COMMIT_ONGOING too); no new
+        // one starts meanwhile.
+        while state.fc_active > 0 {
+            state.fc_full_wanted = true;
             self.changed.wait(&mut state);
         }
+        state.fc_full_wanted = false;
         let transaction = Arc::clone(&state.running);
         if transaction.is_empty() && transaction.updates.load(Ordering::Acquire) == 0 {
             if state

@@ -42,6 +42,18 @@
 //! - [`Fault::ByteLogCrcSpan`]: a ring record's payload CRC covers its
 //!   whole payload; broken, it leaves the last byte out, so replay rejects
 //!   every record.
+//! - [`Fault::DirCommitSkipsData`]: a directory's commit makes its inodes'
+//!   data durable with its records (the barrier names their ranges);
+//!   broken, the ranges are left out, so a TAIL can be durable before the
+//!   data its ranges map.
+//! - [`Fault::DirCommitSplitsCoalesced`]: an operation across directories
+//!   (a rename, a link) unites their transactions, so that committing one
+//!   commits both; broken, each name change goes to its own directory's
+//!   transaction, and a commit of one carries half of the rename.
+//! - [`Fault::FastCommitAckEarly`]: a queued fast commit is acknowledged
+//!   once the write holding it is durable; broken, the writer counts its
+//!   group durable when it takes it, and the waiters return before the
+//!   write's barrier.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -60,10 +72,13 @@ pub enum Fault {
     FastCommitCrcSpan = 1 << 7,
     ByteLogPayloadUnfenced = 1 << 8,
     ByteLogCrcSpan = 1 << 9,
+    DirCommitSkipsData = 1 << 10,
+    DirCommitSplitsCoalesced = 1 << 11,
+    FastCommitAckEarly = 1 << 12,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 13] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -74,6 +89,9 @@ impl Fault {
         Fault::FastCommitCrcSpan,
         Fault::ByteLogPayloadUnfenced,
         Fault::ByteLogCrcSpan,
+        Fault::DirCommitSkipsData,
+        Fault::DirCommitSplitsCoalesced,
+        Fault::FastCommitAckEarly,
     ];
 }
 

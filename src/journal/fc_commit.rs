@@ -1,19 +1,33 @@
 //! Writing fast commits: the journal's side (the kernel's
-//! `jbd2_fc_begin_commit`, `jbd2_fc_get_buf`, `jbd2_fc_end_commit`).
+//! `jbd2_fc_begin_commit`, `jbd2_fc_get_buf`, `jbd2_fc_end_commit`), with
+//! the group commit of per-directory transactions.
 //!
 //! The fast-commit area follows the log (`LogLayout::fast_commit`). Fast
 //! commits extend the running transaction: their TAIL carries its tid, and
 //! recovery replays them only when the log ends right before that
 //! transaction. So:
-//! - a fast commit starts only when no full commit is under way (the
-//!   transaction before the running one must be durable first, or a crash
-//!   would leave a log ending one transaction earlier and the records
-//!   would be skipped), and no full commit starts while a fast commit is
-//!   under way (`State::fc_ongoing`; the kernel's FAST_COMMIT_ONGOING);
-//! - fast commits are appended to the area one after another, each in
-//!   whole blocks (its TAIL runs to the end of its last block), never over
-//!   an earlier one of the same transaction: replay walks the area from
-//!   its first block and stops at the first bad TAIL;
+//! - a directory's commit starts only when no full commit is under way
+//!   (the transaction before the running one must be durable first, or a
+//!   crash would leave a log ending one transaction earlier and the records
+//!   would be skipped), and no full commit locks down while one is under
+//!   way (`State::fc_active`, tickets; the kernel's FAST_COMMIT_ONGOING);
+//!   a full commit that wants to lock down keeps new ones from starting
+//!   (`State::fc_full_wanted`), so it is never starved;
+//! - the area is one log: fast commits are appended one after another,
+//!   each in whole blocks (its TAIL runs to the end of its last block),
+//!   never over an earlier one of the same transaction: replay walks the
+//!   area from its first block and stops at the first bad TAIL;
+//! - many directories' commits are built at once (`fs::fast_commit`), each
+//!   under its own directory's lock-down, and queued here (`enqueue`, which
+//!   numbers them); whoever waits for one while no write is under way
+//!   becomes the writer and writes everything queued as one fast commit —
+//!   HEAD if first, every queued commit's records in queue order, one TAIL
+//!   — with one set of flushes (`wait`). A queued commit is acknowledged
+//!   when the write holding it is durable, and writes go one at a time in
+//!   queue order, so everything before it in the area is durable by then;
+//!   once one is refused (no room, an error) every later one of the
+//!   transaction is too — it may build on the refused one (a later commit
+//!   of the same directory) — and the full commit that follows covers them;
 //! - a full commit retires them (`retire_area`): every record describes a
 //!   change the full commit now holds, so the next fast commit starts at
 //!   the area's first block again with a HEAD for the new transaction.
@@ -21,29 +35,32 @@
 //!   durable: the kernel and jext4 would merely stop at a HEAD for an
 //!   older transaction, but e2fsck 1.47 fails its recovery on one.
 //!
-//! Ordering on the device (`write_fast_commit`): the records and the TAIL
-//! are written together and one flush makes them durable — the TAIL's CRC
-//! covers every record byte, so a TAIL that reaches the disk without some
-//! record block is rejected by every replay, and nothing was acknowledged
-//! yet. When the records map newly written data blocks, the data must be
-//! durable before the TAIL can be: the blocks before the TAIL's are
-//! written, one flush (covering the data written before this call too),
-//! then the TAIL's block and a second flush. Two flushes then, one
+//! Ordering on the device (`write_fast_commit`), with ranged barriers
+//! (`BlockDevice::write_durable`: the image's other dirty data, another
+//! directory's, is not written by them): the records and the TAIL are
+//! written and one barrier makes them durable, with the data ranges the
+//! queued commits name — the TAIL's CRC covers every record byte, so a
+//! TAIL that reaches the disk without some record block is rejected by
+//! every replay, and nothing was acknowledged yet. When the records map
+//! newly written data blocks, the data must be durable before the TAIL can
+//! be: the blocks before the TAIL's are written, a barrier over them and
+//! the data (carried by a rewrite of the zero block after the area), then
+//! the TAIL's block with a barrier of its own. Two barriers then, one
 //! otherwise.
 //!
 //! Two rules come from how the kernel's replay treats damage:
 //! - it refuses to mount (EFSBADCRC, ECANCELED) when the area opens with a
 //!   HEAD for the expected transaction but no valid TAIL follows — a torn
 //!   first fast commit. So the first fast commit of a transaction writes
-//!   everything but the sector holding its HEAD, flushes, and only then
-//!   writes that sector (and flushes): a HEAD is never durable before its
-//!   TAIL. Two flushes for that fast commit, data or not (the first flush
-//!   makes the data durable too).
+//!   everything but the sector holding its HEAD, makes it durable, and
+//!   only then writes that sector (durably): a HEAD is never durable
+//!   before its TAIL. Two barriers for that fast commit, data or not.
 //! - its scan reads the area up to and including the block one past its
 //!   end (`j_fc_last` is `s_maxlen`), which fails the whole recovery, when
 //!   no record before stops it. So the area's last block is never used and
 //!   holds zeros (written at mount): the scan always stops there at the
-//!   latest.
+//!   latest. Rewriting its zeros with `write_durable` is the barrier that
+//!   carries no block of its own (`barrier`).
 //!
 //! The journal superblock: recovery scans the log only when `s_start` is
 //! not zero (the kernel returns before its fast-commit pass otherwise).
@@ -56,48 +73,63 @@ use super::faults::{self, Fault};
 use super::format::tid_gt;
 use super::jbd2::Jbd2;
 use crate::dev::SECTOR_SIZE;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::fast_commit::{AreaBuilder, Record};
 use std::sync::atomic::Ordering;
 
 /// What `Jbd2::begin_fast_commit` found.
 pub enum FastCommitBegin<'j> {
-    /// The caller's changes are durable already: committed in full, or
-    /// carried by a fast commit that started after them. `flushed`: a
-    /// commit's final flush came after the call began.
+    /// Transaction `tid` is durable already (committed in full). `flushed`:
+    /// a commit's final flush came after the call began.
     Durable { flushed: bool },
     /// A fast commit cannot be written now (the log has no full commit yet,
     /// or the area has no room): commit in full.
     Refused,
-    /// This caller may write one fast commit for the running transaction.
-    Started(FastCommitSlot<'j>),
+    /// The caller may queue fast commits for the running transaction until
+    /// the ticket drops; no full commit locks it down meanwhile.
+    Started(FastCommitTicket<'j>),
 }
 
-/// The right to write the next fast commit: where it goes and for which
-/// transaction. One exists at a time; dropping it lets full commits and
-/// other fast commits go on.
-pub struct FastCommitSlot<'j> {
+/// The right to queue fast commits of the running transaction (`tid`).
+/// Many exist at once; full commits wait until every one has dropped.
+pub struct FastCommitTicket<'j> {
     jbd2: &'j Jbd2,
     /// The running transaction, whose tid the HEAD and TAIL carry.
     pub tid: u32,
-    /// The first fast commit since the area was retired: it opens with a
-    /// HEAD.
-    pub head: bool,
-    /// Area blocks still free (without ByteLog).
-    free_blocks: u32,
-    /// This fast commit's number (`State::fc_started` once it began).
-    sequence: u64,
-    /// Its blocks are durable: every fsync that read a smaller
-    /// `fast_commit_sequence` is covered.
-    durable: bool,
-    /// Journal block where this fast commit's first block goes.
-    first_block: u32,
-    /// Area units this fast commit took (or tried to): blocks, or one per
-    /// ByteLog fast commit.
-    written: u32,
 }
 
-/// What one fast commit wrote.
+/// One directory transaction's part of a fast commit, waiting for the
+/// writer (`State::fc_queue`).
+pub(crate) struct QueuedFastCommit {
+    pub seq: u64,
+    pub records: Vec<Record>,
+    /// The records expose data written since the last flush: it must be
+    /// durable before the TAIL is.
+    pub data_first: bool,
+    /// Device byte ranges of data that must be durable when the fast
+    /// commit is acknowledged (offset, length).
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// Why a queued fast commit was not made durable.
+#[derive(Debug, Clone)]
+pub(crate) enum Refusal {
+    /// The area had no room for the write holding it (nothing written).
+    NoRoom,
+    /// The write failed; the text of the error.
+    Failed(String),
+}
+
+/// What became of a queued fast commit (`FastCommitTicket::wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastCommitOutcome {
+    /// Durable, with everything queued before it.
+    Durable,
+    /// The area had no room: commit in full.
+    NoRoom,
+}
+
+/// What one fast commit (a write of the area) wrote.
 #[derive(Debug, Clone, Copy)]
 pub struct Written {
     /// Bytes of records, HEAD and TAIL included (not the padding); with
@@ -105,120 +137,95 @@ pub struct Written {
     pub record_bytes: usize,
     /// Bytes written to the area.
     pub area_bytes: u64,
-    /// Device flushes.
+    /// Device flushes or barriers.
     pub flushes: u32,
     /// ByteLog persists (cache-line write-back and fence, or msync).
     pub persists: u32,
 }
 
-impl FastCommitSlot<'_> {
-    /// Whether every fast commit ends with a device flush (block fast
-    /// commits do; a ByteLog one ends with a fence, and flushes only when
-    /// its records expose new data).
-    pub fn ends_with_flush(&self) -> bool {
-        self.jbd2.bytelog.is_none()
+impl FastCommitTicket<'_> {
+    /// Queue one directory transaction's records; returns its number, for
+    /// `wait`. Queue order is area order.
+    pub fn enqueue(&self, records: Vec<Record>, data_first: bool, ranges: Vec<(u64, u64)>) -> u64 {
+        let mut state = self.jbd2.state.lock();
+        debug_assert!(state.fc_active > 0 && state.running.tid == self.tid);
+        state.fc_queued_seq += 1;
+        let seq = state.fc_queued_seq;
+        state.fc_queue.push(QueuedFastCommit {
+            seq,
+            records,
+            data_first,
+            ranges,
+        });
+        seq
     }
 
-    /// Write `records` as one fast commit (HEAD first if it is the first
-    /// since the area was retired, TAIL last) at the slot's place and make
-    /// it durable. `data_first`: the records expose data written since the
-    /// last flush (newly mapped blocks, a size that grew), which must be
-    /// durable before the TAIL is. None when the area has no room for it
-    /// (nothing was written).
-    pub fn write(&mut self, records: &[Record], data_first: bool) -> Result<Option<Written>> {
-        debug_assert_eq!(self.written, 0, "one fast commit per slot");
-        let written = match &self.jbd2.bytelog {
-            Some(bytelog) => {
-                let dev = &*self.jbd2.area.dev;
-                let written = bytelog.write(dev, self.tid, self.head, records, data_first);
-                // Taken unless there was no room (then nothing was stored).
-                self.written = !matches!(written, Ok(None)) as u32;
-                written?
-            }
-            None => self.write_blocks(records, data_first)?,
-        };
-        if let Some(written) = &written {
-            self.durable = true;
-            self.jbd2.fast_commits.fetch_add(1, Ordering::Relaxed);
-            self.jbd2
-                .fast_commit_bytes
-                .fetch_add(written.area_bytes, Ordering::Relaxed);
-        }
-        Ok(written)
-    }
-
-    /// The fast commit as whole blocks of the area (the kernel's layout).
-    fn write_blocks(&mut self, records: &[Record], data_first: bool) -> Result<Option<Written>> {
-        let block_size = self.jbd2.area.fs_block_size;
-        let mut area = AreaBuilder::new(block_size as usize);
-        if self.head {
-            area.add(&Record::Head {
-                features: 0,
-                tid: self.tid,
-            });
-        }
-        for record in records {
-            area.add(record);
-        }
-        area.tail(self.tid);
-        let record_bytes = area.record_bytes();
-        let blocks = area.finish();
-        if blocks.len() as u32 > self.free_blocks {
-            return Ok(None);
-        }
-        // Counted before any I/O: after an error part of it may be on disk,
-        // and the next fast commit must not mix with it.
-        self.written = blocks.len() as u32;
-        let flushes =
-            self.jbd2
-                .write_fast_commit(self.first_block, self.head, &blocks, data_first)?;
-        Ok(Some(Written {
-            record_bytes,
-            area_bytes: blocks.len() as u64 * block_size as u64,
-            flushes,
-            persists: 0,
-        }))
-    }
-}
-
-impl<'j> FastCommitSlot<'j> {
-    /// Wait until every handle of the running transaction has stopped and
-    /// keep new ones from starting until the guard drops (the kernel's
-    /// `jbd2_journal_lock_updates`): no operation is half-way meanwhile, so
-    /// what the fast commit reads of the filesystem is a consistent cut.
-    /// The caller holds no lock and no handle (it would wait for itself).
-    pub fn lock_updates(&self) -> UpdatesLocked<'j> {
-        crate::lock::assert_none_held("locking journal updates");
+    /// Wait until the fast commit numbered `seq` is durable — writing the
+    /// queue, this one's and others', when no write is under way (the
+    /// group commit).
+    pub fn wait(&self, seq: u64) -> Result<FastCommitOutcome> {
         let jbd2 = self.jbd2;
         let mut state = jbd2.state.lock();
-        debug_assert!(state.fc_ongoing && !state.locked);
-        state.locked = true;
-        while state.running.updates.load(Ordering::Acquire) > 0 {
-            jbd2.changed.wait(&mut state);
+        // Each round either returns, writes one group, or sleeps until a
+        // group is written.
+        loop {
+            // Refusals first: a later group may be durable past this one.
+            // They stay for every waiter until the full commit that covers
+            // them retires the area.
+            if let Some(refusal) = state.fc_refused.get(&seq) {
+                return match refusal {
+                    Refusal::NoRoom => Ok(FastCommitOutcome::NoRoom),
+                    Refusal::Failed(why) => Err(Error::Io(std::io::Error::other(why.clone()))),
+                };
+            }
+            if state.fc_durable_seq >= seq {
+                return Ok(FastCommitOutcome::Durable);
+            }
+            state.check_aborted()?;
+            if state.fc_writing || state.fc_queue.is_empty() {
+                jbd2.changed.wait(&mut state);
+                continue;
+            }
+            let group = std::mem::take(&mut state.fc_queue);
+            if state.fc_refusing {
+                // An earlier group was not written: these may depend on it
+                // (a later commit of the same directory), so none is.
+                let refusal = (0, Ok(None));
+                jbd2.end_group(&mut state, &group, refusal);
+                continue;
+            }
+            state.fc_writing = true;
+            let used = state.fc_next;
+            if faults::active(Fault::FastCommitAckEarly) {
+                // Broken on purpose: the group counts as durable once
+                // taken, and its waiters return before its barrier.
+                state.fc_durable_seq = group.last().expect("a group").seq;
+                jbd2.changed.notify_all();
+            }
+            drop(state);
+            let result = jbd2.write_group(self.tid, used, &group);
+            state = jbd2.state.lock();
+            jbd2.end_group(&mut state, &group, result);
         }
-        UpdatesLocked { jbd2 }
     }
 }
 
-/// Handles are kept from starting while this lives (`lock_updates`).
-pub struct UpdatesLocked<'j> {
-    jbd2: &'j Jbd2,
-}
-
-impl Drop for UpdatesLocked<'_> {
+impl Drop for FastCommitTicket<'_> {
     fn drop(&mut self) {
         let mut state = self.jbd2.state.lock();
-        state.locked = false;
-        self.jbd2.changed.notify_all();
+        debug_assert!(state.fc_active > 0);
+        state.fc_active -= 1;
+        if state.fc_active == 0 {
+            debug_assert!(state.fc_queue.is_empty() && !state.fc_writing);
+            self.jbd2.changed.notify_all();
+        }
     }
 }
 
-impl Drop for FastCommitSlot<'_> {
-    fn drop(&mut self) {
-        let durable = self.durable.then_some(self.sequence);
-        self.jbd2.end_fast_commit(self.tid, self.written, durable);
-    }
-}
+/// What writing one group did: area units used (blocks, or one per
+/// ByteLog fast commit) and what was written; `None` written when the area
+/// had no room.
+type GroupResult = (u32, Result<Option<Written>>);
 
 impl Jbd2 {
     /// The fast-commit area `[first, end)` in journal blocks, when this
@@ -233,7 +240,7 @@ impl Jbd2 {
     }
 
     /// Zero the block after the area this mount writes (at load: nothing
-    /// else ever writes it).
+    /// else ever writes it but `barrier`, with zeros).
     pub(crate) fn prepare_fast_commit_area(&self) -> Result<()> {
         if let Some((_, end)) = self.fast_commit_area() {
             let zeros = vec![0u8; self.area.fs_block_size as usize];
@@ -243,39 +250,38 @@ impl Jbd2 {
         Ok(())
     }
 
-    /// The number of fast commits begun so far. A caller that reads it
-    /// after making its changes (an fsync) is covered by any fast commit
-    /// numbered above it: that one takes its records after it began.
-    pub fn fast_commit_sequence(&self) -> u64 {
-        self.state.lock().fc_started
+    /// Make the completed writes in device byte `ranges` durable without
+    /// writing back the rest of the device's dirty data: a `write_durable`
+    /// of the zero block after the fast-commit area (a flush where this
+    /// mount writes no fast commits).
+    pub fn barrier(&self, ranges: &[(u64, u64)]) -> Result<()> {
+        let Some((_, end)) = self.fast_commit_area() else {
+            self.area.dev.flush()?;
+            return Ok(());
+        };
+        let block_size = self.area.fs_block_size as u64;
+        let zeros = vec![0u8; block_size as usize];
+        let physical = self.area.blocks[end as usize];
+        self.area
+            .dev
+            .write_durable(physical * block_size, &zeros, ranges)?;
+        Ok(())
     }
 
-    /// Wait until transaction `tid` is durable, or a fast commit numbered
-    /// above `seen` (`fast_commit_sequence` read after the caller's
-    /// changes) is, or a fast commit for it may be written: no full commit
-    /// and no other fast commit under way. The second case is the group
-    /// commit of concurrent fsyncs (the kernel's `s_fc_subtid` check): one
-    /// fast commit carries every change made before it began.
-    pub fn begin_fast_commit(&self, tid: u32, seen: u64) -> Result<FastCommitBegin<'_>> {
+    /// Wait until transaction `tid` is durable, or fast commits of it may
+    /// be queued: no full commit under way or waiting to lock down.
+    pub fn begin_fast_commit(&self, tid: u32) -> Result<FastCommitBegin<'_>> {
         let Some((first, end)) = self.fast_commit_area() else {
             return Ok(FastCommitBegin::Refused);
         };
         let mut state = self.state.lock();
-        debug_assert!(seen <= state.fc_started, "a sequence from the future");
         let mut waited = false;
         loop {
             state.check_aborted()?;
             if !tid_gt(tid, state.committed_tid) {
                 return Ok(FastCommitBegin::Durable { flushed: waited });
             }
-            if state.fc_durable > seen {
-                // Its flushes came after `seen` was read (a ByteLog fast
-                // commit may have issued none: its fence is not a flush).
-                return Ok(FastCommitBegin::Durable {
-                    flushed: self.bytelog.is_none(),
-                });
-            }
-            if state.locked || state.committing_tid.is_some() || state.fc_ongoing {
+            if state.locked || state.committing_tid.is_some() || state.fc_full_wanted {
                 self.changed.wait(&mut state);
                 waited = true;
                 continue;
@@ -284,24 +290,138 @@ impl Jbd2 {
                 tid, state.running.tid,
                 "neither committed, committing nor running"
             );
-            let used = state.fc_next;
-            // ByteLog checks its own room (`used` counts fast commits there).
-            if state.sb_empty_on_disk || (self.bytelog.is_none() && first + used >= end) {
+            // ByteLog checks its own room (`fc_next` counts fast commits there).
+            if state.sb_empty_on_disk || (self.bytelog.is_none() && first + state.fc_next >= end) {
                 return Ok(FastCommitBegin::Refused);
             }
-            state.fc_ongoing = true;
-            state.fc_started += 1;
-            return Ok(FastCommitBegin::Started(FastCommitSlot {
+            state.fc_active += 1;
+            return Ok(FastCommitBegin::Started(FastCommitTicket {
                 jbd2: self,
                 tid,
-                head: used == 0,
-                free_blocks: end.saturating_sub(first + used),
-                sequence: state.fc_started,
-                durable: false,
-                first_block: first + used,
-                written: 0,
             }));
         }
+    }
+
+    /// Write `group` (everything queued, in order) as one fast commit of
+    /// `tid` after the `used` area units of earlier ones.
+    fn write_group(&self, tid: u32, used: u32, group: &[QueuedFastCommit]) -> GroupResult {
+        debug_assert!(!group.is_empty());
+        let head = used == 0;
+        let records: Vec<&Record> = group.iter().flat_map(|queued| &queued.records).collect();
+        let data_first = group.iter().any(|queued| queued.data_first);
+        let ranges = merge_ranges(
+            group
+                .iter()
+                .flat_map(|queued| queued.ranges.iter().copied()),
+        );
+        match &self.bytelog {
+            Some(bytelog) => {
+                let dev = &*self.area.dev;
+                let records: Vec<Record> = records.into_iter().cloned().collect();
+                let written = bytelog.write(dev, tid, head, &records, data_first);
+                // Taken unless there was no room (then nothing was stored).
+                let units = !matches!(written, Ok(None)) as u32;
+                let written = written.and_then(|written| match written {
+                    Some(mut written) if written.flushes == 0 && !ranges.is_empty() => {
+                        // Data written in place that no record exposes
+                        // still needs its barrier before the fsync returns.
+                        self.barrier(&ranges)?;
+                        written.flushes += 1;
+                        Ok(Some(written))
+                    }
+                    written => Ok(written),
+                });
+                (units, written)
+            }
+            None => self.write_group_blocks(tid, used, head, &records, data_first, &ranges),
+        }
+    }
+
+    /// The group as whole blocks of the area (the kernel's layout).
+    fn write_group_blocks(
+        &self,
+        tid: u32,
+        used: u32,
+        head: bool,
+        records: &[&Record],
+        data_first: bool,
+        ranges: &[(u64, u64)],
+    ) -> GroupResult {
+        let (first, end) = self.fast_commit_area().expect("an area to write");
+        let block_size = self.area.fs_block_size;
+        let mut area = AreaBuilder::new(block_size as usize);
+        if head {
+            area.add(&Record::Head { features: 0, tid });
+        }
+        for record in records {
+            area.add(record);
+        }
+        area.tail(tid);
+        let record_bytes = area.record_bytes();
+        let blocks = area.finish();
+        if blocks.len() as u32 > end.saturating_sub(first + used) {
+            return (0, Ok(None));
+        }
+        // Counted before any I/O: after an error part of it may be on disk,
+        // and the next fast commit must not mix with it.
+        let units = blocks.len() as u32;
+        let written = self
+            .write_fast_commit(first + used, head, &blocks, data_first, ranges)
+            .map(|flushes| {
+                Some(Written {
+                    record_bytes,
+                    area_bytes: blocks.len() as u64 * block_size as u64,
+                    flushes,
+                    persists: 0,
+                })
+            });
+        (units, written)
+    }
+
+    /// The writer is done with `group`: record where the area stands and
+    /// what each queued commit's fate is, and wake the waiters.
+    fn end_group(
+        &self,
+        state: &mut crate::lock::MutexGuard<'_, super::jbd2::State>,
+        group: &[QueuedFastCommit],
+        (units, result): GroupResult,
+    ) {
+        state.fc_writing = false;
+        state.fc_next += units;
+        let last = group.last().expect("a group").seq;
+        match result {
+            Ok(Some(written)) => {
+                debug_assert!(
+                    last > state.fc_durable_seq || faults::active(Fault::FastCommitAckEarly),
+                    "groups end in queue order"
+                );
+                state.fc_durable_seq = last;
+                self.fast_commits.fetch_add(1, Ordering::Relaxed);
+                self.fast_commit_members
+                    .fetch_add(group.len() as u64, Ordering::Relaxed);
+                self.fast_commit_bytes
+                    .fetch_add(written.area_bytes, Ordering::Relaxed);
+                self.fast_commit_record_bytes
+                    .fetch_add(written.record_bytes as u64, Ordering::Relaxed);
+                self.fast_commit_flushes
+                    .fetch_add(written.flushes as u64, Ordering::Relaxed);
+            }
+            Ok(None) => {
+                state.fc_refusing = true;
+                for queued in group {
+                    state.fc_refused.insert(queued.seq, Refusal::NoRoom);
+                }
+            }
+            Err(error) => {
+                state.fc_refusing = true;
+                for queued in group {
+                    state
+                        .fc_refused
+                        .insert(queued.seq, Refusal::Failed(error.to_string()));
+                }
+            }
+        }
+        self.changed.notify_all();
     }
 
     fn write_fast_commit(
@@ -310,61 +430,49 @@ impl Jbd2 {
         head: bool,
         blocks: &[Vec<u8>],
         data_first: bool,
+        data: &[(u64, u64)],
     ) -> Result<u32> {
         debug_assert!(
-            self.state.lock().fc_ongoing,
-            "a fast commit without its slot"
+            self.state.lock().fc_writing,
+            "a fast commit written outside the group writer"
         );
         let (tail, records) = blocks.split_last().expect("a TAIL block");
         let tail_at = first_block + records.len() as u32;
+        let record_ranges = self.area_ranges(first_block, records.len() as u32);
+        let mut with_records = data.to_vec();
+        with_records.extend_from_slice(&record_ranges);
         if faults::active(Fault::FastCommitTailFirst) {
             // Broken on purpose: the TAIL is durable before the records
-            // (and the data); they follow with no flush of their own.
-            self.write_area_blocks(tail_at, std::slice::from_ref(tail))?;
-            self.area.dev.flush()?;
+            // (and the data); they follow with no barrier of their own.
+            self.write_area_durable(tail_at, tail, &[])?;
             self.write_area_blocks(first_block, records)?;
             return Ok(1);
         }
         if head {
-            // Everything but the HEAD's sector, flushed (with the data);
+            // Everything but the HEAD's sector, durable (with the data);
             // then the HEAD's sector: a HEAD is never durable without its
             // TAIL.
             let sector = SECTOR_SIZE as usize;
             let mut without_head = blocks.to_vec();
             without_head[0][..sector].fill(0);
-            self.write_area_blocks(first_block, &without_head)?;
-            self.area.dev.flush()?;
-            self.write_area_bytes(first_block, &blocks[0][..sector])?;
-            self.area.dev.flush()?;
+            let (last, before) = without_head.split_last().expect("a TAIL block");
+            self.write_area_blocks(first_block, before)?;
+            self.write_area_durable(tail_at, last, &with_records)?;
+            let physical = self.area.blocks[first_block as usize];
+            let offset = physical * self.area.fs_block_size as u64;
+            self.area
+                .dev
+                .write_durable(offset, &blocks[0][..sector], &[])?;
             return Ok(2);
         }
         self.write_area_blocks(first_block, records)?;
-        let mut flushes = 0;
         if data_first {
-            self.area.dev.flush()?;
-            flushes += 1;
+            self.barrier(&with_records)?;
+            self.write_area_durable(tail_at, tail, &[])?;
+            return Ok(2);
         }
-        self.write_area_blocks(tail_at, std::slice::from_ref(tail))?;
-        self.area.dev.flush()?;
-        Ok(flushes + 1)
-    }
-
-    /// The slot is given back; `written` area blocks now hold its fast
-    /// commit (or whatever part of it reached them before an error): later
-    /// fast commits of the same transaction go after them. `durable`: the
-    /// number of the fast commit, when it is durable.
-    fn end_fast_commit(&self, tid: u32, written: u32, durable: Option<u64>) {
-        let mut state = self.state.lock();
-        debug_assert!(state.fc_ongoing);
-        debug_assert_eq!(state.running.tid, tid, "a full commit ran meanwhile");
-        state.fc_ongoing = false;
-        state.fc_next += written;
-        if let Some(sequence) = durable {
-            // One fast commit at a time: they end in the order they began.
-            debug_assert!(sequence > state.fc_durable && sequence == state.fc_started);
-            state.fc_durable = sequence;
-        }
-        self.changed.notify_all();
+        self.write_area_durable(tail_at, tail, &with_records)?;
+        Ok(1)
     }
 
     /// A full commit's commit block is durable (called by the commit
@@ -379,7 +487,11 @@ impl Jbd2 {
         };
         let used = {
             let mut state = self.state.lock();
-            debug_assert!(!state.fc_ongoing, "a fast commit during a full commit");
+            debug_assert!(state.fc_active == 0, "a fast commit during a full commit");
+            debug_assert!(state.fc_queue.is_empty());
+            // The full commit holds what they would have.
+            state.fc_refused.clear();
+            state.fc_refusing = false;
             std::mem::take(&mut state.fc_next)
         };
         if let Some(bytelog) = &self.bytelog {
@@ -395,11 +507,24 @@ impl Jbd2 {
         Ok(true)
     }
 
-    /// Write `bytes` (a sector) at the start of journal block `index`.
-    fn write_area_bytes(&self, index: u32, bytes: &[u8]) -> Result<()> {
+    /// Device byte ranges of journal blocks `index..index + count`, runs
+    /// of contiguous blocks merged.
+    fn area_ranges(&self, index: u32, count: u32) -> Vec<(u64, u64)> {
+        let block_size = self.area.fs_block_size as u64;
+        merge_ranges((index..index + count).map(|at| {
+            let physical = self.area.blocks[at as usize];
+            (physical * block_size, block_size)
+        }))
+    }
+
+    /// Write `block` at journal block `index` and make it durable with the
+    /// completed writes in `ranges`.
+    fn write_area_durable(&self, index: u32, block: &[u8], ranges: &[(u64, u64)]) -> Result<()> {
         let block_size = self.area.fs_block_size as u64;
         let physical = self.area.blocks[index as usize];
-        self.area.dev.write_at(physical * block_size, bytes)?;
+        self.area
+            .dev
+            .write_durable(physical * block_size, block, ranges)?;
         Ok(())
     }
 
@@ -423,5 +548,41 @@ impl Jbd2 {
             at += run;
         }
         Ok(())
+    }
+}
+
+/// Sort `ranges` (offset, length) and merge those that touch or overlap.
+pub fn merge_ranges(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut sorted: Vec<(u64, u64)> = ranges.into_iter().filter(|&(_, len)| len > 0).collect();
+    sorted.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
+    for (offset, len) in sorted {
+        match merged.last_mut() {
+            Some((last, last_len)) if offset <= *last + *last_len => {
+                *last_len = (*last_len).max(offset + len - *last);
+            }
+            _ => merged.push((offset, len)),
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_ranges;
+
+    #[test]
+    fn ranges_merge_when_they_touch_or_overlap() {
+        assert_eq!(
+            merge_ranges([
+                (8192, 4096),
+                (0, 4096),
+                (4096, 1024),
+                (100_000, 0),
+                (9000, 10)
+            ]),
+            vec![(0, 5120), (8192, 4096)]
+        );
+        assert!(merge_ranges([]).is_empty());
     }
 }

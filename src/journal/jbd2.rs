@@ -137,16 +137,27 @@ pub(crate) struct State {
     pub checkpoint_stopping: bool,
     /// Set when the journal aborted: every later handle fails.
     pub error: Option<String>,
-    /// A fast commit is being written (`fc_commit.rs`): no full commit may
-    /// lock the running transaction down until it ends.
-    pub fc_ongoing: bool,
-    /// Blocks of the fast-commit area used since the last full commit.
+    /// Fast-commit tickets alive (`fc_commit.rs`): no full commit may lock
+    /// the running transaction down until every one has dropped.
+    pub fc_active: u32,
+    /// A full commit waits to lock down: no new ticket is handed out.
+    pub fc_full_wanted: bool,
+    /// Units of the fast-commit area used since the last full commit
+    /// (blocks; ByteLog: fast commits).
     pub fc_next: u32,
-    /// Fast commits begun since mount, and the number of the newest one
-    /// that is durable (`fc_commit.rs`: fsyncs covered by it need none of
-    /// their own).
-    pub fc_started: u64,
-    pub fc_durable: u64,
+    /// Directory transactions queued for the next fast commit, in order.
+    pub fc_queue: Vec<super::fc_commit::QueuedFastCommit>,
+    /// The number of the last one queued, and of the last one durable (a
+    /// queued commit is durable once this reaches its number).
+    pub fc_queued_seq: u64,
+    pub fc_durable_seq: u64,
+    /// A group is being written (one at a time, in queue order).
+    pub fc_writing: bool,
+    /// Queued commits that were not made durable, and why (kept for every
+    /// waiter until the area is retired).
+    pub fc_refused: BTreeMap<u64, super::fc_commit::Refusal>,
+    /// A group was refused: every later one of the transaction is too.
+    pub fc_refusing: bool,
 }
 
 impl State {
@@ -174,9 +185,14 @@ pub struct Jbd2Stats {
     /// interval when idle).
     pub thread_rounds: u64,
     pub guard_violations: u64,
-    /// Fast commits written, and the area blocks they took.
+    /// Fast commits written (writes of the area), the directory
+    /// transactions they held (compound degree: members per fast commit),
+    /// the area bytes, record bytes and flushes (barriers) they took.
     pub fast_commits: u64,
+    pub fast_commit_members: u64,
     pub fast_commit_bytes: u64,
+    pub fast_commit_record_bytes: u64,
+    pub fast_commit_flushes: u64,
     /// ByteLog persists (`-o bytelog`), and how they are made.
     pub bytelog_persists: u64,
     pub bytelog_method: Option<crate::dev::PersistMethod>,
@@ -232,7 +248,10 @@ pub(crate) struct Jbd2 {
     pub blocks_checkpointed: AtomicU64,
     pub thread_rounds: AtomicU64,
     pub fast_commits: AtomicU64,
+    pub fast_commit_members: AtomicU64,
     pub fast_commit_bytes: AtomicU64,
+    pub fast_commit_record_bytes: AtomicU64,
+    pub fast_commit_flushes: AtomicU64,
     /// Fast commits go to a persistent-memory mapping (`-o bytelog`).
     pub bytelog: Option<super::bytelog::ByteLog>,
 }
@@ -345,10 +364,15 @@ impl Jbd2 {
                     stopping: false,
                     checkpoint_stopping: false,
                     error: None,
-                    fc_ongoing: false,
+                    fc_active: 0,
+                    fc_full_wanted: false,
                     fc_next: 0,
-                    fc_started: 0,
-                    fc_durable: 0,
+                    fc_queue: Vec::new(),
+                    fc_queued_seq: 0,
+                    fc_durable_seq: 0,
+                    fc_writing: false,
+                    fc_refused: BTreeMap::new(),
+                    fc_refusing: false,
                 },
             ),
             sb: Mutex::new(sb),
@@ -380,7 +404,10 @@ impl Jbd2 {
             blocks_checkpointed: AtomicU64::new(0),
             thread_rounds: AtomicU64::new(0),
             fast_commits: AtomicU64::new(0),
+            fast_commit_members: AtomicU64::new(0),
             fast_commit_bytes: AtomicU64::new(0),
+            fast_commit_record_bytes: AtomicU64::new(0),
+            fast_commit_flushes: AtomicU64::new(0),
             bytelog,
         });
         jbd2.prepare_fast_commit_area()?;
@@ -616,9 +643,12 @@ impl Jbd2 {
                 waited = true;
                 continue;
             }
-            if state
-                .commit_request
-                .is_none_or(|requested| super::format::tid_gt(tid, requested))
+            // Already committing: wait for it. Asking again would make the
+            // commit thread commit the next transaction too, for nobody.
+            if state.committing_tid != Some(tid)
+                && state
+                    .commit_request
+                    .is_none_or(|requested| super::format::tid_gt(tid, requested))
             {
                 state.commit_request = Some(tid);
             }
@@ -671,7 +701,10 @@ impl Jbd2 {
             thread_rounds: self.thread_rounds.load(Ordering::Relaxed),
             guard_violations: self.guard.violations(),
             fast_commits: self.fast_commits.load(Ordering::Relaxed),
+            fast_commit_members: self.fast_commit_members.load(Ordering::Relaxed),
             fast_commit_bytes: self.fast_commit_bytes.load(Ordering::Relaxed),
+            fast_commit_record_bytes: self.fast_commit_record_bytes.load(Ordering::Relaxed),
+            fast_commit_flushes: self.fast_commit_flushes.load(Ordering::Relaxed),
             bytelog_persists: self
                 .bytelog
                 .as_ref()
@@ -756,6 +789,14 @@ impl Jbd2 {
                 self.abort(&mut state, &error);
             }
             return false;
+        }
+        // A request for a transaction already committed or committing (an
+        // older tid than the running one) asks nothing more.
+        if state
+            .commit_request
+            .is_some_and(|requested| super::format::tid_gt(state.running.tid, requested))
+        {
+            state.commit_request = None;
         }
         let wants_commit = state.commit_request.is_some()
             || (!state.running.is_empty()

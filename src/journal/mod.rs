@@ -36,7 +36,7 @@ pub mod logdump;
 pub mod recovery;
 mod writeback;
 
-pub use fc_commit::{FastCommitBegin, FastCommitSlot, Written};
+pub use fc_commit::{FastCommitBegin, FastCommitOutcome, FastCommitTicket, Written, merge_ranges};
 pub use jbd2::{Jbd2Options, Jbd2Stats};
 
 use crate::cache::{Buffer, BufferCache};
@@ -238,6 +238,7 @@ impl Journal {
         };
         let state = Rc::new(HandleState {
             journal_id: self.id(),
+            id: NEXT_HANDLE_ID.fetch_add(1, Ordering::Relaxed),
             transaction,
             credits,
             dirtied: Cell::new(0),
@@ -277,22 +278,24 @@ impl Journal {
         }
     }
 
-    /// Fast commits begun so far (`fc_commit.rs`); read by an fsync before
-    /// `begin_fast_commit`.
-    pub fn fast_commit_sequence(&self) -> u64 {
+    /// Wait until transaction `tid` is durable, or fast commits of it may
+    /// be queued (`fc_commit.rs`). Unjournaled, or without a fast-commit
+    /// area: refused.
+    pub fn begin_fast_commit(&self, tid: u32) -> Result<FastCommitBegin<'_>> {
         match &self.mode {
-            Mode::WriteBack(_) => 0,
-            Mode::Jbd2(jbd2) => jbd2.fast_commit_sequence(),
+            Mode::WriteBack(_) => Ok(FastCommitBegin::Refused),
+            Mode::Jbd2(jbd2) => jbd2.begin_fast_commit(tid),
         }
     }
 
-    /// Wait until transaction `tid` is durable, a fast commit begun after
-    /// `seen` is, or a fast commit of it may be written (`fc_commit.rs`).
-    /// Unjournaled, or without a fast-commit area: refused.
-    pub fn begin_fast_commit(&self, tid: u32, seen: u64) -> Result<FastCommitBegin<'_>> {
+    /// Make the completed writes in device byte `ranges` durable, without
+    /// writing back other dirty data where the device allows it (a barrier
+    /// carried by the zero block after the fast-commit area); a flush of
+    /// everything where this mount writes no fast commits.
+    pub fn barrier(&self, ranges: &[(u64, u64)]) -> Result<()> {
         match &self.mode {
-            Mode::WriteBack(_) => Ok(FastCommitBegin::Refused),
-            Mode::Jbd2(jbd2) => jbd2.begin_fast_commit(tid, seen),
+            Mode::Jbd2(jbd2) if jbd2.fast_commit_area().is_some() => jbd2.barrier(ranges),
+            _ => self.flush_data(),
         }
     }
 
@@ -488,9 +491,14 @@ impl<'a> CommitAccess<'a> {
     }
 }
 
+/// Numbers of outermost handles, unique per process.
+static NEXT_HANDLE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// What the nested levels of one operation's handle share.
 struct HandleState {
     journal_id: usize,
+    /// This operation's number, for the change observer.
+    id: u64,
     transaction: Option<Arc<Transaction>>,
     credits: u32,
     dirtied: Cell<u32>,
@@ -525,6 +533,12 @@ pub struct Handle<'j> {
 }
 
 impl<'j> Handle<'j> {
+    /// The number of this handle's operation (shared by its nested
+    /// levels; the change observer's name for it).
+    pub fn id(&self) -> u64 {
+        self.state.id
+    }
+
     /// The transaction this handle belongs to (0 when unjournaled).
     pub fn tid(&self) -> u32 {
         self.state
@@ -581,7 +595,7 @@ impl<'j> Handle<'j> {
         if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
             && let Some(observer) = jbd2.observer.get()
         {
-            observer.changed(transaction.tid, change);
+            observer.changed(self.state.id, transaction.tid, change);
         }
     }
 
@@ -644,6 +658,9 @@ impl<'j> Handle<'j> {
         drop(self.state.held.borrow_mut().take());
         if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
         {
+            if let Some(observer) = jbd2.observer.get() {
+                observer.stopped(self.state.id);
+            }
             // Return the credits this operation reserved and did not use.
             let unused = self.state.credits.saturating_sub(self.state.dirtied.get());
             jbd2.stop_handle(transaction, unused);

@@ -11,6 +11,7 @@ mod metafsync;
 mod msgjournal;
 mod smallwriters;
 mod statstorm;
+mod stream;
 mod varmail;
 
 use std::path::PathBuf;
@@ -90,6 +91,18 @@ enum Workload {
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
     },
+    /// Issue 9's streaming case: create + 1 KiB write + fsync latency in
+    /// a/ while another thread streams a file into b/ without syncing.
+    Stream {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 400)]
+        stream_mib: usize,
+        #[arg(long, default_value_t = 1024)]
+        write_kib: usize,
+        #[arg(long, default_value_t = 1024)]
+        record_bytes: usize,
+    },
     /// Tux3's many small writers: P processes each writing W records to its own file.
     Smallwriters {
         #[arg(long)]
@@ -160,6 +173,12 @@ fn main() -> ExitCode {
             seconds,
             table_kib,
         } => lsm::run(dir, threads, seconds, table_kib),
+        Workload::Stream {
+            dir,
+            stream_mib,
+            write_kib,
+            record_bytes,
+        } => stream::run(dir, stream_mib, write_kib, record_bytes),
         Workload::Msgjournal {
             dir,
             record_bytes,

@@ -932,6 +932,16 @@ impl BlockDevice for NbdDevice {
         Ok(())
     }
 
+    /// NBD has no ranged barrier: the plugged writes are sent (the
+    /// ranges' among them) so their transfer is paid for now, and
+    /// `write_durable` keeps the trait's write and full `flush`.
+    fn write_back(&self, _ranges: &[(u64, u64)]) -> io::Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.unplug()
+    }
+
     fn size_bytes(&self) -> u64 {
         self.export.size
     }

@@ -1,24 +1,29 @@
-//! Writing fast commits: fsync's fast path (the kernel's `ext4_fc_commit`).
+//! Writing fast commits: fsync's fast path (the kernel's `ext4_fc_commit`),
+//! one directory transaction at a time (DESIGN §2, tier 3).
 //!
-//! An fsync whose inode changed in the running transaction, when nothing
-//! ineligible happened since the last full commit, writes one fast commit
-//! instead of committing the transaction:
+//! An fsync whose inode changed in the running JBD2 transaction, when
+//! nothing ineligible happened since the last full commit, commits the
+//! directory transaction holding the inode's changes (`scope.rs`) instead
+//! of the JBD2 transaction:
 //! 1. `Journal::begin_fast_commit` waits for a full commit under way (the
 //!    transaction before must be durable, or replay would never reach the
-//!    records) and for another fast commit (which covers this fsync when
-//!    it began after the fsync did: then nothing is left to write — the
-//!    group commit of concurrent fsyncs);
-//! 2. with the journal's updates locked (`FastCommitSlot::lock_updates`,
-//!    the kernel's `jbd2_journal_lock_updates`: every handle has stopped,
-//!    none starts, so no operation is half-way and none holds a lock)
-//!    everything queued is taken (`Tracker::take`) and turned into records
-//!    from the inodes as stored: a consistent cut, the "snapshot when the
-//!    fast commit starts", with no filesystem lock; operations go on once
-//!    the records are built (readers never stopped);
-//! 3. the journal lays them out — HEAD, records, TAIL — after the earlier
-//!    fast commits of the transaction, data first where they expose new
-//!    data (see `journal::fc_commit` for the flushes, `journal::bytelog`
-//!    for `-o bytelog`).
+//!    records) and hands out a ticket that keeps the next one from locking
+//!    down meanwhile; many directories hold tickets at once;
+//! 2. the directory's running transaction is taken (`Tracker::lock_down`;
+//!    an earlier commit of the same directory still being built is waited
+//!    for), the handles inside it drain — new operations in that directory
+//!    wait at their start, no other directory's do — and its records are
+//!    built from the inodes as stored, each read under its inode lock: a
+//!    consistent cut of that directory. An inode another directory's
+//!    operation changed meanwhile makes the build start over (a conflict);
+//!    records built are frozen: later changes go to the next transaction;
+//! 3. the data its inodes wrote in place is written back (`write_back`:
+//!    this directory's, not another's stream), it waits for its turn behind
+//!    earlier commits of the same directory, and is queued; the journal
+//!    writes everything queued as one fast commit — HEAD, records, TAIL —
+//!    with barriers over the queued commits' data and records
+//!    (`journal::fc_commit`: concurrent directories share one write and
+//!    its flushes), and acknowledges in queue order.
 //!
 //! Records, in the kernel's order: HEAD (first after a full commit); the
 //! name changes in the order they were made, a CREAT preceded by its
@@ -31,7 +36,8 @@
 //! transaction ineligible and the fsync commits it in full: the changes
 //! taken are in that transaction, so the full commit covers them.
 
-use super::track::{DentryOp, PendingInode, Snapshot, Tracker};
+use super::scope::TxnId;
+use super::track::{DentryOp, Entries, Freeze, LockDown, PendingInode, Tracker};
 use crate::error::Result;
 use crate::format::fast_commit::{Dentry, Record, max_range_len};
 use crate::format::inode::Inode;
@@ -39,25 +45,32 @@ use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::GOOD_OLD_INODE_SIZE;
 use crate::fs::inode::{inode_location, read_inode};
 use crate::fs::{Core, Fs};
-use crate::journal::FastCommitBegin;
 use crate::journal::change::Ineligible;
 use crate::journal::faults::{self, Fault};
+use crate::journal::{FastCommitBegin, FastCommitOutcome, FastCommitTicket};
+use crate::lock::Rank;
 use std::collections::HashSet;
 
 /// ext4's logical block numbers are 32 bits: `EXT_MAX_BLOCKS`.
 const MAX_LOGICAL_BLOCKS: u64 = u32::MAX as u64;
 
+/// Builds of one directory's commit tried before an fsync gives up on
+/// conflicts and commits in full.
+const MAX_BUILD_ATTEMPTS: usize = 4;
+
 /// How an fsync's changes became durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// Durable through a fast commit or a full commit that finished
-    /// meanwhile; `flushed`: a device flush came after the call began.
-    Durable { flushed: bool },
+    /// Durable through a fast commit, or a full commit that finished
+    /// meanwhile. `data`: the inode's data written in place is durable
+    /// too (its ranges were in the barrier, or a flush came after the call
+    /// began); else the caller makes it so.
+    Durable { data: bool },
     /// A full commit is needed.
     FullCommit,
 }
 
-/// One fast commit's records (HEAD and TAIL are the journal's).
+/// One directory transaction's records (HEAD and TAIL are the journal's).
 struct Built {
     records: Vec<Record>,
     /// The records expose data written since the last flush.
@@ -66,85 +79,182 @@ struct Built {
     ineligible: Option<Ineligible>,
 }
 
+/// What committing one taken transaction came to.
+enum Committed {
+    /// `data`: the fsynced inode's data was in the barrier.
+    Durable {
+        data: bool,
+    },
+    /// Built while another directory's operation changed one of its
+    /// inodes: given back, try again.
+    Conflict,
+    FullCommit,
+}
+
 impl Fs {
-    /// Make transaction `tid` (the newest to change the inode being
-    /// synced) durable with a fast commit if it can be done.
-    pub(crate) fn fast_commit(&self, tracker: &Tracker, tid: u32) -> Result<Outcome> {
-        // Read after this fsync's changes were made: a fast commit begun
-        // later carries them.
-        let seen = self.core.journal.fast_commit_sequence();
+    /// Make transaction `tid` (the newest to change inode `ino`, being
+    /// synced) durable with a fast commit of `ino`'s directory transaction
+    /// if it can be done.
+    pub(crate) fn fast_commit(
+        &self,
+        tracker: &Tracker,
+        ino: u32,
+        is_dir: bool,
+        tid: u32,
+    ) -> Result<Outcome> {
         if !tracker.eligible(tid) {
             tracker.count_fallback();
             return Ok(Outcome::FullCommit);
         }
-        let mut slot = match self.core.journal.begin_fast_commit(tid, seen)? {
-            FastCommitBegin::Durable { flushed } => return Ok(Outcome::Durable { flushed }),
+        let ticket = match self.core.journal.begin_fast_commit(tid)? {
+            FastCommitBegin::Durable { flushed } => return Ok(Outcome::Durable { data: flushed }),
             FastCommitBegin::Refused => {
                 tracker.count_fallback();
                 return Ok(Outcome::FullCommit);
             }
-            FastCommitBegin::Started(slot) => slot,
+            FastCommitBegin::Started(ticket) => ticket,
         };
-        let built = {
-            let updates = slot.lock_updates();
-            let Some(snapshot) = tracker.take(slot.tid) else {
-                tracker.count_fallback();
-                return Ok(Outcome::FullCommit);
+        let key = tracker.key_of(ino, is_dir);
+        for _ in 0..MAX_BUILD_ATTEMPTS {
+            let committed = match tracker.lock_down(key) {
+                LockDown::Nothing { after } => self.wait_earlier(tracker, &ticket, after)?,
+                LockDown::Commit(txn) => self.commit_txn(tracker, &ticket, txn, ino)?,
             };
-            if snapshot.is_empty() {
-                // A fast commit that ended before this one could start took
-                // this fsync's changes, from a cut made after they (and the
-                // data written with them) were: its final flush covers
-                // them. (Had it failed, the transaction would be
-                // ineligible and `take` would have said so.) A ByteLog one
-                // may have issued no flush: the data needs one.
-                return Ok(Outcome::Durable {
-                    flushed: slot.ends_with_flush(),
-                });
+            match committed {
+                Committed::Durable { data } => return Ok(Outcome::Durable { data }),
+                Committed::Conflict => continue,
+                Committed::FullCommit => {
+                    tracker.count_fallback();
+                    return Ok(Outcome::FullCommit);
+                }
             }
-            let built = build(&self.core, &snapshot);
-            drop(updates);
-            built
-        };
-        let built = match built {
-            Ok(Built {
-                ineligible: Some(reason),
-                ..
-            }) => {
-                tracker.mark_ineligible(slot.tid, reason);
-                tracker.count_fallback();
-                return Ok(Outcome::FullCommit);
-            }
+        }
+        tracker.count_fallback();
+        Ok(Outcome::FullCommit)
+    }
+
+    /// Nothing runs in the directory: an earlier commit of it (numbered
+    /// `after`, if not durable yet) holds the fsync's changes.
+    fn wait_earlier(
+        &self,
+        tracker: &Tracker,
+        ticket: &FastCommitTicket<'_>,
+        after: Option<u64>,
+    ) -> Result<Committed> {
+        if let Some(seq) = after
+            && ticket.wait(seq)? == FastCommitOutcome::NoRoom
+        {
+            return Ok(Committed::FullCommit);
+        }
+        if !tracker.eligible(ticket.tid) {
+            // The changes may have been dropped for the full commit to
+            // hold them.
+            return Ok(Committed::FullCommit);
+        }
+        Ok(Committed::Durable { data: false })
+    }
+
+    /// Commit the taken transaction `txn`: drain, build, freeze, write
+    /// back its data, queue, wait. `ino` is the inode being synced (its
+    /// data goes in the barrier whether or not `txn` holds it).
+    fn commit_txn(
+        &self,
+        tracker: &Tracker,
+        ticket: &FastCommitTicket<'_>,
+        txn: TxnId,
+        ino: u32,
+    ) -> Result<Committed> {
+        let entries = tracker.drain(txn);
+        let built = match build(&self.core, &entries) {
             Ok(built) => built,
             Err(error) => {
-                tracker.mark_ineligible(slot.tid, Ineligible::Failed);
+                tracker.put_back(txn, entries);
+                tracker.mark_ineligible(ticket.tid, Ineligible::Failed);
                 return Err(error);
             }
         };
-        match slot.write(&built.records, built.data_first) {
-            Ok(Some(written)) => {
-                tracker.count_commit(written.record_bytes as u64, written.flushes);
-                // Without a flush (ByteLog, no new data mapped) the fsync
-                // still flushes the data it may have written in place.
-                Ok(Outcome::Durable {
-                    flushed: written.flushes > 0,
-                })
+        if let Some(reason) = built.ineligible {
+            tracker.put_back(txn, entries);
+            tracker.mark_ineligible(ticket.tid, reason);
+            return Ok(Committed::FullCommit);
+        }
+        let mut inodes: Vec<u32> = entries.inodes.keys().copied().collect();
+        inodes.push(ino);
+        match tracker.freeze(txn, entries, ticket.tid) {
+            Freeze::Frozen => {}
+            Freeze::Conflict => return Ok(Committed::Conflict),
+            Freeze::Ineligible => return Ok(Committed::FullCommit),
+        }
+        let queued = self.write_back_and_queue(tracker, ticket, txn, built, &inodes);
+        let seq = match queued {
+            Ok(seq) => seq,
+            Err(error) => {
+                tracker.mark_ineligible(ticket.tid, Ineligible::Failed);
+                tracker.put_back(txn, Entries::default());
+                return Err(error);
             }
-            Ok(None) => {
-                tracker.mark_ineligible(slot.tid, Ineligible::AreaFull);
-                tracker.count_fallback();
-                Ok(Outcome::FullCommit)
+        };
+        match ticket.wait(seq) {
+            Ok(FastCommitOutcome::Durable) => {
+                tracker.retire(txn, Some(seq));
+                tracker.count_commit();
+                Ok(Committed::Durable { data: true })
+            }
+            // Ineligible first: nobody may take the retired transaction's
+            // changes for durable meanwhile.
+            Ok(FastCommitOutcome::NoRoom) => {
+                tracker.mark_ineligible(ticket.tid, Ineligible::AreaFull);
+                tracker.retire(txn, None);
+                Ok(Committed::FullCommit)
             }
             Err(error) => {
-                tracker.mark_ineligible(slot.tid, Ineligible::Failed);
+                tracker.mark_ineligible(ticket.tid, Ineligible::Failed);
+                tracker.retire(txn, None);
                 Err(error)
             }
         }
     }
+
+    /// Write back the data of `inodes` (this directory's: the slow part
+    /// when it streamed, paid before the queue), wait for the turn of the
+    /// frozen `txn` in its set, and queue its records. Returns the queue
+    /// number.
+    fn write_back_and_queue(
+        &self,
+        tracker: &Tracker,
+        ticket: &FastCommitTicket<'_>,
+        txn: TxnId,
+        built: Built,
+        inodes: &[u32],
+    ) -> Result<u64> {
+        let ranges = match tracker.data_ranges(inodes.iter().copied()) {
+            Some(ranges) => {
+                if !faults::active(Fault::DirCommitSkipsData) {
+                    self.core.dev().write_back(&ranges)?;
+                }
+                ranges
+            }
+            None => {
+                // More pieces than remembered: everything, the slow way.
+                self.core.journal.flush_data()?;
+                Vec::new()
+            }
+        };
+        let ranges = if faults::active(Fault::DirCommitSkipsData) {
+            Vec::new() // broken on purpose: the data is not in the barrier
+        } else {
+            ranges
+        };
+        tracker.wait_turn(txn);
+        let seq = ticket.enqueue(built.records, built.data_first, ranges);
+        tracker.queued(txn, seq);
+        Ok(seq)
+    }
 }
 
-/// The records of `snapshot`, in the order replay needs them.
-fn build(core: &Core, snapshot: &Snapshot) -> Result<Built> {
+/// The records of `snapshot`, in the order replay needs them. Each inode
+/// is read under its inode lock: whole, never half-way through a change.
+fn build(core: &Core, snapshot: &Entries) -> Result<Built> {
     let mut writer = RecordWriter {
         core,
         records: Vec::new(),
@@ -187,8 +297,13 @@ impl RecordWriter<'_> {
     /// A new inode's first name: its INODE record and ranges, then CREAT
     /// (replay builds the unnamed inode first, then names it).
     fn create(&mut self, dentry: Dentry, pending: Option<&PendingInode>) -> Result<()> {
+        let _lock = self.core.inodes.read(dentry.ino, Rank::Inode);
         let inode = read_inode(self.core, dentry.ino)?;
-        debug_assert!(inode.mode != 0, "CREAT of a freed inode {}", dentry.ino);
+        if inode.mode == 0 {
+            // Freed since (by an operation of the next transaction, whose
+            // UNLINK will find no name): nothing to create.
+            return Ok(());
+        }
         self.inode_record(dentry.ino, &inode)?;
         if let Some(pending) = pending.filter(|_| !inode.is_dir()) {
             self.range_records(dentry.ino, &inode, pending)?;
@@ -202,6 +317,7 @@ impl RecordWriter<'_> {
     /// inodes without links (freed, or open orphans, which are ineligible)
     /// are left to their names.
     fn inode(&mut self, ino: u32, pending: &PendingInode) -> Result<()> {
+        let _lock = self.core.inodes.read(ino, Rank::Inode);
         let inode = read_inode(self.core, ino)?;
         if inode.mode == 0 || inode.links_count == 0 || inode.is_dir() {
             return Ok(());

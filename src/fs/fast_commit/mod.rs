@@ -55,10 +55,13 @@
 
 mod blocks;
 mod commit;
+mod data;
 mod records;
+mod scope;
 mod track;
 
 pub(crate) use commit::Outcome;
+pub use scope::ConflictStats;
 pub use track::FastCommitStats;
 pub(crate) use track::Tracker;
 

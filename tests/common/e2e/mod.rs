@@ -173,3 +173,10 @@ pub fn extent_depth(image: &Path, path_in_fs: &str) -> u32 {
         .max()
         .unwrap_or_else(|| panic!("no extent rows in debugfs output:\n{text}"))
 }
+
+/// `jext4 stats MOUNTPOINT`: the live server's counters, or after an
+/// unmount its last report.
+pub fn jext4_stats(mountpoint: &Path) -> String {
+    let output = run_ok(JEXT4, &["stats", path_str(mountpoint)]);
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

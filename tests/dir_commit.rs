@@ -1,0 +1,222 @@
+//! Per-directory fast commits: an fsync in one directory returns while
+//! another directory's commit is held back, and with one global scope
+//! (`-o fast_commit=global`) it does not.
+//!
+//! The device under the engine holds back the write-back of one
+//! directory's data — recognised by its bytes — until the test releases
+//! it: that directory's commit is stuck before it reaches the fast-commit
+//! area, as behind a slow stream of its own.
+//!
+//! An inode number freed by the held commit is not given to a new file
+//! of the other directory (which would tie that file's commit to it).
+
+mod common;
+
+use jext4::dev::{BlockDevice, FileDevice};
+use jext4::fs::{Caller, Fs, MountOptions};
+use std::io;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// The bytes of /b's file: a write-back of a range holding them is held.
+const HELD_PATTERN: &[u8; 16] = b"held back: dir b";
+
+/// A device whose `write_back` of a range holding `HELD_PATTERN` waits
+/// until `release` (and says when one is waiting).
+struct StallingDevice {
+    inner: FileDevice,
+    /// (a write-back is held, released)
+    gate: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+impl StallingDevice {
+    fn holds_pattern(&self, ranges: &[(u64, u64)]) -> io::Result<bool> {
+        for &(offset, len) in ranges {
+            let mut bytes = vec![0u8; len as usize];
+            self.inner.read_at(offset, &mut bytes)?;
+            if bytes.windows(HELD_PATTERN.len()).any(|w| w == HELD_PATTERN) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn wait_until_held(&self, fs: &Fs) {
+        let gate = self.gate.lock().unwrap();
+        let (gate, timeout) = self
+            .changed
+            .wait_timeout_while(gate, Duration::from_secs(20), |(held, _)| !*held)
+            .unwrap();
+        assert!(
+            !timeout.timed_out() && gate.0,
+            "/b's commit never reached the device: {}",
+            fs.stats_report()
+        );
+    }
+
+    fn release(&self) {
+        self.gate.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl BlockDevice for StallingDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+
+    fn write_back(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
+        if self.holds_pattern(ranges)? {
+            let mut gate = self.gate.lock().unwrap();
+            gate.0 = true;
+            self.changed.notify_all();
+            let _released = self.changed.wait_while(gate, |(_, released)| !*released);
+        }
+        self.inner.write_back(ranges)
+    }
+
+    fn write_durable(&self, offset: u64, buf: &[u8], ranges: &[(u64, u64)]) -> io::Result<()> {
+        self.inner.write_durable(offset, buf, ranges)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+/// Mount a fresh fast_commit image on a stalling device; make /a and /b.
+/// 4 KiB blocks: one block group, so /a's and /b's files share one inode
+/// bitmap.
+fn mounted(dir: &std::path::Path, global: bool) -> (Arc<StallingDevice>, Arc<Fs>, u32, u32) {
+    let args = ["-t", "ext4", "-O", "fast_commit", "-b", "4096"];
+    let image = common::mkfs(dir, "dirs", 64, &args);
+    let device = Arc::new(StallingDevice {
+        inner: FileDevice::open(&image, false).unwrap(),
+        gate: Mutex::new((false, false)),
+        changed: Condvar::new(),
+    });
+    let options = MountOptions {
+        // No full commit on a timer while the test holds /b's commit.
+        commit_interval: Duration::from_secs(3600),
+        fast_commit_global: global,
+        ..MountOptions::default()
+    };
+    let fs = Fs::mount(device.clone() as Arc<dyn BlockDevice>, options).unwrap();
+    let root = jext4::format::superblock::ROOT_INO;
+    let a = fs.mkdir(root, b"a", 0o755, Caller::ROOT).unwrap().ino;
+    let b = fs.mkdir(root, b"b", 0o755, Caller::ROOT).unwrap().ino;
+    // The directories are made durable in full (a new directory is not
+    // something fast commits describe).
+    fs.sync().unwrap();
+    (device, fs, a, b)
+}
+
+/// Hold /b's commit at the device; fsync a new file in /a meanwhile.
+/// Returns whether /a's fsync came back while /b's was held. With
+/// `free_in_b`, /b's held commit also frees an inode (a durable file of
+/// /b unlinked), the lowest free number when /a's file is created.
+fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
+    let scratch = tempfile::tempdir().unwrap();
+    let (device, fs, a, b) = mounted(scratch.path(), global);
+    let old = fs.create(b, b"old", 0o644, Caller::ROOT).unwrap().ino;
+    fs.sync().unwrap();
+    let big = fs.create(b, b"big", 0o644, Caller::ROOT).unwrap().ino;
+    let data: Vec<u8> = HELD_PATTERN
+        .iter()
+        .copied()
+        .cycle()
+        .take(256 << 10)
+        .collect();
+    fs.write(big, 0, &data, Caller::ROOT).unwrap();
+    if free_in_b {
+        fs.unlink(b, b"old", Caller::ROOT).unwrap();
+    }
+    let (a_done_tx, a_done) = mpsc::channel();
+    let returned_while_held = std::thread::scope(|scope| {
+        let b_fsync = scope.spawn(|| fs.fsync(big, false));
+        device.wait_until_held(&fs);
+        let fs = &fs;
+        scope.spawn(move || {
+            let small = fs.create(a, b"small", 0o644, Caller::ROOT).unwrap().ino;
+            fs.write(small, 0, &[7u8; 1024], Caller::ROOT).unwrap();
+            fs.fsync(small, false).unwrap();
+            a_done_tx.send(small).unwrap();
+        });
+        let small = a_done.recv_timeout(Duration::from_secs(5));
+        let returned = small.is_ok();
+        device.release();
+        let small = small.unwrap_or_else(|_| {
+            // Global scope: /a's fsync ends once /b's commit may go on.
+            a_done
+                .recv_timeout(Duration::from_secs(30))
+                .expect("/a's fsync after the release")
+        });
+        if free_in_b {
+            assert_ne!(small, old, "/b's freed inode number went to /a's file");
+        }
+        b_fsync.join().unwrap().unwrap();
+        returned
+    });
+    let stats = fs.stats_report();
+    fs.unmount().unwrap();
+    eprintln!(
+        "{}: {}",
+        if global { "global" } else { "per directory" },
+        stats
+            .lines()
+            .filter(|line| line.starts_with("fast_commit") && !line.contains("ineligible"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    drop(fs);
+    common::assert_fsck_clean(&scratch.path().join("dirs.img"));
+    returned_while_held
+}
+
+#[test]
+fn an_fsync_in_one_directory_returns_while_anothers_commit_is_held() {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    assert!(
+        fsync_in_a_while_b_is_held(false, false),
+        "/a's fsync waited for /b's commit"
+    );
+}
+
+/// /b's held commit frees an inode number: a new file of /a does not take
+/// it (its creation would have to replay after that freeing, so it would
+/// join /b's commit and wait for it).
+#[test]
+fn a_number_freed_by_a_held_commit_goes_to_no_other_directory() {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    assert!(
+        fsync_in_a_while_b_is_held(false, true),
+        "/a's fsync waited for /b's commit"
+    );
+}
+
+/// The control: with one scope for the whole filesystem, /a's fsync commits
+/// /b's changes too and waits for their data.
+#[test]
+fn with_one_global_scope_the_fsync_waits_for_the_other_directory() {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    assert!(
+        !fsync_in_a_while_b_is_held(true, false),
+        "/a's fsync returned while /b's commit, which it carries, was held"
+    );
+}
