@@ -187,7 +187,11 @@ impl Fs {
         }
         let queued = self.write_back_and_queue(tracker, ticket, txn, built, &inodes);
         let seq = match queued {
-            Ok(seq) => seq,
+            Ok(Some(seq)) => seq,
+            Ok(None) => {
+                tracker.retire(txn, None);
+                return Ok(Committed::FullCommit);
+            }
             Err(error) => {
                 tracker.mark_ineligible(ticket.tid, Ineligible::Failed);
                 tracker.put_back(txn, Entries::default());
@@ -218,7 +222,8 @@ impl Fs {
     /// Write back the data of `inodes` (this directory's: the slow part
     /// when it streamed, paid before the queue), wait for the turn of the
     /// frozen `txn` in its set, and queue its records. Returns the queue
-    /// number.
+    /// number, or `None` when an earlier commit of the set failed and went
+    /// back unwritten: then only a full commit may carry `txn`.
     fn write_back_and_queue(
         &self,
         tracker: &Tracker,
@@ -226,7 +231,7 @@ impl Fs {
         txn: TxnId,
         built: Built,
         inodes: &[u32],
-    ) -> Result<u64> {
+    ) -> Result<Option<u64>> {
         let ranges = match tracker.data_ranges(inodes.iter().copied()) {
             Some(ranges) => {
                 if !faults::active(Fault::DirCommitSkipsData) {
@@ -245,10 +250,16 @@ impl Fs {
         } else {
             ranges
         };
-        tracker.wait_turn(txn);
+        // Our turn comes when every earlier commit of the set is queued —
+        // or failed (its write-back) and was put back after marking the
+        // transaction ineligible: our records may build on its changes (a
+        // name it created, now renamed), so they must not go out alone.
+        if !tracker.wait_turn(txn, ticket.tid) {
+            return Ok(None);
+        }
         let seq = ticket.enqueue(built.records, built.data_first, ranges);
         tracker.queued(txn, seq);
-        Ok(seq)
+        Ok(Some(seq))
     }
 }
 
