@@ -164,7 +164,14 @@ impl Fs {
         txn: TxnId,
         ino: u32,
     ) -> Result<Committed> {
+        let unwind = GiveBackOnUnwind {
+            tracker,
+            txn,
+            tid: ticket.tid,
+            queued: std::cell::Cell::new(false),
+        };
         let entries = tracker.drain(txn);
+        faults::panic_point(faults::PanicPoint::FastCommitBuild);
         let built = match build(&self.core, &entries) {
             Ok(built) => built,
             Err(error) => {
@@ -187,7 +194,10 @@ impl Fs {
         }
         let queued = self.write_back_and_queue(tracker, ticket, txn, built, &inodes);
         let seq = match queued {
-            Ok(Some(seq)) => seq,
+            Ok(Some(seq)) => {
+                unwind.queued.set(true);
+                seq
+            }
             Ok(None) => {
                 tracker.retire(txn, None);
                 return Ok(Committed::FullCommit);
@@ -260,6 +270,33 @@ impl Fs {
         let seq = ticket.enqueue(built.records, built.data_first, ranges);
         tracker.queued(txn, seq);
         Ok(Some(seq))
+    }
+}
+
+/// A directory commit between taking its transaction and retiring it: if
+/// it unwinds (a panic, a bug), the transaction is given back — put back
+/// into the running one, or retired if queued — and marked ineligible, so
+/// that the directory's operations, which wait while a transaction is
+/// being built, and the commits behind it in the set, do not wait forever
+/// (the front end turns the panic into an aborted journal and EIO).
+struct GiveBackOnUnwind<'a> {
+    tracker: &'a Tracker,
+    txn: TxnId,
+    tid: u32,
+    queued: std::cell::Cell<bool>,
+}
+
+impl Drop for GiveBackOnUnwind<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        self.tracker.mark_ineligible(self.tid, Ineligible::Failed);
+        if self.queued.get() {
+            self.tracker.retire(self.txn, None);
+        } else {
+            self.tracker.put_back(self.txn, Entries::default());
+        }
     }
 }
 
