@@ -158,7 +158,12 @@ fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
             fs.fsync(small, false).unwrap();
             a_done_tx.send(small).unwrap();
         });
-        let small = a_done.recv_timeout(Duration::from_secs(5));
+        // Per directory, /a's fsync returns while /b's is held: wait long
+        // for it (a loaded machine is slow, and a hang would fail anyway).
+        // Global, it cannot return before the release: a short look is
+        // enough to see that it has not.
+        let patience = Duration::from_secs(if global { 2 } else { 60 });
+        let small = a_done.recv_timeout(patience);
         let returned = small.is_ok();
         device.release();
         let small = small.unwrap_or_else(|_| {
