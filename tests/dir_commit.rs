@@ -23,12 +23,14 @@ use std::time::Duration;
 const HELD_PATTERN: &[u8; 16] = b"held back: dir b";
 
 /// A device whose `write_back` of a range holding `HELD_PATTERN` waits
-/// until `release` (and says when one is waiting).
+/// until `release` (and says when one is waiting); `fail_held` makes that
+/// write-back fail with EIO when released.
 struct StallingDevice {
     inner: FileDevice,
     /// (a write-back is held, released)
     gate: Mutex<(bool, bool)>,
     changed: Condvar,
+    fail_held: std::sync::atomic::AtomicBool,
 }
 
 impl StallingDevice {
@@ -81,6 +83,9 @@ impl BlockDevice for StallingDevice {
             gate.0 = true;
             self.changed.notify_all();
             let _released = self.changed.wait_while(gate, |(_, released)| !*released);
+            if self.fail_held.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
         }
         self.inner.write_back(ranges)
     }
@@ -104,6 +109,7 @@ fn mounted(dir: &std::path::Path, global: bool) -> (Arc<StallingDevice>, Arc<Fs>
         inner: FileDevice::open(&image, false).unwrap(),
         gate: Mutex::new((false, false)),
         changed: Condvar::new(),
+        fail_held: Default::default(),
     });
     let options = MountOptions {
         // No full commit on a timer while the test holds /b's commit.
@@ -152,7 +158,12 @@ fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
             fs.fsync(small, false).unwrap();
             a_done_tx.send(small).unwrap();
         });
-        let small = a_done.recv_timeout(Duration::from_secs(5));
+        // Per directory, /a's fsync returns while /b's is held: wait long
+        // for it (a loaded machine is slow, and a hang would fail anyway).
+        // Global, it cannot return before the release: a short look is
+        // enough to see that it has not.
+        let patience = Duration::from_secs(if global { 2 } else { 60 });
+        let small = a_done.recv_timeout(patience);
         let returned = small.is_ok();
         device.release();
         let small = small.unwrap_or_else(|_| {
@@ -219,4 +230,42 @@ fn with_one_global_scope_the_fsync_waits_for_the_other_directory() {
         !fsync_in_a_while_b_is_held(true, false),
         "/a's fsync returned while /b's commit, which it carries, was held"
     );
+}
+
+/// A write-back error is the image file's, reported once to whichever sync
+/// meets it first — here /b's fsync. /a's data, written before it and not
+/// yet durable, may be what was lost: /a's later fsync must not say it is
+/// durable, and no fsync may after the device failed.
+#[test]
+fn after_a_failed_write_back_no_fsync_claims_durability() {
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let (device, fs, a, b) = mounted(scratch.path(), false);
+    device
+        .fail_held
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let small = fs.create(a, b"small", 0o644, Caller::ROOT).unwrap().ino;
+    fs.write(small, 0, &[7u8; 1024], Caller::ROOT).unwrap();
+    let big = fs.create(b, b"big", 0o644, Caller::ROOT).unwrap().ino;
+    let data: Vec<u8> = HELD_PATTERN
+        .iter()
+        .copied()
+        .cycle()
+        .take(64 << 10)
+        .collect();
+    fs.write(big, 0, &data, Caller::ROOT).unwrap();
+    std::thread::scope(|scope| {
+        let b_fsync = scope.spawn(|| fs.fsync(big, false));
+        device.wait_until_held(&fs);
+        device.release();
+        let error = b_fsync.join().unwrap().unwrap_err();
+        assert_eq!(error.errno(), libc::EIO, "/b's fsync: {error}");
+    });
+    let error = fs
+        .fsync(small, false)
+        .expect_err("/a's fsync claimed durability after the device failed");
+    assert_eq!(error.errno(), libc::EIO, "/a's fsync: {error}");
+    assert!(fs.sync().is_err(), "sync after the device failed");
 }

@@ -688,6 +688,7 @@ impl Fs {
     /// transaction where the image has them and the changes since the last
     /// full commit allow it (`fast_commit::commit`).
     pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
+        self.check_device_healthy()?;
         if !self.core.journal.is_journaled() {
             return self.note_error(self.core.journal.sync());
         }

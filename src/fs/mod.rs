@@ -739,7 +739,21 @@ impl Fs {
 
     /// Make everything durable (sync(2), syncfs(2)).
     pub fn sync(&self) -> Result<()> {
+        self.check_device_healthy()?;
         self.note_error(self.core.journal.sync())
+    }
+
+    /// EIO for every fsync and sync once the device failed a write or a
+    /// flush: what was written since the last good flush may be lost, and
+    /// the host reports an image file's write-back error once, to whichever
+    /// sync comes first (a ranged barrier of another directory's fsync, say)
+    /// — a later fsync that finds its pages clean must not claim them
+    /// durable.
+    pub(crate) fn check_device_healthy(&self) -> Result<()> {
+        if self.device_failed.load(Ordering::Acquire) {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        Ok(())
     }
 
     /// Flush, release every orphan, mark the filesystem clean and stop.

@@ -158,6 +158,9 @@ pub enum PanicPoint {
     /// An io_uring queue thread, about to decode a request (outside any
     /// request handler).
     UringQueue = 1 << 2,
+    /// A directory's fast commit, its transaction taken, before its
+    /// records are built.
+    FastCommitBuild = 1 << 3,
 }
 
 /// The armed panic points, one bit per `PanicPoint`.
@@ -177,8 +180,17 @@ pub fn arm_panics_from_env() {
             "commit" => PanicPoint::Commit,
             "create" => PanicPoint::Create,
             "uring" => PanicPoint::UringQueue,
+            "fc_build" => PanicPoint::FastCommitBuild,
             _ => continue,
         };
+        PANIC_AT.fetch_or(point as u32, Ordering::SeqCst);
+    }
+}
+
+/// Arm `point` from a test of the library (debug builds only).
+#[doc(hidden)]
+pub fn arm_panic(point: PanicPoint) {
+    if cfg!(debug_assertions) {
         PANIC_AT.fetch_or(point as u32, Ordering::SeqCst);
     }
 }

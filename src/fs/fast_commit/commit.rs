@@ -164,7 +164,14 @@ impl Fs {
         txn: TxnId,
         ino: u32,
     ) -> Result<Committed> {
+        let unwind = GiveBackOnUnwind {
+            tracker,
+            txn,
+            tid: ticket.tid,
+            queued: std::cell::Cell::new(false),
+        };
         let entries = tracker.drain(txn);
+        faults::panic_point(faults::PanicPoint::FastCommitBuild);
         let built = match build(&self.core, &entries) {
             Ok(built) => built,
             Err(error) => {
@@ -187,7 +194,14 @@ impl Fs {
         }
         let queued = self.write_back_and_queue(tracker, ticket, txn, built, &inodes);
         let seq = match queued {
-            Ok(seq) => seq,
+            Ok(Some(seq)) => {
+                unwind.queued.set(true);
+                seq
+            }
+            Ok(None) => {
+                tracker.retire(txn, None);
+                return Ok(Committed::FullCommit);
+            }
             Err(error) => {
                 tracker.mark_ineligible(ticket.tid, Ineligible::Failed);
                 tracker.put_back(txn, Entries::default());
@@ -218,7 +232,8 @@ impl Fs {
     /// Write back the data of `inodes` (this directory's: the slow part
     /// when it streamed, paid before the queue), wait for the turn of the
     /// frozen `txn` in its set, and queue its records. Returns the queue
-    /// number.
+    /// number, or `None` when an earlier commit of the set failed and went
+    /// back unwritten: then only a full commit may carry `txn`.
     fn write_back_and_queue(
         &self,
         tracker: &Tracker,
@@ -226,7 +241,7 @@ impl Fs {
         txn: TxnId,
         built: Built,
         inodes: &[u32],
-    ) -> Result<u64> {
+    ) -> Result<Option<u64>> {
         let ranges = match tracker.data_ranges(inodes.iter().copied()) {
             Some(ranges) => {
                 if !faults::active(Fault::DirCommitSkipsData) {
@@ -245,10 +260,43 @@ impl Fs {
         } else {
             ranges
         };
-        tracker.wait_turn(txn);
+        // Our turn comes when every earlier commit of the set is queued —
+        // or failed (its write-back) and was put back after marking the
+        // transaction ineligible: our records may build on its changes (a
+        // name it created, now renamed), so they must not go out alone.
+        if !tracker.wait_turn(txn, ticket.tid) {
+            return Ok(None);
+        }
         let seq = ticket.enqueue(built.records, built.data_first, ranges);
         tracker.queued(txn, seq);
-        Ok(seq)
+        Ok(Some(seq))
+    }
+}
+
+/// A directory commit between taking its transaction and retiring it: if
+/// it unwinds (a panic, a bug), the transaction is given back — put back
+/// into the running one, or retired if queued — and marked ineligible, so
+/// that the directory's operations, which wait while a transaction is
+/// being built, and the commits behind it in the set, do not wait forever
+/// (the front end turns the panic into an aborted journal and EIO).
+struct GiveBackOnUnwind<'a> {
+    tracker: &'a Tracker,
+    txn: TxnId,
+    tid: u32,
+    queued: std::cell::Cell<bool>,
+}
+
+impl Drop for GiveBackOnUnwind<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        self.tracker.mark_ineligible(self.tid, Ineligible::Failed);
+        if self.queued.get() {
+            self.tracker.retire(self.txn, None);
+        } else {
+            self.tracker.put_back(self.txn, Entries::default());
+        }
     }
 }
 

@@ -447,12 +447,16 @@ impl Tracker {
     }
 
     /// Wait until `txn` is the first frozen transaction of its set, so
-    /// that it is queued before any later one of the set.
-    pub fn wait_turn(&self, txn: TxnId) {
+    /// that it is queued before any later one of the set. Returns whether
+    /// JBD2 transaction `tid` is still eligible then (checked under the
+    /// same lock a failed commit marks it under before it gives up its
+    /// turn).
+    pub fn wait_turn(&self, txn: TxnId, tid: u32) -> bool {
         let mut state = self.state.lock();
         while !state.scopes().is_turn(txn) {
             self.wake.wait(&mut state);
         }
+        is_eligible(&state, tid)
     }
 
     /// `txn` is in the journal's queue as `seq`.
@@ -790,6 +794,38 @@ mod tests {
         assert_eq!(ranges, vec![(0, 100), (200, 201)]);
     }
 
+    /// A directory's commit frozen behind one whose write-back failed (and
+    /// which went back unwritten) must not be written alone: it may rename
+    /// a name only the failed one created.
+    #[test]
+    fn a_commit_behind_one_that_failed_is_not_written_alone() {
+        let tracker = tracker();
+        tracker.enter(1, &[20], false);
+        tracker.changed(1, 5, Change::InodeAllocated { ino: 12 });
+        tracker.changed(1, 5, Change::Inode { ino: 12 });
+        tracker.changed(1, 5, link(20, 12, b"a"));
+        tracker.stopped(1);
+        let (first, _) = take(&tracker, 20).unwrap();
+        assert_eq!(tracker.freeze(first, Entries::default(), 5), Freeze::Frozen);
+        tracker.enter(2, &[20], false);
+        tracker.changed(2, 5, unlink(20, 12, b"a"));
+        tracker.changed(2, 5, link(20, 12, b"b"));
+        tracker.stopped(2);
+        let (second, entries) = take(&tracker, 20).unwrap();
+        assert_eq!(entries.dentries.len(), 2);
+        assert_eq!(
+            tracker.freeze(second, Entries::default(), 5),
+            Freeze::Frozen
+        );
+        // The first one's write-back fails, as `commit_txn` gives it up.
+        tracker.mark_ineligible(5, Ineligible::Failed);
+        tracker.put_back(first, Entries::default());
+        assert!(
+            !tracker.wait_turn(second, 5),
+            "the rename would go out without the create"
+        );
+    }
+
     #[test]
     fn the_first_name_of_a_new_inode_is_a_create() {
         let tracker = tracker();
@@ -806,7 +842,7 @@ mod tests {
         assert!(entries.inodes.contains_key(&12));
         assert_eq!(tracker.freeze(txn, Entries::default(), 5), Freeze::Frozen);
         // Taken once; the next commit of the directory waits for it.
-        tracker.wait_turn(txn);
+        assert!(tracker.wait_turn(txn, 5));
         tracker.queued(txn, 1);
         assert!(matches!(
             tracker.lock_down(20),
@@ -878,7 +914,7 @@ mod tests {
         );
         assert!(tracker.stats().conflicts.coalesced >= 1);
         assert_eq!(tracker.freeze(txn, Entries::default(), 5), Freeze::Frozen);
-        tracker.wait_turn(txn);
+        assert!(tracker.wait_turn(txn, 5));
         tracker.queued(txn, 1);
         tracker.retire(txn, Some(1));
         assert!(take(&tracker, 20).is_none(), "nothing left in the source");
