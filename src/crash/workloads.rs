@@ -298,36 +298,56 @@ fn varmail8(seed: u64, _budget: usize) -> Vec<Scenario> {
     varmail_scenario("varmail8", 8, seed)
 }
 
-/// `threads` lanes, each in its own directory `/tN` (every lane's
-/// changes are one directory's transaction).
-fn varmail_scenario(name: &str, threads: u32, seed: u64) -> Vec<Scenario> {
+/// `threads` lanes, each in its own directory `/{prefix}N`, made by the
+/// root lane (every lane's changes are one directory's transaction):
+/// `prepare` runs on each lane at setup, `work` on each lane in a thread
+/// of its own.
+fn lane_per_directory(
+    name: &str,
+    prefix: &str,
+    threads: u32,
+    seed: u64,
+    prepare: fn(&mut Lane),
+    work: fn(&mut Lane, u64),
+) -> Vec<Scenario> {
     let mut lanes = vec!["/".to_string()];
-    lanes.extend((0..threads).map(|t| format!("/t{t}")));
+    lanes.extend((0..threads).map(|t| format!("/{prefix}{t}")));
+    let prefix = prefix.to_string();
     vec![Scenario {
         name: name.into(),
         lanes,
         setup: Box::new(move |lanes| {
             for t in 0..threads {
-                let _ = lanes[0].mkdir(&format!("t{t}"));
+                let _ = lanes[0].mkdir(&format!("{prefix}{t}"));
             }
             for lane in lanes.iter_mut().skip(1) {
-                for file in 0..4 {
-                    let name = format!("m{file}");
-                    let _ = lane.create(&name);
-                    let _ = lane.append(&name, 3_000);
-                }
+                prepare(lane);
             }
         }),
         run: Box::new(move |lanes| {
             std::thread::scope(|scope| {
                 for lane in lanes.iter_mut().skip(1) {
-                    scope.spawn(move || varmail_thread(lane, seed));
+                    scope.spawn(move || work(lane, seed));
                 }
             });
         }),
         fill_leaving_bytes: None,
         barrier_latency: GROUP_COMMIT_LATENCY,
     }]
+}
+
+/// Varmail at `threads` lanes, each in its own directory `/tN`.
+fn varmail_scenario(name: &str, threads: u32, seed: u64) -> Vec<Scenario> {
+    lane_per_directory(name, "t", threads, seed, varmail_files, varmail_thread)
+}
+
+/// A varmail lane's first files.
+fn varmail_files(lane: &mut Lane) {
+    for file in 0..4 {
+        let name = format!("m{file}");
+        let _ = lane.create(&name);
+        let _ = lane.append(&name, 3_000);
+    }
 }
 
 /// One varmail thread: the filebench flowops delete, create+append+fsync,
@@ -361,31 +381,13 @@ const SPOOLS: u32 = 8;
 /// input/'s), the message log in msglog/, deliveries appended to a mailbox
 /// in mail/ and fsynced, and the delivered message's files unlinked.
 fn spool8(seed: u64, _budget: usize) -> Vec<Scenario> {
-    let mut lanes = vec!["/".to_string()];
-    lanes.extend((0..SPOOLS).map(|spool| format!("/s{spool}")));
-    vec![Scenario {
-        name: "spool8".into(),
-        lanes,
-        setup: Box::new(|lanes| {
-            for spool in 0..SPOOLS {
-                let _ = lanes[0].mkdir(&format!("s{spool}"));
-            }
-            for lane in lanes.iter_mut().skip(1) {
-                for dir in ["input", "tmp", "msglog", "mail"] {
-                    let _ = lane.mkdir(dir);
-                }
-            }
-        }),
-        run: Box::new(move |lanes| {
-            std::thread::scope(|scope| {
-                for lane in lanes.iter_mut().skip(1) {
-                    scope.spawn(move || spool_thread(lane, seed));
-                }
-            });
-        }),
-        fill_leaving_bytes: None,
-        barrier_latency: GROUP_COMMIT_LATENCY,
-    }]
+    lane_per_directory("spool8", "s", SPOOLS, seed, spool_dirs, spool_thread)
+}
+
+fn spool_dirs(lane: &mut Lane) {
+    for dir in ["input", "tmp", "msglog", "mail"] {
+        let _ = lane.mkdir(dir);
+    }
 }
 
 fn spool_thread(lane: &mut Lane, seed: u64) {
@@ -431,34 +433,24 @@ const DATABASES: u32 = 4;
 /// fsynced, then the inputs unlinked), and old WAL files moved to archive/
 /// by rename across directories (RocksDB's `wal_dir` with WAL archiving).
 fn compaction(seed: u64, _budget: usize) -> Vec<Scenario> {
-    let mut lanes = vec!["/".to_string()];
-    lanes.extend((0..DATABASES).map(|db| format!("/r{db}")));
-    vec![Scenario {
-        name: "compaction".into(),
-        lanes,
-        setup: Box::new(|lanes| {
-            for db in 0..DATABASES {
-                let _ = lanes[0].mkdir(&format!("r{db}"));
-            }
-            for lane in lanes.iter_mut().skip(1) {
-                for dir in ["db", "wal", "archive"] {
-                    let _ = lane.mkdir(dir);
-                }
-                let _ = lane.create("db/MANIFEST-000001");
-                let _ = lane.append("db/MANIFEST-000001", 300);
-                let _ = lane.create("wal/000002.log");
-            }
-        }),
-        run: Box::new(move |lanes| {
-            std::thread::scope(|scope| {
-                for lane in lanes.iter_mut().skip(1) {
-                    scope.spawn(move || compaction_thread(lane, seed));
-                }
-            });
-        }),
-        fill_leaving_bytes: None,
-        barrier_latency: GROUP_COMMIT_LATENCY,
-    }]
+    lane_per_directory(
+        "compaction",
+        "r",
+        DATABASES,
+        seed,
+        compaction_files,
+        compaction_thread,
+    )
+}
+
+/// A database's directories, its MANIFEST and its first WAL file.
+fn compaction_files(lane: &mut Lane) {
+    for dir in ["db", "wal", "archive"] {
+        let _ = lane.mkdir(dir);
+    }
+    let _ = lane.create("db/MANIFEST-000001");
+    let _ = lane.append("db/MANIFEST-000001", 300);
+    let _ = lane.create("wal/000002.log");
 }
 
 fn compaction_thread(lane: &mut Lane, seed: u64) {
