@@ -60,7 +60,7 @@ impl UnflushedData {
         if data.overflow {
             return;
         }
-        insert(&mut data.ranges, offset, offset + len);
+        add_range(&mut data.ranges, offset, offset + len);
         if data.ranges.len() > MAX_RANGES_PER_INODE {
             data.ranges.clear();
             data.overflow = true;
@@ -94,8 +94,12 @@ impl UnflushedData {
     }
 }
 
-/// Merge `[start, end)` into sorted, disjoint `ranges` (touching ones join).
-fn insert(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) {
+/// Merge `[start, end)` into sorted, disjoint `ranges` (touching or
+/// overlapping ones are folded into it); returns how many ranges were
+/// added (0 or 1).
+pub(super) fn add_range(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) -> usize {
+    debug_assert!(start < end);
+    let before = ranges.len();
     let mut merged = (start, end);
     ranges.retain(|&(from, to)| {
         let apart = to < merged.0 || from > merged.1;
@@ -106,6 +110,8 @@ fn insert(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) {
     });
     let at = ranges.partition_point(|&(from, _)| from < merged.0);
     ranges.insert(at, merged);
+    debug_assert!(ranges.windows(2).all(|pair| pair[0].1 < pair[1].0));
+    (ranges.len() > before) as usize
 }
 
 #[cfg(test)]

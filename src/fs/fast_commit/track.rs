@@ -37,7 +37,7 @@
 //! `enter` (holding only a journal handle), `lock_down`, `drain` and
 //! `wait_turn` (holding nothing) sleep on `wake`.
 
-use super::data::UnflushedData;
+use super::data::{UnflushedData, add_range};
 use super::scope::{ConflictStats, Key, Scopes, TxnId};
 use crate::format::fast_commit::RECORD_HEADER_SIZE;
 use crate::format::superblock::Geometry;
@@ -705,26 +705,6 @@ fn estimate(entries: &Entries) -> usize {
         .map(|dentry| DENTRY_RECORD_BYTES + dentry.name.len())
         .sum();
     inodes + dentries
-}
-
-/// Merge `[start, end)` into sorted, disjoint `ranges`; returns how many
-/// ranges were added (0 or 1).
-fn add_range(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) -> usize {
-    debug_assert!(start < end);
-    let before = ranges.len();
-    let mut merged = (start, end);
-    // Ranges that touch or overlap the new one are folded into it.
-    ranges.retain(|&(from, to)| {
-        let apart = to < merged.0 || from > merged.1;
-        if !apart {
-            merged = (merged.0.min(from), merged.1.max(to));
-        }
-        apart
-    });
-    let at = ranges.partition_point(|&(from, _)| from < merged.0);
-    ranges.insert(at, merged);
-    debug_assert!(ranges.windows(2).all(|pair| pair[0].1 < pair[1].0));
-    (ranges.len() > before) as usize
 }
 
 #[cfg(test)]
