@@ -772,24 +772,10 @@ const ACE_DIR_PERSIST: &[&str] = &["fsync target", "fsync A", "fsync B", "fdatas
 
 fn acedirs(seed: u64, budget: usize) -> Vec<Scenario> {
     let steps = ACE_DIR_OPS.len() * ACE_DIR_PERSIST.len();
-    let mut sequences: Vec<Vec<usize>> = Vec::new();
-    for len in 1..=3u32 {
-        sequences.extend((0..steps.pow(len)).map(|mut code| {
-            (0..len)
-                .map(|_| {
-                    let step = code % steps;
-                    code /= steps;
-                    step
-                })
-                .collect()
-        }));
-    }
-    let wanted = (budget / ACE_STATES_PER_SCENARIO * 2).max(1);
-    if wanted < sequences.len() {
-        Rng::derive(seed, "acedirs").shuffle(&mut sequences);
-        sequences.truncate(wanted);
-    }
-    sequences.into_iter().map(acedirs_scenario).collect()
+    ace_sequences(steps, 1..=3, (seed, "acedirs"), budget)
+        .into_iter()
+        .map(acedirs_scenario)
+        .collect()
 }
 
 fn acedirs_scenario(sequence: Vec<usize>) -> Scenario {
@@ -860,9 +846,24 @@ pub const ACE_STATES_PER_SCENARIO: usize = 5;
 /// length 3), in a seeded order, as many as the budget pays for.
 fn ace_scenarios(seed: u64, budget: usize, length: usize) -> Vec<Scenario> {
     let steps = ACE_OPS.len() * ACE_PERSIST.len();
-    let mut sequences: Vec<Vec<usize>> = Vec::new();
     let shortest = if length == 3 { 3 } else { 1 };
-    for len in shortest..=length {
+    ace_sequences(steps, shortest..=length, (seed, "ace"), budget)
+        .into_iter()
+        .map(ace_scenario)
+        .collect()
+}
+
+/// Every sequence of `lengths` steps, each one of `steps`, and of those,
+/// in an order seeded by `(seed, label)`, as many as `budget` states pay
+/// for.
+fn ace_sequences(
+    steps: usize,
+    lengths: std::ops::RangeInclusive<usize>,
+    (seed, label): (u64, &str),
+    budget: usize,
+) -> Vec<Vec<usize>> {
+    let mut sequences: Vec<Vec<usize>> = Vec::new();
+    for len in lengths {
         let total = steps.pow(len as u32);
         sequences.extend((0..total).map(|mut code| {
             (0..len)
@@ -878,10 +879,10 @@ fn ace_scenarios(seed: u64, budget: usize, length: usize) -> Vec<Scenario> {
     // the runner stops when the budget is spent.
     let wanted = (budget / ACE_STATES_PER_SCENARIO * 2).max(1);
     if wanted < sequences.len() {
-        Rng::derive(seed, "ace").shuffle(&mut sequences);
+        Rng::derive(seed, label).shuffle(&mut sequences);
         sequences.truncate(wanted);
     }
-    sequences.into_iter().map(ace_scenario).collect()
+    sequences
 }
 
 fn ace_scenario(sequence: Vec<usize>) -> Scenario {
