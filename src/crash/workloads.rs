@@ -172,6 +172,15 @@ fn mailspool(seed: u64, _budget: usize) -> Vec<Scenario> {
     )]
 }
 
+/// Create `path`, write `len` bytes and fsync it: the applications' way to
+/// make a new file (a spool file, a manifest, a message). Each step's
+/// outcome is for the oracle to judge, not the workload.
+fn create_synced(lane: &mut Lane, path: &str, len: usize) {
+    let _ = lane.create(path);
+    let _ = lane.append(path, len);
+    let _ = lane.fsync(path);
+}
+
 fn mailspool_run(lane: &mut Lane, seed: u64) {
     let mut pending = Vec::new();
     let mut rng = Rng::derive(seed, "mailspool");
@@ -180,12 +189,8 @@ fn mailspool_run(lane: &mut Lane, seed: u64) {
         let data = format!("input/{id}-D");
         let header = format!("input/{id}-H");
         let temp = format!("input/hdr.{message}");
-        let _ = lane.create(&data);
-        let _ = lane.append(&data, rng.range(300, 12_000) as usize);
-        let _ = lane.fsync(&data);
-        let _ = lane.create(&temp);
-        let _ = lane.append(&temp, rng.range(400, 2_000) as usize);
-        let _ = lane.fsync(&temp);
+        create_synced(lane, &data, rng.range(300, 12_000) as usize);
+        create_synced(lane, &temp, rng.range(400, 2_000) as usize);
         let _ = lane.rename(&temp, &header);
         pending.push((data, header));
         if message % 3 == 2 {
@@ -262,12 +267,8 @@ fn lsm_run(lane: &mut Lane, seed: u64) {
             // Manifest roll: new manifest, CURRENT replaced by rename.
             let new_manifest = format!("db/MANIFEST-{next:06}");
             next += 1;
-            let _ = lane.create(&new_manifest);
-            let _ = lane.append(&new_manifest, rng.range(500, 2_000) as usize);
-            let _ = lane.fsync(&new_manifest);
-            let _ = lane.create("db/CURRENT.dbtmp");
-            let _ = lane.append("db/CURRENT.dbtmp", 16);
-            let _ = lane.fsync("db/CURRENT.dbtmp");
+            create_synced(lane, &new_manifest, rng.range(500, 2_000) as usize);
+            create_synced(lane, "db/CURRENT.dbtmp", 16);
             let _ = lane.rename("db/CURRENT.dbtmp", "db/CURRENT");
             let _ = lane.fsync("db");
             let _ = lane.unlink(&manifest);
@@ -361,9 +362,7 @@ fn varmail_thread(lane: &mut Lane, seed: u64) {
             let _ = lane.unlink(&victim);
         }
         let name = format!("m{next}");
-        let _ = lane.create(&name);
-        let _ = lane.append(&name, rng.range(1_000, 16_000) as usize);
-        let _ = lane.fsync(&name);
+        create_synced(lane, &name, rng.range(1_000, 16_000) as usize);
         files.push(name);
         let target = rng.pick(&files).clone();
         let _ = lane.append(&target, rng.range(1_000, 16_000) as usize);
@@ -397,12 +396,8 @@ fn spool_thread(lane: &mut Lane, seed: u64) {
         let id = format!("1m{message:03}");
         let data = format!("input/{id}-D");
         let temp = format!("tmp/hdr.{id}");
-        let _ = lane.create(&data);
-        let _ = lane.append(&data, rng.range(300, 6_000) as usize);
-        let _ = lane.fsync(&data);
-        let _ = lane.create(&temp);
-        let _ = lane.append(&temp, rng.range(200, 1_500) as usize);
-        let _ = lane.fsync(&temp);
+        create_synced(lane, &data, rng.range(300, 6_000) as usize);
+        create_synced(lane, &temp, rng.range(200, 1_500) as usize);
         let _ = lane.rename(&temp, &format!("input/{id}-H"));
         let _ = lane.create(&format!("msglog/{id}"));
         let _ = lane.append(&format!("msglog/{id}"), rng.range(100, 400) as usize);
