@@ -96,13 +96,7 @@ fn writes_held_back_merge_and_reads_are_served_from_them() {
         }
     }
     assert!(device.unflushed_bytes() >= data.len());
-    let requests = |kind: &str| {
-        std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .filter(|line| line.contains(&format!(" {kind} id=")))
-            .count()
-    };
+    let requests = |kind: &str| logged(&log, kind);
     assert_eq!(requests("Write"), 0, "nothing is sent before the flush");
     assert_eq!(requests("Read"), 0, "held-back bytes are read from memory");
     device.flush().unwrap();
@@ -120,6 +114,15 @@ fn writes_held_back_merge_and_reads_are_served_from_them() {
     let mut back = vec![0u8; data.len()];
     other.read_at(0, &mut back).unwrap();
     assert!(back == data, "another client reads what the flush sent");
+}
+
+/// Requests of `kind` (nbdkit's name: Read, Write, Flush) in nbdkit's log.
+fn logged(log: &std::path::Path, kind: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter(|line| line.contains(&format!(" {kind} id=")))
+        .count()
 }
 
 /// Writes in nbdkit's log sent with FUA.
@@ -154,13 +157,7 @@ fn a_flush_of_one_held_back_request_is_one_fua_write() {
         args.push(&logfile);
         let server = NbdServer::nbdkit(dir.path(), name, Listen::Unix, &args);
         let device = device(&server.uri);
-        let count = |kind: &str| {
-            std::fs::read_to_string(&log)
-                .unwrap()
-                .lines()
-                .filter(|line| line.contains(&format!(" {kind} id=")))
-                .count()
-        };
+        let count = |kind: &str| logged(&log, kind);
         let fua = name == "fua";
         // One block: a FUA write alone.
         device.write_at(8192, &[1u8; 4096]).unwrap();

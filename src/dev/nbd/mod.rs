@@ -783,10 +783,7 @@ impl NbdDevice {
         if self.export.has(protocol::FLAG_SEND_FUA) {
             let generation = self.generation.load(Ordering::Acquire);
             let sequence = self.write_with(offset, buf, protocol::CMD_FLAG_FUA)?;
-            self.settle(sequence + 1)?;
-            self.check_failed()?;
-            if self.generation.load(Ordering::Acquire) != generation {
-                // A reconnect sent the write again without FUA.
+            if !self.settle_fua(sequence, generation)? {
                 self.flush()?;
             }
             Ok(())
@@ -822,10 +819,16 @@ impl NbdDevice {
             let (offset, data) = writes.pop().expect("one request");
             self.write_aligned(offset, &data, protocol::CMD_FLAG_FUA)?
         };
+        self.settle_fua(sequence, generation)
+    }
+
+    /// Wait for the FUA write `sequence`, sent when the reconnect count was
+    /// `generation`. Returns whether it is durable: false when a reconnect
+    /// came between, which sends writes in flight again without FUA, so a
+    /// flush must follow.
+    fn settle_fua(&self, sequence: u64, generation: u64) -> io::Result<bool> {
         self.settle(sequence + 1)?;
         self.check_failed()?;
-        // After a reconnect the write went again without FUA: the caller
-        // flushes as usual.
         Ok(self.generation.load(Ordering::Acquire) == generation)
     }
 
