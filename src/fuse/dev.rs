@@ -10,6 +10,7 @@
 //! invalidations (`fuser::Notifier`) are written here.
 
 use super::answer::Origin;
+use super::sync_pool::SyncPool;
 use super::{FuseAdapter, time_set, timestamp};
 use crate::fs::SetAttr;
 use fuser::{
@@ -29,6 +30,8 @@ pub struct DevSession {
     want_uring: bool,
     /// Set at FUSE_INIT: whether the kernel took io_uring.
     uring_taken: Arc<OnceLock<bool>>,
+    /// Where fsync and fsyncdir wait for their commits (`sync_pool.rs`).
+    syncs: Arc<SyncPool>,
 }
 
 impl DevSession {
@@ -36,11 +39,13 @@ impl DevSession {
         adapter: Arc<FuseAdapter>,
         want_uring: bool,
         uring_taken: Arc<OnceLock<bool>>,
+        syncs: Arc<SyncPool>,
     ) -> Self {
         DevSession {
             adapter,
             want_uring,
             uring_taken,
+            syncs,
         }
     }
 }
@@ -261,7 +266,8 @@ impl Filesystem for DevSession {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.adapter.fsync(ino, datasync, reply);
+        let adapter = Arc::clone(&self.adapter);
+        self.syncs.run(move || adapter.fsync(ino, datasync, reply));
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -309,7 +315,8 @@ impl Filesystem for DevSession {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.adapter.fsyncdir(ino, reply);
+        let adapter = Arc::clone(&self.adapter);
+        self.syncs.run(move || adapter.fsyncdir(ino, reply));
     }
 
     fn ioctl(

@@ -360,7 +360,8 @@ impl RequestMetrics {
 }
 
 /// The CPU time of the threads that serve FUSE requests (fuser's
-/// `/dev/fuse` workers, the io_uring queue threads): engine and transport
+/// `/dev/fuse` workers and the threads their fsyncs wait on, the io_uring
+/// queue threads): engine and transport
 /// together, whatever the machine's load, so two transports compare by it
 /// (`/proc/self/task/*/schedstat`: nanoseconds on a CPU).
 fn serving_threads_cpu_ns() -> u64 {
@@ -370,8 +371,11 @@ fn serving_threads_cpu_ns() -> u64 {
     tasks
         .flatten()
         .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|name| name.starts_with("fuser-") || name.starts_with("jext4-uring"))
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|name| {
+                name.starts_with("fuser-")
+                    || name.starts_with("jext4-uring")
+                    || name.starts_with(super::sync_pool::THREAD_NAME)
+            })
         })
         .filter_map(|task| {
             let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;

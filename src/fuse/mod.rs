@@ -30,6 +30,7 @@ pub mod metrics;
 mod options;
 mod pace;
 pub mod serve;
+mod sync_pool;
 mod uring;
 mod wire;
 

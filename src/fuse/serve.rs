@@ -4,6 +4,7 @@
 
 use super::dev::DevSession;
 use super::metrics::{RequestMetrics, RingFigures, TransportFigures};
+use super::sync_pool::SyncPool;
 use super::{FuseAdapter, FuseOptions, FuseTransport, stats_report, uring, wire};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
@@ -209,7 +210,13 @@ pub fn serve(
         config.n_threads = Some(1);
     }
     let uring_taken = Arc::new(OnceLock::new());
-    let session = DevSession::new(Arc::clone(&adapter), want_uring, Arc::clone(&uring_taken));
+    let syncs = Arc::new(SyncPool::new());
+    let session = DevSession::new(
+        Arc::clone(&adapter),
+        want_uring,
+        Arc::clone(&uring_taken),
+        Arc::clone(&syncs),
+    );
     let session = fuser::Session::new(session, mountpoint, &config).map_err(|error| {
         Error::Io(std::io::Error::new(
             error.kind(),
@@ -226,6 +233,9 @@ pub fn serve(
         runtime_file(mountpoint, "stats"),
     );
     let served = run_until_unmounted(session);
+    // Fsyncs still waiting for a commit (an aborted connection) end
+    // before the engine's last commit.
+    syncs.stop();
     if let Some(ring) = ring {
         ring.stop();
     }
