@@ -5,7 +5,8 @@
 //! The device under the engine holds back the write-back of one
 //! directory's data — recognised by its bytes — until the test releases
 //! it: that directory's commit is stuck before it reaches the fast-commit
-//! area, as behind a slow stream of its own.
+//! area, as behind a slow stream of its own (256 KiB: more than a commit
+//! leaves to its group's barrier, `WRITE_BACK_ALONE`).
 //!
 //! An inode number freed by the held commit is not given to a new file
 //! of the other directory (which would tie that file's commit to it).
@@ -253,7 +254,7 @@ fn after_a_failed_write_back_no_fsync_claims_durability() {
         .iter()
         .copied()
         .cycle()
-        .take(64 << 10)
+        .take(256 << 10)
         .collect();
     fs.write(big, 0, &data, Caller::ROOT).unwrap();
     std::thread::scope(|scope| {

@@ -353,23 +353,36 @@ impl BlockDevice for FileDevice {
         self.file.sync_data()
     }
 
-    /// `sync_file_range` with WAIT_BEFORE | WRITE | WAIT_AFTER: the ranges'
-    /// dirty pages are written and waited for, others are left alone.
+    /// `sync_file_range`: the ranges' dirty pages are written and waited
+    /// for, others are left alone. Every range's writes are started first
+    /// (WRITE), then each is waited for (WAIT_BEFORE | WRITE | WAIT_AFTER,
+    /// which also catches pages under write-back when the first call came):
+    /// the ranges' transfers overlap instead of running one after another.
     fn write_back(&self, ranges: &[(u64, u64)]) -> io::Result<()> {
         if self.read_only {
             return Ok(());
         }
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
         for &(offset, len) in ranges {
             check_range(offset, len as usize, self.size)?;
-            // SAFETY: plain syscall on our own descriptor; no memory passed.
-            let rc = unsafe {
-                libc::sync_file_range(self.file.as_raw_fd(), offset as i64, len as i64, flags)
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
+        }
+        let start = libc::SYNC_FILE_RANGE_WRITE;
+        let wait = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        let passes: &[u32] = if ranges.len() > 1 {
+            &[start, wait]
+        } else {
+            &[wait]
+        };
+        for &flags in passes {
+            for &(offset, len) in ranges {
+                // SAFETY: plain syscall on our own descriptor; no memory passed.
+                let rc = unsafe {
+                    libc::sync_file_range(self.file.as_raw_fd(), offset as i64, len as i64, flags)
+                };
+                if rc != 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
         }
         Ok(())

@@ -17,8 +17,9 @@
 //!    consistent cut of that directory. An inode another directory's
 //!    operation changed meanwhile makes the build start over (a conflict);
 //!    records built are frozen: later changes go to the next transaction;
-//! 3. the data its inodes wrote in place is written back (`write_back`:
-//!    this directory's, not another's stream), it waits for its turn behind
+//! 3. the data its inodes wrote in place, when more than a few blocks, is
+//!    written back (`write_back`: this directory's, not another's stream;
+//!    a few blocks go with the group's barrier), it waits for its turn behind
 //!    earlier commits of the same directory, and is queued; the journal
 //!    writes everything queued as one fast commit — HEAD, records, TAIL —
 //!    with barriers over the queued commits' data and records
@@ -53,6 +54,10 @@ use std::collections::HashSet;
 
 /// ext4's logical block numbers are 32 bits: `EXT_MAX_BLOCKS`.
 const MAX_LOGICAL_BLOCKS: u64 = u32::MAX as u64;
+
+/// Data a directory commit writes back before it queues, rather than
+/// in the group's barrier (bytes).
+const WRITE_BACK_ALONE: u64 = 128 << 10;
 
 /// Builds of one directory's commit tried before an fsync gives up on
 /// conflicts and commits in full.
@@ -247,7 +252,15 @@ impl Fs {
             // the barrier.
             Some(_) if faults::active(Fault::DirCommitSkipsData) => Vec::new(),
             Some(ranges) => {
-                self.core.dev().write_back(&ranges)?;
+                // A stream's data is written back here, before the queue,
+                // so that the group it joins does not wait for it; a few
+                // blocks go with the group's barrier, which writes every
+                // member's at once — queued sooner, the fsync meets more
+                // others in its group.
+                let bytes: u64 = ranges.iter().map(|&(_, len)| len).sum();
+                if bytes > WRITE_BACK_ALONE {
+                    self.core.dev().write_back(&ranges)?;
+                }
                 ranges
             }
             None => {
