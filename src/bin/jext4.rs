@@ -274,6 +274,13 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
                     )
                 } else {
                     String::new()
+                } + &if summary.replay_orphans > 0 {
+                    format!(
+                        " ({} of them not compared byte for byte with jext4 recover: e2fsck released orphans in place)",
+                        summary.replay_orphans
+                    )
+                } else {
+                    String::new()
                 },
                 if config.bytelog {
                     "kernel refusal and read after recover"

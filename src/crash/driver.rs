@@ -458,6 +458,20 @@ impl Lane {
         )
     }
 
+    /// open(2): returns the inode, for `close`. Changes nothing on disk,
+    /// not an op.
+    pub fn open(&mut self, rel: &str) -> Result<u32> {
+        let ino = self.ino(rel)?;
+        self.fs.open_file(ino)?;
+        Ok(ino)
+    }
+
+    /// The last close of an inode opened by `open`: frees it if its last
+    /// name went meanwhile. No name changes: not an op of the model.
+    pub fn close(&mut self, ino: u32) -> Result<()> {
+        self.fs.release_file(ino)
+    }
+
     /// Read a whole file (varmail's reads); changes nothing, not an op.
     pub fn read(&mut self, rel: &str) -> Result<Vec<u8>> {
         let ino = self.ino(rel)?;

@@ -129,6 +129,13 @@ pub const WORKLOADS: &[Workload] = &[
         states_per_scenario: 0,
     },
     Workload {
+        name: "openunlink",
+        about: "4 threads, own directory each: a file created and fsynced, unlinked while open, the next one fsynced, then the last close frees it (FUSE's release comes after the unlink)",
+        tear: true,
+        scenarios: openunlink,
+        states_per_scenario: 0,
+    },
+    Workload {
         name: "acedirs",
         about: "sequences of up to 3 operations across directories (renames and links between A and B), each made durable by fsync of the file or of either directory",
         tear: false,
@@ -370,6 +377,37 @@ fn varmail_thread(lane: &mut Lane, seed: u64) {
         let read = rng.pick(&files).clone();
         let _ = lane.read(&read);
     }
+}
+
+/// Files unlinked while open, as metafsync through FUSE does them: the
+/// kernel sends the RELEASE of a closed file after the UNLINK that follows
+/// the close, so the server sees the last name go while the file is open
+/// (an orphan), and the next fsync in the directory commits that unlink.
+/// Now and then a sync commits in full while a file is an orphan, so that
+/// its last close frees an inode the committed orphan list holds.
+fn openunlink(seed: u64, _budget: usize) -> Vec<Scenario> {
+    lane_per_directory("openunlink", "o", 4, seed, |_| {}, openunlink_thread)
+}
+
+fn openunlink_thread(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, &format!("openunlink {}", lane.id));
+    let mut open: Option<u32> = None;
+    for file in 0..10 {
+        let name = format!("f{file}");
+        create_synced(lane, &name, rng.range(1_000, 9_000) as usize);
+        if let Some(ino) = open.take() {
+            let _ = lane.close(ino);
+        }
+        open = lane.open(&name).ok();
+        let _ = lane.unlink(&name);
+        if rng.below(5) == 0 {
+            let _ = lane.sync();
+        }
+    }
+    if let Some(ino) = open {
+        let _ = lane.close(ino);
+    }
+    create_synced(lane, "last", 1_000);
 }
 
 const SPOOLS: u32 = 8;

@@ -25,15 +25,16 @@ use crate::format::orphan as fmt;
 use crate::format::superblock::ro_compat;
 use crate::journal::change::{Change, Ineligible};
 use crate::lock::{Mutex, MutexGuard, Rank};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The inodes on the orphan records, as this mount knows them.
 pub(crate) struct Orphans {
     /// [Orphan] Every inode on the records (list or file), so that
     /// recording and unrecording are idempotent when operations on one
-    /// inode overlap; held while the records change.
-    records: Mutex<HashSet<u32>>,
+    /// inode overlap; held while the records change. With each, the
+    /// transaction that recorded it (0: found at mount).
+    records: Mutex<HashMap<u32, u32>>,
     /// The inodes on the classic list (a leaf lock; `listed` counts them,
     /// so that the common case of none costs one load).
     on_list: parking_lot::Mutex<HashSet<u32>>,
@@ -43,13 +44,13 @@ pub(crate) struct Orphans {
 impl Orphans {
     pub fn new() -> Self {
         Orphans {
-            records: Mutex::new(Rank::Orphan, HashSet::new()),
+            records: Mutex::new(Rank::Orphan, HashMap::new()),
             on_list: parking_lot::Mutex::new(HashSet::new()),
             listed: AtomicUsize::new(0),
         }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, HashSet<u32>> {
+    pub fn lock(&self) -> MutexGuard<'_, HashMap<u32, u32>> {
         self.records.lock()
     }
 
@@ -88,12 +89,22 @@ impl Tx<'_, '_> {
     /// or a truncate or deletion is under way in several transactions.
     /// Recording an inode twice records it once. The caller holds `ino`'s
     /// lock.
+    ///
+    /// Fast commits stay eligible when the inode has no link left (a file
+    /// unlinked while open, a large one being freed in chunks): no fast
+    /// commit record describes the orphan records, but none needs to — the
+    /// UNLINK record that took the last name makes every replay free the
+    /// inode, as orphan cleanup would, and the inode gets no INODE record.
+    /// An inode with links (a truncate in several transactions) would get
+    /// one, whose `i_dtime` holds a list link: not eligible.
     pub fn orphan_add(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
         let mut records = self.core.orphans.lock();
-        if records.contains(&ino) {
+        if records.contains_key(&ino) {
             return Ok(());
         }
-        self.handle.note(Change::Ineligible(Ineligible::Orphan));
+        if inode.links_count > 0 {
+            self.handle.note(Change::Ineligible(Ineligible::Orphan));
+        }
         if !self.orphan_file_slot_add(ino)? {
             let mut sb = self.core.sbi.lock();
             let next = sb.last_orphan;
@@ -103,18 +114,27 @@ impl Tx<'_, '_> {
             sb.last_orphan = ino;
             self.core.sbi.write(&sb, self.handle)?;
         }
-        records.insert(ino);
+        records.insert(ino, self.handle.tid());
         Ok(())
     }
 
     /// Take `ino` off whichever orphan record holds it (no-op if none).
     /// The caller holds `ino`'s lock.
+    ///
+    /// Fast commits stay eligible when the running transaction recorded it
+    /// (and `orphan_add` kept them so): the records as the last full commit
+    /// left them never held it. Otherwise they did, and a replay that
+    /// freed or reused the inode before orphan cleanup walks that list
+    /// would go wrong: not eligible.
     pub fn orphan_remove(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
         let mut records = self.core.orphans.lock();
-        if !records.contains(&ino) {
+        let Some(&recorded_in) = records.get(&ino) else {
             return Ok(());
+        };
+        let tid = self.handle.tid();
+        if tid == 0 || recorded_in != tid || inode.links_count > 0 {
+            self.handle.note(Change::Ineligible(Ineligible::Orphan));
         }
-        self.handle.note(Change::Ineligible(Ineligible::Orphan));
         if !self.orphan_file_slot_remove(ino)? {
             self.orphan_list_remove(ino)?;
             inode.dtime = 0;
@@ -321,7 +341,10 @@ impl Fs {
                 }
                 ino = tx.read_inode(ino)?.dtime;
             }
-            tx.core.orphans.lock().extend(pending.iter().copied());
+            tx.core
+                .orphans
+                .lock()
+                .extend(pending.iter().map(|&ino| (ino, 0)));
             let mut sb_list = tx.core.sbi.lock().last_orphan;
             let mut listed = HashSet::new();
             while sb_list != 0 && listed.insert(sb_list) {
