@@ -522,11 +522,32 @@ impl Scopes {
         let txn = self.txns.remove(&id).expect("a live transaction");
         for &ino in &txn.taken_inodes {
             if self.owner.get(&ino) == Some(&id) {
-                self.owner.remove(&ino);
+                // A handle bound to this transaction while it was built may
+                // have moved the inode here from a newer one of the set
+                // that holds changes to it too: that one owns it now.
+                match self.newer_holder(root, ino) {
+                    Some(newer) => self.owner.insert(ino, newer),
+                    None => self.owner.remove(&ino),
+                };
             }
         }
         self.dissolve_if_idle(root);
         txn.taken_inodes
+    }
+
+    /// The newest live transaction of the set `root` whose entries hold
+    /// changes to `ino`.
+    fn newer_holder(&self, root: Key, ino: u32) -> Option<TxnId> {
+        let set = &self.sets[&root];
+        std::iter::once(set.running)
+            .chain(set.building.iter().copied())
+            .chain(set.unqueued.iter().copied())
+            .filter(|id| {
+                self.txns
+                    .get(id)
+                    .is_some_and(|txn| txn.entries.inodes.contains_key(&ino))
+            })
+            .max()
     }
 
     /// A set with nothing running, taken or bound falls apart into its
@@ -629,6 +650,40 @@ mod tests {
         assert_eq!(scopes.conflicts.coalesced, 1);
         scopes.dissolve_if_idle(root);
         assert_ne!(scopes.find(10), scopes.find(20), "idle: apart again");
+    }
+
+    /// A handle bound to a transaction being built changes an inode a newer
+    /// transaction of the set holds too: when the older one retires, the
+    /// newer one keeps it (another directory touching it then unites with
+    /// that set), instead of the inode looking unowned.
+    #[test]
+    fn an_inode_a_newer_transaction_holds_stays_owned() {
+        use crate::fs::fast_commit::track::PendingInode;
+        let mut scopes = Scopes::new(false);
+        let older = scopes.route(1, Some(5), &[10]);
+        scopes.own(5, older);
+        scopes
+            .txn_mut(older)
+            .entries
+            .inodes
+            .insert(5, PendingInode::default());
+        assert_eq!(scopes.take(10), Ok(Some(older)));
+        let root = scopes.find(10);
+        let newer = scopes.sets[&root].running;
+        assert!(newer > older);
+        scopes.own(5, newer);
+        scopes
+            .txn_mut(newer)
+            .entries
+            .inodes
+            .insert(5, PendingInode::default());
+        // The handle still bound to the older one changes inode 5 again.
+        scopes.own(5, older);
+        scopes.txn_mut(older).taken_inodes.push(5);
+        scopes.leave(1);
+        scopes.retire(older, None);
+        assert_eq!(scopes.owner_of(5), Some(newer));
+        assert_eq!(scopes.key_of(5, false), scopes.find(10));
     }
 
     #[test]
