@@ -267,7 +267,9 @@ impl Filesystem for DevSession {
         reply: ReplyEmpty,
     ) {
         let adapter = Arc::clone(&self.adapter);
-        self.syncs.run(move || adapter.fsync(ino, datasync, reply));
+        let busy = adapter.metrics().in_flight();
+        self.syncs
+            .run(busy, move || adapter.fsync(ino, datasync, reply));
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -316,7 +318,8 @@ impl Filesystem for DevSession {
         reply: ReplyEmpty,
     ) {
         let adapter = Arc::clone(&self.adapter);
-        self.syncs.run(move || adapter.fsyncdir(ino, reply));
+        let busy = adapter.metrics().in_flight();
+        self.syncs.run(busy, move || adapter.fsyncdir(ino, reply));
     }
 
     fn ioctl(

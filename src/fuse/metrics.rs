@@ -254,6 +254,11 @@ impl RequestMetrics {
         lines
     }
 
+    /// Requests being served now (begun, not answered).
+    pub fn in_flight(&self) -> i64 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
     /// A request of `operation` arrived (now, or at `arrived` when the
     /// transport saw it earlier than it could start the clock).
     pub fn begin(&self, operation: Operation, arrived: Instant) -> RequestClock<'_> {

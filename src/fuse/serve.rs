@@ -210,7 +210,7 @@ pub fn serve(
         config.n_threads = Some(1);
     }
     let uring_taken = Arc::new(OnceLock::new());
-    let syncs = Arc::new(SyncPool::new());
+    let syncs = Arc::new(SyncPool::new(config.n_threads.unwrap_or(1)));
     let session = DevSession::new(
         Arc::clone(&adapter),
         want_uring,
