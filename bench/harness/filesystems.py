@@ -573,12 +573,13 @@ def catalogue(repo):
 
 
 def baselines(catalogue, binary):
-    """`--baseline-binary`: jext4 and jext4-uring again, served by another
-    build (main's, before a change), as the opt-in jext4-base and
-    jext4-uring-base: before and after interleaved in one run."""
+    """`--baseline-binary`: jext4, jext4-uring and jext4-fc again, served by
+    another build (main's, before a change), as the opt-in jext4-base,
+    jext4-uring-base and jext4-fc-base: before and after interleaved in one
+    run."""
     made = []
     for fs in catalogue:
-        if fs.name in ("jext4", "jext4-uring"):
+        if fs.name in ("jext4", "jext4-uring", "jext4-fc"):
             base = copy.copy(fs)
             base.name = fs.name + "-base"
             base.description = f"{fs.description}; the baseline binary {binary}"
