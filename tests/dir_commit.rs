@@ -10,6 +10,9 @@
 //!
 //! An inode number freed by the held commit is not given to a new file
 //! of the other directory (which would tie that file's commit to it).
+//!
+//! The image as it stands when /a's fsync returns is a crash state: the
+//! kernel's replay and jext4's must both hold /a's file and not /b's.
 
 mod common;
 
@@ -149,6 +152,7 @@ fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
         fs.unlink(b, b"old", Caller::ROOT).unwrap();
     }
     let (a_done_tx, a_done) = mpsc::channel();
+    let crashed = scratch.path().join("crashed.img");
     let returned_while_held = std::thread::scope(|scope| {
         let b_fsync = scope.spawn(|| fs.fsync(big, false));
         device.wait_until_held(&fs);
@@ -166,6 +170,11 @@ fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
         let patience = Duration::from_secs(if global { 2 } else { 60 });
         let small = a_done.recv_timeout(patience);
         let returned = small.is_ok();
+        if returned {
+            // A crash now: everything written so far on disk, /b's commit
+            // not. Replayed below.
+            std::fs::copy(scratch.path().join("dirs.img"), &crashed).unwrap();
+        }
         device.release();
         let small = small.unwrap_or_else(|_| {
             // Global scope: /a's fsync ends once /b's commit may go on.
@@ -192,7 +201,44 @@ fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
     );
     drop(fs);
     common::assert_fsck_clean(&scratch.path().join("dirs.img"));
+    if returned_while_held {
+        assert_replays_hold_a_without_b(&crashed);
+    }
     returned_while_held
+}
+
+/// The image as it was when /a's fsync returned, /b's commit held: jext4's
+/// replay and the kernel's (a loop mount) both give /a/small its 1 KiB and
+/// no /b/big (its commit never reached the area), clean by e2fsck.
+fn assert_replays_hold_a_without_b(crashed: &std::path::Path) {
+    let expect = |small: io::Result<Vec<u8>>, big_exists: bool, by: &str| {
+        assert_eq!(small.unwrap(), vec![7u8; 1024], "/a/small after {by}");
+        assert!(!big_exists, "/b/big after {by}: its commit was held");
+    };
+    if common::e2e::skip_reason().is_none() {
+        let copy = crashed.with_extension("kernel.img");
+        std::fs::copy(crashed, &copy).unwrap();
+        let mountpoint = crashed.with_extension("mnt");
+        let kernel = common::e2e::KernelMount::mount(&copy, &mountpoint, false);
+        expect(
+            std::fs::read(kernel.path("a/small")),
+            kernel.path("b/big").exists(),
+            "the kernel's replay",
+        );
+        kernel.unmount();
+        common::assert_fsck_clean(&copy);
+    } else {
+        common::skip("the kernel's replay: no loop mounts here");
+    }
+    jext4::fs::recover_image(crashed).unwrap();
+    common::assert_fsck_clean(crashed);
+    let image = jext4::api::Image::open(crashed).unwrap();
+    expect(
+        image.read_file("/a/small").map_err(io::Error::other),
+        image.read_file("/b/big").is_ok(),
+        "jext4's replay",
+    );
+    image.close().unwrap();
 }
 
 #[test]
