@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils
+ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils strace
 require_cargo
 
 echo "== cargo fmt --check"
