@@ -9,6 +9,7 @@ pub mod crash;
 pub mod dev;
 pub mod error;
 pub mod format;
+pub mod hash;
 pub mod journal;
 pub mod lock;
 

@@ -17,9 +17,10 @@
 
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
+use crate::hash::NumberMap;
 use crate::lock::{self, Rank, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -109,7 +110,7 @@ impl std::fmt::Debug for Buffer {
 }
 
 struct CacheInner {
-    map: HashMap<u64, Arc<Buffer>>,
+    map: NumberMap<u64, Arc<Buffer>>,
     /// Eviction order (clock). May hold blocks no longer in `map`; those are
     /// dropped when the hand reaches them.
     clock: VecDeque<u64>,
@@ -148,7 +149,7 @@ impl BufferCache {
             block_size,
             capacity,
             inner: Mutex::new(CacheInner {
-                map: HashMap::new(),
+                map: NumberMap::default(),
                 clock: VecDeque::new(),
             }),
             hits: AtomicU64::new(0),

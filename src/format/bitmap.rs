@@ -30,30 +30,60 @@ pub fn set_range(bitmap: &mut [u8], start: usize, count: usize) {
     }
 }
 
-/// First clear bit in `start..end`, skipping whole full bytes quickly.
+/// The 64 bits from `bit` on (a multiple of 64), bit n of the word being
+/// bit `bit + n`: bytes are little-endian words in this bit order.
+#[inline]
+fn word_at(bitmap: &[u8], bit: usize) -> u64 {
+    debug_assert_eq!(bit % 64, 0);
+    let at = bit / 8;
+    u64::from_le_bytes(bitmap[at..at + 8].try_into().expect("eight bytes"))
+}
+
+/// First clear bit in `start..end`, a 64-bit word at a time where whole
+/// words lie inside (the allocator scans past the used start of a group
+/// on every allocation, as the kernel's `find_next_zero_bit`).
 pub fn find_zero(bitmap: &[u8], start: usize, end: usize) -> Option<usize> {
     let mut bit = start;
-    while bit < end {
-        if bit % 8 == 0 && bit + 8 <= end && bitmap[bit / 8] == 0xFF {
-            bit += 8;
-            continue;
-        }
+    while bit < end && bit % 64 != 0 {
         if !test_bit(bitmap, bit) {
             return Some(bit);
         }
         bit += 1;
     }
-    None
+    while bit + 64 <= end {
+        let word = word_at(bitmap, bit);
+        if word != u64::MAX {
+            let found = bit + (!word).trailing_zeros() as usize;
+            debug_assert!(!test_bit(bitmap, found));
+            return Some(found);
+        }
+        bit += 64;
+    }
+    (bit..end).find(|&bit| !test_bit(bitmap, bit))
 }
 
 /// Length of the run of clear bits starting at `start`, at most `limit`,
-/// not crossing `end`.
+/// not crossing `end`; whole clear words at a time, as `find_zero`.
 pub fn zero_run(bitmap: &[u8], start: usize, end: usize, limit: usize) -> usize {
-    let mut length = 0;
-    while start + length < end && length < limit && !test_bit(bitmap, start + length) {
-        length += 1;
+    let stop = end.min(start.saturating_add(limit)).max(start);
+    let mut bit = start;
+    while bit < stop && bit % 64 != 0 {
+        if test_bit(bitmap, bit) {
+            return bit - start;
+        }
+        bit += 1;
     }
-    length
+    while bit + 64 <= stop {
+        let word = word_at(bitmap, bit);
+        if word != 0 {
+            return bit + word.trailing_zeros() as usize - start;
+        }
+        bit += 64;
+    }
+    (bit..stop)
+        .find(|&bit| test_bit(bitmap, bit))
+        .unwrap_or(stop)
+        - start
 }
 
 /// Number of set bits among the first `bits` bits.
@@ -117,5 +147,45 @@ mod tests {
         clear_bit(&mut bitmap, 5);
         assert_eq!(find_zero(&bitmap, 0, 128), Some(5));
         assert_eq!(find_zero(&[0xFF; 4], 0, 32), None);
+    }
+
+    /// The word-at-a-time searches give what a bit-by-bit scan gives, at
+    /// every start, end and limit around the word edges.
+    #[test]
+    fn word_searches_match_bit_by_bit() {
+        let slow_find = |bitmap: &[u8], start: usize, end: usize| {
+            (start..end).find(|&bit| !test_bit(bitmap, bit))
+        };
+        let slow_run = |bitmap: &[u8], start: usize, end: usize, limit: usize| {
+            (start..end)
+                .take(limit)
+                .take_while(|&bit| !test_bit(bitmap, bit))
+                .count()
+        };
+        let mut bitmap = vec![0xFFu8; 40];
+        for bit in [3, 64, 65, 127, 190, 191, 192, 250, 300, 301, 302, 319] {
+            clear_bit(&mut bitmap, bit);
+        }
+        clear_bit(&mut bitmap, 200);
+        for bit in 256..300 {
+            clear_bit(&mut bitmap, bit);
+        }
+        for start in 0..320 {
+            for end in [start, start + 1, 63, 64, 128, 200, 255, 256, 257, 299, 320] {
+                let end = end.max(start);
+                assert_eq!(
+                    find_zero(&bitmap, start, end),
+                    slow_find(&bitmap, start, end),
+                    "find_zero({start}, {end})"
+                );
+                for limit in [0, 1, 2, 7, 64, 65, 1000] {
+                    assert_eq!(
+                        zero_run(&bitmap, start, end, limit),
+                        slow_run(&bitmap, start, end, limit),
+                        "zero_run({start}, {end}, {limit})"
+                    );
+                }
+            }
+        }
     }
 }

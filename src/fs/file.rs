@@ -220,37 +220,74 @@ fn write_run(
     data_offset: u64,
     fresh: bool,
 ) -> Result<u64> {
-    let geo = &tx.core.geo;
-    let block_size = geo.block_size as u64;
+    let block_size = tx.core.geo.block_size as u64;
     let extent_end = (extent.logical + extent.len as u64) * block_size;
     let run_end = end.min(extent_end);
     let first_block = position / block_size;
     let last_block = (run_end - 1) / block_size;
-    let buffer_len = ((last_block - first_block + 1) * block_size) as usize;
-    let mut buffer = vec![0u8; buffer_len];
     let physical = extent.physical + (first_block - extent.logical);
     let head = (position - first_block * block_size) as usize;
     let tail = ((last_block + 1) * block_size - run_end) as usize;
-    if !fresh {
-        // Keep the bytes of partially overwritten edge blocks.
-        if head > 0 {
-            tx.core
-                .dev()
-                .read_at(physical * block_size, &mut buffer[..block_size as usize])?;
-        }
-        // A write inside one block read it whole already (an append).
-        if tail > 0 && (head == 0 || last_block > first_block) {
-            let at = buffer_len - block_size as usize;
-            tx.core.dev().read_at(
-                (physical + last_block - first_block) * block_size,
-                &mut buffer[at..],
-            )?;
-        }
-    }
     let source = &data[(position - data_offset) as usize..(run_end - data_offset) as usize];
-    buffer[head..head + source.len()].copy_from_slice(source);
+    if head == 0 && tail == 0 {
+        // Whole blocks: straight from the request, no copy.
+        tx.write_data_in_place(ino, physical * block_size, source)?;
+        return Ok(run_end - position);
+    }
+    let buffer = edged_run(tx, physical, (head, tail), source, fresh)?;
+    debug_assert_eq!(
+        buffer.len() as u64,
+        (last_block - first_block + 1) * block_size
+    );
     tx.write_data_in_place(ino, physical * block_size, &buffer)?;
     Ok(run_end - position)
+}
+
+/// The whole blocks from device block `physical` on that a run of
+/// `source` covers, `head` bytes into the first and ending `tail` bytes
+/// before the end of the last: the edges read from the device (or zeros
+/// when `fresh`), `source` between them. Only the edges are filled before
+/// the copy: a write is mostly its own bytes (a zeroed buffer of the whole
+/// run cost as much as the copy).
+fn edged_run(
+    tx: &Tx<'_, '_>,
+    physical: u64,
+    (head, tail): (usize, usize),
+    source: &[u8],
+    fresh: bool,
+) -> Result<Vec<u8>> {
+    let block_size = tx.core.geo.block_size as usize;
+    let buffer_len = head + source.len() + tail;
+    debug_assert!(head < block_size && tail < block_size && buffer_len % block_size == 0);
+    let last_block_at = buffer_len - block_size;
+    // Keep the bytes of partially overwritten edge blocks.
+    let read_block = |at: usize| -> Result<Vec<u8>> {
+        let mut block = vec![0u8; block_size];
+        if !fresh {
+            tx.core
+                .dev()
+                .read_at(physical * block_size as u64 + at as u64, &mut block)?;
+        }
+        Ok(block)
+    };
+    let first = if head > 0 { Some(read_block(0)?) } else { None };
+    let mut buffer = Vec::with_capacity(buffer_len);
+    if let Some(first) = &first {
+        buffer.extend_from_slice(&first[..head]);
+    }
+    buffer.extend_from_slice(source);
+    if tail > 0 {
+        match &first {
+            // A write inside one block read it whole already (an append).
+            Some(first) if last_block_at == 0 => {
+                buffer.extend_from_slice(&first[block_size - tail..])
+            }
+            _ if fresh => buffer.resize(buffer_len, 0),
+            _ => buffer.extend_from_slice(&read_block(last_block_at)?[block_size - tail..]),
+        }
+    }
+    debug_assert_eq!(buffer.len(), buffer_len);
+    Ok(buffer)
 }
 
 /// Whether an access at `now` changes an atime, given [atime, mtime,

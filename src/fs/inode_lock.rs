@@ -15,10 +15,10 @@
 //! (getattr) take no lock: writers encode an inode whole under its table
 //! block's lock, so a decode sees all of one change or none of it.
 
+use crate::hash::NumberMap;
 use crate::lock::{Held, Rank};
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{Mutex, RawRwLock, RwLock};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Shards of the table: lookups of different inodes rarely share one.
@@ -31,7 +31,7 @@ type Entry = Arc<RwLock<()>>;
 
 pub(crate) struct InodeLocks {
     /// Leaf locks: held only to find, insert or drop an entry.
-    shards: Box<[Mutex<HashMap<u32, Entry>>]>,
+    shards: Box<[Mutex<NumberMap<u32, Entry>>]>,
 }
 
 enum Guard {
@@ -52,11 +52,13 @@ pub(crate) struct InodeGuard<'a> {
 impl InodeLocks {
     pub fn new() -> Self {
         InodeLocks {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(NumberMap::default()))
+                .collect(),
         }
     }
 
-    fn shard(&self, ino: u32) -> &Mutex<HashMap<u32, Entry>> {
+    fn shard(&self, ino: u32) -> &Mutex<NumberMap<u32, Entry>> {
         &self.shards[ino as usize % SHARDS]
     }
 
