@@ -51,9 +51,10 @@
 //! Leaf locks are taken last and never held while taking another lock:
 //! the buffer cache's map, the inode lock table's shards, a transaction's
 //! buffer and revoke lists, the pending-free map, the write-ahead guard,
-//! the write-back set, the fast-commit tracker, and the engine's small maps
-//! (`inode_tids`, `open_files`, `open_orphans`, `remembered`). They are
-//! plain parking_lot locks.
+//! the write-back set, the fast-commit tracker, the files' preallocation
+//! windows (`Core::windows`, taken under a group lock or none), and the
+//! engine's small maps (`inode_tids`, `open_files`, `open_orphans`,
+//! `remembered`). They are plain parking_lot locks.
 //!
 //! The journal's own state ranks second, right after the handle, not
 //! innermost: it is the lock of the commit and checkpoint threads, which

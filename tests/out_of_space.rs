@@ -949,3 +949,139 @@ fn metric4_rewrites_near_full_step_over_pending_frees_at_no_cost() {
         );
     }
 }
+
+/// Preallocation windows (`fs/prealloc.rs`): files appended in turn, a
+/// block at a time, get contiguous blocks — each keeps the free blocks
+/// after its last run for its next append — so 40 blocks take at most
+/// three extents, in the inode (before the windows: 40 extents of one
+/// block each and a leaf block per file). A window is only a hint: the
+/// file's last release drops it, and a volume filled while 200 files hold
+/// windows fills to the last block root may take (the search steps over
+/// windows first, then takes their blocks): never an ENOSPC they cause.
+#[test]
+fn interleaved_appenders_get_contiguous_files_and_windows_never_cost_space() {
+    use jext4::format::superblock::ROOT_INO;
+    use jext4::fs::Caller;
+    if !e2e::require_e2e() {
+        return;
+    }
+    for (block_size, mib) in GEOMETRIES {
+        let scratch = e2e::scratch("oos-windows");
+        let image = make_image(scratch.path(), block_size, mib);
+        let fs = open_engine(&image);
+        let dir = fs.mkdir(ROOT_INO, b"d", 0o755, Caller::ROOT).unwrap().ino;
+        let files: Vec<u32> = (0..200)
+            .map(|i| {
+                let name = format!("f{i}");
+                let ino = fs
+                    .create(dir, name.as_bytes(), 0o644, Caller::ROOT)
+                    .unwrap()
+                    .ino;
+                fs.open_file(ino).unwrap();
+                ino
+            })
+            .collect();
+        // blurt's appends: 1 KiB each, 40 per file.
+        let chunk = 1024;
+        let data = |ino: u32, round: u64| e2e::pattern(ino as u64 * 100 + round, chunk);
+        for round in 0..40u64 {
+            for &ino in &files {
+                let at = round * chunk as u64;
+                assert_eq!(
+                    fs.write(ino, at, &data(ino, round), Caller::ROOT).unwrap(),
+                    chunk
+                );
+            }
+        }
+        let stats = fs.alloc_stats();
+        eprintln!("{block_size}: {stats:?}");
+        assert!(stats.windows_holding > 0, "{stats:?}");
+        let file_blocks = 40 * chunk as u64 / block_size as u64;
+        assert!(stats.window_blocks >= 200 * (file_blocks - 4), "{stats:?}");
+        for &ino in &files {
+            fs.release_file(ino).unwrap();
+        }
+        assert_eq!(fs.alloc_stats().windows_holding, 0, "released, yet held");
+        // Windows again (never released), then fill past them.
+        for &ino in &files {
+            let at = 40 * chunk as u64;
+            assert_eq!(
+                fs.write(ino, at, &data(ino, 40), Caller::ROOT).unwrap(),
+                chunk
+            );
+        }
+        let held = fs.alloc_stats().windows_holding;
+        assert!(held >= 200 * 4, "{held} blocks in windows");
+        let filler = fs
+            .create(ROOT_INO, b"filler", 0o644, Caller::ROOT)
+            .unwrap()
+            .ino;
+        let end = engine_fill(&fs, filler, 0, 256 << 10);
+        engine_fill(&fs, filler, end, 1);
+        let (free, emergency) = (fs.statfs().free_blocks, fs.budget_stats().emergency_reserve);
+        assert!(
+            free <= emergency,
+            "{block_size}: {free} blocks free past root's last ENOSPC, {emergency} emergency, {held} were in windows"
+        );
+        for &ino in files.iter().step_by(20) {
+            for round in [0, 17, 39, 40] {
+                let at = round * chunk as u64;
+                assert_eq!(fs.read(ino, at, chunk).unwrap(), data(ino, round));
+            }
+        }
+        fs.unmount().unwrap();
+        e2e::fsck_clean(&image, &format!("after windows, {block_size}-byte blocks"));
+        // 41 KiB each (the 41st after the release): at 1 KiB blocks, 41
+        // one-block extents and a leaf block per file before the windows.
+        let files = file_extents(&image, 200);
+        let extents: usize = files.iter().map(|&(count, _)| count).sum();
+        let deep = files.iter().filter(|&&(_, depth)| depth > 0).count();
+        eprintln!("{block_size}: {extents} extents, {deep} of 200 files with an extent block");
+        assert!(
+            extents <= 200 * 5,
+            "{block_size}: {extents} extents for 200 files"
+        );
+        assert!(
+            deep <= 20,
+            "{block_size}: {deep} of 200 files needed an extent block"
+        );
+    }
+}
+
+/// (extents, tree depth) of `/d/f0` .. `/d/f{count - 1}`, from one
+/// `debugfs -f` run of `ex` commands (rows "LEVEL/ DEPTH ...": the leaf
+/// rows, at level == depth, are the extents).
+fn file_extents(image: &Path, count: usize) -> Vec<(usize, u32)> {
+    let commands: String = (0..count).map(|i| format!("ex /d/f{i}\n")).collect();
+    let list = image.with_extension("ex");
+    fs::write(&list, commands).unwrap();
+    let output = e2e::run_ok(
+        "debugfs",
+        &["-f", e2e::path_str(&list), e2e::path_str(image)],
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut files: Vec<(usize, u32)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("debugfs:") {
+            files.push((0, 0));
+            continue;
+        }
+        let Some((level, rest)) = line.trim_start().split_once('/') else {
+            continue;
+        };
+        let (Ok(level), Some(Ok(depth))) = (
+            level.parse::<u32>(),
+            rest.split_whitespace().next().map(str::parse::<u32>),
+        ) else {
+            continue;
+        };
+        let file = files.last_mut().expect("a row before any command");
+        file.1 = file.1.max(depth);
+        if level == depth {
+            file.0 += 1;
+        }
+    }
+    assert_eq!(files.len(), count, "debugfs answered:\n{text}");
+    assert!(files.iter().all(|&(extents, _)| extents > 0), "{text}");
+    files
+}

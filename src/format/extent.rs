@@ -1171,7 +1171,17 @@ pub fn allocate(
         Some(before) if before.end() == lblk => before.physical + before.len as u64,
         _ => goal,
     };
-    let (physical, got) = tree.ctx.alloc.alloc_blocks(tree.ctx.handle, goal, want)?;
+    // Regular files may keep a preallocation window (dropped at their
+    // last release, which directories never have).
+    let (physical, got) = if tree.inode.is_reg() {
+        let mapped = tree.inode.blocks / tree.sectors_per_block();
+        let file = (ino, mapped);
+        tree.ctx
+            .alloc
+            .alloc_file_blocks(tree.ctx.handle, file, goal, want)?
+    } else {
+        tree.ctx.alloc.alloc_blocks(tree.ctx.handle, goal, want)?
+    };
     debug_assert!(got >= 1 && got <= want);
     debug_assert!(blocks_in_filesystem(tree.ctx.geo, physical, got as u64));
     let extent = Extent {

@@ -60,6 +60,20 @@ pub trait BlockAllocator {
     /// charged.
     fn alloc_blocks(&mut self, handle: &Handle<'_>, goal: u64, count: u32) -> Result<(u64, u32)>;
 
+    /// `alloc_blocks` for data blocks of inode `ino`, which maps `mapped`
+    /// blocks so far: the allocator may keep free blocks after the run for
+    /// the file's next one (a preallocation window, in memory only).
+    fn alloc_file_blocks(
+        &mut self,
+        handle: &Handle<'_>,
+        (ino, mapped): (u32, u64),
+        goal: u64,
+        count: u32,
+    ) -> Result<(u64, u32)> {
+        let _ = (ino, mapped);
+        self.alloc_blocks(handle, goal, count)
+    }
+
     /// Return `count` blocks starting at `start` to the free pool. Blocks
     /// that held metadata are also forgotten by the cache and the journal
     /// (`Handle::forget`); `metadata` says which kind they were.

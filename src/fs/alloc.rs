@@ -3,7 +3,10 @@
 //! Blocks: first fit from a goal block, scanning forward group by group and
 //! wrapping, so that a file written sequentially gets contiguous blocks
 //! after its previous ones (the goal comes from `format::mapping`), and a
-//! new file starts near its inode. Free counts in descriptors are exact at
+//! new file starts near its inode. A regular file's run leaves the free
+//! blocks after it as the file's preallocation window, which its next
+//! append takes first and other files' searches step over until nothing
+//! else is left (`prealloc.rs`). Free counts in descriptors are exact at
 //! every operation; the totals are counters (`SbInfo`).
 //!
 //! Inodes: files go to their directory's group; directories are spread
@@ -20,6 +23,7 @@
 
 use super::Tx;
 use super::group::GroupGuard;
+use super::prealloc::{Window, WindowAsk};
 use crate::cache::Buffer;
 use crate::error::{Error, Location, Result};
 use crate::format::BlockAllocator;
@@ -38,6 +42,17 @@ pub(crate) struct AllocCounters {
     calls: AtomicU64,
     groups_searched: AtomicU64,
     candidates_skipped: AtomicU64,
+    window_blocks: AtomicU64,
+}
+
+/// What one search of `find_and_take` looks for.
+#[derive(Debug, Clone, Copy)]
+struct Search {
+    count: u32,
+    /// Leave the free blocks after the run as this file's window.
+    window: Option<WindowAsk>,
+    /// Take blocks of other files' windows too (nothing else is left).
+    over_windows: bool,
 }
 
 /// A snapshot of `AllocCounters`.
@@ -50,6 +65,11 @@ pub struct AllocStats {
     /// Free runs found and passed over (blocks a checkpoint pass was
     /// writing home).
     pub candidates_skipped: u64,
+    /// Blocks allocated out of files' preallocation windows.
+    pub window_blocks: u64,
+    /// Blocks preallocation windows hold now (free blocks other files'
+    /// searches step over until nothing else is left).
+    pub windows_holding: u64,
 }
 
 impl AllocCounters {
@@ -58,6 +78,8 @@ impl AllocCounters {
             calls: self.calls.load(Ordering::Relaxed),
             groups_searched: self.groups_searched.load(Ordering::Relaxed),
             candidates_skipped: self.candidates_skipped.load(Ordering::Relaxed),
+            window_blocks: self.window_blocks.load(Ordering::Relaxed),
+            windows_holding: 0,
         }
     }
 }
@@ -139,13 +161,43 @@ impl Tx<'_, '_> {
     /// Allocate up to `count` contiguous blocks, first fit from `goal`,
     /// out of what the operation charged to the space budget.
     pub fn alloc_data_blocks(&mut self, goal: u64, count: u32) -> Result<(u64, u32)> {
+        self.alloc_blocks_for(None, goal, count)
+    }
+
+    /// `alloc_data_blocks` for the data of file `ino`, which maps `mapped`
+    /// blocks: a run that continues the file's last one (`goal`) comes out
+    /// of its preallocation window, and a run found by a search keeps the
+    /// free blocks after it as the file's window (`prealloc.rs`).
+    pub fn alloc_file_blocks(
+        &mut self,
+        ino: u32,
+        mapped: u64,
+        goal: u64,
+        count: u32,
+    ) -> Result<(u64, u32)> {
+        self.alloc_blocks_for(Some(WindowAsk::for_file(ino, mapped)), goal, count)
+    }
+
+    fn alloc_blocks_for(
+        &mut self,
+        window: Option<WindowAsk>,
+        goal: u64,
+        count: u32,
+    ) -> Result<(u64, u32)> {
         debug_assert!(count > 0);
         self.core
             .alloc_counters
             .calls
             .fetch_add(1, Ordering::Relaxed);
         let count = self.spend_charge(count)?;
-        let found = self.find_and_take(goal, count);
+        let from_window = match window {
+            Some(ask) => self.take_from_window(ask.ino, goal, count)?,
+            None => None,
+        };
+        let found = match from_window {
+            Some(run) => Ok(run),
+            None => self.find_and_take(goal, count, window),
+        };
         match &found {
             Ok((_, got)) => self.spent(*got as u64),
             Err(Error::NoSpace) if self.core.journal.has_pending_frees() => {
@@ -158,8 +210,15 @@ impl Tx<'_, '_> {
         found
     }
 
-    /// The search of `alloc_data_blocks`.
-    fn find_and_take(&mut self, goal: u64, count: u32) -> Result<(u64, u32)> {
+    /// The search of `alloc_data_blocks`: first over what no window holds
+    /// (leaving a window for `window`'s file), then, when that finds
+    /// nothing and windows hold blocks, over those too.
+    fn find_and_take(
+        &mut self,
+        goal: u64,
+        count: u32,
+        window: Option<WindowAsk>,
+    ) -> Result<(u64, u32)> {
         let core = self.core;
         let geo = &core.geo;
         let goal = if goal >= geo.first_data_block as u64 && goal < geo.blocks_count {
@@ -170,20 +229,33 @@ impl Tx<'_, '_> {
         let start_group = geo.group_of_block(goal);
         let groups = geo.group_count;
         let durable = core.journal.frees_durable_tid();
-        // One pass over every group from the goal's, then the goal's group
-        // again from its start (the part before the goal).
-        for step in 0..=groups {
-            let group = (start_group + step) % groups;
-            if !self.core.groups.may_allocate(group, durable) {
-                continue;
+        for over_windows in [false, true] {
+            if over_windows && core.groups.window_blocks() == 0 {
+                break;
             }
-            let from = if step == 0 {
-                (goal - geo.group_first_block(group)) as usize
-            } else {
-                0
+            let search = Search {
+                count,
+                window: window.filter(|_| !over_windows),
+                over_windows,
             };
-            if let Some(found) = self.take_run_in_group(group, from, count)? {
-                return Ok(found);
+            // One pass over every group from the goal's, then the goal's
+            // group again from its start (the part before the goal).
+            for step in 0..=groups {
+                let group = (start_group + step) % groups;
+                let groups_hint = &self.core.groups;
+                if !groups_hint.may_allocate(group, durable)
+                    || !(over_windows || groups_hint.may_allocate_outside_windows(group))
+                {
+                    continue;
+                }
+                let from = if step == 0 {
+                    (goal - geo.group_first_block(group)) as usize
+                } else {
+                    0
+                };
+                if let Some(found) = self.take_run_in_group(group, from, search)? {
+                    return Ok(found);
+                }
             }
         }
         // No group had any: the space is freed by transactions not yet
@@ -193,13 +265,51 @@ impl Tx<'_, '_> {
         Err(Error::NoSpace)
     }
 
+    /// Take up to `count` blocks from the start of `ino`'s window when
+    /// they continue its last run (`goal`) and are still free; drop the
+    /// window otherwise. None: no window served.
+    fn take_from_window(&mut self, ino: u32, goal: u64, count: u32) -> Result<Option<(u64, u32)>> {
+        let core = self.core;
+        let Some(window) = core.windows.take(ino) else {
+            return Ok(None);
+        };
+        let mut desc = self.lock_group(window.group);
+        desc.remove_window(window);
+        let base = core.geo.group_first_block(window.group);
+        if base + window.start as u64 != goal {
+            return Ok(None);
+        }
+        let buffer = self.block_bitmap(&mut desc)?;
+        let range = window.start as usize..window.end() as usize;
+        let (found, _) = self.search_group(&mut desc, &buffer, range, count as usize, false);
+        let Some((start, length)) = found.filter(|&(start, _)| start == window.start as usize)
+        else {
+            return Ok(None);
+        };
+        debug_assert!(length <= count as usize);
+        self.take_bits(&mut desc, &buffer, (start, length), false)?;
+        let rest = Window {
+            group: window.group,
+            start: (start + length) as u32,
+            len: window.len - length as u32,
+        };
+        if rest.len > 0 && core.windows.put(ino, rest) {
+            desc.add_window(rest.start, rest.len);
+        }
+        core.alloc_counters
+            .window_blocks
+            .fetch_add(length as u64, Ordering::Relaxed);
+        Ok(Some((base + start as u64, length as u32)))
+    }
+
     /// Find the first free bit at or after `from` in `group` and take a run
-    /// of up to `count` blocks there.
+    /// of up to `search.count` blocks there (the rest of what is free
+    /// after it, up to the window asked for, becomes that window).
     fn take_run_in_group(
         &mut self,
         group: u32,
         from: usize,
-        count: u32,
+        search: Search,
     ) -> Result<Option<(u64, u32)>> {
         let core = self.core;
         let geo = &core.geo;
@@ -210,13 +320,16 @@ impl Tx<'_, '_> {
         let counters = &core.alloc_counters;
         counters.groups_searched.fetch_add(1, Ordering::Relaxed);
         let buffer = self.block_bitmap(&mut desc)?;
-        let base = geo.group_first_block(group);
         // The search skips blocks a checkpoint pass is writing home, which
         // may begin or end during it: sampled before and after, as either
-        // explains an empty result (and so does the group's pending mask,
-        // stable under the group's lock).
+        // explains an empty result (and so do the group's pending mask,
+        // stable under the group's lock, and its windows).
         let writing_before = core.journal.has_checkpoint_writing();
-        let (found, masked) = self.search_group(&mut desc, &buffer, from, count as usize);
+        let count = search.count as usize;
+        let wanted = count + search.window.map_or(0, |ask| ask.len as usize);
+        let range = from..geo.blocks_in_group(group) as usize;
+        let lay_windows = !search.over_windows;
+        let (found, masked) = self.search_group(&mut desc, &buffer, range, wanted, lay_windows);
         let Some((start, length)) = found else {
             if from == 0 && !masked && !writing_before && !core.journal.has_checkpoint_writing() {
                 return Err(Error::corrupt(
@@ -231,57 +344,105 @@ impl Tx<'_, '_> {
             }
             return Ok(None);
         };
+        let taken = length.min(count);
+        self.take_bits(&mut desc, &buffer, (start, taken), search.over_windows)?;
+        if let Some(ask) = search.window
+            && length > taken
+        {
+            let window = Window {
+                group,
+                start: (start + taken) as u32,
+                len: (length - taken) as u32,
+            };
+            if core.windows.put(ask.ino, window) {
+                desc.add_window(window.start, window.len);
+            }
+        }
+        Ok(Some((
+            geo.group_first_block(group) + start as u64,
+            taken as u32,
+        )))
+    }
+
+    /// Mark bits `start..start + length` of the locked group in use; only
+    /// a search `over_windows` may take blocks of a window.
+    fn take_bits(
+        &self,
+        desc: &mut GroupGuard<'_, '_>,
+        buffer: &Arc<Buffer>,
+        (start, length): (usize, usize),
+        over_windows: bool,
+    ) -> Result<()> {
+        let core = self.core;
+        let geo = &core.geo;
+        let group = desc.group();
+        let first = geo.group_first_block(group) + start as u64;
         // The journal's pending frees are the authority the mask copies.
         debug_assert!(
             core.journal
-                .pending_free_overlap(base + start as u64, length as u64)
+                .pending_free_overlap(first, length as u64)
                 .is_none(),
-            "group {group}'s pending mask let blocks {}+{length} through",
-            base + start as u64
+            "group {group}'s pending mask let blocks {first}+{length} through",
         );
-        let first = geo.group_first_block(group) + start as u64;
-        {
-            let mut bytes = self.handle.get_write_access(&buffer)?;
-            if desc.free_blocks < length as u32 {
-                return Err(Error::corrupt(
-                    Location::GroupDescriptor { group },
-                    "free block count below the bitmap's",
-                ));
-            }
-            bitmap::set_range(&mut bytes, start, length);
-            desc.free_blocks -= length as u32;
-            desc.set_block_bitmap_csum(geo, &bytes);
+        debug_assert!(
+            over_windows
+                || desc.window_mask().is_none_or(
+                    |mask| (start..start + length).all(|bit| !bitmap::test_bit(mask, bit))
+                ),
+            "group {group}: blocks {first}+{length} taken out of a window still masked"
+        );
+        let mut bytes = self.handle.get_write_access(buffer)?;
+        if desc.free_blocks < length as u32 {
+            return Err(Error::corrupt(
+                Location::GroupDescriptor { group },
+                "free block count below the bitmap's",
+            ));
         }
-        Ok(Some((first, length as u32)))
+        bitmap::set_range(&mut bytes, start, length);
+        desc.free_blocks -= length as u32;
+        desc.set_block_bitmap_csum(geo, &bytes);
+        Ok(())
     }
 
-    /// Search the locked group's bitmap from bit `from` for a run of up to
-    /// `count` allocatable blocks, with its pending frees laid over it
-    /// (retired first up to the journal's durable tid); also says whether
-    /// a mask was laid.
+    /// Search the locked group's bitmap over bits `range` for a run of up
+    /// to `count` allocatable blocks, with its pending frees laid over it
+    /// (retired first up to the journal's durable tid) and, with
+    /// `lay_windows`, its preallocation windows; also says whether a mask
+    /// was laid.
     fn search_group(
         &self,
         desc: &mut GroupGuard<'_, '_>,
         buffer: &Buffer,
-        from: usize,
+        range: std::ops::Range<usize>,
         count: usize,
+        lay_windows: bool,
     ) -> (Option<(usize, usize)>, bool) {
         let geo = &self.core.geo;
         let group = desc.group();
-        let (base, end) = (
-            geo.group_first_block(group),
-            geo.blocks_in_group(group) as usize,
-        );
+        let base = geo.group_first_block(group);
         let durable = self.core.journal.frees_durable_tid();
         let bytes = buffer.read();
-        match durable.and_then(|durable| desc.pending(durable).mask()) {
-            Some(mask) => {
+        let pending = durable.and_then(|durable| desc.pending(durable).mask().map(<[u8]>::to_vec));
+        let windows = desc.window_mask().filter(|_| lay_windows);
+        let merged: Option<Vec<u8>> = match (pending, windows) {
+            (None, None) => None,
+            (Some(mut mask), windows) => {
                 debug_assert_eq!(mask.len(), bytes.len());
-                let merged: Vec<u8> = bytes.iter().zip(mask).map(|(b, m)| b | m).collect();
-                (self.find_allocatable(&merged, base, from, end, count), true)
+                let windows = windows.unwrap_or(&[]);
+                for (i, byte) in mask.iter_mut().enumerate() {
+                    *byte |= bytes[i] | windows.get(i).copied().unwrap_or(0);
+                }
+                Some(mask)
             }
-            None => (self.find_allocatable(&bytes, base, from, end, count), false),
-        }
+            (None, Some(windows)) => {
+                debug_assert_eq!(windows.len(), bytes.len());
+                Some(bytes.iter().zip(windows).map(|(b, w)| b | w).collect())
+            }
+        };
+        let masked = merged.is_some();
+        let searched = merged.as_deref().unwrap_or(&bytes);
+        let found = self.find_allocatable(searched, base, range.start, range.end, count);
+        (found, masked)
     }
 
     /// The first run of clear bits at or after `from` (bits `..end`) that
@@ -720,6 +881,20 @@ impl BlockAllocator for Tx<'_, '_> {
             self.handle as *const _ as *const u8
         ));
         self.alloc_data_blocks(goal, count)
+    }
+
+    fn alloc_file_blocks(
+        &mut self,
+        handle: &Handle<'_>,
+        (ino, mapped): (u32, u64),
+        goal: u64,
+        count: u32,
+    ) -> Result<(u64, u32)> {
+        debug_assert!(std::ptr::eq(
+            handle as *const _ as *const u8,
+            self.handle as *const _ as *const u8
+        ));
+        Tx::alloc_file_blocks(self, ino, mapped, goal, count)
     }
 
     fn free_blocks(

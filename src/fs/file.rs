@@ -359,6 +359,10 @@ impl Fs {
                 None => false,
             }
         };
+        if last && let Some(window) = self.core.windows.take(ino) {
+            // Its blocks go back to every file's searches.
+            self.core.groups.drop_window(window);
+        }
         if last && !self.is_read_only() {
             return self.note_error(self.evict_if_unlinked(ino));
         }

@@ -18,6 +18,7 @@
 //! that a search never asks about one candidate at a time — the kernel's
 //! mballoc keeps such blocks used in its buddy bitmap until the commit).
 
+use super::prealloc::{Window, WindowMask};
 use super::sb_info::SbInfo;
 use crate::cache::{Buffer, BufferCache};
 use crate::error::Result;
@@ -45,11 +46,15 @@ struct Group {
     /// half, the masked blocks in the low half (0: none). A hint for
     /// scans that take no lock.
     pending_hint: AtomicU64,
+    /// Mirror of the blocks the group's windows hold (a hint).
+    window_hint: AtomicU32,
 }
 
 struct GroupState {
     desc: GroupDesc,
     pending: PendingFrees,
+    /// The blocks of files' preallocation windows in this group.
+    windows: WindowMask,
 }
 
 /// Blocks of one group freed by transactions that are not durable yet:
@@ -127,6 +132,10 @@ pub(crate) struct Groups {
     groups: Vec<Group>,
     /// The descriptor table's blocks, resident.
     table: Vec<Arc<Buffer>>,
+    /// Blocks in preallocation windows, all groups (changed under the
+    /// group's lock): none means a search that steps over windows missed
+    /// nothing.
+    window_blocks: AtomicU64,
 }
 
 impl Groups {
@@ -151,16 +160,22 @@ impl Groups {
                 free_inodes: AtomicU32::new(desc.free_inodes),
                 initialised_inodes: AtomicU32::new(desc.initialised_inodes(geo)),
                 pending_hint: AtomicU64::new(0),
+                window_hint: AtomicU32::new(0),
                 desc: Mutex::new(
                     Rank::Group,
                     GroupState {
                         desc,
                         pending: PendingFrees::default(),
+                        windows: WindowMask::default(),
                     },
                 ),
             });
         }
-        Ok(Groups { groups, table })
+        Ok(Groups {
+            groups,
+            table,
+            window_blocks: AtomicU64::new(0),
+        })
     }
 
     pub fn count(&self) -> u32 {
@@ -228,6 +243,29 @@ impl Groups {
         (blocks, inodes)
     }
 
+    /// Whether `group` may have a block outside every window (no lock: a
+    /// hint): not when windows hold all its free blocks.
+    pub fn may_allocate_outside_windows(&self, group: u32) -> bool {
+        let group = &self.groups[group as usize];
+        group.window_hint.load(Ordering::Acquire) < group.free_blocks.load(Ordering::Acquire)
+    }
+
+    /// Blocks in preallocation windows (a snapshot).
+    pub fn window_blocks(&self) -> u64 {
+        self.window_blocks.load(Ordering::Acquire)
+    }
+
+    /// Unmask `window` (taken from `Windows`) in its group: for a file
+    /// released, outside any transaction.
+    pub fn drop_window(&self, window: Window) {
+        let group = &self.groups[window.group as usize];
+        let mut state = group.desc.lock();
+        state.windows.remove(window.start, window.len);
+        group.window_hint.fetch_sub(window.len, Ordering::AcqRel);
+        self.window_blocks
+            .fetch_sub(window.len as u64, Ordering::AcqRel);
+    }
+
     /// Lock `group`'s descriptor for a change made in `handle`'s
     /// transaction.
     pub fn lock<'a, 'j>(
@@ -285,6 +323,36 @@ impl GroupGuard<'_, '_> {
         let bytes = self.geo.block_size as usize;
         self.desc.pending.add(tid, first, count, bytes);
         self.publish_pending();
+    }
+
+    /// The group's preallocation windows, as a mask over its bitmap.
+    pub fn window_mask(&self) -> Option<&[u8]> {
+        self.desc.windows.mask()
+    }
+
+    /// Keep bits `start..start + len` (free, outside every window and
+    /// pending free) as a window.
+    pub fn add_window(&mut self, start: u32, len: u32) {
+        let bytes = self.geo.block_size as usize;
+        self.desc.windows.add(start, len, bytes);
+        self.groups.groups[self.group as usize]
+            .window_hint
+            .fetch_add(len, Ordering::AcqRel);
+        self.groups
+            .window_blocks
+            .fetch_add(len as u64, Ordering::AcqRel);
+    }
+
+    /// Unmask `window`, a window of this group.
+    pub fn remove_window(&mut self, window: Window) {
+        debug_assert_eq!(window.group, self.group);
+        self.desc.windows.remove(window.start, window.len);
+        self.groups.groups[self.group as usize]
+            .window_hint
+            .fetch_sub(window.len, Ordering::AcqRel);
+        self.groups
+            .window_blocks
+            .fetch_sub(window.len as u64, Ordering::AcqRel);
     }
 
     fn publish_pending(&self) {

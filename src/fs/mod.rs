@@ -35,6 +35,7 @@ mod journal;
 mod mmp;
 mod namei;
 mod orphan;
+mod prealloc;
 mod sb_info;
 pub mod walk;
 mod xattr;
@@ -225,6 +226,9 @@ pub(crate) struct Core {
     pub remembered: Mutex<HashMap<u32, u64>>,
     /// What block allocation did (`jext4 stats`).
     pub alloc_counters: alloc::AllocCounters,
+    /// Files' preallocation windows (a leaf lock; their blocks are masked
+    /// in their groups, under the group locks).
+    pub windows: prealloc::Windows,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -284,6 +288,7 @@ impl Core {
             open_orphans: Mutex::new(HashSet::new()),
             remembered: Mutex::new(HashMap::new()),
             alloc_counters: alloc::AllocCounters::default(),
+            windows: prealloc::Windows::default(),
             orphans: Orphans::new(),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
@@ -835,6 +840,8 @@ impl Fs {
             format!("alloc_calls {}", alloc.calls),
             format!("alloc_groups_searched {}", alloc.groups_searched),
             format!("alloc_candidates_skipped {}", alloc.candidates_skipped),
+            format!("alloc_window_blocks {}", alloc.window_blocks),
+            format!("alloc_windows_holding {}", alloc.windows_holding),
         ]);
         lines.extend([
             format!("read_only {}", self.is_read_only()),
@@ -887,7 +894,10 @@ impl Fs {
 
     /// What block allocation did (`alloc.rs`).
     pub fn alloc_stats(&self) -> AllocStats {
-        self.core.alloc_counters.snapshot()
+        AllocStats {
+            windows_holding: self.core.groups.window_blocks(),
+            ..self.core.alloc_counters.snapshot()
+        }
     }
 
     /// Fast-commit counters, when this mount writes fast commits.
