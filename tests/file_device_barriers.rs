@@ -1,9 +1,11 @@
 //! `FileDevice`'s ranged barrier (`write_durable`), seen from the system
-//! calls it makes: every range is written back and waited for
-//! (`sync_file_range`), then the block is written with `RWF_DSYNC` — and no
-//! `fsync`/`fdatasync`, which would write every other dirty page of the
-//! image. The crash tests model a barrier over a memory device; this holds
-//! the image file's implementation to the same promise.
+//! calls it makes. With more than 1 MiB of other writes since the last
+//! flush, every range is written back and waited for (`sync_file_range`),
+//! then the block is written with `RWF_DSYNC` — and no `fsync`/`fdatasync`,
+//! which would write every other dirty page of the image. With little else
+//! written, one write and one `fdatasync` do it in two system calls. The
+//! crash tests model a barrier over a memory device; this holds the image
+//! file's implementation to the same promise.
 //!
 //! The test runs itself again under `strace`, with `BARRIER_CHILD` naming
 //! the image: the child makes the calls, the parent reads the trace.
@@ -16,12 +18,19 @@ use std::process::Command;
 
 const CHILD: &str = "JEXT4_BARRIER_CHILD";
 const BLOCK: u64 = 4096;
-const DURABLE_AT: u64 = 200 * BLOCK;
+/// Other writes before the barrier: 2 MiB from 1 MiB on (none with
+/// `JEXT4_BARRIER_QUIET`).
+const OTHER_AT: u64 = 1 << 20;
+const OTHER_LEN: usize = 2 << 20;
+const DURABLE_AT: u64 = 3 << 20;
 
-/// In the child: two ranges written, then one barrier over both, or over
-/// the first only when `JEXT4_BARRIER_ONE` is set.
+/// In the child: other writes, two ranges written, then one barrier over
+/// both, or over the first only when `JEXT4_BARRIER_ONE` is set.
 fn child(image: &Path) {
     let device = FileDevice::open(image, false).unwrap();
+    if std::env::var_os("JEXT4_BARRIER_QUIET").is_none() {
+        device.write_at(OTHER_AT, &vec![0x33; OTHER_LEN]).unwrap();
+    }
     let ranges: Vec<(u64, u64)> = [(0, BLOCK), (64 * BLOCK, 2 * BLOCK)]
         .into_iter()
         .take(if std::env::var_os("JEXT4_BARRIER_ONE").is_some() {
@@ -38,8 +47,9 @@ fn child(image: &Path) {
         .unwrap();
 }
 
-/// The trace of the child's barrier: the lines of the calls of interest.
-fn traced(name: &str, one_range: bool) -> Vec<String> {
+/// The calls of interest the child made from its barrier's first range
+/// write on (the other writes are left out).
+fn traced(name: &str, env: &[&str]) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("img");
     std::fs::write(&image, vec![0u8; (DURABLE_AT + BLOCK) as usize]).unwrap();
@@ -49,15 +59,15 @@ fn traced(name: &str, one_range: bool) -> Vec<String> {
         .args([
             "-f",
             "-e",
-            "trace=sync_file_range,pwritev2,fsync,fdatasync,sync,syncfs",
+            "trace=sync_file_range,pwritev2,pwrite64,fsync,fdatasync,sync,syncfs",
         ])
         .arg("-o")
         .arg(&trace)
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", name, "--test-threads=1", "--nocapture"])
         .env(CHILD, &image);
-    if one_range {
-        command.env("JEXT4_BARRIER_ONE", "1");
+    for variable in env {
+        command.env(variable, "1");
     }
     let output = command.output().unwrap();
     assert!(
@@ -65,26 +75,28 @@ fn traced(name: &str, one_range: bool) -> Vec<String> {
         "the traced child failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    let calls = [
+        "sync_file_range(",
+        "pwritev2(",
+        "pwrite64(",
+        "fsync(",
+        "fdatasync(",
+        "sync(",
+        "syncfs(",
+    ];
     std::fs::read_to_string(&trace)
         .unwrap()
         .lines()
-        .filter(|line| {
-            [
-                "sync_file_range(",
-                "pwritev2(",
-                "fsync(",
-                "fdatasync(",
-                "sync(",
-                "syncfs(",
-            ]
-            .iter()
-            .any(|call| line.contains(call))
-        })
+        .filter(|line| calls.iter().any(|call| line.contains(call)))
         .map(|line| {
+            // "PID  call(...)": strace pads the pid.
             line.split_once(' ')
                 .map_or(line, |(_, rest)| rest)
+                .trim_start()
                 .to_string()
         })
+        // The other writes and the ranges' own writes come first.
+        .filter(|line| !line.starts_with("pwrite64("))
         .collect()
 }
 
@@ -101,18 +113,25 @@ fn assert_calls(calls: &[String], expected: &[(&str, &str)]) {
 
 const WAIT: &str = "SYNC_FILE_RANGE_WAIT_BEFORE|SYNC_FILE_RANGE_WRITE|SYNC_FILE_RANGE_WAIT_AFTER";
 
-#[test]
-fn a_barrier_over_two_ranges_starts_both_then_waits_for_each_then_writes_dsync() {
+/// Run `name` as the child, or trace it; `None` in the child or where
+/// strace is missing (skipped with a message).
+fn run_traced(name: &str, env: &[&str]) -> Option<Vec<String>> {
     if let Some(image) = std::env::var_os(CHILD) {
-        return child(Path::new(&image));
+        child(Path::new(&image));
+        return None;
     }
     if !common::require_tool("strace") {
-        return;
+        return None;
     }
-    let calls = traced(
-        "a_barrier_over_two_ranges_starts_both_then_waits_for_each_then_writes_dsync",
-        false,
-    );
+    Some(traced(name, env))
+}
+
+#[test]
+fn a_barrier_over_two_ranges_starts_both_then_waits_for_each_then_writes_dsync() {
+    let name = "a_barrier_over_two_ranges_starts_both_then_waits_for_each_then_writes_dsync";
+    let Some(calls) = run_traced(name, &[]) else {
+        return;
+    };
     let second = format!("{}, {}", 64 * BLOCK, 2 * BLOCK);
     let durable = format!("{DURABLE_AT}, RWF_DSYNC");
     assert_calls(
@@ -132,16 +151,10 @@ fn a_barrier_over_two_ranges_starts_both_then_waits_for_each_then_writes_dsync()
 
 #[test]
 fn a_barrier_over_one_range_waits_for_it_then_writes_dsync() {
-    if let Some(image) = std::env::var_os(CHILD) {
-        return child(Path::new(&image));
-    }
-    if !common::require_tool("strace") {
+    let name = "a_barrier_over_one_range_waits_for_it_then_writes_dsync";
+    let Some(calls) = run_traced(name, &["JEXT4_BARRIER_ONE"]) else {
         return;
-    }
-    let calls = traced(
-        "a_barrier_over_one_range_waits_for_it_then_writes_dsync",
-        true,
-    );
+    };
     let durable = format!("{DURABLE_AT}, RWF_DSYNC");
     assert_calls(
         &calls,
@@ -150,4 +163,15 @@ fn a_barrier_over_one_range_waits_for_it_then_writes_dsync() {
             ("pwritev2(", &durable),
         ],
     );
+}
+
+/// Nothing else written: the barrier's block is written and one fdatasync
+/// makes it and the ranges durable.
+#[test]
+fn a_barrier_with_little_else_written_is_one_fdatasync() {
+    let name = "a_barrier_with_little_else_written_is_one_fdatasync";
+    let Some(calls) = run_traced(name, &["JEXT4_BARRIER_QUIET"]) else {
+        return;
+    };
+    assert_calls(&calls, &[("fdatasync(", "")]);
 }
