@@ -130,7 +130,7 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "openunlink",
-        about: "4 threads, own directory each: a file created and fsynced, unlinked while open, the next one fsynced, then the last close frees it (FUSE's release comes after the unlink)",
+        about: "4 threads, own directory each: a file created (and fsynced, or not), unlinked while open, the next one fsynced, then the last close frees it (FUSE's release comes after the unlink)",
         tear: true,
         scenarios: openunlink,
         states_per_scenario: 0,
@@ -394,12 +394,22 @@ fn openunlink_thread(lane: &mut Lane, seed: u64) {
     let mut open: Option<u32> = None;
     for file in 0..10 {
         let name = format!("f{file}");
-        create_synced(lane, &name, rng.range(1_000, 9_000) as usize);
+        if file % 2 == 0 {
+            create_synced(lane, &name, rng.range(1_000, 9_000) as usize);
+        } else {
+            // Made and unlinked between two fsyncs: its CREAT and UNLINK
+            // go in one fast commit, while it is open.
+            let _ = lane.create(&name);
+            let _ = lane.append(&name, rng.range(1_000, 9_000) as usize);
+        }
         if let Some(ino) = open.take() {
             let _ = lane.close(ino);
         }
         open = lane.open(&name).ok();
         let _ = lane.unlink(&name);
+        if file % 2 == 1 {
+            create_synced(lane, &format!("g{file}"), rng.range(500, 2_000) as usize);
+        }
         if rng.below(5) == 0 {
             let _ = lane.sync();
         }

@@ -356,9 +356,13 @@ impl RecordWriter<'_> {
     fn create(&mut self, dentry: Dentry, pending: Option<&PendingInode>) -> Result<()> {
         let _lock = self.core.inodes.read(dentry.ino, Rank::Inode);
         let inode = read_inode(self.core, dentry.ino)?;
-        if inode.mode == 0 {
+        if inode.mode == 0 || inode.links_count == 0 {
             // Freed since (by an operation of the next transaction, whose
-            // UNLINK will find no name): nothing to create.
+            // UNLINK will find no name), or its last name went while it is
+            // open (an orphan): nothing to create. An INODE record without
+            // links would make the kernel's replay of the CREAT fail (its
+            // iget refuses an inode without links) and leave the inode
+            // marked in use with no name.
             return Ok(());
         }
         self.inode_record(dentry.ino, &inode)?;
