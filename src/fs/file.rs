@@ -568,6 +568,11 @@ impl Fs {
             self.transact_releasing(Scope::File(ino), CREDITS_TRUNCATE, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
+                if inode.links_count == 0 {
+                    // Unlinked while open: the orphan record stays until
+                    // the last close frees it (or the next mount does).
+                    return Ok(());
+                }
                 tx.orphan_remove(ino, &mut inode)?;
                 tx.write_inode(ino, &inode)
             })?;
