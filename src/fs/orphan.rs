@@ -97,9 +97,18 @@ impl Tx<'_, '_> {
     /// inode, as orphan cleanup would, and the inode gets no INODE record.
     /// An inode with links (a truncate in several transactions) would get
     /// one, whose `i_dtime` holds a list link: not eligible.
+    ///
+    /// An inode an earlier transaction recorded is on the records a full
+    /// commit left: a change to it now (its last link going while a
+    /// chunked truncate runs) must not be fast-committed, or a replay
+    /// would free an inode those records still name.
     pub fn orphan_add(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
         let mut records = self.core.orphans.lock();
-        if records.contains_key(&ino) {
+        if let Some(&recorded_in) = records.get(&ino) {
+            let tid = self.handle.tid();
+            if tid == 0 || recorded_in != tid {
+                self.handle.note(Change::Ineligible(Ineligible::Orphan));
+            }
             return Ok(());
         }
         if inode.links_count > 0 {
