@@ -275,6 +275,15 @@ impl Scopes {
         {
             self.touch_foreign(owner);
             roots.push(self.root_of(owner));
+            if let Some(own) = own
+                && owner > own
+                && matches!(self.txns[&own].phase, Phase::Building { .. })
+            {
+                // A handle of a transaction being built changes an inode
+                // another (newer) transaction of its set holds changes to:
+                // the build would read them. Build again, with both.
+                self.mark_conflict(own);
+            }
         }
         if roots.is_empty() {
             let key = self.home_key(ino.unwrap_or(GLOBAL_KEY));
@@ -543,9 +552,11 @@ impl Scopes {
             .chain(set.building.iter().copied())
             .chain(set.unqueued.iter().copied())
             .filter(|id| {
-                self.txns
-                    .get(id)
-                    .is_some_and(|txn| txn.entries.inodes.contains_key(&ino))
+                // A taken transaction's entries moved out when it drained:
+                // what it holds is its `taken_inodes`.
+                self.txns.get(id).is_some_and(|txn| {
+                    txn.entries.inodes.contains_key(&ino) || txn.taken_inodes.contains(&ino)
+                })
             })
             .max()
     }
@@ -684,6 +695,31 @@ mod tests {
         scopes.retire(older, None);
         assert_eq!(scopes.owner_of(5), Some(newer));
         assert_eq!(scopes.key_of(5, false), scopes.find(10));
+    }
+
+    /// A handle still bound to a transaction being built changes an inode
+    /// the set's newer running transaction holds: the build must start
+    /// over (it would read the newer changes).
+    #[test]
+    fn a_building_handle_touching_a_newer_transactions_inode_is_a_conflict() {
+        let mut scopes = Scopes::new(false);
+        use crate::fs::fast_commit::track::PendingInode;
+        let older = scopes.route(1, Some(5), &[10]);
+        scopes.own(5, older);
+        scopes
+            .txn_mut(older)
+            .entries
+            .inodes
+            .insert(5, PendingInode::default());
+        assert_eq!(scopes.take(10), Ok(Some(older)));
+        let newer = scopes.route(2, Some(6), &[10]);
+        assert!(newer > older);
+        scopes.own(6, newer);
+        scopes.route(1, Some(6), &[]);
+        assert!(matches!(
+            scopes.txns[&older].phase,
+            Phase::Building { conflict: true, .. }
+        ));
     }
 
     #[test]
