@@ -19,9 +19,13 @@ fn truncating_an_open_unlinked_file_keeps_it_an_orphan() {
     let image = common::mkfs(dir.path(), "img", 64, &["-t", "ext4", "-b", "1024"]);
     let device = Arc::new(FileDevice::open(&image, false).unwrap());
     let fs = Fs::mount(device as Arc<dyn BlockDevice>, MountOptions::default()).unwrap();
-    let ino = fs.create(ROOT_INO, b"big", 0o644, Caller::ROOT).unwrap().ino;
+    let ino = fs
+        .create(ROOT_INO, b"big", 0o644, Caller::ROOT)
+        .unwrap()
+        .ino;
     // 4 MiB at 1 KiB blocks: more than one chunk (PUNCH_CHUNK_BLOCKS).
-    fs.write(ino, 0, &vec![0x42; 4 << 20], Caller::ROOT).unwrap();
+    fs.write(ino, 0, &vec![0x42; 4 << 20], Caller::ROOT)
+        .unwrap();
     fs.open_file(ino).unwrap();
     fs.unlink(ROOT_INO, b"big", Caller::ROOT).unwrap();
     let truncate = SetAttr {
