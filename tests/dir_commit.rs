@@ -26,6 +26,17 @@ use std::time::Duration;
 /// The bytes of /b's file: a write-back of a range holding them is held.
 const HELD_PATTERN: &[u8; 16] = b"held back: dir b";
 
+/// /b's file: 256 KiB of `HELD_PATTERN` (more than a commit leaves to its
+/// group's barrier).
+fn held_data() -> Vec<u8> {
+    HELD_PATTERN
+        .iter()
+        .copied()
+        .cycle()
+        .take(256 << 10)
+        .collect()
+}
+
 /// A device whose `write_back` of a range holding `HELD_PATTERN` waits
 /// until `release` (and says when one is waiting); `fail_held` makes that
 /// write-back fail with EIO when released.
@@ -141,12 +152,7 @@ fn fsync_in_a_while_b_is_held(global: bool, free_in_b: bool) -> bool {
     let old = fs.create(b, b"old", 0o644, Caller::ROOT).unwrap().ino;
     fs.sync().unwrap();
     let big = fs.create(b, b"big", 0o644, Caller::ROOT).unwrap().ino;
-    let data: Vec<u8> = HELD_PATTERN
-        .iter()
-        .copied()
-        .cycle()
-        .take(256 << 10)
-        .collect();
+    let data = held_data();
     fs.write(big, 0, &data, Caller::ROOT).unwrap();
     if free_in_b {
         fs.unlink(b, b"old", Caller::ROOT).unwrap();
@@ -296,12 +302,7 @@ fn after_a_failed_write_back_no_fsync_claims_durability() {
     let small = fs.create(a, b"small", 0o644, Caller::ROOT).unwrap().ino;
     fs.write(small, 0, &[7u8; 1024], Caller::ROOT).unwrap();
     let big = fs.create(b, b"big", 0o644, Caller::ROOT).unwrap().ino;
-    let data: Vec<u8> = HELD_PATTERN
-        .iter()
-        .copied()
-        .cycle()
-        .take(256 << 10)
-        .collect();
+    let data = held_data();
     fs.write(big, 0, &data, Caller::ROOT).unwrap();
     std::thread::scope(|scope| {
         let b_fsync = scope.spawn(|| fs.fsync(big, false));

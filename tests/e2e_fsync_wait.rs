@@ -31,8 +31,9 @@ fn stat_in_flight(mountpoint: &Path) -> u64 {
 }
 
 /// Free blocks by statfs(2).
-fn nix_statfs(path: &Path) -> u64 {
+fn free_blocks(path: &Path) -> u64 {
     let c_path = std::ffi::CString::new(e2e::path_str(path)).unwrap();
+    // SAFETY: statvfs is plain old data; all zeros is a valid value.
     let mut buf: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid C string and a buffer of the right type.
     let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut buf) };
@@ -99,7 +100,7 @@ fn a_waiting_fsync_holds_no_worker() {
         }
         // Requests that need no block from the stopped server (a create or
         // a read may: it rightly waits then): statfs and another stats.
-        let statfs = nix_statfs(&root);
+        let statfs = free_blocks(&root);
         let in_flight = stat_in_flight(&root);
         let _ = answered.send((statfs, in_flight));
     });

@@ -105,8 +105,7 @@ impl Tx<'_, '_> {
     pub fn orphan_add(&mut self, ino: u32, inode: &mut Inode) -> Result<()> {
         let mut records = self.core.orphans.lock();
         if let Some(&recorded_in) = records.get(&ino) {
-            let tid = self.handle.tid();
-            if tid == 0 || recorded_in != tid {
+            if self.recorded_earlier(recorded_in) {
                 self.handle.note(Change::Ineligible(Ineligible::Orphan));
             }
             return Ok(());
@@ -140,8 +139,7 @@ impl Tx<'_, '_> {
         let Some(&recorded_in) = records.get(&ino) else {
             return Ok(());
         };
-        let tid = self.handle.tid();
-        if tid == 0 || recorded_in != tid || inode.links_count > 0 {
+        if self.recorded_earlier(recorded_in) || inode.links_count > 0 {
             self.handle.note(Change::Ineligible(Ineligible::Orphan));
         }
         if !self.orphan_file_slot_remove(ino)? {
@@ -150,6 +148,14 @@ impl Tx<'_, '_> {
         }
         records.remove(&ino);
         Ok(())
+    }
+
+    /// Whether an orphan recorded by transaction `recorded_in` (0: found
+    /// at mount) may be on the records the last full commit left: recorded
+    /// by another transaction than this handle's, or unjournaled.
+    fn recorded_earlier(&self, recorded_in: u32) -> bool {
+        let tid = self.handle.tid();
+        tid == 0 || recorded_in != tid
     }
 
     /// Unlink `ino` from the classic list (under the records' lock): its

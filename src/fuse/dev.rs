@@ -50,6 +50,16 @@ impl DevSession {
     }
 }
 
+impl DevSession {
+    /// Hand a request that waits for a commit to the sync pool (or run it
+    /// here: `SyncPool::run` decides from the requests in service).
+    fn wait_for_commit(&self, job: impl FnOnce(&FuseAdapter) + Send + 'static) {
+        let adapter = Arc::clone(&self.adapter);
+        let busy = adapter.metrics().in_flight();
+        self.syncs.run(busy, move || job(&adapter));
+    }
+}
+
 impl Filesystem for DevSession {
     fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let taken = self.adapter.init(config, self.want_uring);
@@ -266,10 +276,7 @@ impl Filesystem for DevSession {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let adapter = Arc::clone(&self.adapter);
-        let busy = adapter.metrics().in_flight();
-        self.syncs
-            .run(busy, move || adapter.fsync(ino, datasync, reply));
+        self.wait_for_commit(move |adapter| adapter.fsync(ino, datasync, reply));
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -317,9 +324,7 @@ impl Filesystem for DevSession {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let adapter = Arc::clone(&self.adapter);
-        let busy = adapter.metrics().in_flight();
-        self.syncs.run(busy, move || adapter.fsyncdir(ino, reply));
+        self.wait_for_commit(move |adapter| adapter.fsyncdir(ino, reply));
     }
 
     fn ioctl(

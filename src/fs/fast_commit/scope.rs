@@ -648,6 +648,7 @@ impl Scopes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fs::fast_commit::track::PendingInode;
 
     #[test]
     fn keys_unite_and_dissolve_when_idle() {
@@ -663,13 +664,9 @@ mod tests {
         assert_ne!(scopes.find(10), scopes.find(20), "idle: apart again");
     }
 
-    /// A handle bound to a transaction being built changes an inode a newer
-    /// transaction of the set holds too: when the older one retires, the
-    /// newer one keeps it (another directory touching it then unites with
-    /// that set), instead of the inode looking unowned.
-    #[test]
-    fn an_inode_a_newer_transaction_holds_stays_owned() {
-        use crate::fs::fast_commit::track::PendingInode;
+    /// Directory 10's transaction, taken for commit (building), holding
+    /// inode 5, changed through handle 1 (still bound to it).
+    fn taken_holding_inode_5() -> (Scopes, TxnId) {
         let mut scopes = Scopes::new(false);
         let older = scopes.route(1, Some(5), &[10]);
         scopes.own(5, older);
@@ -679,6 +676,16 @@ mod tests {
             .inodes
             .insert(5, PendingInode::default());
         assert_eq!(scopes.take(10), Ok(Some(older)));
+        (scopes, older)
+    }
+
+    /// A handle bound to a transaction being built changes an inode a newer
+    /// transaction of the set holds too: when the older one retires, the
+    /// newer one keeps it (another directory touching it then unites with
+    /// that set), instead of the inode looking unowned.
+    #[test]
+    fn an_inode_a_newer_transaction_holds_stays_owned() {
+        let (mut scopes, older) = taken_holding_inode_5();
         let root = scopes.find(10);
         let newer = scopes.sets[&root].running;
         assert!(newer > older);
@@ -702,16 +709,7 @@ mod tests {
     /// over (it would read the newer changes).
     #[test]
     fn a_building_handle_touching_a_newer_transactions_inode_is_a_conflict() {
-        let mut scopes = Scopes::new(false);
-        use crate::fs::fast_commit::track::PendingInode;
-        let older = scopes.route(1, Some(5), &[10]);
-        scopes.own(5, older);
-        scopes
-            .txn_mut(older)
-            .entries
-            .inodes
-            .insert(5, PendingInode::default());
-        assert_eq!(scopes.take(10), Ok(Some(older)));
+        let (mut scopes, older) = taken_holding_inode_5();
         let newer = scopes.route(2, Some(6), &[10]);
         assert!(newer > older);
         scopes.own(6, newer);
