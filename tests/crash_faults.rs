@@ -21,6 +21,8 @@ enum Mode {
     FastCommits,
     /// Fast commits through ByteLog (`-o bytelog`).
     ByteLog,
+    /// Full commits, with delayed allocation (`-o delalloc`).
+    Delalloc,
 }
 
 /// Run `workloads` with `fault` on in `mode`; return the first failure's
@@ -41,6 +43,7 @@ fn first_failure(
     config.stop_at_first_failure = true;
     config.fast_commit = mode == Mode::FastCommits;
     config.bytelog = mode == Mode::ByteLog;
+    config.delalloc = mode == Mode::Delalloc;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -204,6 +207,16 @@ fn a_bytelog_crc_over_the_wrong_span_is_caught() {
     );
 }
 
+#[test]
+fn an_fsync_that_leaves_held_data_in_memory_is_caught() {
+    assert_caught_on(
+        Fault::DelallocFsyncSkipsWriteOut,
+        &["msgjournal", "mailspool"],
+        400,
+        Mode::Delalloc,
+    );
+}
+
 /// Without a fault the same runs pass: what the tests above catch is the
 /// fault, not the harness.
 #[test]
@@ -215,7 +228,12 @@ fn the_same_runs_pass_without_faults() {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let names = ["mailspool", "random", "lsm", "untar", "msgjournal"];
-    for mode in [Mode::FullCommits, Mode::FastCommits, Mode::ByteLog] {
+    for mode in [
+        Mode::FullCommits,
+        Mode::FastCommits,
+        Mode::ByteLog,
+        Mode::Delalloc,
+    ] {
         let chosen: Vec<&'static Workload> = names.iter().map(|name| find(name).unwrap()).collect();
         // Fewer on fast_commit images: crash_workloads.rs covers them too.
         let states = if mode == Mode::FullCommits { 500 } else { 300 };
@@ -223,6 +241,7 @@ fn the_same_runs_pass_without_faults() {
         config.sampling.kernel_every = 0;
         config.fast_commit = mode == Mode::FastCommits;
         config.bytelog = mode == Mode::ByteLog;
+        config.delalloc = mode == Mode::Delalloc;
         let summary = run(&config, &mut |_| {}).unwrap();
         let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));

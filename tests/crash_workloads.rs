@@ -1,5 +1,6 @@
-//! Every crash-test workload at 1 KiB and 4 KiB blocks, on plain images and
-//! on fast_commit images (fsync writes fast commits): each planned crash
+//! Every crash-test workload at 1 KiB and 4 KiB blocks, on plain images,
+//! on fast_commit images (fsync writes fast commits), and on fast_commit
+//! images with delayed allocation (`-o delalloc`): each planned crash
 //! state recovers (jext4, and e2fsck and the kernel on samples) to a clean
 //! filesystem that keeps everything acknowledged.
 //!
@@ -22,6 +23,10 @@ const FAST_COMMIT_STATES: usize = 60;
 const PER_DIRECTORY: &[&str] = &["spool8", "compaction", "varmail8", "acedirs", "openunlink"];
 
 fn check(workload: &str, block_size: u32, fast_commit: bool) {
+    check_with(workload, block_size, fast_commit, false);
+}
+
+fn check_with(workload: &str, block_size: u32, fast_commit: bool, delalloc: bool) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
         return;
     }
@@ -32,6 +37,7 @@ fn check(workload: &str, block_size: u32, fast_commit: bool) {
     };
     let mut config = Config::new(vec![find(workload).unwrap()], block_size, states, 1);
     config.fast_commit = fast_commit;
+    config.delalloc = delalloc;
     let summary = run(&config, &mut |_| {}).unwrap();
     let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -47,8 +53,9 @@ fn check(workload: &str, block_size: u32, fast_commit: bool) {
         common::skip(&format!("kernel replay: {why}"));
     }
     eprintln!(
-        "{workload} {block_size}{}: {} states, {} e2fsck replays ({} left to the kernel), {} kernel replays{} in {:.1?}",
+        "{workload} {block_size}{}{}: {} states, {} e2fsck replays ({} left to the kernel), {} kernel replays{} in {:.1?}",
         if fast_commit { " fast commits" } else { "" },
+        if delalloc { " delalloc" } else { "" },
         summary.states,
         summary.replay_runs,
         summary.replay_skipped,
@@ -73,6 +80,12 @@ macro_rules! workload_tests {
         }
         mod fast_commit_at_4k {
             $(#[test] fn $name() { super::check($workload, 4096, true) })*
+        }
+        mod delalloc_at_1k {
+            $(#[test] fn $name() { super::check_with($workload, 1024, true, true) })*
+        }
+        mod delalloc_at_4k {
+            $(#[test] fn $name() { super::check_with($workload, 4096, true, true) })*
         }
     };
 }

@@ -1048,40 +1048,8 @@ fn interleaved_appenders_get_contiguous_files_and_windows_never_cost_space() {
     }
 }
 
-/// (extents, tree depth) of `/d/f0` .. `/d/f{count - 1}`, from one
-/// `debugfs -f` run of `ex` commands (rows "LEVEL/ DEPTH ...": the leaf
-/// rows, at level == depth, are the extents).
+/// (extents, tree depth) of `/d/f0` .. `/d/f{count - 1}`.
 fn file_extents(image: &Path, count: usize) -> Vec<(usize, u32)> {
-    let commands: String = (0..count).map(|i| format!("ex /d/f{i}\n")).collect();
-    let list = image.with_extension("ex");
-    fs::write(&list, commands).unwrap();
-    let output = e2e::run_ok(
-        "debugfs",
-        &["-f", e2e::path_str(&list), e2e::path_str(image)],
-    );
-    let text = String::from_utf8_lossy(&output.stdout);
-    let mut files: Vec<(usize, u32)> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("debugfs:") {
-            files.push((0, 0));
-            continue;
-        }
-        let Some((level, rest)) = line.trim_start().split_once('/') else {
-            continue;
-        };
-        let (Ok(level), Some(Ok(depth))) = (
-            level.parse::<u32>(),
-            rest.split_whitespace().next().map(str::parse::<u32>),
-        ) else {
-            continue;
-        };
-        let file = files.last_mut().expect("a row before any command");
-        file.1 = file.1.max(depth);
-        if level == depth {
-            file.0 += 1;
-        }
-    }
-    assert_eq!(files.len(), count, "debugfs answered:\n{text}");
-    assert!(files.iter().all(|&(extents, _)| extents > 0), "{text}");
-    files
+    let paths: Vec<String> = (0..count).map(|i| format!("/d/f{i}")).collect();
+    e2e::file_extents(image, &paths)
 }

@@ -555,6 +555,16 @@ def catalogue(repo):
             "jext4 -o fast_commit=global: fast commits of one scope for the whole filesystem (the kernel's single queue)",
             binary, DEV + ",fast_commit=global", opt_in=True,
         ),
+        Jext4(
+            "jext4-da", MKFS_EXT4,
+            "jext4 -o delalloc: delayed allocation (writes into holes held in memory, blocks given at write-out)",
+            binary, DEV + ",delalloc", opt_in=True,
+        ),
+        Jext4(
+            "jext4-fc-da", MKFS_EXT4 + ["-O", "fast_commit"],
+            "jext4-fc with -o delalloc",
+            binary, DEV + ",delalloc", opt_in=True,
+        ),
         Jext4("jext4-nojournal", MKFS_EXT4_NOJOURNAL, "jext4 on an ext4 image without a journal: same engine, same features, no journal", binary, DEV),
         Jext4Shm(
             "jext4-bytelog", MKFS_EXT4 + ["-O", "fast_commit"],

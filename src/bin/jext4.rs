@@ -94,6 +94,11 @@ struct CrashtestArgs {
     /// then expects each lane's tree to be one op's.
     #[arg(long, requires = "fast_commit")]
     fast_commit_global: bool,
+    /// Workloads run with delayed allocation (`-o delalloc`); the oracle
+    /// then checks files' sizes with their bytes, as of their last
+    /// write-out.
+    #[arg(long)]
+    delalloc: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -197,6 +202,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String
     config.fast_commit = args.fast_commit;
     config.bytelog = args.bytelog;
     config.fast_commit_global = args.fast_commit_global;
+    config.delalloc = args.delalloc;
     Ok(config)
 }
 

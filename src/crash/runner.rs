@@ -95,6 +95,9 @@ pub struct Config {
     /// Fast commits with one scope for everything (`-o
     /// fast_commit=global`) instead of one per directory.
     pub fast_commit_global: bool,
+    /// Record on `-o delalloc` mounts: files' sizes lag behind other
+    /// metadata until their data is written out (`oracle::Window`).
+    pub delalloc: bool,
 }
 
 impl Config {
@@ -117,6 +120,7 @@ impl Config {
             fast_commit: false,
             bytelog: false,
             fast_commit_global: false,
+            delalloc: false,
         }
     }
 
@@ -144,6 +148,7 @@ pub struct Failure {
     pub fast_commit: bool,
     pub bytelog: bool,
     pub fast_commit_global: bool,
+    pub delalloc: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -164,7 +169,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{} --seed {} --states {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             match (self.fast_commit, self.bytelog, self.fast_commit_global) {
@@ -173,6 +178,7 @@ impl std::fmt::Display for Failure {
                 (true, false, true) => " --fast-commit --fast-commit-global",
                 (false, false, _) => "",
             },
+            if self.delalloc { " --delalloc" } else { "" },
             self.seed,
             self.states,
             self.state
@@ -228,10 +234,11 @@ pub struct Recorded {
 }
 
 /// The options the workloads run with (and, both off, recovery mounts).
-pub fn mount_options(bytelog: bool, fast_commit_global: bool) -> MountOptions {
+pub fn mount_options(bytelog: bool, fast_commit_global: bool, delalloc: bool) -> MountOptions {
     MountOptions {
         bytelog,
         fast_commit_global,
+        delalloc,
         // Commits happen when the workload asks (fsync, sync) or the
         // transaction fills up, never on a timer: the recording is
         // reproducible. Fast commits wherever the image has the feature.
@@ -465,7 +472,7 @@ impl Checker<'_> {
     ) -> Result<(), String> {
         // Recovery mounts are plain fast-commit mounts: they must replay a
         // ByteLog whatever the options.
-        let fs = Fs::mount(device, mount_options(false, false))
+        let fs = Fs::mount(device, mount_options(false, false, false))
             .map_err(|e| format!("{how}: mount: {e}"))?;
         let compared = self.compare(&FsSource(&fs), how, state);
         let unmounted = fs.unmount();
@@ -490,7 +497,8 @@ impl Checker<'_> {
         for lane in &self.recorded.lanes {
             let actual = read_subtree(source, &lane.root, "", &lane.exclude)
                 .map_err(|e| format!("{how}: reading lane {}: {e}", lane.lane))?;
-            let window = self.marks.window(lane, state);
+            let mut window = self.marks.window(lane, state);
+            window.sizes_lag = self.config.delalloc;
             check_lane(lane, &window, &actual, self.config.ordering())
                 .map_err(|e| format!("{how}: {e}"))?;
         }
@@ -672,6 +680,7 @@ impl Context<'_> {
             fast_commit: self.config.fast_commit,
             bytelog: self.config.bytelog,
             fast_commit_global: self.config.fast_commit_global,
+            delalloc: self.config.delalloc,
             seed: self.config.seed,
             states: budget,
             state,
@@ -707,7 +716,11 @@ impl Context<'_> {
                 scenario,
                 self.config.seed,
                 &self.config.faults,
-                mount_options(self.config.bytelog, self.config.fast_commit_global),
+                mount_options(
+                    self.config.bytelog,
+                    self.config.fast_commit_global,
+                    self.config.delalloc,
+                ),
             ) {
                 Ok(recorded) => recorded,
                 Err(message) => {

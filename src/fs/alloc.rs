@@ -737,6 +737,10 @@ impl Tx<'_, '_> {
                 "freeing a reserved or invalid inode",
             ));
         }
+        // Data held by delayed allocation dies with the file, and its
+        // reservation goes back.
+        let reserved = core.delayed.discard(ino);
+        core.sbi.budget.unreserve(reserved);
         let group = geo.group_of_inode(ino);
         let index = geo.inode_index_in_group(ino) as usize;
         let mut desc = self.lock_group(group);

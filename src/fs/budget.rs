@@ -43,6 +43,13 @@
 //! budget: only operations that free space (`Tx::draws_on_emergency_reserve`)
 //! may charge against it, so that `rm` works on a full volume.
 //!
+//! Delayed allocation (`delalloc.rs`) reserves blocks for data it holds
+//! in memory: a reservation outlives transactions (it is not reset at
+//! lock-down) and comes off every transaction's limit, until the data's
+//! write-out claims it into the charge of the transaction that allocates
+//! the blocks (`claim`: one move, which cannot fail) or the data is
+//! discarded (`unreserve`).
+//!
 //! Locks: none; atomics only. `charged` may run ahead of the budget for
 //! the instant between a charge and its back-out; every reader treats it
 //! as a snapshot.
@@ -89,6 +96,9 @@ pub(crate) struct Budget {
     /// Blocks freed in the running transaction (journaled): not
     /// allocatable before its commit.
     freed: AtomicU64,
+    /// Blocks reserved for delayed-allocation data held in memory, across
+    /// transactions.
+    reserved: AtomicU64,
     journaled: bool,
     /// Off (`JEXT4_SPACE_BUDGET=off`, for measuring its cost): nothing is
     /// charged, and an allocation only checks the free count against the
@@ -115,6 +125,8 @@ pub struct BudgetStats {
     pub balance: i64,
     pub charged: u64,
     pub freed_in_running: u64,
+    /// Reserved for delayed-allocation data not yet written out.
+    pub reserved_delayed: u64,
     /// Root's reserved blocks and the emergency reserve, which the
     /// balance leaves out.
     pub root_reserve: u64,
@@ -131,6 +143,7 @@ impl Budget {
             base: AtomicU64::new(free_blocks),
             charged: AtomicU64::new(0),
             freed: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
             journaled,
             enabled: true,
             root_reserve,
@@ -167,7 +180,7 @@ impl Budget {
     /// more to back it out when it takes the balance below zero.
     pub fn charge(&self, blocks: u64, withheld: Withheld) -> Result<(), Shortfall> {
         debug_assert!(blocks > 0);
-        let limit = self.base.load(Ordering::Acquire).saturating_sub(withheld.0);
+        let limit = self.limit(withheld);
         let before = self.charged.fetch_add(blocks, Ordering::AcqRel);
         if before + blocks <= limit {
             self.charges.fetch_add(1, Ordering::Relaxed);
@@ -211,8 +224,73 @@ impl Budget {
 
     /// What is left for a caller with `withheld` reserves.
     pub fn balance(&self, withheld: Withheld) -> i64 {
-        let limit = self.base.load(Ordering::Acquire) as i64 - withheld.0 as i64;
+        let limit = self.base.load(Ordering::Acquire) as i64
+            - withheld.0 as i64
+            - self.reserved.load(Ordering::Acquire) as i64;
         limit - self.charged.load(Ordering::Acquire) as i64
+    }
+
+    /// What charges may reach: the budget less the reserves withheld and
+    /// the delayed data's reservations.
+    fn limit(&self, withheld: Withheld) -> u64 {
+        self.base
+            .load(Ordering::Acquire)
+            .saturating_sub(withheld.0)
+            .saturating_sub(self.reserved.load(Ordering::Acquire))
+    }
+
+    /// Reserve `blocks` for delayed data, beyond this transaction: one
+    /// atomic add, backed out like a charge when the balance cannot
+    /// cover it.
+    pub fn reserve(&self, blocks: u64, withheld: Withheld) -> Result<(), Shortfall> {
+        debug_assert!(blocks > 0);
+        let limit = self.base.load(Ordering::Acquire).saturating_sub(withheld.0);
+        let before = self.reserved.fetch_add(blocks, Ordering::AcqRel);
+        let charged = self.charged.load(Ordering::Acquire);
+        if before + blocks + charged <= limit {
+            return Ok(());
+        }
+        self.reserved.fetch_sub(blocks, Ordering::AcqRel);
+        self.backed_out.fetch_add(1, Ordering::Relaxed);
+        Err(self.shortfall(blocks, withheld))
+    }
+
+    /// Delayed data is being written out: `blocks` of its reservation
+    /// become a charge of the running transaction. The limit moves by
+    /// nothing, so this cannot fail (the charge is added first: for an
+    /// instant the two count twice, which errs on the safe side).
+    pub fn claim(&self, blocks: u64) {
+        if blocks == 0 {
+            return;
+        }
+        self.charged.fetch_add(blocks, Ordering::AcqRel);
+        let before = self.reserved.fetch_sub(blocks, Ordering::AcqRel);
+        debug_assert!(before >= blocks, "claim of {blocks} with {before} reserved");
+    }
+
+    /// Delayed data was discarded (its file truncated or freed): its
+    /// reservation goes back.
+    pub fn unreserve(&self, blocks: u64) {
+        if blocks == 0 {
+            return;
+        }
+        let before = self.reserved.fetch_sub(blocks, Ordering::AcqRel);
+        debug_assert!(
+            before >= blocks,
+            "unreserve of {blocks} with {before} reserved"
+        );
+    }
+
+    /// A write-out that claimed `blocks` failed: the data is still held,
+    /// and so is its reservation again (unchecked: it was covered before
+    /// the claim, and erring high is safe).
+    pub fn restore_reservation(&self, blocks: u64) {
+        self.reserved.fetch_add(blocks, Ordering::AcqRel);
+    }
+
+    /// Blocks reserved for delayed data now.
+    pub fn reserved(&self) -> u64 {
+        self.reserved.load(Ordering::Acquire)
     }
 
     fn shortfall(&self, blocks: u64, withheld: Withheld) -> Shortfall {
@@ -272,6 +350,7 @@ impl Budget {
             balance: self.balance(self.withheld(false, false)),
             charged: self.charged.load(Ordering::Acquire),
             freed_in_running: self.freed.load(Ordering::Acquire),
+            reserved_delayed: self.reserved(),
             root_reserve: self.root_reserve,
             emergency_reserve: self.emergency_reserve,
             charges: self.charges.load(Ordering::Relaxed),
@@ -404,6 +483,26 @@ impl Tx<'_, '_> {
         }
     }
 
+    /// Reserve `blocks` for delayed data (`delalloc.rs`); false when the
+    /// balance cannot cover them (the write then allocates at once, and
+    /// meets the wall exactly).
+    pub(crate) fn reserve_delayed(&self, blocks: u64) -> bool {
+        blocks == 0
+            || self
+                .core
+                .sbi
+                .budget
+                .reserve(blocks, self.withheld())
+                .is_ok()
+    }
+
+    /// Delayed data's reservation of `blocks` pays for its write-out in
+    /// this operation.
+    pub(crate) fn claim_reserved(&mut self, blocks: u64) {
+        self.core.sbi.budget.claim(blocks);
+        self.prepaid += blocks;
+    }
+
     /// The operation ends: what it charged and did not allocate goes back.
     pub(crate) fn refund_charge(&mut self) {
         let unused = std::mem::take(&mut self.prepaid);
@@ -479,6 +578,27 @@ mod tests {
                 commit_helps: false
             })
         );
+    }
+
+    #[test]
+    fn reservations_outlive_transitions_and_their_claims_cannot_fail() {
+        let budget = Budget::new(100, true, 0, 0);
+        assert_eq!(budget.reserve(60, NONE), Ok(()));
+        assert_eq!(budget.balance(NONE), 40);
+        assert!(budget.charge(41, NONE).is_err());
+        assert!(budget.reserve(41, NONE).is_err());
+        assert_eq!(budget.reserved(), 60, "a failed reservation was backed out");
+        // Lock-down keeps the reservation: the data is still held.
+        budget.charge(10, NONE).unwrap();
+        budget.transition(90);
+        assert_eq!(budget.balance(NONE), 30);
+        // Write-out: the reservation becomes the charge, with no room left
+        // for anyone else meanwhile.
+        budget.charge(30, NONE).unwrap();
+        budget.claim(50);
+        assert_eq!((budget.reserved(), budget.balance(NONE)), (10, 0));
+        budget.unreserve(10);
+        assert_eq!(budget.balance(NONE), 10);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! bytes), so that nothing stale from a previous owner can ever be read
 //! back; a partial write into an existing block reads it first.
 
+use super::delalloc::{Placement, WriteOut};
 use super::fast_commit::Outcome;
 use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::inode::{Attr, attr_of, check_live, has_xattrs, read_inode, setid_bits_to_drop};
@@ -31,12 +32,12 @@ pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 
 /// Blocks one write transaction maps at most; larger writes loop.
-const WRITE_CHUNK_BLOCKS: u64 = 2048;
+pub(super) const WRITE_CHUNK_BLOCKS: u64 = 2048;
 
 /// Journal credits of one write chunk: the inode, the extent path with
 /// splits (depth up to 5, two blocks per level), block bitmaps and
 /// descriptors of the few groups 2048 blocks can span, the superblock.
-const CREDITS_WRITE: u32 = 32;
+pub(super) const CREDITS_WRITE: u32 = 32;
 
 /// A small truncate: at most `PUNCH_CHUNK_BLOCKS` blocks freed (bitmaps and
 /// descriptors of the groups they span, extent leaves), the tail block's
@@ -50,7 +51,7 @@ pub enum SeekWhence {
     Hole,
 }
 
-fn max_file_size(geo: &Geometry, inode: &Inode) -> u64 {
+pub(super) fn max_file_size(geo: &Geometry, inode: &Inode) -> u64 {
     mapping::max_blocks(geo, inode).saturating_mul(geo.block_size as u64)
 }
 
@@ -68,7 +69,7 @@ impl Tx<'_, '_> {
 
     /// Write `data` at byte `offset`; returns how much was written (all of
     /// it, unless the file size limit cuts it short).
-    fn write_data(
+    pub(super) fn write_data(
         &mut self,
         ino: u32,
         inode: &mut Inode,
@@ -141,7 +142,7 @@ impl Tx<'_, '_> {
 
     /// Run `body` on a regular file's inode and write the inode back even
     /// if `body` fails part-way: its mapping may already have changed.
-    fn with_regular_file<R>(
+    pub(super) fn with_regular_file<R>(
         &mut self,
         ino: u32,
         body: impl FnOnce(&mut Self, &mut Inode) -> Result<R>,
@@ -378,10 +379,12 @@ impl Fs {
             if inode.is_dir() {
                 return Err(Error::IsDirectory);
             }
-            if offset >= inode.size || size == 0 {
+            // With data held by delayed allocation, the size it shows.
+            let file_size = self.core.delayed.size_of(ino).unwrap_or(inode.size);
+            if offset >= file_size || size == 0 {
                 return Ok((Vec::new(), inode));
             }
-            let end = inode.size.min(offset.saturating_add(size as u64));
+            let end = file_size.min(offset.saturating_add(size as u64));
             let data = self.read_range(ino, &inode, offset, end)?;
             Ok((data, inode))
         })();
@@ -416,6 +419,8 @@ impl Fs {
                 }
             }
         }
+        // Held blocks are holes in the mapping.
+        self.core.delayed.read_into(ino, first_block, &mut buffer);
         let start = (offset - first_block * block_size) as usize;
         buffer.drain(..start);
         buffer.truncate((end - offset) as usize);
@@ -485,6 +490,7 @@ impl Fs {
         }
         let block_size = self.core.geo.block_size as u64;
         let mut done = 0usize;
+        let mut drained = false;
         // Large writes are cut into chunks, one transaction each, so that a
         // transaction's size stays bounded.
         while done < data.len() {
@@ -502,18 +508,30 @@ impl Fs {
                         let setid = setid_bits_to_drop(inode, &caller, false);
                         written.privileges_killed = tx.kill_privileges(ino, inode, setid)?;
                     }
-                    let written = tx.write_data(ino, inode, position, chunk)?;
+                    let written = match tx.write_delayed(ino, inode, position, chunk)? {
+                        Placement::Held(bytes) => bytes,
+                        Placement::Direct => tx.write_data(ino, inode, position, chunk)?,
+                        Placement::WriteOutFirst => return Ok(None),
+                    };
                     let now = Timestamp::now();
                     inode.mtime = now;
                     inode.ctime = now;
                     if inode.has_flag(crate::format::inode::flags::SYNC) {
                         tx.handle.set_sync();
                     }
-                    Ok(written)
+                    Ok(Some(written))
                 })
             });
             match chunk_written {
-                Ok(bytes) => {
+                // The file holds delayed data this chunk cannot join.
+                Ok(None) => self.write_out(ino, WriteOut::Mapping)?,
+                // Held data's worst-case reservations may be what is
+                // missing: written out, they are exact.
+                Err(Error::NoSpace) if !drained && self.core.sbi.budget.reserved() > 0 => {
+                    drained = true;
+                    self.write_out_all(WriteOut::Space)?;
+                }
+                Ok(Some(bytes)) => {
                     done += bytes;
                     if bytes < chunk_len {
                         break;
@@ -525,11 +543,13 @@ impl Fs {
             }
         }
         written.bytes = done;
+        self.after_delayed_write()?;
         Ok(written)
     }
 
     /// Change the size of a regular file.
     pub fn truncate(&self, ino: u32, size: u64, caller: Caller) -> Result<()> {
+        self.write_out(ino, WriteOut::Mapping)?;
         let block_size = self.core.geo.block_size as u64;
         let keep_blocks = size.div_ceil(block_size);
         // A small cut happens in one transaction; a large one sets the size
@@ -603,6 +623,7 @@ impl Fs {
             return Err(Error::Invalid("zero-length fallocate".into()));
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
+        self.write_out(ino, WriteOut::Mapping)?;
         let body = |tx: &mut Tx<'_, '_>| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             tx.with_regular_file(ino, |tx, inode| {
@@ -683,6 +704,7 @@ impl Tx<'_, '_> {
 impl Fs {
     /// SEEK_DATA / SEEK_HOLE from `offset`.
     pub fn seek(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
+        self.write_out(ino, WriteOut::Mapping)?;
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
@@ -735,6 +757,7 @@ impl Fs {
     /// full commit allow it (`fast_commit::commit`).
     pub fn fsync(&self, ino: u32, datasync: bool) -> Result<()> {
         self.check_device_healthy()?;
+        self.write_out(ino, WriteOut::Fsync)?;
         if !self.core.journal.is_journaled() {
             return self.note_error(self.core.journal.sync());
         }

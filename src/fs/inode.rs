@@ -441,6 +441,10 @@ pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
         FileKind::CharDevice | FileKind::BlockDevice => inode.device_number(),
         _ => 0,
     };
+    // Data held by delayed allocation shows in the size and block count,
+    // as the kernel's i_size and reserved delalloc blocks do.
+    let (mut size, mut blocks) = (inode.size, inode.blocks);
+    core.delayed.overlay(ino, &mut size, &mut blocks);
     Ok(Attr {
         ino,
         kind,
@@ -448,8 +452,8 @@ pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
         nlink: inode.links_count as u32,
         uid: inode.uid,
         gid: inode.gid,
-        size: inode.size,
-        blocks: inode.blocks,
+        size,
+        blocks,
         atime: inode.atime,
         mtime: inode.mtime,
         ctime: inode.ctime,

@@ -25,6 +25,7 @@ mod acl;
 mod alloc;
 mod budget;
 mod caller;
+mod delalloc;
 mod dirops;
 mod fast_commit;
 mod file;
@@ -64,6 +65,7 @@ use crate::lock::Rank;
 pub use alloc::AllocStats;
 use budget::Budget;
 pub use budget::BudgetStats;
+pub use delalloc::DelallocStats;
 pub use fast_commit::{ConflictStats, FastCommitStats};
 use group::Groups;
 use inode_lock::{InodeGuard, InodeLocks};
@@ -117,6 +119,10 @@ pub struct MountOptions {
     /// environment): operations then find out they are out of space when
     /// an allocation fails, part-way.
     pub space_budget: bool,
+    /// Delayed allocation (`-o delalloc`, `delalloc.rs`): writes into
+    /// holes and past the end are held in memory and given blocks when
+    /// written out. Off by default; it needs the space budget.
+    pub delalloc: bool,
 }
 
 /// The longest commit interval: the kernel refuses `commit=` above
@@ -172,6 +178,7 @@ impl Default for MountOptions {
             fast_commit_global: false,
             bytelog: false,
             space_budget: true,
+            delalloc: false,
         }
     }
 }
@@ -229,6 +236,8 @@ pub(crate) struct Core {
     /// Files' preallocation windows (a leaf lock; their blocks are masked
     /// in their groups, under the group locks).
     pub windows: prealloc::Windows,
+    /// File data held by delayed allocation (a leaf lock).
+    pub delayed: delalloc::Delayed,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -289,6 +298,11 @@ impl Core {
             remembered: Mutex::new(HashMap::new()),
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
+            delayed: delalloc::Delayed::new(
+                options.delalloc && options.space_budget && !options.read_only,
+                geo.block_size,
+                delalloc_limit(&options),
+            ),
             orphans: Orphans::new(),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
@@ -308,6 +322,15 @@ impl Core {
     }
 }
 
+/// The bytes of file data delayed allocation may hold: a quarter of
+/// `cache_size`, which the metadata cache does without.
+fn delalloc_limit(options: &MountOptions) -> u64 {
+    match options.delalloc {
+        true => options.cache_size / 4,
+        false => 0,
+    }
+}
+
 /// The kernel's reserve for metadata that deletions need
 /// (ext4_calculate_resv_clusters, without bigalloc: one cluster is a block).
 fn emergency_reserve_blocks(blocks_count: u64) -> u64 {
@@ -324,6 +347,9 @@ pub struct Fs {
     /// Set after the device failed an I/O (the filesystem is read-only).
     device_failed: AtomicBool,
     unmounted: AtomicBool,
+    /// The delayed-allocation flusher thread, joined at unmount
+    /// (`delalloc.rs`; a leaf lock).
+    flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The claimed MMP block of a read-write mount with `mmp`, released
     /// (marked clean) last at unmount.
     mmp: Mutex<Option<mmp::Protection>>,
@@ -469,7 +495,7 @@ impl Fs {
         let cache = Arc::new(BufferCache::new(
             cache_device,
             geo.block_size as usize,
-            options.cache_size,
+            options.cache_size - delalloc_limit(&options),
         ));
         let groups = Groups::load(&geo, &cache)?;
         let config = JournalConfig {
@@ -508,6 +534,7 @@ impl Fs {
             errored: AtomicBool::new(false),
             device_failed: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
+            flusher: Mutex::new(None),
             mmp: Mutex::new(None),
         });
         if let Some(protection) = protection {
@@ -524,6 +551,9 @@ impl Fs {
         if !fs.core.options.read_only {
             fs.mark_mounted()?;
             fs.recover_orphans()?;
+        }
+        if fs.core.delayed.enabled() {
+            fs.start_flusher();
         }
         Ok(fs)
     }
@@ -745,6 +775,7 @@ impl Fs {
     /// Make everything durable (sync(2), syncfs(2)).
     pub fn sync(&self) -> Result<()> {
         self.check_device_healthy()?;
+        self.write_out_all(delalloc::WriteOut::Sync)?;
         self.note_error(self.core.journal.sync())
     }
 
@@ -780,6 +811,10 @@ impl Fs {
     fn write_out_for_unmount(&self) -> Result<()> {
         let writable = !self.is_read_only();
         if writable {
+            // Held data first: writing it out may need orphans' inodes
+            // (open files unlinked), which are released next.
+            self.stop_flusher();
+            self.write_out_all(delalloc::WriteOut::Sync)?;
             // Whatever is still open is closed by the unmount.
             self.open_files.lock().clear();
             let orphans: Vec<u32> = self.core.open_orphans.lock().iter().copied().collect();
@@ -835,6 +870,7 @@ impl Fs {
             format!("inodes_free {}", statfs.free_files),
         ];
         lines.extend(budget_lines(&self.budget_stats()));
+        lines.extend(delalloc::stats_lines(&self.delalloc_stats()));
         let alloc = self.alloc_stats();
         lines.extend([
             format!("alloc_calls {}", alloc.calls),
@@ -939,7 +975,12 @@ pub struct StatFs {
 impl Fs {
     pub fn statfs(&self) -> StatFs {
         let core = &self.core;
-        let free_blocks = core.sbi.free_blocks();
+        // Blocks held by delayed allocation count as used, as the kernel
+        // takes its dirty delalloc clusters off f_bfree.
+        let free_blocks = core
+            .sbi
+            .free_blocks()
+            .saturating_sub(core.delayed.held_blocks());
         StatFs {
             block_size: core.geo.block_size,
             blocks: core.geo.blocks_count.saturating_sub(core.overhead_blocks),
@@ -966,6 +1007,7 @@ fn budget_lines(stats: &BudgetStats) -> Vec<String> {
         format!("budget_balance {}", stats.balance),
         format!("budget_charged {}", stats.charged),
         format!("budget_freed_in_running {}", stats.freed_in_running),
+        format!("budget_reserved_delayed {}", stats.reserved_delayed),
         format!("budget_charges {}", stats.charges),
         format!("budget_charges_backed_out {}", stats.backed_out),
         format!("budget_commits_forced {}", stats.forced_commits),

@@ -7,7 +7,9 @@
 //! only when no name and no open file refer to it.
 
 use super::acl;
+use super::delalloc::WriteOut;
 use super::dirops::{DirReader, DirWriter};
+use super::inode::FileKind;
 use super::inode::{Attr, attr_of, check_live, read_inode};
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
@@ -927,6 +929,7 @@ impl Fs {
         if is_dot_or_dotdot(old_name) || is_dot_or_dotdot(new_name) {
             return Err(Error::Invalid("rename of \".\" or \"..\"".into()));
         }
+        self.write_out_renamed_over(old_parent, old_name, new_parent, new_name)?;
         let dirs = [old_parent, new_parent];
         let scope = Scope::Dirs(if old_parent == new_parent {
             &dirs[..1]
@@ -973,6 +976,31 @@ impl Fs {
             tx.dir_sync_wanted(&dirs.old_dir);
             result
         })
+    }
+}
+
+impl Fs {
+    /// A file renamed over another goes out first when it holds delayed
+    /// data (the kernel's `auto_da_alloc`): whoever replaces a file by
+    /// writing a new one and renaming it over the old expects, after a
+    /// crash, the old file or the new one — not an empty one.
+    fn write_out_renamed_over(
+        &self,
+        old_parent: u32,
+        old_name: &[u8],
+        new_parent: u32,
+        new_name: &[u8],
+    ) -> Result<()> {
+        if !self.core.delayed.holds_any() {
+            return Ok(());
+        }
+        let Ok(source) = self.lookup(old_parent, old_name) else {
+            return Ok(()); // the rename reports it
+        };
+        if source.kind == FileKind::Regular && self.lookup(new_parent, new_name).is_ok() {
+            self.write_out(source.ino, WriteOut::Rename)?;
+        }
+        Ok(())
     }
 }
 

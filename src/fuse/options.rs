@@ -222,6 +222,8 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
                 engine.fast_commit_global = true;
             }
             ("bytelog", None) => engine.bytelog = true,
+            ("delalloc", None) => engine.delalloc = true,
+            ("nodelalloc", None) => engine.delalloc = false,
             ("fast_commit", Some("off")) => engine.fast_commit = Some(false),
             ("fast_commit", Some(other)) => {
                 return Err(Error::Invalid(format!(

@@ -54,6 +54,10 @@
 //!   once the write holding it is durable; broken, the writer counts its
 //!   group durable when it takes it, and the waiters return before the
 //!   write's barrier.
+//! - [`Fault::DelallocFsyncSkipsWriteOut`]: fsync writes a file's data
+//!   held by delayed allocation out (allocated, written, mapped) before it
+//!   commits; broken, the held data stays in memory and the fsync commits
+//!   without it.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -75,10 +79,11 @@ pub enum Fault {
     DirCommitSkipsData = 1 << 10,
     DirCommitSplitsCoalesced = 1 << 11,
     FastCommitAckEarly = 1 << 12,
+    DelallocFsyncSkipsWriteOut = 1 << 13,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -92,6 +97,7 @@ impl Fault {
         Fault::DirCommitSkipsData,
         Fault::DirCommitSplitsCoalesced,
         Fault::FastCommitAckEarly,
+        Fault::DelallocFsyncSkipsWriteOut,
     ];
 }
 

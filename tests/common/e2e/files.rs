@@ -118,3 +118,41 @@ pub fn statvfs(path: &Path) -> (u64, u64, u64) {
         stat.f_bavail as u64,
     )
 }
+
+/// (extents, tree depth) of each file of `paths` in `image`, from one
+/// `debugfs -f` run of `ex` commands (rows "LEVEL/ DEPTH ...": the leaf
+/// rows, at level == depth, are the extents).
+pub fn file_extents(image: &Path, paths: &[String]) -> Vec<(usize, u32)> {
+    let commands: String = paths.iter().map(|path| format!("ex {path}\n")).collect();
+    let list = image.with_extension("ex");
+    std::fs::write(&list, commands).unwrap();
+    let output = super::run_ok(
+        "debugfs",
+        &["-f", super::path_str(&list), super::path_str(image)],
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut files: Vec<(usize, u32)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("debugfs:") {
+            files.push((0, 0));
+            continue;
+        }
+        let Some((level, rest)) = line.trim_start().split_once('/') else {
+            continue;
+        };
+        let (Ok(level), Some(Ok(depth))) = (
+            level.parse::<u32>(),
+            rest.split_whitespace().next().map(str::parse::<u32>),
+        ) else {
+            continue;
+        };
+        let file = files.last_mut().expect("a row before any command");
+        file.1 = file.1.max(depth);
+        if level == depth {
+            file.0 += 1;
+        }
+    }
+    assert_eq!(files.len(), paths.len(), "debugfs answered:\n{text}");
+    assert!(files.iter().all(|&(extents, _)| extents > 0), "{text}");
+    files
+}
