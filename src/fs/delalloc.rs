@@ -1,8 +1,9 @@
 //! Delayed allocation (`-o delalloc`): a write into a hole or past the end
 //! of a file is held in memory, charged to the space budget, and given
-//! blocks only when it is written out — at fsync, when the held data
-//! passes its memory bound, when it is older than the commit interval, at
-//! sync and unmount — so that many interleaved appenders each get one
+//! blocks only when it is written out — at fsync, when the file holds more
+//! than a stream's worth (`HELD_PER_FILE`) or all held data passes its
+//! memory bound, when it is older than the commit interval, at sync and
+//! unmount — so that many interleaved appenders each get one
 //! contiguous run, a partial block appended to again is not read back from
 //! the device, and data nobody synced is no other file's ordered data.
 //!
@@ -38,7 +39,7 @@
 //! allocation either), never under `-o sync` or for an inode with the
 //! SYNC flag. Memory: the held data is bounded by a quarter of
 //! `cache_size` (the metadata cache gets the rest); a writer that passes
-//! the bound writes the oldest files out until half of it is left.
+//! the bound writes the oldest files out until an eighth of it is free.
 //!
 //! Locks: a file's held blocks are read under its inode lock (shared) and
 //! changed under it (exclusive), in `Delayed::files`, a leaf lock.
@@ -64,6 +65,10 @@ const MAX_RUNS_PER_WRITE_OUT: usize = 8;
 /// Journal credits of one write-out: a write's per run.
 const CREDITS_WRITE_OUT: u32 = CREDITS_WRITE * MAX_RUNS_PER_WRITE_OUT as u32;
 
+/// Bytes one file holds at most: more is a stream, which gains nothing
+/// from waiting (its runs are long anyway) and would go out in one burst.
+const HELD_PER_FILE: u64 = 1 << 20;
+
 /// Blocks of balance under which writes stop being held, beyond what is
 /// reserved (the kernel's EXT4_FREECLUSTERS_WATERMARK serves alike).
 const LOW_SPACE_SLACK: u64 = 256;
@@ -77,6 +82,8 @@ pub(crate) enum WriteOut {
     Sync,
     /// The held data passed its memory bound.
     Memory,
+    /// The file held more than `HELD_PER_FILE`.
+    Stream,
     /// Held longer than the commit interval.
     Age,
     /// An operation on the file's mapping (truncate, fallocate, seek, a
@@ -88,10 +95,11 @@ pub(crate) enum WriteOut {
     Space,
 }
 
-const WRITE_OUT_REASONS: [(WriteOut, &str); 7] = [
+const WRITE_OUT_REASONS: [(WriteOut, &str); 8] = [
     (WriteOut::Fsync, "fsync"),
     (WriteOut::Sync, "sync"),
     (WriteOut::Memory, "memory"),
+    (WriteOut::Stream, "stream"),
     (WriteOut::Age, "age"),
     (WriteOut::Mapping, "mapping"),
     (WriteOut::Rename, "rename"),
@@ -180,6 +188,14 @@ impl Delayed {
     /// Whether `ino` holds data.
     pub fn holds(&self, ino: u32) -> bool {
         self.enabled && self.files.lock().contains_key(&ino)
+    }
+
+    /// Bytes `ino` holds.
+    fn held_by(&self, ino: u32) -> u64 {
+        let files = self.files.lock();
+        files
+            .get(&ino)
+            .map_or(0, |file| (file.blocks.len() * self.block_size) as u64)
     }
 
     /// Blocks of data held, which will need blocks when written out.
@@ -616,16 +632,23 @@ impl Fs {
         Ok(())
     }
 
-    /// After a write: past the memory bound, the oldest files go out until
-    /// half of it is left; low on space, every file goes out.
-    pub(crate) fn after_delayed_write(&self) -> Result<()> {
+    /// After a write to `ino`: a file holding more than `HELD_PER_FILE`
+    /// goes out (a stream); past the memory bound, the oldest files go out
+    /// until an eighth of it is free; low on space, every file goes out.
+    /// Write-outs stay small, so that a commit that must wait for their
+    /// data on the device — another directory's fsync meeting the host's
+    /// own ordering — never meets tens of megabytes at once.
+    pub(crate) fn after_delayed_write(&self, ino: u32) -> Result<()> {
         let delayed = &self.core.delayed;
         if !delayed.enabled {
             return Ok(());
         }
+        if delayed.held_by(ino) > HELD_PER_FILE {
+            self.write_out(ino, WriteOut::Stream)?;
+        }
         if delayed.over_limit() {
             for (_, ino) in delayed.oldest_first() {
-                if delayed.bytes.load(Ordering::Acquire) <= delayed.limit / 2 {
+                if delayed.bytes.load(Ordering::Acquire) <= delayed.limit - delayed.limit / 8 {
                     break;
                 }
                 self.write_out(ino, WriteOut::Memory)?;

@@ -543,7 +543,7 @@ impl Fs {
             }
         }
         written.bytes = done;
-        self.after_delayed_write()?;
+        self.after_delayed_write(ino)?;
         Ok(written)
     }
 
