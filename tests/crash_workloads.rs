@@ -87,6 +87,9 @@ macro_rules! workload_tests {
         mod delalloc_at_4k {
             $(#[test] fn $name() { super::check_with($workload, 4096, true, true) })*
         }
+        mod delalloc_plain_at_4k {
+            $(#[test] fn $name() { super::check_with($workload, 4096, false, true) })*
+        }
     };
 }
 

@@ -91,11 +91,14 @@ pub(crate) enum WriteOut {
     Mapping,
     /// Renamed over another file (`auto_da_alloc`).
     Rename,
+    /// Closed for the last time after a truncate to zero
+    /// (`auto_da_alloc`).
+    Close,
     /// The volume is nearly full.
     Space,
 }
 
-const WRITE_OUT_REASONS: [(WriteOut, &str); 8] = [
+const WRITE_OUT_REASONS: [(WriteOut, &str); 9] = [
     (WriteOut::Fsync, "fsync"),
     (WriteOut::Sync, "sync"),
     (WriteOut::Memory, "memory"),
@@ -103,6 +106,7 @@ const WRITE_OUT_REASONS: [(WriteOut, &str); 8] = [
     (WriteOut::Age, "age"),
     (WriteOut::Mapping, "mapping"),
     (WriteOut::Rename, "rename"),
+    (WriteOut::Close, "close"),
     (WriteOut::Space, "space"),
 ];
 
@@ -137,6 +141,9 @@ pub(crate) struct Delayed {
     /// Bytes held before writers write files out.
     limit: u64,
     files: Mutex<HashMap<u32, HeldFile>>,
+    /// Files truncated to zero since their last close (a leaf lock): the
+    /// last close writes them out.
+    emptied: Mutex<std::collections::HashSet<u32>>,
     bytes: AtomicU64,
     held_writes: AtomicU64,
     blocks_written_out: AtomicU64,
@@ -174,6 +181,7 @@ impl Delayed {
             block_size: block_size as usize,
             limit,
             files: Mutex::new(HashMap::new()),
+            emptied: Mutex::new(Default::default()),
             bytes: AtomicU64::new(0),
             held_writes: AtomicU64::new(0),
             blocks_written_out: AtomicU64::new(0),
@@ -190,6 +198,21 @@ impl Delayed {
         self.enabled && self.files.lock().contains_key(&ino)
     }
 
+    /// The last block `ino` holds.
+    fn last_held(&self, ino: u32) -> Option<u64> {
+        let files = self.files.lock();
+        let file = files.get(&ino)?;
+        file.blocks.last_key_value().map(|(lblk, _)| *lblk)
+    }
+
+    /// Whether `ino` holds a block up to `up_to`.
+    fn holds_up_to(&self, ino: u32, up_to: u64) -> bool {
+        let files = self.files.lock();
+        files
+            .get(&ino)
+            .is_some_and(|file| file.blocks.range(..=up_to).next().is_some())
+    }
+
     /// Bytes `ino` holds.
     fn held_by(&self, ino: u32) -> u64 {
         let files = self.files.lock();
@@ -201,6 +224,20 @@ impl Delayed {
     /// Blocks of data held, which will need blocks when written out.
     pub fn held_blocks(&self) -> u64 {
         self.bytes.load(Ordering::Acquire) / self.block_size as u64
+    }
+
+    /// `ino` was truncated to zero: whoever rewrites it and closes it
+    /// expects the new contents after a crash, not an empty file (the
+    /// kernel's EXT4_STATE_DA_ALLOC_CLOSE).
+    pub fn note_emptied(&self, ino: u32) {
+        if self.enabled {
+            self.emptied.lock().insert(ino);
+        }
+    }
+
+    /// Whether `ino` was truncated to zero since its last close.
+    pub fn take_emptied(&self, ino: u32) -> bool {
+        self.enabled && self.emptied.lock().remove(&ino)
     }
 
     /// Whether any file holds data.
@@ -259,12 +296,12 @@ impl Delayed {
     /// Take the next write-out of `ino`: its lowest held blocks, up to
     /// `WRITE_CHUNK_BLOCKS` in up to `MAX_RUNS_PER_WRITE_OUT` runs (copied:
     /// they stay held until `written`).
-    fn chunk(&self, ino: u32) -> Option<Chunk> {
+    fn chunk(&self, ino: u32, up_to: u64) -> Option<Chunk> {
         let files = self.files.lock();
         let file = files.get(&ino)?;
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut blocks = 0u64;
-        for (lblk, block) in &file.blocks {
+        for (lblk, block) in file.blocks.range(..=up_to) {
             if blocks == WRITE_CHUNK_BLOCKS {
                 break;
             }
@@ -279,6 +316,9 @@ impl Delayed {
                 runs.push((*lblk, block.to_vec()));
             }
             blocks += 1;
+        }
+        if blocks == 0 {
+            return None;
         }
         let last = blocks as usize == file.blocks.len();
         // All that is left when the file is done; else its data blocks
@@ -297,12 +337,11 @@ impl Delayed {
         })
     }
 
-    /// `chunk` is on the device and mapped: drop it. Returns whether the
-    /// file holds more.
-    fn written(&self, ino: u32, chunk: &Chunk) -> bool {
+    /// `chunk` is on the device and mapped: drop it.
+    fn written(&self, ino: u32, chunk: &Chunk) {
         let mut files = self.files.lock();
         let Some(file) = files.get_mut(&ino) else {
-            return false;
+            return;
         };
         for (start, bytes) in &chunk.runs {
             let count = (bytes.len() / self.block_size) as u64;
@@ -318,9 +357,7 @@ impl Delayed {
         if file.blocks.is_empty() {
             debug_assert_eq!(file.reserved, 0, "a written-out file kept a reservation");
             files.remove(&ino);
-            return false;
         }
-        true
     }
 
     /// `ino` is freed: drop its data. Returns the blocks it had reserved.
@@ -328,6 +365,7 @@ impl Delayed {
         if !self.enabled {
             return 0;
         }
+        self.emptied.lock().remove(&ino);
         match self.files.lock().remove(&ino) {
             Some(file) => {
                 let bytes = (file.blocks.len() * self.block_size) as u64;
@@ -506,15 +544,17 @@ impl Tx<'_, '_> {
     /// (and their writers write held files out).
     fn low_on_space(&self) -> bool {
         let budget = &self.core.sbi.budget;
-        let withheld = budget.withheld(self.may_use_reserved(), false);
+        // An ordinary user's balance, for root too: the writer then writes
+        // everything out at the same point (`after_delayed_write`).
+        let withheld = budget.withheld(false, false);
         low_balance(budget.balance(withheld), budget.reserved())
     }
 
-    /// Write the next chunk of `ino`'s held data; returns whether more is
-    /// held.
-    fn write_out_chunk(&mut self, ino: u32) -> Result<bool> {
+    /// Write the next chunk of `ino`'s held data up to block `up_to`;
+    /// returns whether more is held up to there.
+    fn write_out_chunk(&mut self, ino: u32, up_to: u64) -> Result<bool> {
         let delayed = &self.core.delayed;
-        let Some(chunk) = delayed.chunk(ino) else {
+        let Some(chunk) = delayed.chunk(ino, up_to) else {
             return Ok(false);
         };
         self.claim_reserved(chunk.claim);
@@ -535,10 +575,16 @@ impl Tx<'_, '_> {
             Ok(())
         });
         match result {
-            Ok(()) => Ok(delayed.written(ino, &chunk)),
+            Ok(()) => {
+                delayed.written(ino, &chunk);
+                Ok(delayed.holds_up_to(ino, up_to))
+            }
             Err(error) => {
+                // Out of space with nothing a commit would free: a
+                // reservation missed blocks (`transact` retries the other
+                // case after the commit).
                 debug_assert!(
-                    !matches!(error, Error::NoSpace),
+                    !matches!(error, Error::NoSpace) || self.space_wait.is_some(),
                     "write-out of inode {ino} out of space: a reservation missed blocks"
                 );
                 // Still held: it keeps its reservation.
@@ -592,20 +638,39 @@ impl Fs {
             return Ok(());
         }
         delayed.note_write_out(reason);
+        // What is held now, not what writers add meanwhile: the write-out
+        // ends (the kernel's TOWRITE tag).
+        let Some(up_to) = delayed.last_held(ino) else {
+            return Ok(());
+        };
         // Caller root, and space released: a write-out draws on both
         // reserves rather than fail (its reservation covers it; they are
-        // the margin for an estimate's miss).
+        // the margin for an estimate's miss). A file freed meanwhile holds
+        // nothing: its release discarded it under the inode lock.
         loop {
             let more =
                 self.transact_releasing(Scope::File(ino), CREDITS_WRITE_OUT, Caller::ROOT, |tx| {
                     let _inode = tx.lock_write(ino, Rank::Inode);
-                    if tx.read_live_inode(ino).is_err() {
-                        return Ok(false); // freed meanwhile: nothing held
-                    }
-                    tx.write_out_chunk(ino)
+                    tx.write_out_chunk(ino, up_to)
                 })?;
             if !more {
                 return Ok(());
+            }
+        }
+    }
+
+    /// Run `op` on `ino` with nothing of it held: written out first, and
+    /// again whenever a write held more before `op` took the inode's lock
+    /// (`op` checks `Delayed::holds` under it and returns None then).
+    pub(crate) fn with_nothing_held<R>(
+        &self,
+        ino: u32,
+        mut op: impl FnMut() -> Result<Option<R>>,
+    ) -> Result<R> {
+        loop {
+            self.write_out(ino, WriteOut::Mapping)?;
+            if let Some(value) = op()? {
+                return Ok(value);
             }
         }
     }
@@ -677,8 +742,21 @@ impl Fs {
                     if fs.unmounted.load(Ordering::Acquire) {
                         break;
                     }
-                    if let Err(error) = fs.write_out_expired() {
-                        tracing::warn!(%error, "delayed allocation: write-out by age failed");
+                    // A panic here must not leave the mount without its
+                    // write-outs unnoticed: the journal aborts, as for a
+                    // panic in a FUSE worker.
+                    let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        fs.write_out_expired()
+                    }));
+                    match pass {
+                        Ok(Ok(())) => {}
+                        Ok(Err(error)) => {
+                            tracing::warn!(%error, "delayed allocation: write-out by age failed")
+                        }
+                        Err(_) => {
+                            fs.abort("panic in the delayed-allocation flusher");
+                            break;
+                        }
                     }
                 }
             });

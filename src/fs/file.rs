@@ -10,7 +10,9 @@
 use super::delalloc::{Placement, WriteOut};
 use super::fast_commit::Outcome;
 use super::inode::PUNCH_CHUNK_BLOCKS;
-use super::inode::{Attr, attr_of, check_live, has_xattrs, read_inode, setid_bits_to_drop};
+use super::inode::{
+    Attr, attr_of, attr_unlocked, check_live, has_xattrs, read_inode, setid_bits_to_drop,
+};
 use super::{AtimePolicy, Caller, Fs, Scope, Tx};
 use crate::error::{Error, Result};
 use crate::format::inode::{Inode, Timestamp};
@@ -364,6 +366,9 @@ impl Fs {
             // Its blocks go back to every file's searches.
             self.core.groups.drop_window(window);
         }
+        if last && self.core.delayed.take_emptied(ino) {
+            self.write_out(ino, WriteOut::Close)?;
+        }
         if last && !self.is_read_only() {
             return self.note_error(self.evict_if_unlinked(ino));
         }
@@ -534,7 +539,13 @@ impl Fs {
                 Ok(Some(bytes)) => {
                     done += bytes;
                     if bytes < chunk_len {
-                        break;
+                        // Short at the wall: held data's reservations may
+                        // hide the rest, as for an ENOSPC above.
+                        if drained || self.core.sbi.budget.reserved() == 0 {
+                            break;
+                        }
+                        drained = true;
+                        self.write_out_all(WriteOut::Space)?;
                     }
                 }
                 // A short write is a success for what was written.
@@ -543,13 +554,17 @@ impl Fs {
             }
         }
         written.bytes = done;
-        self.after_delayed_write(ino)?;
+        // The bytes are taken: a write-out failing now (another file's,
+        // for memory or space) is this write's no more than the kernel's
+        // writeback is — the data stays held and its fsync reports it.
+        if let Err(error) = self.after_delayed_write(ino) {
+            tracing::warn!(%error, ino, "delayed allocation: write-out after a write failed");
+        }
         Ok(written)
     }
 
     /// Change the size of a regular file.
     pub fn truncate(&self, ino: u32, size: u64, caller: Caller) -> Result<()> {
-        self.write_out(ino, WriteOut::Mapping)?;
         let block_size = self.core.geo.block_size as u64;
         let keep_blocks = size.div_ceil(block_size);
         // A small cut happens in one transaction; a large one sets the size
@@ -557,14 +572,19 @@ impl Fs {
         // then takes it off (a crash midway: the next mount finishes it).
         // Growing a file allocates nothing; shrinking frees, and may need
         // the emergency reserve to split an extent on a full volume.
-        let chunked =
+        let mut emptied = false;
+        let chunked = self.with_nothing_held(ino, || {
             self.transact_releasing(Scope::File(ino), CREDITS_TRUNCATE, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 self.check_not_freed(ino, &tx.read_live_inode(ino)?)?;
+                if tx.core.delayed.holds(ino) {
+                    return Ok(None); // a write held more meanwhile
+                }
                 tx.with_regular_file(ino, |tx, inode| {
                     if inode.size == size {
-                        return Ok(false);
+                        return Ok(Some(false));
                     }
+                    emptied = size == 0;
                     let large =
                         size < inode.size && inode.blocks / (block_size / 512) > PUNCH_CHUNK_BLOCKS;
                     if large {
@@ -580,9 +600,14 @@ impl Fs {
                     let now = Timestamp::now();
                     inode.mtime = now;
                     inode.ctime = now;
-                    Ok(large)
+                    Ok(Some(large))
                 })
-            })?;
+            })
+        })?;
+        if emptied {
+            // Rewritten next, most likely: out at the last close.
+            self.core.delayed.note_emptied(ino);
+        }
         if chunked {
             self.punch_in_chunks(ino, keep_blocks)?;
             self.transact_releasing(Scope::File(ino), CREDITS_TRUNCATE, caller, |tx| {
@@ -623,19 +648,24 @@ impl Fs {
             return Err(Error::Invalid("zero-length fallocate".into()));
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
-        self.write_out(ino, WriteOut::Mapping)?;
         let body = |tx: &mut Tx<'_, '_>| {
             let _inode = tx.lock_write(ino, Rank::Inode);
+            if tx.core.delayed.holds(ino) {
+                return Ok(None); // a write held more meanwhile
+            }
             tx.with_regular_file(ino, |tx, inode| {
                 tx.fallocate_inode(ino, inode, offset, end, mode)
             })
+            .map(Some)
         };
-        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
-            // Punching frees, but splitting an extent may take a block.
-            self.transact_releasing(Scope::File(ino), 64, caller, body)
-        } else {
-            self.transact(Scope::File(ino), 64, caller, body)
-        }
+        self.with_nothing_held(ino, || {
+            if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+                // Punching frees, but splitting an extent may take a block.
+                self.transact_releasing(Scope::File(ino), 64, caller, body)
+            } else {
+                self.transact(Scope::File(ino), 64, caller, body)
+            }
+        })
     }
 }
 
@@ -704,8 +734,17 @@ impl Tx<'_, '_> {
 impl Fs {
     /// SEEK_DATA / SEEK_HOLE from `offset`.
     pub fn seek(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
-        self.write_out(ino, WriteOut::Mapping)?;
-        let _inode = self.core.inodes.read(ino, Rank::Inode);
+        self.with_nothing_held(ino, || {
+            let _inode = self.core.inodes.read(ino, Rank::Inode);
+            if self.core.delayed.holds(ino) {
+                return Ok(None); // a write held more meanwhile
+            }
+            self.seek_mapped(ino, offset, whence).map(Some)
+        })
+    }
+
+    /// `seek` of a file that holds no delayed data (its inode lock held).
+    fn seek_mapped(&self, ino: u32, offset: u64, whence: SeekWhence) -> Result<u64> {
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
             check_live(ino, &inode)?;
@@ -801,7 +840,7 @@ impl Fs {
 
     /// Attributes after a change made through a file handle.
     pub fn attr_after_write(&self, ino: u32) -> Result<Attr> {
-        let result = read_inode(&self.core, ino).and_then(|inode| attr_of(&self.core, ino, &inode));
+        let result = attr_unlocked(&self.core, ino, |_| Ok(()));
         self.note_error(result)
     }
 }

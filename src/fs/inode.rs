@@ -430,6 +430,26 @@ pub(crate) fn check_live(ino: u32, inode: &Inode) -> Result<()> {
     Ok(())
 }
 
+/// The attributes of `ino` for a caller that holds none of its locks,
+/// once `check` accepts its inode. A file whose data delayed allocation
+/// holds is read under its inode lock (shared): unlocked, the inode could
+/// be read before a write-out stores its new size and the held data looked
+/// up after the write-out dropped it — an old, shorter size, which a FUSE
+/// kernel would cache.
+pub(crate) fn attr_unlocked(
+    core: &Core,
+    ino: u32,
+    check: impl FnOnce(&Inode) -> Result<()>,
+) -> Result<Attr> {
+    let _inode = core
+        .delayed
+        .holds(ino)
+        .then(|| core.inodes.read(ino, Rank::Inode));
+    let inode = read_inode(core, ino)?;
+    check(&inode)?;
+    attr_of(core, ino, &inode)
+}
+
 pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
     let kind = FileKind::from_mode(inode.mode).ok_or_else(|| {
         Error::corrupt(
@@ -469,11 +489,9 @@ impl Fs {
     /// Attributes of inode `ino` (getattr).
     /// Takes no lock: the inode is decoded from one consistent copy.
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
-        let result = read_inode(&self.core, ino).and_then(|inode| {
-            if inode.mode == 0 {
-                return Err(Error::Stale);
-            }
-            attr_of(&self.core, ino, &inode)
+        let result = attr_unlocked(&self.core, ino, |inode| match inode.mode {
+            0 => Err(Error::Stale),
+            _ => Ok(()),
         });
         self.note_error(result)
     }
@@ -486,10 +504,7 @@ impl Fs {
         if !self.core.geo.is_valid_ino(ino) || ino < self.core.geo.first_ino && ino != ROOT_INO {
             return Err(Error::Stale);
         }
-        let result = read_inode(&self.core, ino).and_then(|inode| {
-            self.check_not_freed(ino, &inode)?;
-            attr_of(&self.core, ino, &inode)
-        });
+        let result = attr_unlocked(&self.core, ino, |inode| self.check_not_freed(ino, inode));
         self.note_error(result)
     }
 

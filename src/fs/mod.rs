@@ -282,6 +282,9 @@ impl Core {
         );
         if !options.space_budget {
             budget = budget.disabled();
+            if options.delalloc {
+                tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
+            }
         }
         let core = Core {
             overhead_blocks: overhead_blocks(&geo, &sb),
@@ -809,11 +812,11 @@ impl Fs {
 
     /// The work of `unmount`: release orphans, mark clean, stop the journal.
     fn write_out_for_unmount(&self) -> Result<()> {
+        self.stop_flusher();
         let writable = !self.is_read_only();
         if writable {
             // Held data first: writing it out may need orphans' inodes
             // (open files unlinked), which are released next.
-            self.stop_flusher();
             self.write_out_all(delalloc::WriteOut::Sync)?;
             // Whatever is still open is closed by the unmount.
             self.open_files.lock().clear();

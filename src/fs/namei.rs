@@ -10,7 +10,7 @@ use super::acl;
 use super::delalloc::WriteOut;
 use super::dirops::{DirReader, DirWriter};
 use super::inode::FileKind;
-use super::inode::{Attr, attr_of, check_live, read_inode};
+use super::inode::{Attr, attr_of, attr_unlocked, check_live, read_inode};
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
 use crate::format::dir::{self, EntryLocation};
@@ -385,29 +385,30 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Error::NameTooLong);
         }
-        // The directory's entries hold still under its lock shared; the
-        // inode found is read without its lock (getattr's consistency),
-        // so ".." takes no lock against the tree's order.
-        let dir = self.core.inodes.read(parent, Rank::Directory);
-        let result = (|| {
-            let dir_inode = read_inode(&self.core, parent)?;
-            check_live(parent, &dir_inode)?;
-            if !dir_inode.is_dir() {
-                return Err(Error::NotDirectory);
-            }
-            let entry = dir::lookup(&mut DirReader::new(&self.core, parent, &dir_inode), name)?
-                .ok_or(Error::NotFound)?;
-            let inode = read_inode(&self.core, entry.ino)?;
-            check_live(entry.ino, &inode)?;
-            attr_of(&self.core, entry.ino, &inode)
-        })();
-        drop(dir);
+        let result = self.find(parent, name);
         if let (Ok(attr), Some(tracker)) = (&result, &self.core.fast_commit) {
             // Where a descriptor of it will commit (the first directory it
             // is seen in).
             tracker.learn_home(attr.ino, parent);
         }
         self.note_error(result)
+    }
+
+    /// The attributes of `name` in `parent` (`lookup` without telling the
+    /// fast-commit tracker).
+    fn find(&self, parent: u32, name: &[u8]) -> Result<Attr> {
+        // The directory's entries hold still under its lock shared; the
+        // inode found is read without its lock (getattr's consistency),
+        // so ".." takes no lock against the tree's order.
+        let _dir = self.core.inodes.read(parent, Rank::Directory);
+        let dir_inode = read_inode(&self.core, parent)?;
+        check_live(parent, &dir_inode)?;
+        if !dir_inode.is_dir() {
+            return Err(Error::NotDirectory);
+        }
+        let entry = dir::lookup(&mut DirReader::new(&self.core, parent, &dir_inode), name)?
+            .ok_or(Error::NotFound)?;
+        attr_unlocked(&self.core, entry.ino, |inode| check_live(entry.ino, inode))
     }
 
     /// Create a regular file.
@@ -994,10 +995,10 @@ impl Fs {
         if !self.core.delayed.holds_any() {
             return Ok(());
         }
-        let Ok(source) = self.lookup(old_parent, old_name) else {
+        let Ok(source) = self.find(old_parent, old_name) else {
             return Ok(()); // the rename reports it
         };
-        if source.kind == FileKind::Regular && self.lookup(new_parent, new_name).is_ok() {
+        if source.kind == FileKind::Regular && self.find(new_parent, new_name).is_ok() {
             self.write_out(source.ino, WriteOut::Rename)?;
         }
         Ok(())
