@@ -46,11 +46,11 @@ use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::GOOD_OLD_INODE_SIZE;
 use crate::fs::inode::{inode_location, read_inode};
 use crate::fs::{Core, Fs};
+use crate::hash::NumberSet;
 use crate::journal::change::Ineligible;
 use crate::journal::faults::{self, Fault};
 use crate::journal::{FastCommitBegin, FastCommitOutcome, FastCommitTicket};
 use crate::lock::Rank;
-use std::collections::HashSet;
 
 /// ext4's logical block numbers are 32 bits: `EXT_MAX_BLOCKS`.
 const MAX_LOGICAL_BLOCKS: u64 = u32::MAX as u64;
@@ -316,7 +316,7 @@ fn build(core: &Core, snapshot: &Entries) -> Result<Built> {
         core,
         records: Vec::new(),
         data_first: false,
-        ranges_written: HashSet::new(),
+        ranges_written: NumberSet::default(),
         ineligible: None,
     };
     for dentry in &snapshot.dentries {
@@ -346,7 +346,7 @@ struct RecordWriter<'a> {
     records: Vec<Record>,
     data_first: bool,
     /// Inodes whose ranges went out with their CREAT.
-    ranges_written: HashSet<u32>,
+    ranges_written: NumberSet<u32>,
     ineligible: Option<Ineligible>,
 }
 

@@ -17,8 +17,8 @@
 //!
 //! Lock: the tracker's `data` mutex, a leaf.
 
+use crate::hash::NumberMap;
 use crate::journal::format::tid_gt;
-use std::collections::HashMap;
 
 /// Separate ranges one inode remembers (a random writer's).
 const MAX_RANGES_PER_INODE: usize = 256;
@@ -37,7 +37,7 @@ struct InodeData {
 
 #[derive(Debug, Default)]
 pub(super) struct UnflushedData {
-    inodes: HashMap<u32, InodeData>,
+    inodes: NumberMap<u32, InodeData>,
     /// The map overflowed with writes of transactions up to this one.
     overflow_until: Option<u32>,
 }
