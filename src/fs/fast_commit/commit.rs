@@ -37,6 +37,7 @@
 //! transaction ineligible and the fsync commits it in full: the changes
 //! taken are in that transaction, so the full commit covers them.
 
+use super::data::DataMark;
 use super::scope::TxnId;
 use super::track::{DentryOp, Entries, Freeze, LockDown, PendingInode, Tracker};
 use crate::error::Result;
@@ -198,10 +199,10 @@ impl Fs {
             Freeze::Ineligible => return Ok(Committed::FullCommit),
         }
         let queued = self.write_back_and_queue(tracker, ticket, txn, built, &inodes);
-        let seq = match queued {
-            Ok(Some(seq)) => {
+        let (seq, data_mark) = match queued {
+            Ok(Some(queued)) => {
                 unwind.queued.set(true);
-                seq
+                queued
             }
             Ok(None) => {
                 tracker.retire(txn, None);
@@ -215,6 +216,9 @@ impl Fs {
         };
         match ticket.wait(seq) {
             Ok(FastCommitOutcome::Durable) => {
+                if let Some(mark) = &data_mark {
+                    tracker.forget_durable_data(mark);
+                }
                 tracker.retire(txn, Some(seq));
                 tracker.count_commit();
                 Ok(Committed::Durable { data: true })
@@ -237,8 +241,9 @@ impl Fs {
     /// Write back the data of `inodes` (this directory's: the slow part
     /// when it streamed, paid before the queue), wait for the turn of the
     /// frozen `txn` in its set, and queue its records. Returns the queue
-    /// number, or `None` when an earlier commit of the set failed and went
-    /// back unwritten: then only a full commit may carry `txn`.
+    /// number and the mark of the data writes its barrier covers, or
+    /// `None` when an earlier commit of the set failed and went back
+    /// unwritten: then only a full commit may carry `txn`.
     fn write_back_and_queue(
         &self,
         tracker: &Tracker,
@@ -246,12 +251,14 @@ impl Fs {
         txn: TxnId,
         built: Built,
         inodes: &[u32],
-    ) -> Result<Option<u64>> {
-        let ranges = match tracker.data_ranges(inodes.iter().copied()) {
+    ) -> Result<Option<(u64, Option<DataMark>)>> {
+        let mut data_mark = None;
+        let ranges = match tracker.data_ranges_marked(inodes) {
             // Broken on purpose: the data is neither written back nor in
             // the barrier.
             Some(_) if faults::active(Fault::DirCommitSkipsData) => Vec::new(),
-            Some(ranges) => {
+            Some((ranges, mark)) => {
+                data_mark = Some(mark);
                 // A stream's data is written back here, before the queue,
                 // so that the group it joins does not wait for it; a few
                 // blocks go with the group's barrier, which writes every
@@ -278,7 +285,7 @@ impl Fs {
         }
         let seq = ticket.enqueue(built.records, built.data_first, ranges);
         tracker.queued(txn, seq);
-        Ok(Some(seq))
+        Ok(Some((seq, data_mark)))
     }
 }
 

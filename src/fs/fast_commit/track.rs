@@ -37,7 +37,7 @@
 //! `enter` (holding only a journal handle), `lock_down`, `drain` and
 //! `wait_turn` (holding nothing) sleep on `wake`.
 
-use super::data::{UnflushedData, add_range};
+use super::data::{DataMark, UnflushedData, add_range};
 use super::scope::{ConflictStats, Key, Scopes, TxnId};
 use crate::format::fast_commit::RECORD_HEADER_SIZE;
 use crate::format::superblock::Geometry;
@@ -508,6 +508,22 @@ impl Tracker {
             self.data_overflows.fetch_add(1, Ordering::Relaxed);
         }
         ranges
+    }
+
+    /// `data_ranges` of `inodes` with the mark of the writes they hold
+    /// (`forget_durable_data`).
+    pub fn data_ranges_marked(&self, inodes: &[u32]) -> Option<(Vec<(u64, u64)>, DataMark)> {
+        let marked = self.data.lock().ranges_marked(inodes);
+        if marked.is_none() {
+            self.data_overflows.fetch_add(1, Ordering::Relaxed);
+        }
+        marked
+    }
+
+    /// A barrier over the ranges read with `mark` is durable: the inodes
+    /// that wrote nothing since have no data left to make durable.
+    pub fn forget_durable_data(&self, mark: &DataMark) {
+        self.data.lock().forget_durable(mark);
     }
 
     // -----------------------------------------------------------------
