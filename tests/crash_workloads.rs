@@ -19,7 +19,14 @@ const STATES: usize = 200;
 const FAST_COMMIT_STATES: usize = 60;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
-const PER_DIRECTORY: &[&str] = &["spool8", "compaction", "varmail8", "acedirs", "openunlink"];
+const PER_DIRECTORY: &[&str] = &[
+    "spool8",
+    "compaction",
+    "varmail8",
+    "acedirs",
+    "openunlink",
+    "dirsync",
+];
 
 fn check(workload: &str, block_size: u32, fast_commit: bool) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
@@ -92,4 +99,5 @@ workload_tests! {
     varmail8: "varmail8",
     acedirs: "acedirs",
     openunlink: "openunlink",
+    dirsync: "dirsync",
 }

@@ -54,6 +54,10 @@
 //!   once the write holding it is durable; broken, the writer counts its
 //!   group durable when it takes it, and the waiters return before the
 //!   write's barrier.
+//! - [`Fault::DirSyncDropsDentry`]: a directory fsync's fast commit records
+//!   every name created, linked or removed in its transaction; broken, it
+//!   leaves the last one out, so a name the fsync acknowledged is missing
+//!   (or an unlinked one back) after replay.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -75,10 +79,11 @@ pub enum Fault {
     DirCommitSkipsData = 1 << 10,
     DirCommitSplitsCoalesced = 1 << 11,
     FastCommitAckEarly = 1 << 12,
+    DirSyncDropsDentry = 1 << 13,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -92,6 +97,7 @@ impl Fault {
         Fault::DirCommitSkipsData,
         Fault::DirCommitSplitsCoalesced,
         Fault::FastCommitAckEarly,
+        Fault::DirSyncDropsDentry,
     ];
 }
 
