@@ -8,11 +8,13 @@
 //! splitmix64's finaliser, so keys alike in their low bits (block numbers
 //! a power of two apart) still spread over the table's buckets.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A `HashMap` keyed by a block or inode number.
 pub type NumberMap<K, V> = HashMap<K, V, BuildHasherDefault<NumberHasher>>;
+/// A `HashSet` of block or inode numbers.
+pub type NumberSet<K> = HashSet<K, BuildHasherDefault<NumberHasher>>;
 
 /// Hashes one integer key (`write_u32` / `write_u64`); other writes fold
 /// their bytes in, so any key type stays correct, only slower.

@@ -182,6 +182,19 @@ fn an_fsync_acknowledged_before_its_fast_commit_is_durable_is_caught() {
     );
 }
 
+/// FSYNCDIR: a directory fsync's fast commit that leaves out one of its
+/// name changes loses a name the fsync acknowledged (or brings back one
+/// it removed).
+#[test]
+fn a_directory_fsync_that_leaves_out_a_name_is_caught() {
+    assert_caught_on(
+        Fault::DirSyncDropsDentry,
+        &["dirsync", "acedirs"],
+        300,
+        Mode::FastCommits,
+    );
+}
+
 /// ByteLog: records whose cache lines are not written back and fenced
 /// before the ANCHOR that names them may be lost after the fsync returned
 /// (the crash states keep any subset of unfenced lines).

@@ -20,7 +20,14 @@ const STATES: usize = 200;
 const FAST_COMMIT_STATES: usize = 60;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
-const PER_DIRECTORY: &[&str] = &["spool8", "compaction", "varmail8", "acedirs", "openunlink"];
+const PER_DIRECTORY: &[&str] = &[
+    "spool8",
+    "compaction",
+    "varmail8",
+    "acedirs",
+    "openunlink",
+    "dirsync",
+];
 
 fn check(workload: &str, block_size: u32, fast_commit: bool) {
     check_with(workload, block_size, fast_commit, false);
@@ -108,4 +115,5 @@ workload_tests! {
     varmail8: "varmail8",
     acedirs: "acedirs",
     openunlink: "openunlink",
+    dirsync: "dirsync",
 }

@@ -93,6 +93,75 @@ fn workload(image: &Image, model: &mut Model) {
     model.files.insert("d/keep".into(), Some(b"kEEP!".to_vec()));
 }
 
+/// fsync of a directory (FSYNCDIR) on a fast_commit image is a fast commit
+/// of the directory's transaction, never a full commit: the names created,
+/// renamed, linked and removed in it and the files it names, written but
+/// never fsynced themselves, are in the kernel's replay; jext4's replay
+/// agrees.
+#[test]
+fn fsync_of_a_directory_is_a_fast_commit_the_kernel_replays() {
+    if !common::require_tool("mke2fs") || !kernel_available() {
+        return;
+    }
+    let _kernel = kernel_lock();
+    for block_size in ["1024", "4096"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = common::mkfs(
+            dir.path(),
+            &format!("dirsync{block_size}"),
+            32,
+            &["-t", "ext4", "-b", block_size, "-O", "fast_commit"],
+        );
+        let image = Image::open_with(&path, options()).unwrap();
+        image.create_dir("/d", 0o755).unwrap();
+        image.create_dir("/e", 0o755).unwrap();
+        image.write_file("/d/old", b"old\n").unwrap();
+        image.write_file("/d/moved", b"moved\n").unwrap();
+        image.sync().unwrap();
+        let before = image.fs().fast_commit_stats().expect("fast commits on");
+        let mut model = Model {
+            files: BTreeMap::from([("d".to_string(), None), ("e".to_string(), None)]),
+        };
+        for (name, seed) in [("a", 1), ("b", 2)] {
+            let content = pattern(seed, 3000 * seed);
+            image.write_file(&format!("/d/{name}"), &content).unwrap();
+            model.files.insert(format!("d/{name}"), Some(content));
+        }
+        image.rename("/d/moved", "/d/renamed").unwrap();
+        model
+            .files
+            .insert("d/renamed".into(), Some(b"moved\n".to_vec()));
+        image.hard_link("/d/a", "/d/a2").unwrap();
+        model.files.insert("d/a2".into(), Some(pattern(1, 3000)));
+        image.remove_file("/d/old").unwrap();
+        // Another directory's change: not the fsync's to make durable.
+        image.write_file("/e/elsewhere", b"not synced\n").unwrap();
+        image.sync_dir("/d").unwrap();
+        assert!(matches!(
+            image.sync_dir("/d/a"),
+            Err(jext4::Error::NotDirectory)
+        ));
+        let crash = copy_image(&path, "crash");
+        let stats = image.fs().fast_commit_stats().unwrap();
+        // A crash: the mount is abandoned, never unmounted.
+        std::mem::forget(image);
+        assert_eq!(
+            stats.commits,
+            before.commits + 1,
+            "{block_size}: one fast commit"
+        );
+        assert_eq!(
+            stats.fallbacks, before.fallbacks,
+            "{block_size}: a full commit"
+        );
+        let names = mounted_tree(&copy_image(&crash, "names"), "rw").unwrap();
+        for gone in ["d/old", "d/moved"] {
+            assert!(!names.contains_key(gone), "{block_size}: {gone} came back");
+        }
+        replays_agree(&crash, &model.durable(), block_size);
+    }
+}
+
 #[test]
 fn fsync_writes_fast_commits_that_the_kernel_replays() {
     if !common::require_tool("mke2fs") || !kernel_available() {

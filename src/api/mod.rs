@@ -289,6 +289,18 @@ impl Image {
         self.fs.sync()
     }
 
+    /// fsync(2) of the directory at `path`: the names created, renamed,
+    /// linked and removed in it, and the files it names that changed, are
+    /// durable on return (`Fs::fsync_dir`; on images without fast commits
+    /// everything is, as `sync`).
+    pub fn sync_dir(&self, path: &str) -> Result<()> {
+        let ino = self.resolve(path, true)?;
+        if self.fs.getattr(ino)?.kind != FileKind::Directory {
+            return Err(Error::NotDirectory);
+        }
+        self.fs.fsync_dir(ino)
+    }
+
     /// Write everything, mark the filesystem clean and release the image.
     pub fn close(self) -> Result<()> {
         self.fs.unmount()

@@ -486,13 +486,13 @@ impl Lane {
             &[],
             |lane| {
                 let ino = lane.ino(rel)?;
-                let is_dir = lane.fs.getattr(ino)?.kind == FileKind::Directory;
+                // FUSE sends a directory's fsync as FSYNCDIR.
+                if lane.fs.getattr(ino)?.kind == FileKind::Directory {
+                    lane.fs.fsync_dir(ino)?;
+                    return Ok(Some(Persist::FsyncDir(ino)));
+                }
                 lane.fs.fsync(ino, false)?;
-                Ok(Some(if is_dir {
-                    Persist::FsyncDir(ino)
-                } else {
-                    Persist::Fsync(ino)
-                }))
+                Ok(Some(Persist::Fsync(ino)))
             },
         )
     }

@@ -136,6 +136,13 @@ pub const WORKLOADS: &[Workload] = &[
         states_per_scenario: 0,
     },
     Workload {
+        name: "dirsync",
+        about: "4 threads, own directory each: files created and written, renamed (over others too), linked and unlinked, a subdirectory filled; made durable only by fsync of the directories",
+        tear: true,
+        scenarios: dirsync,
+        states_per_scenario: 0,
+    },
+    Workload {
         name: "acedirs",
         about: "sequences of up to 3 operations across directories (renames and links between A and B), each made durable by fsync of the file or of either directory",
         tear: false,
@@ -812,6 +819,50 @@ const ACE_DIR_OPS: &[&str] = &[
 
 /// How each operation is made durable: its file, or either directory.
 const ACE_DIR_PERSIST: &[&str] = &["fsync target", "fsync A", "fsync B", "fdatasync target"];
+
+/// Name changes made durable by directory fsyncs alone (FSYNCDIR: a fast
+/// commit of the directory's transaction where eligible): each lane
+/// creates and writes files, renames one (now and then over another),
+/// links and unlinks, fills a subdirectory, and fsyncs the subdirectory
+/// and its own directory — never a file.
+fn dirsync(seed: u64, _budget: usize) -> Vec<Scenario> {
+    lane_per_directory("dirsync", "d", 4, seed, |_| {}, dirsync_thread)
+}
+
+fn dirsync_thread(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, &format!("dirsync {}", lane.id));
+    let mut files: Vec<String> = Vec::new();
+    for round in 0..6 {
+        for file in 0..2 {
+            let name = format!("f{round}{file}");
+            let _ = lane.create(&name);
+            let _ = lane.append(&name, rng.range(500, 9_000) as usize);
+            files.push(name);
+        }
+        let from = files.remove(rng.below(files.len() as u64) as usize);
+        let to = if files.len() > 1 && rng.below(3) == 0 {
+            files.remove(rng.below(files.len() as u64) as usize)
+        } else {
+            format!("r{round}")
+        };
+        let _ = lane.rename(&from, &to);
+        files.push(to);
+        if round % 2 == 1 {
+            let linked = rng.pick(&files).clone();
+            let _ = lane.link(&linked, &format!("l{round}"));
+            let victim = files.remove(rng.below(files.len() as u64) as usize);
+            let _ = lane.unlink(&victim);
+        }
+        if round % 3 == 2 {
+            let sub = format!("s{round}");
+            let _ = lane.mkdir(&sub);
+            let _ = lane.create(&format!("{sub}/inner"));
+            let _ = lane.append(&format!("{sub}/inner"), rng.range(100, 3_000) as usize);
+            let _ = lane.fsync(&sub);
+        }
+        let _ = lane.fsync("");
+    }
+}
 
 fn acedirs(seed: u64, budget: usize) -> Vec<Scenario> {
     let steps = ACE_DIR_OPS.len() * ACE_DIR_PERSIST.len();

@@ -19,16 +19,16 @@
 //! I/O.
 
 use super::BlockDevice;
+use crate::hash::NumberMap;
 use crate::journal::faults::{self, Fault};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 struct GuardState {
     /// Block → the newest transaction that registered it and is not durable.
-    pinned: HashMap<u64, u32>,
+    pinned: NumberMap<u64, u32>,
     /// Writes held back, by block: (pinning transaction, byte offset, data).
     lifeboat: Vec<(u32, u64, Vec<u8>)>,
     /// File data held back until the next commit is durable: only under
@@ -56,7 +56,7 @@ impl GuardedDevice {
             inner,
             block_size: block_size as u64,
             state: Mutex::new(GuardState {
-                pinned: HashMap::new(),
+                pinned: NumberMap::default(),
                 lifeboat: Vec::new(),
                 deferred: Vec::new(),
             }),

@@ -428,9 +428,14 @@ impl Tx<'_, '_> {
             (None, None) => None,
             (Some(mut mask), windows) => {
                 debug_assert_eq!(mask.len(), bytes.len());
-                let windows = windows.unwrap_or(&[]);
-                for (i, byte) in mask.iter_mut().enumerate() {
-                    *byte |= bytes[i] | windows.get(i).copied().unwrap_or(0);
+                // Zipped slices, no index: the compiler vectorises these
+                // (the indexed loop was ~15 % of a metafsync server's
+                // instructions, one pass per allocation).
+                for (byte, &bit) in mask.iter_mut().zip(bytes.iter()) {
+                    *byte |= bit;
+                }
+                for (byte, &window) in mask.iter_mut().zip(windows.unwrap_or(&[])) {
+                    *byte |= window;
                 }
                 Some(mask)
             }

@@ -9,9 +9,9 @@ use crate::error::{Error, Location, Result};
 use crate::format::inode::{self as fmt, Inode, Timestamp};
 use crate::format::superblock::{Geometry, ROOT_INO};
 use crate::format::{mapping, xattr};
+use crate::hash::NumberMap;
 use crate::journal::change::{Change, Ineligible};
 use crate::lock::Rank;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 /// Logical blocks freed per transaction when a large file is truncated or
@@ -67,14 +67,14 @@ const MAX_TRACKED_INODES: usize = 1 << 16;
 /// scan of every entry at every change.
 #[derive(Debug)]
 pub(crate) struct InodeTidMap {
-    tids: HashMap<u32, InodeTids>,
+    tids: NumberMap<u32, InodeTids>,
     prune_at: usize,
 }
 
 impl Default for InodeTidMap {
     fn default() -> Self {
         InodeTidMap {
-            tids: HashMap::new(),
+            tids: NumberMap::default(),
             prune_at: MAX_TRACKED_INODES,
         }
     }

@@ -59,6 +59,7 @@ use crate::dev::Claim;
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
 use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superblock};
+use crate::hash::{NumberMap, NumberSet};
 use crate::journal::change::Ineligible;
 use crate::journal::{CommitHook, Handle, Jbd2Options, Journal, JournalConfig};
 use crate::lock::Rank;
@@ -72,7 +73,6 @@ use inode_lock::{InodeGuard, InodeLocks};
 use orphan::Orphans;
 use parking_lot::Mutex;
 use sb_info::SbInfo;
-use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -217,7 +217,7 @@ pub(crate) struct Core {
     /// recorded as orphans on disk, freed at their last release. An inode
     /// with no links that is not here is gone, whatever a stale handle
     /// says (a leaf lock).
-    pub open_orphans: Mutex<HashSet<u32>>,
+    pub open_orphans: Mutex<NumberSet<u32>>,
     /// The inodes on the on-disk orphan records [Orphan].
     pub orphans: Orphans,
     /// One lock per inode in use [Directory, Inode].
@@ -230,7 +230,7 @@ pub(crate) struct Core {
     /// Inode numbers a front end still names (the FUSE kernel's lookup
     /// counts): the allocator does not hand them out again while named,
     /// or a stale name would reach a new, unrelated file (a leaf lock).
-    pub remembered: Mutex<HashMap<u32, u64>>,
+    pub remembered: Mutex<NumberMap<u32, u64>>,
     /// What block allocation did (`jext4 stats`).
     pub alloc_counters: alloc::AllocCounters,
     /// Files' preallocation windows (a leaf lock; their blocks are masked
@@ -297,8 +297,8 @@ impl Core {
             next_topdir_group: AtomicU32::new(generation_seed % geo.group_count.max(1)),
             next_generation: AtomicU32::new(generation_seed),
             inode_tids: Mutex::new(inode::InodeTidMap::default()),
-            open_orphans: Mutex::new(HashSet::new()),
-            remembered: Mutex::new(HashMap::new()),
+            open_orphans: Mutex::new(NumberSet::default()),
+            remembered: Mutex::new(NumberMap::default()),
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
             delayed: delalloc::Delayed::new(
@@ -344,7 +344,7 @@ fn emergency_reserve_blocks(blocks_count: u64) -> u64 {
 pub struct Fs {
     pub(crate) core: Core,
     /// Open counts per inode, so that an unlinked file stays until released.
-    pub(crate) open_files: Mutex<HashMap<u32, u32>>,
+    pub(crate) open_files: Mutex<NumberMap<u32, u32>>,
     /// Set after a corruption was found at run time (errors=remount-ro).
     errored: AtomicBool,
     /// Set after the device failed an I/O (the filesystem is read-only).
@@ -533,7 +533,7 @@ impl Fs {
         let core = Core::assemble(sb, groups, cache, journal, options)?;
         let fs = Arc::new(Fs {
             core,
-            open_files: Mutex::new(HashMap::new()),
+            open_files: Mutex::new(NumberMap::default()),
             errored: AtomicBool::new(false),
             device_failed: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),

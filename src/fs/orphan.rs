@@ -23,9 +23,10 @@ use crate::format::inode::Inode;
 use crate::format::mapping::{self, Lookup};
 use crate::format::orphan as fmt;
 use crate::format::superblock::ro_compat;
+use crate::hash::{NumberMap, NumberSet};
 use crate::journal::change::{Change, Ineligible};
 use crate::lock::{Mutex, MutexGuard, Rank};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The inodes on the orphan records, as this mount knows them.
@@ -34,23 +35,23 @@ pub(crate) struct Orphans {
     /// recording and unrecording are idempotent when operations on one
     /// inode overlap; held while the records change. With each, the
     /// transaction that recorded it (0: found at mount).
-    records: Mutex<HashMap<u32, u32>>,
+    records: Mutex<NumberMap<u32, u32>>,
     /// The inodes on the classic list (a leaf lock; `listed` counts them,
     /// so that the common case of none costs one load).
-    on_list: parking_lot::Mutex<HashSet<u32>>,
+    on_list: parking_lot::Mutex<NumberSet<u32>>,
     listed: AtomicUsize,
 }
 
 impl Orphans {
     pub fn new() -> Self {
         Orphans {
-            records: Mutex::new(Rank::Orphan, HashMap::new()),
-            on_list: parking_lot::Mutex::new(HashSet::new()),
+            records: Mutex::new(Rank::Orphan, NumberMap::default()),
+            on_list: parking_lot::Mutex::new(NumberSet::default()),
             listed: AtomicUsize::new(0),
         }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, HashMap<u32, u32>> {
+    pub fn lock(&self) -> MutexGuard<'_, NumberMap<u32, u32>> {
         self.records.lock()
     }
 

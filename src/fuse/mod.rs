@@ -933,12 +933,11 @@ impl FuseAdapter {
     }
 
     pub fn fsyncdir(&self, ino: INodeNo, reply: impl EmptyAnswer) {
-        // fsync of a directory commits everything pending, as one JBD2
-        // commit does on ext4: the one durability request a user can send
-        // on any mount, since sync(2) never reaches a FUSE server.
+        // The directory's transaction (a fast commit where eligible), or
+        // everything pending where not (`Fs::fsync_dir`).
         self.guard(Operation::Fsyncdir, move |clock| {
-            let result =
-                clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync()));
+            let ino = to_ext4(ino);
+            let result = clock.engine(|| self.fs.getattr(ino).and_then(|_| self.fs.fsync_dir(ino)));
             reply_empty(reply, result);
         });
     }

@@ -58,6 +58,10 @@
 //!   held by delayed allocation out (allocated, written, mapped) before it
 //!   commits; broken, the held data stays in memory and the fsync commits
 //!   without it.
+//! - [`Fault::DirSyncDropsDentry`]: a directory fsync's fast commit records
+//!   every name created, linked or removed in its transaction; broken, it
+//!   leaves the last one out, so a name the fsync acknowledged is missing
+//!   (or an unlinked one back) after replay.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -80,10 +84,11 @@ pub enum Fault {
     DirCommitSplitsCoalesced = 1 << 11,
     FastCommitAckEarly = 1 << 12,
     DelallocFsyncSkipsWriteOut = 1 << 13,
+    DirSyncDropsDentry = 1 << 14,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -98,6 +103,7 @@ impl Fault {
         Fault::DirCommitSplitsCoalesced,
         Fault::FastCommitAckEarly,
         Fault::DelallocFsyncSkipsWriteOut,
+        Fault::DirSyncDropsDentry,
     ];
 }
 

@@ -77,6 +77,11 @@ use crate::error::{Error, Result};
 use crate::format::fast_commit::{AreaBuilder, Record};
 use std::sync::atomic::Ordering;
 
+/// The barrier's block, written once per fast commit: ext4 blocks are at
+/// most 64 KiB (`s_log_block_size` ≤ 6), and a static zero block spares
+/// zeroing a new one each time.
+static ZERO_BLOCK: [u8; 65536] = [0; 65536];
+
 /// What `Jbd2::begin_fast_commit` found.
 pub enum FastCommitBegin<'j> {
     /// Transaction `tid` is durable already (committed in full). `flushed`:
@@ -260,11 +265,12 @@ impl Jbd2 {
             return Ok(());
         };
         let block_size = self.area.fs_block_size as u64;
-        let zeros = vec![0u8; block_size as usize];
+        debug_assert!(block_size as usize <= ZERO_BLOCK.len());
+        let zeros = &ZERO_BLOCK[..block_size as usize];
         let physical = self.area.blocks[end as usize];
         self.area
             .dev
-            .write_durable(physical * block_size, &zeros, ranges)?;
+            .write_durable(physical * block_size, zeros, ranges)?;
         Ok(())
     }
 

@@ -8,7 +8,14 @@
 //! or before (its flush comes after T's handles stopped), so its
 //! `committed` drops the inodes whose newest write was in T or before.
 //! Ranges already durable may be named again by a later barrier: that
-//! costs a look at clean pages, never a wrong answer.
+//! costs a look at clean pages, never a wrong answer. An inode whose every
+//! remembered write was in a barrier that became durable is forgotten
+//! (`forget_durable`): each of its writes is numbered, and only those up
+//! to the number read with the barrier's ranges count as covered — a
+//! write recorded meanwhile keeps the inode. Without that a file number
+//! reused by file after file (create, write, fsync, unlink) would gather
+//! ranges up to the bound, each barrier sorting all of them, and then
+//! overflow into flushes of the whole device.
 //!
 //! Bounded: an inode remembers at most `MAX_RANGES_PER_INODE` separate
 //! ranges, the map at most `MAX_INODES` inodes; past either, the ranges
@@ -17,8 +24,8 @@
 //!
 //! Lock: the tracker's `data` mutex, a leaf.
 
+use crate::hash::NumberMap;
 use crate::journal::format::tid_gt;
-use std::collections::HashMap;
 
 /// Separate ranges one inode remembers (a random writer's).
 const MAX_RANGES_PER_INODE: usize = 256;
@@ -33,13 +40,25 @@ struct InodeData {
     tid: u32,
     /// More ranges than remembered were written.
     overflow: bool,
+    /// The number of its latest write (`UnflushedData::writes`).
+    last_write: u64,
+}
+
+/// What a barrier over `UnflushedData::ranges` covers: the writes of
+/// `inodes` numbered up to `writes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DataMark {
+    inodes: Vec<u32>,
+    writes: u64,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct UnflushedData {
-    inodes: HashMap<u32, InodeData>,
+    inodes: NumberMap<u32, InodeData>,
     /// The map overflowed with writes of transactions up to this one.
     overflow_until: Option<u32>,
+    /// Writes recorded since mount (numbers them).
+    writes: u64,
 }
 
 impl UnflushedData {
@@ -53,7 +72,9 @@ impl UnflushedData {
             }
             return;
         }
+        self.writes += 1;
         let data = self.inodes.entry(ino).or_default();
+        data.last_write = self.writes;
         if tid_gt(tid, data.tid) || data.ranges.is_empty() {
             data.tid = tid;
         }
@@ -83,6 +104,32 @@ impl UnflushedData {
             }
         }
         Some(crate::journal::merge_ranges(all))
+    }
+
+    /// `ranges(inodes)` with the mark of the writes they hold, for
+    /// `forget_durable` once a barrier over them is durable.
+    pub fn ranges_marked(&self, inodes: &[u32]) -> Option<(Vec<(u64, u64)>, DataMark)> {
+        let ranges = self.ranges(inodes.iter().copied())?;
+        let mark = DataMark {
+            inodes: inodes.to_vec(),
+            writes: self.writes,
+        };
+        Some((ranges, mark))
+    }
+
+    /// A barrier over the ranges `mark` was read with is durable: forget
+    /// the inodes of `mark` that wrote nothing since.
+    pub fn forget_durable(&mut self, mark: &DataMark) {
+        debug_assert!(mark.writes <= self.writes, "a mark from the future");
+        for ino in &mark.inodes {
+            if self
+                .inodes
+                .get(ino)
+                .is_some_and(|data| !data.overflow && data.last_write <= mark.writes)
+            {
+                self.inodes.remove(ino);
+            }
+        }
     }
 
     /// The full commit of `tid` made every write of `tid` or before durable.
@@ -133,6 +180,31 @@ mod tests {
         data.committed(5);
         assert_eq!(data.ranges([12, 13]), Some(vec![]));
         assert_eq!(data.ranges([14]), Some(vec![(0, 512)]));
+    }
+
+    #[test]
+    fn a_durable_barrier_forgets_only_the_writes_it_covered() {
+        let mut data = UnflushedData::default();
+        data.wrote(5, 12, 4096, 4096);
+        data.wrote(5, 13, 65536, 1024);
+        let (ranges, mark) = data.ranges_marked(&[12, 13]).expect("within bounds");
+        assert_eq!(ranges, vec![(4096, 4096), (65536, 1024)]);
+        // Written after the ranges were read: not in that barrier.
+        data.wrote(5, 13, 131072, 512);
+        data.wrote(5, 14, 0, 512);
+        data.forget_durable(&mark);
+        assert_eq!(data.ranges([12]), Some(vec![]));
+        assert_eq!(
+            data.ranges([13, 14]),
+            Some(vec![(0, 512), (65536, 1024), (131072, 512)])
+        );
+        // A number reused by file after file keeps one range, not all.
+        for round in 0..(2 * MAX_RANGES_PER_INODE as u64) {
+            data.wrote(6, 20, round * 8192, 4096);
+            let (ranges, mark) = data.ranges_marked(&[20]).expect("within bounds");
+            assert_eq!(ranges, vec![(round * 8192, 4096)]);
+            data.forget_durable(&mark);
+        }
     }
 
     #[test]

@@ -37,8 +37,8 @@
 //! leaf lock; waiting happens in `track.rs`.
 
 use super::track::Entries;
+use crate::hash::{NumberMap, NumberSet};
 use crate::journal::faults::{self, Fault};
-use std::collections::HashMap;
 
 /// A scope key: a directory's inode number (or a file's own).
 pub(crate) type Key = u32;
@@ -104,17 +104,17 @@ pub struct ConflictStats {
 pub(crate) struct Scopes {
     global: bool,
     /// Non-root key → its parent in the union-find.
-    parent: HashMap<Key, Key>,
+    parent: NumberMap<Key, Key>,
     /// Root key → the set.
-    sets: HashMap<Key, SetState>,
-    txns: HashMap<TxnId, Txn>,
+    sets: NumberMap<Key, SetState>,
+    txns: NumberMap<TxnId, Txn>,
     next_txn: TxnId,
     /// Inode → the transaction holding its pending changes.
-    owner: HashMap<u32, TxnId>,
+    owner: NumberMap<u32, TxnId>,
     /// Handle → the transaction it is bound to.
-    bound: HashMap<u64, TxnId>,
+    bound: NumberMap<u64, TxnId>,
     /// Inode → the directory it was first created, linked or looked up in.
-    homes: HashMap<u32, Key>,
+    homes: NumberMap<u32, Key>,
     /// The largest queue number known durable.
     durable_seq: u64,
     pub conflicts: ConflictStats,
@@ -124,13 +124,13 @@ impl Scopes {
     pub fn new(global: bool) -> Self {
         Scopes {
             global,
-            parent: HashMap::new(),
-            sets: HashMap::new(),
-            txns: HashMap::new(),
+            parent: NumberMap::default(),
+            sets: NumberMap::default(),
+            txns: NumberMap::default(),
             next_txn: 1,
-            owner: HashMap::new(),
-            bound: HashMap::new(),
-            homes: HashMap::new(),
+            owner: NumberMap::default(),
+            bound: NumberMap::default(),
+            homes: NumberMap::default(),
             durable_seq: 0,
             conflicts: ConflictStats::default(),
         }
@@ -609,7 +609,7 @@ impl Scopes {
         for txn in self.txns.values_mut() {
             txn.entries.retain_after(tid);
         }
-        let held: std::collections::HashSet<(u32, TxnId)> = self
+        let held: NumberSet<(u32, TxnId)> = self
             .txns
             .iter()
             .flat_map(|(&id, txn)| {

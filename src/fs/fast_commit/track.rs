@@ -37,15 +37,16 @@
 //! `enter` (holding only a journal handle), `lock_down`, `drain` and
 //! `wait_turn` (holding nothing) sleep on `wake`.
 
-use super::data::{UnflushedData, add_range};
+use super::data::{DataMark, UnflushedData, add_range};
 use super::scope::{ConflictStats, Key, Scopes, TxnId};
 use crate::format::fast_commit::RECORD_HEADER_SIZE;
 use crate::format::superblock::Geometry;
+use crate::hash::NumberMap;
 use crate::journal::Journal;
 use crate::journal::change::{Change, ChangeObserver, Ineligible};
 use crate::journal::format::tid_gt;
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -220,7 +221,7 @@ pub struct FastCommitStats {
 struct State {
     scopes: Option<Scopes>,
     /// Inodes allocated and not named yet: their first LINK is a CREAT.
-    unnamed: HashMap<u32, u32>,
+    unnamed: NumberMap<u32, u32>,
     /// Fast commits cannot describe transactions up to this one.
     ineligible_until: Option<u32>,
 }
@@ -266,7 +267,7 @@ pub(crate) struct Tracker {
     /// commit to the freeing directory's. Per-directory scope only; at most
     /// `MAX_HELD_BACK` (past it numbers are reused, and the directories are
     /// united instead). A leaf lock.
-    held_back: Mutex<HashMap<u32, u32>>,
+    held_back: Mutex<NumberMap<u32, u32>>,
     global: bool,
     commits: AtomicU64,
     fallbacks: AtomicU64,
@@ -299,7 +300,7 @@ impl Tracker {
             }),
             wake: Condvar::new(),
             data: Mutex::new(UnflushedData::default()),
-            held_back: Mutex::new(HashMap::new()),
+            held_back: Mutex::new(NumberMap::default()),
             global,
             commits: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
@@ -507,6 +508,22 @@ impl Tracker {
             self.data_overflows.fetch_add(1, Ordering::Relaxed);
         }
         ranges
+    }
+
+    /// `data_ranges` of `inodes` with the mark of the writes they hold
+    /// (`forget_durable_data`).
+    pub fn data_ranges_marked(&self, inodes: &[u32]) -> Option<(Vec<(u64, u64)>, DataMark)> {
+        let marked = self.data.lock().ranges_marked(inodes);
+        if marked.is_none() {
+            self.data_overflows.fetch_add(1, Ordering::Relaxed);
+        }
+        marked
+    }
+
+    /// A barrier over the ranges read with `mark` is durable: the inodes
+    /// that wrote nothing since have no data left to make durable.
+    pub fn forget_durable_data(&self, mark: &DataMark) {
+        self.data.lock().forget_durable(mark);
     }
 
     // -----------------------------------------------------------------
