@@ -123,6 +123,8 @@ pub struct Lane {
     model: Option<LaneModel>,
     data_seed: u64,
     setup_ops: u32,
+    /// The next operation writes file data (`OpInfo::data_write`).
+    data_write_next: bool,
     pub fatal: Option<String>,
 }
 
@@ -137,6 +139,7 @@ impl Lane {
             model: None,
             data_seed: mix(seed ^ 0x6a65_7874_3464_6174),
             setup_ops: 0,
+            data_write_next: false,
             fatal: None,
         }
     }
@@ -196,9 +199,13 @@ impl Lane {
     ) -> Result<()> {
         let Some(mut model) = self.model.take() else {
             self.setup_ops += 1;
+            self.data_write_next = false;
             return body(self).map(|_| ());
         };
         let op = model.begin(what());
+        if std::mem::take(&mut self.data_write_next) {
+            model.mark_data_write(op);
+        }
         let before = reachable_inodes(&model, touched);
         self.device.mark(begin_mark(self.id, op));
         let result = body(self);
@@ -316,6 +323,7 @@ impl Lane {
     /// Write `len` bytes of this op's pattern at `offset`.
     pub fn write(&mut self, rel: &str, offset: u64, len: usize) -> Result<()> {
         let data = self.data(self.next_op(), offset, len);
+        self.data_write_next = true;
         self.step(
             || format!("write {rel} {offset}+{len}"),
             &[rel],

@@ -341,6 +341,9 @@ struct InodeChange {
 #[derive(Debug, Clone, Default)]
 pub struct OpInfo {
     pub what: String,
+    /// A write of file data: with delayed allocation the size it set may
+    /// lag behind later operations until the file is written out.
+    pub data_write: bool,
     names: Vec<NameChange>,
     inodes: Vec<InodeChange>,
 }
@@ -427,6 +430,48 @@ impl LaneModel {
             ..OpInfo::default()
         });
         (self.ops.len() - 1) as u32
+    }
+
+    /// Op `op` writes file data (`OpInfo::data_write`).
+    pub fn mark_data_write(&mut self, op: u32) {
+        self.ops[op as usize].data_write = true;
+    }
+
+    /// The sizes inode `ino` may show, with delayed allocation, where the
+    /// rest of it is as of op `at`: its size then, and those it had before
+    /// back to its last size change that was not a data write (a truncate,
+    /// a fallocate, its creation: each writes the file out first).
+    pub fn lagging_sizes(&self, ino: u32, at: u32) -> Vec<u64> {
+        let Some(history) = self.inodes.get(&ino) else {
+            return Vec::new();
+        };
+        let changes: Vec<&(u32, Option<Arc<InodeVersion>>)> = history
+            .changes
+            .iter()
+            .filter(|(from, _)| *from <= at)
+            .collect();
+        let mut sizes = Vec::new();
+        // From the newest version back: the one before each change counts
+        // while the change was a data write or left the size alone.
+        for pair in changes.windows(2).rev() {
+            let ((_, before), (from, after)) = (pair[0], pair[1]);
+            let Some(after) = after else { break };
+            if sizes.is_empty() {
+                sizes.push(after.meta.size);
+            }
+            let Some(before) = before else { break };
+            let resized = before.meta.size != after.meta.size;
+            if resized && !self.ops[*from as usize].data_write {
+                break;
+            }
+            sizes.push(before.meta.size);
+        }
+        if sizes.is_empty()
+            && let Some((_, Some(only))) = changes.last()
+        {
+            sizes.push(only.meta.size);
+        }
+        sizes
     }
 
     pub fn last_op(&self) -> u32 {

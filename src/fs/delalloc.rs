@@ -65,6 +65,12 @@ const MAX_RUNS_PER_WRITE_OUT: usize = 8;
 /// Journal credits of one write-out: a write's per run.
 const CREDITS_WRITE_OUT: u32 = CREDITS_WRITE * MAX_RUNS_PER_WRITE_OUT as u32;
 
+/// Writes this large are not held: a stream's, or a copy's (cp writes
+/// 128 KiB at a time), which gain nothing from waiting — their runs are
+/// long anyway — and would pay two more copies of every byte (into the
+/// held blocks, and into the write-out's runs).
+const HOLD_WRITES_BELOW: u64 = 64 << 10;
+
 /// Bytes one file holds at most: more is a stream, which gains nothing
 /// from waiting (its runs are long anyway) and would go out in one burst.
 const HELD_PER_FILE: u64 = 1 << 20;
@@ -448,7 +454,8 @@ impl Tx<'_, '_> {
         };
         let sync = self.core.options.sync || inode.has_flag(crate::format::inode::flags::SYNC);
         let inline = inode.has_flag(crate::format::inode::flags::INLINE_DATA);
-        if sync || !inode.uses_extents() || inline || self.low_on_space() {
+        let large = data.len() as u64 >= HOLD_WRITES_BELOW;
+        if sync || large || !inode.uses_extents() || inline || self.low_on_space() {
             return Ok(not_held);
         }
         let block_size = self.core.geo.block_size as u64;
