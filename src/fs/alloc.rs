@@ -378,9 +378,13 @@ impl Tx<'_, '_> {
         let group = desc.group();
         let first = geo.group_first_block(group) + start as u64;
         // The journal's pending frees are the authority the mask copies.
+        // (Not a checkpoint pass's blocks: the search skipped those it was
+        // writing, and one that starts meanwhile lists blocks freed and
+        // durable too — it does not write them, their buffers left its
+        // checkpoint when the free became durable.)
         debug_assert!(
             core.journal
-                .pending_free_overlap(first, length as u64)
+                .freed_not_durable_overlap(first, length as u64)
                 .is_none(),
             "group {group}'s pending mask let blocks {first}+{length} through",
         );

@@ -199,9 +199,16 @@ impl Delayed {
         self.enabled
     }
 
+    /// Nothing is held anywhere: the lookups below need not take the map's
+    /// lock (every getattr asks). `bytes` moves under that lock, with the
+    /// blocks, and a file's blocks under its inode lock.
+    fn idle(&self) -> bool {
+        !self.enabled || self.bytes.load(Ordering::Acquire) == 0
+    }
+
     /// Whether `ino` holds data.
     pub fn holds(&self, ino: u32) -> bool {
-        self.enabled && self.files.lock().contains_key(&ino)
+        !self.idle() && self.files.lock().contains_key(&ino)
     }
 
     /// The last block `ino` holds.
@@ -253,7 +260,7 @@ impl Delayed {
 
     /// The size `ino` shows, when it holds data.
     pub fn size_of(&self, ino: u32) -> Option<u64> {
-        if !self.enabled {
+        if self.idle() {
             return None;
         }
         self.files.lock().get(&ino).map(|file| file.size)
@@ -261,7 +268,7 @@ impl Delayed {
 
     /// `ino`'s size and 512-byte block count with its held data.
     pub fn overlay(&self, ino: u32, size: &mut u64, blocks: &mut u64) {
-        if !self.enabled {
+        if self.idle() {
             return;
         }
         if let Some(file) = self.files.lock().get(&ino) {
@@ -273,7 +280,7 @@ impl Delayed {
     /// Copy `ino`'s held blocks over `buffer`, which holds the file's
     /// blocks from `first` on.
     pub fn read_into(&self, ino: u32, first: u64, buffer: &mut [u8]) {
-        if !self.enabled {
+        if self.idle() {
             return;
         }
         let files = self.files.lock();

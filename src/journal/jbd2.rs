@@ -570,23 +570,12 @@ impl Jbd2 {
             .insert(start, (start + count, transaction.tid));
     }
 
-    /// The first not-yet-allocatable range overlapping `start..start+len`:
-    /// blocks freed by a transaction not yet durable, or a block a
-    /// checkpoint pass is writing home.
-    pub fn pending_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
-        let freed = first_overlap(&self.pending_free.lock(), start, start + len);
-        let writing = {
-            let writing = self.checkpoint_writing.lock();
-            let index = writing.partition_point(|&block| block < start);
-            writing
-                .get(index)
-                .filter(|&&block| block < start + len)
-                .map(|&block| (block, block + 1))
-        };
-        match (freed, writing) {
-            (Some(freed), Some(writing)) => Some(freed.min(writing)),
-            (freed, writing) => freed.or(writing),
-        }
+    /// The first range overlapping `start..start+len` freed by a
+    /// transaction not yet durable (only those: not a checkpoint pass's
+    /// blocks, which a pass lists whole when it starts, including blocks
+    /// freed and durable that it will not write).
+    pub fn freed_not_durable_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
+        first_overlap(&self.pending_free.lock(), start, start + len)
     }
 
     /// Whether a checkpoint pass is writing blocks home now: those are not
@@ -607,7 +596,7 @@ impl Jbd2 {
 
     /// Some free blocks are not allocatable yet: freed by a transaction
     /// that is not durable, or being written home by a checkpoint pass
-    /// (`pending_overlap` skips both, so the allocator's "count says
+    /// (the allocator's search skips both, so the allocator's "count says
     /// free, bitmap has none" corruption check must know of both).
     pub fn has_pending_frees(&self) -> bool {
         !self.pending_free.lock().is_empty() || !self.checkpoint_writing.lock().is_empty()

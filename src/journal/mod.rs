@@ -332,12 +332,13 @@ impl Journal {
         self.cache.flush_device()
     }
 
-    /// Whether blocks `start..start+len` contain some that were freed by a
-    /// transaction that is not durable yet: the first such range.
-    pub fn pending_free_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
+    /// The first range overlapping `start..start+len` of blocks freed by
+    /// a transaction that is not durable yet (a checkpoint pass's blocks
+    /// are `checkpoint_writing_overlap`).
+    pub fn freed_not_durable_overlap(&self, start: u64, len: u64) -> Option<(u64, u64)> {
         match &self.mode {
             Mode::WriteBack(_) => None,
-            Mode::Jbd2(jbd2) => jbd2.pending_overlap(start, len),
+            Mode::Jbd2(jbd2) => jbd2.freed_not_durable_overlap(start, len),
         }
     }
 
