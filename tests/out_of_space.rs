@@ -548,6 +548,7 @@ fn fallocate_far_larger_than_the_volume_is_enospc_like_the_kernel() {
     kernel.unmount();
     let mnt = scratch.path().join("mnt");
     let mount = JextMount::mount(&image, &mnt, "");
+    let (_, free_at_mount, _) = block_counts(&mnt);
     for (&length, &kernel_errno) in lengths.iter().zip(&expected) {
         let errno = fallocate_errno(&mnt, length);
         assert_eq!(
@@ -555,10 +556,21 @@ fn fallocate_far_larger_than_the_volume_is_enospc_like_the_kernel() {
             "fallocate of {length} bytes: jext4 vs the kernel"
         );
         fs::remove_file(mnt.join("huge")).unwrap();
+        // The kernel sends the file's RELEASE after close(2) returned, and
+        // the UNLINK may come first: the blocks go back at the release.
+        // Every one of them must (a leak would keep this waiting).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while block_counts(&mnt).1 < free_at_mount {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {free_at_mount} free blocks back 20 s after the unlink",
+                block_counts(&mnt).1
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
     assert_eq!(expected[0], Some(libc::ENOSPC));
     // Nothing is left allocated once the file is gone.
-    e2e::syncfs(&mnt);
     let data = e2e::pattern(9, 4 << 20);
     fs::write(mnt.join("fits"), &data).unwrap();
     mount.unmount();
