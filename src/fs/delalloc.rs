@@ -312,9 +312,16 @@ impl Delayed {
     fn chunk(&self, ino: u32, up_to: u64) -> Option<Chunk> {
         let files = self.files.lock();
         let file = files.get(&ino)?;
+        // Due while a block up to `up_to` is held; then everything held now,
+        // blocks a concurrent writer added past `up_to` included: a chunk
+        // that ends before the file's last held block would leave an
+        // on-disk size at a block boundary, which no version of the file
+        // had (the crash oracle's `lagging_sizes`). Only a file held in
+        // more than one chunk's worth goes out by block-aligned prefixes.
+        file.blocks.range(..=up_to).next()?;
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut blocks = 0u64;
-        for (lblk, block) in file.blocks.range(..=up_to) {
+        for (lblk, block) in &file.blocks {
             if blocks == WRITE_CHUNK_BLOCKS {
                 break;
             }
@@ -329,9 +336,6 @@ impl Delayed {
                 runs.push((*lblk, block.to_vec()));
             }
             blocks += 1;
-        }
-        if blocks == 0 {
-            return None;
         }
         let last = blocks as usize == file.blocks.len();
         // All that is left when the file is done; else its data blocks
