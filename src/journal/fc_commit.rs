@@ -260,9 +260,9 @@ impl Jbd2 {
     }
 
     /// Make the completed writes in device byte `ranges` durable without
-    /// writing back the rest of the device's dirty data: a `write_durable`
-    /// of the zero block after the fast-commit area (a flush where this
-    /// mount writes no fast commits).
+    /// writing back the rest of the device's dirty data: `sync_ranges`,
+    /// with the zero block after the fast-commit area as the block it may
+    /// rewrite (a flush where this mount writes no fast commits).
     pub fn barrier(&self, ranges: &[(u64, u64)]) -> Result<()> {
         let Some((_, end)) = self.fast_commit_area() else {
             self.area.dev.flush()?;
@@ -274,7 +274,7 @@ impl Jbd2 {
         let physical = self.area.blocks[end as usize];
         self.area
             .dev
-            .write_durable(physical * block_size, zeros, ranges)?;
+            .sync_ranges(ranges, (physical * block_size, zeros))?;
         Ok(())
     }
 
