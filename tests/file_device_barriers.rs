@@ -3,7 +3,9 @@
 //! flush, every range is written back and waited for (`sync_file_range`),
 //! then the block is written with `RWF_DSYNC` — and no `fsync`/`fdatasync`,
 //! which would write every other dirty page of the image. With little else
-//! written, one write and one `fdatasync` do it in two system calls. The
+//! written, one write and one `fdatasync` do it in two system calls; the
+//! fast-commit barrier (`sync_ranges`), which has no block of its own to
+//! write, then makes one `fdatasync` and writes nothing. The
 //! crash tests model a barrier over a memory device; this holds the image
 //! file's implementation to the same promise.
 //!
@@ -42,9 +44,16 @@ fn child(image: &Path) {
     for &(offset, len) in &ranges {
         device.write_at(offset, &vec![0x5a; len as usize]).unwrap();
     }
-    device
-        .write_durable(DURABLE_AT, &[0xa5; BLOCK as usize], &ranges)
-        .unwrap();
+    if std::env::var_os("JEXT4_BARRIER_SPARE").is_some() {
+        // The fast-commit barrier: a spare block that holds zeros already.
+        device
+            .sync_ranges(&ranges, (DURABLE_AT, &[0; BLOCK as usize]))
+            .unwrap();
+    } else {
+        device
+            .write_durable(DURABLE_AT, &[0xa5; BLOCK as usize], &ranges)
+            .unwrap();
+    }
 }
 
 /// The calls of interest the child made from its barrier's first range
@@ -95,8 +104,9 @@ fn traced(name: &str, env: &[&str]) -> Vec<String> {
                 .trim_start()
                 .to_string()
         })
-        // The other writes and the ranges' own writes come first.
-        .filter(|line| !line.starts_with("pwrite64("))
+        // The other writes and the ranges' own writes come first; a
+        // write of the barrier's block is kept.
+        .filter(|line| !line.starts_with("pwrite64(") || line.contains(&spare_write()))
         .collect()
 }
 
@@ -109,6 +119,11 @@ fn assert_calls(calls: &[String], expected: &[(&str, &str)]) {
             calls.join("\n")
         );
     }
+}
+
+/// How strace shows a plain write of the barrier's block.
+fn spare_write() -> String {
+    format!(", {BLOCK}, {DURABLE_AT})")
 }
 
 const WAIT: &str = "SYNC_FILE_RANGE_WAIT_BEFORE|SYNC_FILE_RANGE_WRITE|SYNC_FILE_RANGE_WAIT_AFTER";
@@ -173,5 +188,34 @@ fn a_barrier_with_little_else_written_is_one_fdatasync() {
     let Some(calls) = run_traced(name, &["JEXT4_BARRIER_QUIET"]) else {
         return;
     };
+    assert_calls(&calls, &[("pwrite64(", &spare_write()), ("fdatasync(", "")]);
+}
+
+/// The fast-commit barrier (`sync_ranges`) with little else written: one
+/// fdatasync, and its spare block is not written.
+#[test]
+fn a_spare_barrier_with_little_else_written_is_one_fdatasync_and_no_write() {
+    let name = "a_spare_barrier_with_little_else_written_is_one_fdatasync_and_no_write";
+    let Some(calls) = run_traced(name, &["JEXT4_BARRIER_QUIET", "JEXT4_BARRIER_SPARE"]) else {
+        return;
+    };
     assert_calls(&calls, &[("fdatasync(", "")]);
+}
+
+/// With much else written, the fast-commit barrier is the ranged one: each
+/// range written back, then the spare block rewritten with RWF_DSYNC.
+#[test]
+fn a_spare_barrier_over_much_else_written_waits_for_ranges_then_writes_dsync() {
+    let name = "a_spare_barrier_over_much_else_written_waits_for_ranges_then_writes_dsync";
+    let Some(calls) = run_traced(name, &["JEXT4_BARRIER_ONE", "JEXT4_BARRIER_SPARE"]) else {
+        return;
+    };
+    let durable = format!("{DURABLE_AT}, RWF_DSYNC");
+    assert_calls(
+        &calls,
+        &[
+            ("sync_file_range(", &format!(", 0, 4096, {WAIT})")),
+            ("pwritev2(", &durable),
+        ],
+    );
 }

@@ -208,6 +208,17 @@ impl BlockDevice for GuardedDevice {
         self.inner.write_durable(offset, buf, ranges)
     }
 
+    /// Like `write_durable` (the spare block is a journal block, never
+    /// pinned, but held the same way if it were).
+    fn sync_ranges(&self, ranges: &[(u64, u64)], spare: (u64, &[u8])) -> io::Result<()> {
+        let (offset, buf) = spare;
+        if faults::active(Fault::DeferOrderedData) || self.pinned_by(offset, buf.len()).is_some() {
+            self.write_at(offset, buf)?;
+            return self.inner.flush();
+        }
+        self.inner.sync_ranges(ranges, spare)
+    }
+
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }

@@ -54,6 +54,14 @@ pub trait BlockDevice: Send + Sync {
         self.write_at(offset, buf)?;
         self.flush()
     }
+    /// Make the completed writes in `ranges` durable: a barrier with no
+    /// write of its own to carry. `spare` is a block (offset, content)
+    /// that already holds that content, which a device may rewrite to
+    /// carry the ranged flush (`write_durable`); a device whose plain
+    /// flush costs no more only flushes.
+    fn sync_ranges(&self, ranges: &[(u64, u64)], spare: (u64, &[u8])) -> io::Result<()> {
+        self.write_durable(spare.0, spare.1, ranges)
+    }
     /// Size of the device in bytes.
     fn size_bytes(&self) -> u64;
     /// Whether writes are refused (opened read-only).

@@ -72,7 +72,7 @@ impl Jbd2 {
         // one starts meanwhile.
         while state.fc_active > 0 {
             state.fc_full_wanted = true;
-            self.changed.wait(&mut state);
+            self.drained.wait(&mut state);
         }
         state.fc_full_wanted = false;
         let transaction = Arc::clone(&state.running);
@@ -83,12 +83,18 @@ impl Jbd2 {
             {
                 state.commit_request = None;
             }
+            // Nothing to commit: whoever waits for this transaction finds
+            // it empty and returns.
+            let tid = transaction.tid;
+            state
+                .commit_waiters
+                .wake_where(|target| !super::format::tid_gt(target as u32, tid));
             self.changed.notify_all();
             return Ok(None);
         }
         state.locked = true;
         while transaction.updates.load(Ordering::Acquire) > 0 {
-            self.changed.wait(&mut state);
+            self.drained.wait(&mut state);
         }
         if let Some(hook) = self.commit_hook.get() {
             hook.before_commit(&super::CommitAccess::jbd2(self, &transaction));
@@ -237,6 +243,7 @@ impl Jbd2 {
         if let Some(observer) = self.observer.get() {
             observer.committed(tid);
         }
+        state.wake_committed();
         self.changed.notify_all();
         Ok(())
     }

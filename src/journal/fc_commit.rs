@@ -71,7 +71,8 @@
 
 use super::faults::{self, Fault};
 use super::format::tid_gt;
-use super::jbd2::Jbd2;
+use super::jbd2::{Jbd2, State};
+use super::waiters;
 use crate::dev::SECTOR_SIZE;
 use crate::error::{Error, Result};
 use crate::format::fast_commit::{AreaBuilder, Record};
@@ -188,7 +189,9 @@ impl FastCommitTicket<'_> {
             }
             state.check_aborted()?;
             if state.fc_writing || state.fc_queue.is_empty() {
-                jbd2.changed.wait(&mut state);
+                // `end_group` wakes us when our commit's fate is known, or
+                // when ours is the first in the queue left to write.
+                waiters::sleep(&mut state, State::fc_waiters, seq);
                 continue;
             }
             let group = std::mem::take(&mut state.fc_queue);
@@ -204,8 +207,9 @@ impl FastCommitTicket<'_> {
             if faults::active(Fault::FastCommitAckEarly) {
                 // Broken on purpose: the group counts as durable once
                 // taken, and its waiters return before its barrier.
-                state.fc_durable_seq = group.last().expect("a group").seq;
-                jbd2.changed.notify_all();
+                let durable = group.last().expect("a group").seq;
+                state.fc_durable_seq = durable;
+                state.fc_waiters.wake_where(|target| target <= durable);
             }
             drop(state);
             let result = jbd2.write_group(self.tid, used, &group);
@@ -222,7 +226,7 @@ impl Drop for FastCommitTicket<'_> {
         state.fc_active -= 1;
         if state.fc_active == 0 {
             debug_assert!(state.fc_queue.is_empty() && !state.fc_writing);
-            self.jbd2.changed.notify_all();
+            self.jbd2.drained.notify_all();
         }
     }
 }
@@ -256,9 +260,9 @@ impl Jbd2 {
     }
 
     /// Make the completed writes in device byte `ranges` durable without
-    /// writing back the rest of the device's dirty data: a `write_durable`
-    /// of the zero block after the fast-commit area (a flush where this
-    /// mount writes no fast commits).
+    /// writing back the rest of the device's dirty data: `sync_ranges`,
+    /// with the zero block after the fast-commit area as the block it may
+    /// rewrite (a flush where this mount writes no fast commits).
     pub fn barrier(&self, ranges: &[(u64, u64)]) -> Result<()> {
         let Some((_, end)) = self.fast_commit_area() else {
             self.area.dev.flush()?;
@@ -270,7 +274,7 @@ impl Jbd2 {
         let physical = self.area.blocks[end as usize];
         self.area
             .dev
-            .write_durable(physical * block_size, zeros, ranges)?;
+            .sync_ranges(ranges, (physical * block_size, zeros))?;
         Ok(())
     }
 
@@ -427,7 +431,12 @@ impl Jbd2 {
                 }
             }
         }
-        self.changed.notify_all();
+        // The group's waiters, and the first one queued after it, which
+        // writes the next group; the rest sleep on.
+        state.fc_waiters.wake_where(|target| target <= last);
+        if !state.fc_queue.is_empty() {
+            state.fc_waiters.wake_first_after(last);
+        }
     }
 
     fn write_fast_commit(

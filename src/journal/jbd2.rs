@@ -38,6 +38,7 @@
 use super::change::ChangeObserver;
 use super::format::{JournalSuperblock, LogFormat, LogLayout, incompat};
 use super::recovery::JournalArea;
+use super::waiters::{self, Waiters};
 use crate::cache::{Buffer, BufferCache};
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
@@ -158,6 +159,27 @@ pub(crate) struct State {
     pub fc_refused: BTreeMap<u64, super::fc_commit::Refusal>,
     /// A group was refused: every later one of the transaction is too.
     pub fc_refusing: bool,
+    /// `commit_and_wait` callers, by the tid `committed_tid` must reach.
+    pub commit_waiters: Waiters,
+    /// Fast-commit waiters (`FastCommitTicket::wait`), by queue number.
+    pub fc_waiters: Waiters,
+}
+
+impl State {
+    pub fn commit_waiters(&mut self) -> &mut Waiters {
+        &mut self.commit_waiters
+    }
+
+    pub fn fc_waiters(&mut self) -> &mut Waiters {
+        &mut self.fc_waiters
+    }
+
+    /// Wake the commit waiters whose transaction is now durable.
+    pub fn wake_committed(&self) {
+        let committed = self.committed_tid;
+        self.commit_waiters
+            .wake_where(|target| !super::format::tid_gt(target as u32, committed));
+    }
 }
 
 impl State {
@@ -218,8 +240,13 @@ pub(crate) struct Jbd2 {
     /// allocatable until the pass ends, even if a newer transaction freed
     /// them meanwhile (the pass's copy is older than their new owner's).
     pub checkpoint_writing: Mutex<Vec<u64>>,
-    /// Handles and waiters for commits sleep here.
+    /// Handles waiting to start, fast commits waiting for a full commit
+    /// to end, and the checkpoint thread sleep here (fsyncs waiting for
+    /// their commit sleep in `State::commit_waiters`/`fc_waiters`).
     pub changed: Condvar,
+    /// The commit thread sleeps here while handles or fast commits drain
+    /// out of the transaction it locks down.
+    pub drained: Condvar,
     /// Largest transaction, in log blocks (a quarter of the log).
     pub max_transaction: u32,
     pub commit_interval: Duration,
@@ -373,6 +400,8 @@ impl Jbd2 {
                     fc_writing: false,
                     fc_refused: BTreeMap::new(),
                     fc_refusing: false,
+                    commit_waiters: Waiters::default(),
+                    fc_waiters: Waiters::default(),
                 },
             ),
             sb: Mutex::new(sb),
@@ -386,6 +415,7 @@ impl Jbd2 {
             checkpointing: lock::Mutex::new(Rank::Checkpoint, ()),
             checkpoint_writing: Mutex::new(Vec::new()),
             changed: Condvar::new(),
+            drained: Condvar::new(),
             commit_interval: options.commit_interval,
             async_commit: options.async_commit,
             fast_commit,
@@ -510,7 +540,7 @@ impl Jbd2 {
             // take the lock so the wakeup cannot slip between its check and
             // its wait.
             let _state = self.state.lock();
-            self.changed.notify_all();
+            self.drained.notify_all();
         }
     }
 
@@ -627,8 +657,12 @@ impl Jbd2 {
                     return Ok(waited);
                 }
                 debug_assert!(state.committing_tid != Some(tid));
-                // finish_commit (or an abort) wakes us.
-                self.changed.wait(&mut state);
+                // finish_commit of the one before (or an abort) wakes us.
+                waiters::sleep(
+                    &mut state,
+                    State::commit_waiters,
+                    tid.wrapping_sub(1) as u64,
+                );
                 waited = true;
                 continue;
             }
@@ -642,7 +676,7 @@ impl Jbd2 {
                 state.commit_request = Some(tid);
             }
             self.wake_commit.notify_one();
-            self.changed.wait(&mut state);
+            waiters::sleep(&mut state, State::commit_waiters, tid as u64);
             waited = true;
         }
     }
@@ -711,6 +745,9 @@ impl Jbd2 {
             self.aborted.store(true, Ordering::Release);
         }
         self.changed.notify_all();
+        self.drained.notify_all();
+        state.commit_waiters.wake_all();
+        state.fc_waiters.wake_all();
     }
 
     /// Abort from outside the commit path (`Journal::abort`).

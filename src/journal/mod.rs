@@ -34,6 +34,7 @@ pub mod format;
 mod jbd2;
 pub mod logdump;
 pub mod recovery;
+mod waiters;
 mod writeback;
 
 pub use fc_commit::{FastCommitBegin, FastCommitOutcome, FastCommitTicket, Written, merge_ranges};
