@@ -417,6 +417,14 @@ impl Tx<'_, '_> {
     /// `charge` for `fixed` blocks and up to `flexible` more (a run of
     /// data blocks, which may come out shorter): returns how many of
     /// `flexible` are covered, at least one.
+    ///
+    /// At the wall, the `fixed` part — the mapping's growth (an extent
+    /// leaf, indirect blocks) — may come out of the emergency reserve once
+    /// the data blocks fit the caller's own balance: otherwise a write
+    /// whose last data block needs a new leaf would stop with that block
+    /// free, and `df` would not say 100 % at the ENOSPC (how many extents
+    /// a file has depends on timing: a search steps over blocks a
+    /// checkpoint pass is writing).
     pub fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
         if self.is_unmetered() || fixed + flexible <= self.prepaid {
             return Ok(flexible);
@@ -432,8 +440,29 @@ impl Tx<'_, '_> {
                 self.prepaid += fixed_more + granted;
                 Ok(flexible_held + granted)
             }
+            Err(shortfall) if fixed_more > 0 && at_least > 0 => {
+                match self.charge_growth_from_reserve(fixed_more, flexible - flexible_held) {
+                    Some(granted) => Ok(flexible_held + granted),
+                    None => Err(self.no_space(shortfall)),
+                }
+            }
             Err(shortfall) => Err(self.no_space(shortfall)),
         }
+    }
+
+    /// `charge_run`'s fallback at the wall: the data blocks (at least one)
+    /// against the caller's balance, then `growth` against the emergency
+    /// reserve too. None, with nothing charged, when either fails.
+    fn charge_growth_from_reserve(&mut self, growth: u64, flexible: u64) -> Option<u64> {
+        let budget = &self.core.sbi.budget;
+        let granted = budget.charge_up_to(0, flexible, 1, self.withheld()).ok()?;
+        let with_reserve = budget.withheld(self.may_use_reserved(), true);
+        if budget.charge(growth, with_reserve).is_err() {
+            budget.refund(granted);
+            return None;
+        }
+        self.prepaid += growth + granted;
+        Some(granted)
     }
 
     fn no_space(&mut self, shortfall: Shortfall) -> Error {
