@@ -349,9 +349,21 @@ fn run_until_unmounted(session: fuser::Session<DevSession>) -> std::io::Result<(
     // used or dropped afterwards, so the handle has one owner; the other
     // fields (the mount handle) are leaked on purpose, see above.
     let guard = unsafe { std::ptr::read(&background.guard) };
-    guard
+    let served = guard
         .join()
-        .map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?
+        .map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?;
+    match served {
+        // The kernel ended the connection rather than the mount: a read of
+        // /dev/fuse answers ECONNABORTED instead of ENODEV once it aborted
+        // it (seen when a busy mount was detached lazily, under load). The
+        // ring's threads take it as the end too (`uring.rs`); the engine
+        // still unmounts cleanly after this.
+        Err(error) if error.raw_os_error() == Some(libc::ECONNABORTED) => {
+            tracing::warn!("the kernel aborted the FUSE connection: stopping");
+            Ok(())
+        }
+        served => served,
+    }
 }
 
 /// Send every panic (a bug) of any thread to the server's log, with where
