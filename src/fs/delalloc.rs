@@ -44,6 +44,7 @@
 //! Locks: a file's held blocks are read under its inode lock (shared) and
 //! changed under it (exclusive), in `Delayed::files`, a leaf lock.
 
+use super::budget::Budget;
 use super::file::{CREDITS_WRITE, WRITE_CHUNK_BLOCKS, max_file_size};
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Result};
@@ -104,16 +105,9 @@ pub(crate) enum WriteOut {
     Space,
 }
 
-const WRITE_OUT_REASONS: [(WriteOut, &str); 9] = [
-    (WriteOut::Fsync, "fsync"),
-    (WriteOut::Sync, "sync"),
-    (WriteOut::Memory, "memory"),
-    (WriteOut::Stream, "stream"),
-    (WriteOut::Age, "age"),
-    (WriteOut::Mapping, "mapping"),
-    (WriteOut::Rename, "rename"),
-    (WriteOut::Close, "close"),
-    (WriteOut::Space, "space"),
+/// `jext4 stats`' names of the reasons, in `WriteOut`'s order.
+const WRITE_OUT_NAMES: [&str; 9] = [
+    "fsync", "sync", "memory", "stream", "age", "mapping", "rename", "close", "space",
 ];
 
 /// One file's held data.
@@ -130,8 +124,21 @@ struct HeldFile {
     since: Instant,
 }
 
-/// What one write-out transaction takes of a file: whole-block runs, the
-/// first `bytes_in_size` of each within the file's size.
+impl HeldFile {
+    /// Nothing held yet, over a file whose on-disk size is `size`.
+    fn new(size: u64) -> HeldFile {
+        HeldFile {
+            size,
+            blocks: BTreeMap::new(),
+            reserved: 0,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// What one write-out transaction takes of a file: whole-block runs (by
+/// first logical block) and the file's size, which the last run's bytes
+/// are cut to.
 pub(crate) struct Chunk {
     runs: Vec<(u64, Vec<u8>)>,
     size: u64,
@@ -153,7 +160,8 @@ pub(crate) struct Delayed {
     bytes: AtomicU64,
     held_writes: AtomicU64,
     blocks_written_out: AtomicU64,
-    write_outs: [AtomicU64; WRITE_OUT_REASONS.len()],
+    /// Write-outs by reason, indexed by `WriteOut`.
+    write_outs: [AtomicU64; WRITE_OUT_NAMES.len()],
 }
 
 /// What `jext4 stats` shows of delayed allocation.
@@ -199,16 +207,17 @@ impl Delayed {
         self.enabled
     }
 
-    /// Nothing is held anywhere: the lookups below need not take the map's
-    /// lock (every getattr asks). `bytes` moves under that lock, with the
-    /// blocks, and a file's blocks under its inode lock.
-    fn idle(&self) -> bool {
-        !self.enabled || self.bytes.load(Ordering::Acquire) == 0
+    /// Whether any file holds data. When none does, the lookups below
+    /// need not take the map's lock (every getattr asks): `bytes` moves
+    /// under that lock, with the blocks, and a file's blocks under its
+    /// inode lock.
+    pub fn holds_any(&self) -> bool {
+        self.enabled && self.bytes.load(Ordering::Acquire) > 0
     }
 
     /// Whether `ino` holds data.
     pub fn holds(&self, ino: u32) -> bool {
-        !self.idle() && self.files.lock().contains_key(&ino)
+        self.holds_any() && self.files.lock().contains_key(&ino)
     }
 
     /// The last block `ino` holds.
@@ -253,14 +262,9 @@ impl Delayed {
         self.enabled && self.emptied.lock().remove(&ino)
     }
 
-    /// Whether any file holds data.
-    pub fn holds_any(&self) -> bool {
-        self.enabled && self.bytes.load(Ordering::Acquire) > 0
-    }
-
     /// The size `ino` shows, when it holds data.
     pub fn size_of(&self, ino: u32) -> Option<u64> {
-        if self.idle() {
+        if !self.holds_any() {
             return None;
         }
         self.files.lock().get(&ino).map(|file| file.size)
@@ -268,7 +272,7 @@ impl Delayed {
 
     /// `ino`'s size and 512-byte block count with its held data.
     pub fn overlay(&self, ino: u32, size: &mut u64, blocks: &mut u64) {
-        if self.idle() {
+        if !self.holds_any() {
             return;
         }
         if let Some(file) = self.files.lock().get(&ino) {
@@ -280,7 +284,7 @@ impl Delayed {
     /// Copy `ino`'s held blocks over `buffer`, which holds the file's
     /// blocks from `first` on.
     pub fn read_into(&self, ino: u32, first: u64, buffer: &mut [u8]) {
-        if self.idle() {
+        if !self.holds_any() {
             return;
         }
         let files = self.files.lock();
@@ -394,11 +398,7 @@ impl Delayed {
     }
 
     fn note_write_out(&self, reason: WriteOut) {
-        let index = WRITE_OUT_REASONS
-            .iter()
-            .position(|(known, _)| *known == reason)
-            .unwrap_or(0);
-        self.write_outs[index].fetch_add(1, Ordering::Relaxed);
+        self.write_outs[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     fn over_limit(&self) -> bool {
@@ -414,20 +414,23 @@ impl Delayed {
             limit: self.limit,
             held_writes: self.held_writes.load(Ordering::Relaxed),
             blocks_written_out: self.blocks_written_out.load(Ordering::Relaxed),
-            write_outs: WRITE_OUT_REASONS
+            write_outs: WRITE_OUT_NAMES
                 .iter()
                 .zip(&self.write_outs)
-                .map(|((_, name), count)| (*name, count.load(Ordering::Relaxed)))
+                .map(|(name, count)| (*name, count.load(Ordering::Relaxed)))
                 .collect(),
         }
     }
 }
 
-/// Whether a balance (what is left after the reservations) is low for
-/// holding more: under half of what is reserved, as the kernel's
-/// `ext4_nonda_switch` (2 × free < 3 × dirty), plus a margin.
-fn low_balance(balance: i64, reserved: u64) -> bool {
-    balance < (reserved / 2 + LOW_SPACE_SLACK) as i64
+/// Whether the balance is low for holding more: what an ordinary user's
+/// balance leaves after the reservations is under half of them, as the
+/// kernel's `ext4_nonda_switch` (2 × free < 3 × dirty), plus a margin.
+/// Root's writes use the same threshold, so that a writer stops holding
+/// at the point where `after_delayed_write` writes everything out.
+fn low_on_space(budget: &Budget) -> bool {
+    let reserved = budget.reserved();
+    budget.balance(budget.withheld(false, false)) < (reserved / 2 + LOW_SPACE_SLACK) as i64
 }
 
 /// Runs of contiguous blocks in `file`.
@@ -466,7 +469,8 @@ impl Tx<'_, '_> {
         let sync = self.core.options.sync || inode.has_flag(crate::format::inode::flags::SYNC);
         let inline = inode.has_flag(crate::format::inode::flags::INLINE_DATA);
         let large = data.len() as u64 >= HOLD_WRITES_BELOW;
-        if sync || large || !inode.uses_extents() || inline || self.low_on_space() {
+        let low = low_on_space(&self.core.sbi.budget);
+        if sync || large || !inode.uses_extents() || inline || low {
             return Ok(not_held);
         }
         let block_size = self.core.geo.block_size as u64;
@@ -548,24 +552,11 @@ impl Tx<'_, '_> {
             return false;
         }
         let mut files = self.core.delayed.files.lock();
-        let file = files.entry(ino).or_insert_with(|| HeldFile {
-            size: inode.size,
-            blocks: BTreeMap::new(),
-            reserved: 0,
-            since: Instant::now(),
-        });
+        let file = files
+            .entry(ino)
+            .or_insert_with(|| HeldFile::new(inode.size));
         file.reserved += blocks;
         true
-    }
-
-    /// The balance no longer covers holding more: writes allocate at once
-    /// (and their writers write held files out).
-    fn low_on_space(&self) -> bool {
-        let budget = &self.core.sbi.budget;
-        // An ordinary user's balance, for root too: the writer then writes
-        // everything out at the same point (`after_delayed_write`).
-        let withheld = budget.withheld(false, false);
-        low_balance(budget.balance(withheld), budget.reserved())
     }
 
     /// Write the next chunk of `ino`'s held data up to block `up_to`;
@@ -618,12 +609,7 @@ impl Delayed {
     fn hold(&self, ino: u32, disk_size: u64, offset: u64, data: &[u8]) {
         let block_size = self.block_size as u64;
         let mut files = self.files.lock();
-        let file = files.entry(ino).or_insert_with(|| HeldFile {
-            size: disk_size,
-            blocks: BTreeMap::new(),
-            reserved: 0,
-            since: Instant::now(),
-        });
+        let file = files.entry(ino).or_insert_with(|| HeldFile::new(disk_size));
         let end = offset + data.len() as u64;
         let mut position = offset;
         let mut added = 0u64;
@@ -738,8 +724,7 @@ impl Fs {
             }
         }
         let budget = &self.core.sbi.budget;
-        let withheld = budget.withheld(false, false);
-        if budget.reserved() > 0 && low_balance(budget.balance(withheld), budget.reserved()) {
+        if budget.reserved() > 0 && low_on_space(budget) {
             self.write_out_all(WriteOut::Space)?;
         }
         Ok(())

@@ -530,23 +530,22 @@ impl Fs {
             match chunk_written {
                 // The file holds delayed data this chunk cannot join.
                 Ok(None) => self.write_out(ino, WriteOut::Mapping)?,
-                // Held data's worst-case reservations may be what is
-                // missing: written out, they are exact.
-                Err(Error::NoSpace) if !drained && self.core.sbi.budget.reserved() > 0 => {
+                Ok(Some(bytes)) if bytes == chunk_len => done += bytes,
+                // At the wall (short, or ENOSPC), once: held data's
+                // worst-case reservations may be what is missing — written
+                // out, they are exact — so the rest is tried again.
+                outcome @ (Ok(Some(_)) | Err(Error::NoSpace))
+                    if !drained && self.core.sbi.budget.reserved() > 0 =>
+                {
+                    if let Ok(Some(bytes)) = outcome {
+                        done += bytes;
+                    }
                     drained = true;
                     self.write_out_all(WriteOut::Space)?;
                 }
                 Ok(Some(bytes)) => {
                     done += bytes;
-                    if bytes < chunk_len {
-                        // Short at the wall: held data's reservations may
-                        // hide the rest, as for an ENOSPC above.
-                        if drained || self.core.sbi.budget.reserved() == 0 {
-                            break;
-                        }
-                        drained = true;
-                        self.write_out_all(WriteOut::Space)?;
-                    }
+                    break;
                 }
                 // A short write is a success for what was written.
                 Err(Error::NoSpace | Error::FileTooBig) if done > 0 => break,

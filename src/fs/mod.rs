@@ -282,9 +282,6 @@ impl Core {
         );
         if !options.space_budget {
             budget = budget.disabled();
-            if options.delalloc {
-                tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
-            }
         }
         let core = Core {
             overhead_blocks: overhead_blocks(&geo, &sb),
@@ -302,7 +299,7 @@ impl Core {
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
             delayed: delalloc::Delayed::new(
-                options.delalloc && options.space_budget && !options.read_only,
+                options.delalloc,
                 geo.block_size,
                 delalloc_limit(&options),
             ),
@@ -473,6 +470,12 @@ impl Fs {
         if journaled && options.noload {
             options.read_only = true;
         }
+        // Decided once: what the engine holds and what the metadata cache
+        // gives up for it (`delalloc_limit`) follow from this.
+        if options.delalloc && !options.space_budget {
+            tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
+        }
+        options.delalloc &= options.space_budget && !options.read_only;
         let fast_commit = fast_commit_wanted(&sb, &options)?;
         let geo = Geometry::from_superblock(&sb);
         check_device_size(&geo, &*dev)?;
