@@ -81,16 +81,8 @@ fn interleaved_appenders_get_one_extent_per_file() {
             .collect();
         let free_before = fs.statfs().free_blocks;
         let chunk = 1024;
-        let data = |ino: u32, round: u64| e2e::pattern(ino as u64 * 100 + round, chunk);
-        for round in 0..40u64 {
-            for &ino in &files {
-                let at = round * chunk as u64;
-                assert_eq!(
-                    fs.write(ino, at, &data(ino, round), Caller::ROOT).unwrap(),
-                    chunk
-                );
-            }
-        }
+        let data = |ino: u32, round: u64| e2e::appended(ino, round, chunk);
+        e2e::append_in_turn(&fs, &files, 0..40, chunk);
         let stats = fs.delalloc_stats();
         let file_bytes = 40 * chunk as u64;
         assert_eq!(stats.bytes_held, 200 * file_bytes, "{stats:?}");
@@ -202,20 +194,29 @@ fn a_file_renamed_over_another_is_written_out_with_the_rename() {
     let stats = fs.delalloc_stats();
     assert_eq!(stats.bytes_held, 0, "{stats:?}");
     assert!(stats.write_outs.contains(&("rename", 1)), "{stats:?}");
-    // Another file's fsync commits the running transaction, rename
-    // included (no fast commits on this image).
+    config_survives_another_fsync(fs, &image, &new, "after rename over");
+}
+
+/// Another file's fsync commits the running transaction (no fast commits
+/// on these images), then a crash: `/config` must hold `expected`, and
+/// the replayed copy must be clean.
+fn config_survives_another_fsync(fs: Arc<Fs>, image: &Path, expected: &[u8], when: &str) {
     let other = fs
         .create(ROOT_INO, b"other", 0o644, Caller::ROOT)
         .unwrap()
         .ino;
     fs.write(other, 0, b"x", Caller::ROOT).unwrap();
     fs.fsync(other, false).unwrap();
-    let crashed = crash_copy(&image, "crashed.img");
+    let crashed = crash_copy(image, "crashed.img");
     drop(fs);
     let fs = open(&crashed, false);
-    assert_eq!(whole(&fs, ino_of(&fs, ROOT_INO, "config")), new);
+    assert_eq!(
+        whole(&fs, ino_of(&fs, ROOT_INO, "config")),
+        expected,
+        "{when}"
+    );
     fs.unmount().unwrap();
-    e2e::fsck_clean(&crashed, "crash copy after rename over");
+    e2e::fsck_clean(&crashed, &format!("crash copy {when}"));
 }
 
 /// Held data stays within its bound (a quarter of cache_size): writers
@@ -348,18 +349,7 @@ fn a_file_truncated_to_zero_and_rewritten_goes_out_at_its_last_close() {
     let stats = fs.delalloc_stats();
     assert_eq!(stats.bytes_held, 0, "{stats:?}");
     assert!(stats.write_outs.contains(&("close", 1)), "{stats:?}");
-    let other = fs
-        .create(ROOT_INO, b"other", 0o644, Caller::ROOT)
-        .unwrap()
-        .ino;
-    fs.write(other, 0, b"x", Caller::ROOT).unwrap();
-    fs.fsync(other, false).unwrap();
-    let crashed = crash_copy(&image, "crashed.img");
-    drop(fs);
-    let fs = open(&crashed, false);
-    assert_eq!(whole(&fs, ino_of(&fs, ROOT_INO, "config")), new);
-    fs.unmount().unwrap();
-    e2e::fsck_clean(&crashed, "crash copy after truncate, rewrite, close");
+    config_survives_another_fsync(fs, &image, &new, "after truncate, rewrite, close");
 }
 
 /// Held data older than the commit interval goes out on its own.

@@ -93,6 +93,17 @@ fn workload(image: &Image, model: &mut Model) {
     model.files.insert("d/keep".into(), Some(b"kEEP!".to_vec()));
 }
 
+/// A 32 MiB ext4 image with the fast_commit feature, `name` plus the
+/// block size.
+fn fast_commit_image(dir: &std::path::Path, name: &str, block_size: &str) -> std::path::PathBuf {
+    common::mkfs(
+        dir,
+        &format!("{name}{block_size}"),
+        32,
+        &["-t", "ext4", "-b", block_size, "-O", "fast_commit"],
+    )
+}
+
 /// fsync of a directory (FSYNCDIR) on a fast_commit image is a fast commit
 /// of the directory's transaction, never a full commit: the names created,
 /// renamed, linked and removed in it and the files it names, written but
@@ -106,12 +117,7 @@ fn fsync_of_a_directory_is_a_fast_commit_the_kernel_replays() {
     let _kernel = kernel_lock();
     for block_size in ["1024", "4096"] {
         let dir = tempfile::tempdir().unwrap();
-        let path = common::mkfs(
-            dir.path(),
-            &format!("dirsync{block_size}"),
-            32,
-            &["-t", "ext4", "-b", block_size, "-O", "fast_commit"],
-        );
+        let path = fast_commit_image(dir.path(), "dirsync", block_size);
         let image = Image::open_with(&path, options()).unwrap();
         image.create_dir("/d", 0o755).unwrap();
         image.create_dir("/e", 0o755).unwrap();
@@ -170,12 +176,7 @@ fn fsync_writes_fast_commits_that_the_kernel_replays() {
     let _kernel = kernel_lock();
     for block_size in ["1024", "4096"] {
         let dir = tempfile::tempdir().unwrap();
-        let path = common::mkfs(
-            dir.path(),
-            &format!("write{block_size}"),
-            32,
-            &["-t", "ext4", "-b", block_size, "-O", "fast_commit"],
-        );
+        let path = fast_commit_image(dir.path(), "write", block_size);
         let image = Image::open_with(&path, options()).unwrap();
         image.create_dir("/d", 0o755).unwrap();
         image.write_file("/d/old", b"old\n").unwrap();

@@ -995,16 +995,8 @@ fn interleaved_appenders_get_contiguous_files_and_windows_never_cost_space() {
             .collect();
         // blurt's appends: 1 KiB each, 40 per file.
         let chunk = 1024;
-        let data = |ino: u32, round: u64| e2e::pattern(ino as u64 * 100 + round, chunk);
-        for round in 0..40u64 {
-            for &ino in &files {
-                let at = round * chunk as u64;
-                assert_eq!(
-                    fs.write(ino, at, &data(ino, round), Caller::ROOT).unwrap(),
-                    chunk
-                );
-            }
-        }
+        let data = |ino: u32, round: u64| e2e::appended(ino, round, chunk);
+        e2e::append_in_turn(&fs, &files, 0..40, chunk);
         let stats = fs.alloc_stats();
         eprintln!("{block_size}: {stats:?}");
         assert!(stats.windows_holding > 0, "{stats:?}");
@@ -1015,13 +1007,7 @@ fn interleaved_appenders_get_contiguous_files_and_windows_never_cost_space() {
         }
         assert_eq!(fs.alloc_stats().windows_holding, 0, "released, yet held");
         // Windows again (never released), then fill past them.
-        for &ino in &files {
-            let at = 40 * chunk as u64;
-            assert_eq!(
-                fs.write(ino, at, &data(ino, 40), Caller::ROOT).unwrap(),
-                chunk
-            );
-        }
+        e2e::append_in_turn(&fs, &files, 40..41, chunk);
         let held = fs.alloc_stats().windows_holding;
         assert!(held >= 200 * 4, "{held} blocks in windows");
         let filler = fs

@@ -156,3 +156,27 @@ pub fn file_extents(image: &Path, paths: &[String]) -> Vec<(usize, u32)> {
     assert!(files.iter().all(|&(extents, _)| extents > 0), "{text}");
     files
 }
+
+/// The bytes of round `round` of blurt-style appends to inode `ino`.
+pub fn appended(ino: u32, round: u64, chunk: usize) -> Vec<u8> {
+    pattern(ino as u64 * 100 + round, chunk)
+}
+
+/// blurt's appends through the library, as root: for each round of
+/// `rounds`, `chunk` bytes (`appended`'s) to each of `files` in turn, at
+/// `round * chunk`; each write must be whole.
+pub fn append_in_turn(
+    fs: &jext4::fs::Fs,
+    files: &[u32],
+    rounds: std::ops::Range<u64>,
+    chunk: usize,
+) {
+    for round in rounds {
+        for &ino in files {
+            let at = round * chunk as u64;
+            let data = appended(ino, round, chunk);
+            let written = fs.write(ino, at, &data, jext4::fs::Caller::ROOT).unwrap();
+            assert_eq!(written, chunk, "append of round {round} to inode {ino}");
+        }
+    }
+}
