@@ -200,6 +200,28 @@ pub fn assert_none_held(what: &str) {
     let _ = what;
 }
 
+thread_local! {
+    static BEFORE_BLOCKING: std::cell::RefCell<Option<Box<dyn Fn()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Give the calling thread something to run whenever it is about to block
+/// on one of these locks or condition variables: a `/dev/fuse` worker
+/// uses it to wake another worker to read meanwhile (`fuse/turns.rs`).
+pub fn set_before_blocking(hook: Box<dyn Fn()>) {
+    BEFORE_BLOCKING.with(|slot| *slot.borrow_mut() = Some(hook));
+}
+
+/// The calling thread is about to wait: for a contended lock, a commit, a
+/// condition.
+pub fn before_blocking() {
+    BEFORE_BLOCKING.with(|slot| {
+        if let Some(hook) = &*slot.borrow() {
+            hook();
+        }
+    });
+}
+
 fn address_of<T: ?Sized>(value: &T) -> usize {
     value as *const T as *const u8 as usize
 }
@@ -231,10 +253,11 @@ impl<T> Mutex<T> {
 impl<T: ?Sized> Mutex<T> {
     pub fn lock(&self) -> MutexGuard<'_, T> {
         let held = Held::acquire(self.rank, address_of(self));
-        MutexGuard {
-            guard: self.inner.lock(),
-            _held: held,
-        }
+        let guard = self.inner.try_lock().unwrap_or_else(|| {
+            before_blocking();
+            self.inner.lock()
+        });
+        MutexGuard { guard, _held: held }
     }
 
     pub fn get_mut(&mut self) -> &mut T {
@@ -266,11 +289,13 @@ impl Condvar {
     }
 
     pub fn wait<T: ?Sized>(&self, guard: &mut MutexGuard<'_, T>) {
+        before_blocking();
         self.0.wait(&mut guard.guard);
     }
 
     /// Returns true when the deadline passed.
     pub fn wait_until<T: ?Sized>(&self, guard: &mut MutexGuard<'_, T>, deadline: Instant) -> bool {
+        before_blocking();
         self.0.wait_until(&mut guard.guard, deadline).timed_out()
     }
 
@@ -280,6 +305,7 @@ impl Condvar {
         guard: &mut MutexGuard<'_, T>,
         timeout: std::time::Duration,
     ) -> bool {
+        before_blocking();
         self.0.wait_for(&mut guard.guard, timeout).timed_out()
     }
 
@@ -320,18 +346,20 @@ impl<T> RwLock<T> {
 impl<T: ?Sized> RwLock<T> {
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
         let held = Held::acquire(self.rank, address_of(self));
-        RwLockReadGuard {
-            guard: self.inner.read(),
-            _held: held,
-        }
+        let guard = self.inner.try_read().unwrap_or_else(|| {
+            before_blocking();
+            self.inner.read()
+        });
+        RwLockReadGuard { guard, _held: held }
     }
 
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
         let held = Held::acquire(self.rank, address_of(self));
-        RwLockWriteGuard {
-            guard: self.inner.write(),
-            _held: held,
-        }
+        let guard = self.inner.try_write().unwrap_or_else(|| {
+            before_blocking();
+            self.inner.write()
+        });
+        RwLockWriteGuard { guard, _held: held }
     }
 }
 

@@ -538,3 +538,61 @@ fn transports_are_chosen_and_bad_choices_refused() {
     mount.unmount();
     e2e::fsck_clean(&image, "after the transport choices");
 }
+
+/// Issue 11: one caller's requests stay with one `/dev/fuse` worker
+/// (`fuse/turns.rs`) instead of going round the four in turn, each waking
+/// a thread that last ran elsewhere; with the turns switched off
+/// (`JEXT4_FUSE_OFF=one_reader`) they go round.
+#[test]
+fn one_callers_requests_stay_with_one_dev_fuse_worker() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    const REQUESTS: u64 = 2000;
+    let scratch = e2e::scratch("turns");
+    let cases: [(&[(&str, &str)], bool); 2] =
+        [(&[], true), (&[("JEXT4_FUSE_OFF", "one_reader")], false)];
+    for (index, (env, one_worker)) in cases.into_iter().enumerate() {
+        let image = common::mkfs(
+            scratch.path(),
+            &format!("turns{index}"),
+            16,
+            &["-t", "ext4"],
+        );
+        let mnt = scratch.path().join(format!("mnt{index}"));
+        let mount =
+            JextMount::try_mount_with_env(&image, &mnt, "fuse_transport=dev,threads=4", env)
+                .unwrap_or_else(|(output, log)| panic!("mount {env:?}: {output:?}\n{log}"));
+        fs::write(mount.path("file"), b"data").unwrap();
+        let path = std::ffi::CString::new(e2e::path_str(&mount.path("file"))).unwrap();
+        let name = c"user.missing";
+        let before = stats(&mnt);
+        for _ in 0..REQUESTS {
+            // SAFETY: valid C strings; a null buffer of size 0 asks for the
+            // size only. Every call is a GETXATTR request (FUSE caches no
+            // extended attributes).
+            let size =
+                unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+            assert_eq!(size, -1);
+            assert_eq!(
+                std::io::Error::last_os_error().raw_os_error(),
+                Some(libc::ENODATA)
+            );
+        }
+        let after = stats(&mnt);
+        let count = |report: &str, name: &str| {
+            stat_value(report, name).unwrap_or_else(|| panic!("no {name} in\n{report}"))
+        };
+        let asked = count(&after, "fuse_op_getxattr") - count(&before, "fuse_op_getxattr");
+        assert_eq!(asked, REQUESTS, "{after}");
+        let switches =
+            count(&after, "fuse_dev_worker_switches") - count(&before, "fuse_dev_worker_switches");
+        if one_worker {
+            assert!(switches < REQUESTS / 10, "{switches} switches:\n{after}");
+        } else {
+            assert!(switches > REQUESTS / 2, "{switches} switches:\n{after}");
+        }
+        mount.unmount();
+        e2e::fsck_clean(&image, "after the getxattr loop");
+    }
+}

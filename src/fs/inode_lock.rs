@@ -69,14 +69,22 @@ impl InodeLocks {
     /// Take `ino`'s lock shared, as `rank`.
     pub fn read(&self, ino: u32, rank: Rank) -> InodeGuard<'_> {
         let held = Held::acquire(rank, IDENTITY_TAG | ino as usize);
-        let guard = Guard::Read(self.entry(ino).read_arc());
+        let entry = self.entry(ino);
+        let guard = Guard::Read(entry.try_read_arc().unwrap_or_else(|| {
+            crate::lock::before_blocking();
+            entry.read_arc()
+        }));
         self.guard(ino, guard, held)
     }
 
     /// Take `ino`'s lock exclusive, as `rank`.
     pub fn write(&self, ino: u32, rank: Rank) -> InodeGuard<'_> {
         let held = Held::acquire(rank, IDENTITY_TAG | ino as usize);
-        let guard = Guard::Write(self.entry(ino).write_arc());
+        let entry = self.entry(ino);
+        let guard = Guard::Write(entry.try_write_arc().unwrap_or_else(|| {
+            crate::lock::before_blocking();
+            entry.write_arc()
+        }));
         self.guard(ino, guard, held)
     }
 

@@ -11,6 +11,7 @@
 
 use super::answer::Origin;
 use super::sync_pool::SyncPool;
+use super::turns::ReadTurns;
 use super::{FuseAdapter, time_set, timestamp};
 use crate::fs::SetAttr;
 use fuser::{
@@ -32,6 +33,8 @@ pub struct DevSession {
     uring_taken: Arc<OnceLock<bool>>,
     /// Where fsync and fsyncdir wait for their commits (`sync_pool.rs`).
     syncs: Arc<SyncPool>,
+    /// Which worker reads next (`turns.rs`).
+    turns: Arc<ReadTurns>,
 }
 
 impl DevSession {
@@ -40,12 +43,14 @@ impl DevSession {
         want_uring: bool,
         uring_taken: Arc<OnceLock<bool>>,
         syncs: Arc<SyncPool>,
+        turns: Arc<ReadTurns>,
     ) -> Self {
         DevSession {
             adapter,
             want_uring,
             uring_taken,
             syncs,
+            turns,
         }
     }
 }
@@ -67,16 +72,20 @@ impl Filesystem for DevSession {
         Ok(())
     }
 
-    // BATCH_FORGET: fuser's default hands each node to forget().
+    // BATCH_FORGET: fuser's default hands each node to forget(), so a turn
+    // here must not park mid-batch.
     fn forget(&self, _request: &Request, ino: INodeNo, nlookup: u64) {
+        let _turn = self.turns.take_briefly();
         self.adapter.forget(ino, nlookup);
     }
 
     fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _turn = self.turns.take();
         self.adapter.lookup(parent, name, reply);
     }
 
     fn getattr(&self, _request: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _turn = self.turns.take();
         self.adapter.getattr(ino, reply);
     }
 
@@ -98,6 +107,7 @@ impl Filesystem for DevSession {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _turn = self.turns.take();
         let changes = SetAttr {
             mode: mode.map(|mode| (mode & 0o7777) as u16),
             uid,
@@ -112,6 +122,7 @@ impl Filesystem for DevSession {
     }
 
     fn readlink(&self, _request: &Request, ino: INodeNo, reply: ReplyData) {
+        let _turn = self.turns.take();
         self.adapter.readlink(ino, reply);
     }
 
@@ -125,6 +136,7 @@ impl Filesystem for DevSession {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turns.take();
         self.adapter.mknod(
             &Origin::from(request),
             parent,
@@ -145,16 +157,19 @@ impl Filesystem for DevSession {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turns.take();
         self.adapter
             .mkdir(&Origin::from(request), parent, name, mode, umask, reply);
     }
 
     fn unlink(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _turn = self.turns.take();
         self.adapter
             .unlink(&Origin::from(request), parent, name, reply);
     }
 
     fn rmdir(&self, request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _turn = self.turns.take();
         self.adapter
             .rmdir(&Origin::from(request), parent, name, reply);
     }
@@ -167,6 +182,7 @@ impl Filesystem for DevSession {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turns.take();
         self.adapter
             .symlink(&Origin::from(request), parent, link_name, target, reply);
     }
@@ -181,6 +197,7 @@ impl Filesystem for DevSession {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.adapter.rename(
             &Origin::from(request),
             parent,
@@ -200,11 +217,13 @@ impl Filesystem for DevSession {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turns.take();
         self.adapter
             .link(&Origin::from(request), ino, newparent, newname, reply);
     }
 
     fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _turn = self.turns.take();
         self.adapter.open(ino, reply);
     }
 
@@ -219,6 +238,7 @@ impl Filesystem for DevSession {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _turn = self.turns.take();
         self.adapter.read(ino, offset, size, reply);
     }
 
@@ -234,6 +254,7 @@ impl Filesystem for DevSession {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _turn = self.turns.take();
         self.adapter.write(
             &Origin::from(request),
             ino,
@@ -252,6 +273,7 @@ impl Filesystem for DevSession {
         _owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.adapter.flush(reply);
     }
 
@@ -265,6 +287,7 @@ impl Filesystem for DevSession {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.adapter.release(ino, reply);
     }
 
@@ -276,10 +299,12 @@ impl Filesystem for DevSession {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.wait_for_commit(move |adapter| adapter.fsync(ino, datasync, reply));
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _turn = self.turns.take();
         self.adapter.opendir(ino, reply);
     }
 
@@ -291,6 +316,7 @@ impl Filesystem for DevSession {
         offset: u64,
         reply: ReplyDirectory,
     ) {
+        let _turn = self.turns.take();
         self.adapter.readdir(ino, offset, reply);
     }
 
@@ -302,6 +328,7 @@ impl Filesystem for DevSession {
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
+        let _turn = self.turns.take();
         self.adapter.readdirplus(ino, offset, reply);
     }
 
@@ -313,6 +340,7 @@ impl Filesystem for DevSession {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.adapter.releasedir(ino, reply);
     }
 
@@ -324,6 +352,7 @@ impl Filesystem for DevSession {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.wait_for_commit(move |adapter| adapter.fsyncdir(ino, reply));
     }
 
@@ -338,10 +367,12 @@ impl Filesystem for DevSession {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _turn = self.turns.take();
         self.adapter.ioctl(ino, cmd, out_size, reply);
     }
 
     fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _turn = self.turns.take();
         self.adapter.statfs(reply);
     }
 
@@ -355,6 +386,7 @@ impl Filesystem for DevSession {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.adapter
             .setxattr(&Origin::from(request), ino, name, value, flags, reply);
     }
@@ -367,19 +399,23 @@ impl Filesystem for DevSession {
         size: u32,
         reply: ReplyXattr,
     ) {
+        let _turn = self.turns.take();
         self.adapter.getxattr(ino, name, size, reply);
     }
 
     fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _turn = self.turns.take();
         self.adapter.listxattr(ino, size, reply);
     }
 
     fn removexattr(&self, request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _turn = self.turns.take();
         self.adapter
             .removexattr(&Origin::from(request), ino, name, reply);
     }
 
     fn access(&self, _request: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        let _turn = self.turns.take();
         self.adapter.access(ino, reply);
     }
 
@@ -393,6 +429,7 @@ impl Filesystem for DevSession {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        let _turn = self.turns.take();
         self.adapter
             .create(&Origin::from(request), parent, name, mode, umask, reply);
     }
@@ -407,6 +444,7 @@ impl Filesystem for DevSession {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turns.take();
         self.adapter
             .fallocate(&Origin::from(request), ino, offset, length, mode, reply);
     }
@@ -420,6 +458,7 @@ impl Filesystem for DevSession {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _turn = self.turns.take();
         self.adapter.lseek(ino, offset, whence, reply);
     }
 }

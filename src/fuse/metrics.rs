@@ -180,6 +180,8 @@ pub struct TransportFigures {
     /// "dev" or "uring".
     pub name: &'static str,
     pub ring: Option<RingFigures>,
+    /// Which `/dev/fuse` worker reads (`turns.rs`); not over io_uring.
+    pub turns: Option<Arc<super::turns::ReadTurns>>,
 }
 
 /// The io_uring transport's shape, its buffers and the requests it
@@ -231,6 +233,17 @@ impl RequestMetrics {
             return Vec::new();
         };
         let mut lines = vec![format!("fuse_transport {}", transport.name)];
+        if let Some(turns) = &transport.turns {
+            let turns = turns.figures();
+            lines.extend([
+                format!("fuse_dev_one_reader {}", u8::from(turns.enabled)),
+                format!("fuse_dev_worker_switches {}", turns.switches),
+                format!("fuse_dev_parks {}", turns.parks),
+                format!("fuse_dev_parks_timed_out {}", turns.parks_timed_out),
+                format!("fuse_dev_wakes_for_backlog {}", turns.wakes_for_backlog),
+                format!("fuse_dev_wakes_for_blocking {}", turns.wakes_for_blocking),
+            ]);
+        }
         if let Some(ring) = &transport.ring {
             lines.extend([
                 format!("fuse_uring_queues {}", ring.queues),
@@ -483,6 +496,7 @@ mod tests {
                 requests: Arc::new(AtomicU64::new(u64::MAX)),
                 pace: Arc::new(crate::fuse::pace::Pace::new(64, Duration::from_millis(10))),
             }),
+            turns: None,
         });
         for operation in Operation::ALL {
             let mut clock = metrics.begin(operation, Instant::now());

@@ -31,6 +31,7 @@ mod options;
 mod pace;
 pub mod serve;
 mod sync_pool;
+mod turns;
 mod uring;
 mod wire;
 
@@ -91,15 +92,19 @@ struct Tuning {
     /// FOPEN_KEEP_CACHE on files and FOPEN_CACHE_DIR on directories
     /// whose atime an access would not change (`FuseAdapter::open_flags`).
     keep_cache: bool,
+    /// One `/dev/fuse` worker reads while nothing needs a second
+    /// (`turns.rs`).
+    one_reader: bool,
 }
 
 impl Tuning {
-    const NAMES: [&str; 5] = [
+    const NAMES: [&str; 6] = [
         "killpriv_v2",
         "noflush",
         "long_ttl",
         "negative_entries",
         "keep_cache",
+        "one_reader",
     ];
 
     /// The savers `JEXT4_FUSE_OFF` leaves on; an unknown name is refused
@@ -115,6 +120,7 @@ impl Tuning {
             long_ttl: true,
             negative_entries: true,
             keep_cache: true,
+            one_reader: true,
         };
         for name in off
             .split(',')
@@ -127,6 +133,7 @@ impl Tuning {
                 "long_ttl" => tuning.long_ttl = false,
                 "negative_entries" => tuning.negative_entries = false,
                 "keep_cache" => tuning.keep_cache = false,
+                "one_reader" => tuning.one_reader = false,
                 unknown => {
                     return Err(Error::Invalid(format!(
                         "JEXT4_FUSE_OFF: unknown name {unknown:?} (known: {})",
@@ -196,6 +203,11 @@ impl FuseAdapter {
             posix_acl: AtomicBool::new(false),
             stale_pages: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Whether one `/dev/fuse` worker reads at a time (`turns.rs`).
+    fn one_reader(&self) -> bool {
+        self.tuning.one_reader
     }
 
     pub fn metrics(&self) -> &RequestMetrics {

@@ -5,11 +5,12 @@
 use super::dev::DevSession;
 use super::metrics::{RequestMetrics, RingFigures, TransportFigures};
 use super::sync_pool::SyncPool;
+use super::turns::ReadTurns;
 use super::{FuseAdapter, FuseOptions, FuseTransport, stats_report, uring, wire};
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 use fuser::{Config, MountOption, SessionACL};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -210,12 +211,15 @@ pub fn serve(
         config.n_threads = Some(1);
     }
     let uring_taken = Arc::new(OnceLock::new());
-    let syncs = Arc::new(SyncPool::new(config.n_threads.unwrap_or(1)));
+    let workers = config.n_threads.unwrap_or(1);
+    let syncs = Arc::new(SyncPool::new(workers));
+    let turns = ReadTurns::new(workers, adapter.one_reader());
     let session = DevSession::new(
         Arc::clone(&adapter),
         want_uring,
         Arc::clone(&uring_taken),
         Arc::clone(&syncs),
+        Arc::clone(&turns),
     );
     let session = fuser::Session::new(session, mountpoint, &config).map_err(|error| {
         Error::Io(std::io::Error::new(
@@ -224,8 +228,9 @@ pub fn serve(
         ))
     })?;
     let _ = notifier.set(session.notifier());
+    turns.set_fd(session.as_fd().as_raw_fd());
     let uring_taken = uring_taken.get().copied().unwrap_or(false);
-    let ring = start_transport(&session, &adapter, options, &config, uring_taken)?;
+    let ring = start_transport(&session, &adapter, options, &config, uring_taken, &turns)?;
     ready();
     let reporter = StatsReporter::start(
         Arc::clone(&fs),
@@ -272,8 +277,14 @@ fn start_transport(
     options: &FuseOptions,
     config: &Config,
     uring_taken: bool,
+    turns: &Arc<ReadTurns>,
 ) -> Result<Option<uring::Ring>> {
     let metrics = adapter.metrics();
+    let dev = || TransportFigures {
+        name: "dev",
+        ring: None,
+        turns: Some(Arc::clone(turns)),
+    };
     let refuse = |why: String| -> Result<Option<uring::Ring>> {
         if options.transport == FuseTransport::Uring {
             return Err(Error::Invalid(format!(
@@ -281,10 +292,7 @@ fn start_transport(
             )));
         }
         tracing::warn!("serving through /dev/fuse: {why}");
-        metrics.set_transport(TransportFigures {
-            name: "dev",
-            ring: None,
-        });
+        metrics.set_transport(dev());
         Ok(None)
     };
     if options.transport == FuseTransport::Dev
@@ -292,10 +300,7 @@ fn start_transport(
             && options.transport == FuseTransport::Auto
             && uring::kernel_offers().is_err())
     {
-        metrics.set_transport(TransportFigures {
-            name: "dev",
-            ring: None,
-        });
+        metrics.set_transport(dev());
         return Ok(None);
     }
     if !uring_taken {
@@ -325,6 +330,7 @@ fn start_transport(
                     requests: Arc::clone(&ring.requests),
                     pace: Arc::clone(&ring.pace),
                 }),
+                turns: None,
             });
             tracing::info!(?shape, ?spin, "serving through FUSE over io_uring");
             Ok(Some(ring))
