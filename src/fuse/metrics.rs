@@ -274,7 +274,13 @@ impl RequestMetrics {
 
     /// A request of `operation` arrived (now, or at `arrived` when the
     /// transport saw it earlier than it could start the clock).
+    /// A request arrived. It is counted now, not once answered: its caller
+    /// may ask for the statistics as soon as the answer wakes it, and
+    /// another worker may serve that before this one has gone on.
     pub fn begin(&self, operation: Operation, arrived: Instant) -> RequestClock<'_> {
+        self.operations[operation.index()]
+            .count
+            .fetch_add(1, Ordering::AcqRel);
         let in_flight = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         self.in_flight_max.fetch_max(in_flight, Ordering::AcqRel);
         RequestClock {
@@ -297,10 +303,6 @@ impl RequestMetrics {
         let engine = clock.engine;
         let total = done.saturating_duration_since(clock.arrived);
         let transport = total.saturating_sub(engine);
-        entry.count.fetch_add(1, Ordering::AcqRel);
-        if clock.failed {
-            entry.errors.fetch_add(1, Ordering::AcqRel);
-        }
         entry
             .engine_ns
             .fetch_add(engine.as_nanos() as u64, Ordering::AcqRel);
@@ -417,7 +419,9 @@ impl RequestClock<'_> {
     /// the request as failed.
     pub fn engine<T, E>(&mut self, engine: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
         let result = self.timed(engine);
-        self.failed |= result.is_err();
+        if result.is_err() {
+            self.fail();
+        }
         result
     }
 
@@ -432,7 +436,12 @@ impl RequestClock<'_> {
     /// The request is answered with an error the engine did not return
     /// (a bad flag, a name the adapter refuses).
     pub fn fail(&mut self) {
-        self.failed = true;
+        // Counted before the answer goes out, as the request itself is.
+        if !std::mem::replace(&mut self.failed, true) {
+            self.metrics.operations[self.operation.index()]
+                .errors
+                .fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -458,6 +467,15 @@ mod tests {
             });
             assert_eq!(answer, Err(libc::ENOENT));
             assert_eq!(metrics.in_flight.load(Ordering::Acquire), 2);
+            // Counted before the answer goes out: the caller it wakes may
+            // ask for the statistics before this worker goes on.
+            assert_eq!(metrics.requests(Operation::Lookup), 1);
+            assert_eq!(
+                metrics.operations[Operation::Lookup.index()]
+                    .errors
+                    .load(Ordering::Acquire),
+                1
+            );
             drop(second);
         }
         assert_eq!(metrics.in_flight.load(Ordering::Acquire), 0);
