@@ -125,7 +125,9 @@ impl ReadTurns {
         if self.last_taker.swap(taker, Ordering::Relaxed) != taker {
             self.switches.fetch_add(1, Ordering::Relaxed);
         }
-        let left = self.readers.fetch_sub(1, Ordering::AcqRel) - 1;
+        let readers = self.readers.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(readers > 0, "a request taken with no worker reading");
+        let left = readers.wrapping_sub(1);
         if self.enabled {
             install_hook(self);
             if left == 0 && self.anyone_parked() && self.backlog_persists() {
