@@ -208,6 +208,9 @@ thread_local! {
 /// Give the calling thread something to run whenever it is about to block
 /// on one of these locks or condition variables: a `/dev/fuse` worker
 /// uses it to wake another worker to read meanwhile (`fuse/turns.rs`).
+/// The hook runs under the caller's locks, so it may take only a leaf
+/// lock outside this ranking (turns.rs's `parked`, a std mutex) and
+/// never one of these.
 pub fn set_before_blocking(hook: Box<dyn Fn()>) {
     BEFORE_BLOCKING.with(|slot| *slot.borrow_mut() = Some(hook));
 }

@@ -16,7 +16,9 @@
 //! in an unbounded queue. So does a worker that finds the mount nearly
 //! idle (fewer other requests in service than half the workers): a hand-
 //! over costs a thread wake-up, tens of microseconds of CPU on a virtual
-//! machine, for nothing when the other workers are free anyway. The io_uring transport does not use the pool: an
+//! machine, for nothing when the other workers are free anyway (one of
+//! them, parked, is woken to read meanwhile: `turns.rs`). The io_uring
+//! transport does not use the pool: an
 //! answer there is tied to the ring entry that carried the request, and
 //! its queues already hold `uring_threads` threads each.
 
@@ -81,6 +83,9 @@ impl SyncPool {
     /// is busy (or the pool stops, or no thread can be started).
     pub fn run(&self, busy: i64, job: impl FnOnce() + Send + 'static) {
         if busy < self.inline_below {
+            // This worker waits for the commit itself: another reads
+            // meanwhile (`turns.rs`).
+            crate::lock::before_blocking();
             return job();
         }
         let mut state = self.shared.state.lock();
@@ -99,6 +104,7 @@ impl SyncPool {
             return;
         }
         drop(state);
+        crate::lock::before_blocking();
         job();
     }
 

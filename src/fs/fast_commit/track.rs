@@ -369,6 +369,7 @@ impl Tracker {
                 break;
             }
             waited.get_or_insert_with(Instant::now);
+            crate::lock::before_blocking();
             self.wake.wait(&mut state);
         }
         if let Some(since) = waited {
@@ -409,7 +410,10 @@ impl Tracker {
                         after: state.scopes().last_queued(key),
                     };
                 }
-                Err(()) => self.wake.wait(&mut state),
+                Err(()) => {
+                    crate::lock::before_blocking();
+                    self.wake.wait(&mut state)
+                }
             }
         }
     }
@@ -418,6 +422,7 @@ impl Tracker {
     pub fn drain(&self, txn: TxnId) -> Entries {
         let mut state = self.state.lock();
         while state.scopes().txn(txn).updates > 0 {
+            crate::lock::before_blocking();
             self.wake.wait(&mut state);
         }
         state.scopes().drained(txn)
@@ -455,6 +460,7 @@ impl Tracker {
     pub fn wait_turn(&self, txn: TxnId, tid: u32) -> bool {
         let mut state = self.state.lock();
         while !state.scopes().is_turn(txn) {
+            crate::lock::before_blocking();
             self.wake.wait(&mut state);
         }
         is_eligible(&state, tid)
