@@ -12,6 +12,7 @@ use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::cache::Buffer;
 use crate::ensure_format;
 use crate::error::{Location, Result};
+use smallvec::SmallVec;
 
 // File type bits of i_mode.
 pub const S_IFMT: u16 = 0o170000;
@@ -150,8 +151,13 @@ pub struct Inode {
     pub file_acl: u64,
     pub extra_isize: u16,
     pub projid: u32,
-    raw: Vec<u8>,
+    raw: RawInode,
 }
+
+/// The stored bytes of an inode: in place up to the size mke2fs makes
+/// (256 bytes), so that reading an inode (several per request) allocates
+/// nothing; larger inodes spill to the heap.
+type RawInode = SmallVec<[u8; INODE_COPY_ON_STACK]>;
 
 impl std::fmt::Debug for Inode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -186,7 +192,7 @@ impl Inode {
             file_acl: 0,
             extra_isize: geo.want_extra_isize,
             projid: 0,
-            raw: vec![0; geo.inode_size as usize],
+            raw: SmallVec::from_elem(0, geo.inode_size as usize),
         }
     }
 
@@ -241,7 +247,7 @@ impl Inode {
     /// caller knows the bytes match it, and debug builds check that).
     fn decode_checking(geo: &Geometry, ino: u32, bytes: &[u8], verify: bool) -> Result<Self> {
         let size = geo.inode_size as usize;
-        let raw = bytes[..size].to_vec();
+        let raw = RawInode::from_slice(&bytes[..size]);
         let location = Location::Inode { ino };
         let extra_isize = if size > GOOD_OLD_INODE_SIZE as usize {
             get_u16(&raw, I_EXTRA_ISIZE)
