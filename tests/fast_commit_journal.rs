@@ -54,9 +54,10 @@ fn image_with_log(dir: &Path, logged: usize) -> (PathBuf, FastCommitArea, Vec<u6
         name: b"nothing".to_vec(),
     }));
     builder.tail(tid);
-    let block = &builder.finish()[0];
+    let built = builder.finish();
+    assert_eq!(built.blocks().len(), 1);
     let offset = area.blocks[first_block as usize] * 1024;
-    area.dev.write_at(offset, block).unwrap();
+    area.dev.write_at(offset, built.bytes()).unwrap();
     let fast_commit = FastCommitArea {
         first_block,
         end_block,

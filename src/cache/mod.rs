@@ -62,6 +62,11 @@ pub struct Buffer {
     /// The structure's checksum was verified since the block was read; the
     /// format layer skips re-verifying cached blocks it wrote itself.
     verified: AtomicBool,
+    /// The same per slot, for blocks that hold several checksummed
+    /// structures (inode tables: bit i is the inode at byte i x inode
+    /// size). Slots from `VERIFIED_SLOTS` on are never marked: they are
+    /// verified at every read.
+    slots_verified: AtomicU64,
     /// Clock bit for eviction.
     referenced: AtomicBool,
 }
@@ -74,6 +79,7 @@ impl Buffer {
             data: RwLock::new(Rank::Buffer, vec![0u8; block_size].into_boxed_slice()),
             uptodate: AtomicBool::new(false),
             verified: AtomicBool::new(false),
+            slots_verified: AtomicU64::new(0),
             referenced: AtomicBool::new(true),
         }
     }
@@ -101,7 +107,27 @@ impl Buffer {
     pub fn set_verified(&self) {
         self.verified.store(true, Ordering::Release);
     }
+
+    /// Whether slot `slot`'s checksum was verified since the block was read
+    /// from the device, or the slot was last written by the format layer.
+    pub fn is_slot_verified(&self, slot: usize) -> bool {
+        slot < VERIFIED_SLOTS && self.slots_verified.load(Ordering::Acquire) & (1 << slot) != 0
+    }
+
+    /// Remember slot `slot` as verified (a slot past the bitmap is not).
+    /// Callers hold the bytes' lock, shared after verifying them or
+    /// exclusive after writing them, so no writer can slip in between.
+    pub fn set_slot_verified(&self, slot: usize) {
+        if slot < VERIFIED_SLOTS {
+            self.slots_verified.fetch_or(1 << slot, Ordering::AcqRel);
+        }
+    }
 }
+
+/// Slots per buffer whose verification is remembered: every inode of a
+/// 4 KiB table block of 128-byte inodes or larger; beyond (64 KiB blocks,
+/// say), the rest are verified at every read.
+pub const VERIFIED_SLOTS: usize = 64;
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

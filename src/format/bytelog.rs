@@ -150,17 +150,25 @@ pub struct Anchor {
 
 impl Anchor {
     pub fn encode_value(&self) -> Vec<u8> {
-        [
+        let mut value = vec![0; ANCHOR_SIZE];
+        self.write_value(&mut value);
+        value
+    }
+
+    /// Write the value into `value` (`ANCHOR_SIZE` bytes).
+    pub fn write_value(&self, value: &mut [u8]) {
+        debug_assert_eq!(value.len(), ANCHOR_SIZE);
+        let words = [
             self.ring_block,
             self.head,
             self.tail,
             self.seq,
             self.count,
             self.stream_crc,
-        ]
-        .iter()
-        .flat_map(|word| word.to_le_bytes())
-        .collect()
+        ];
+        for (index, word) in words.into_iter().enumerate() {
+            put_u32(value, index * 4, word);
+        }
     }
 
     /// None unless `value` is exactly an anchor's size.

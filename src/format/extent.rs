@@ -23,7 +23,7 @@
 //! and then starts over from the root, so each step leaves a valid tree and
 //! no path is ever patched after a split.
 
-use super::csum::crc32c_raw;
+use super::csum::{crc32c_raw, inode_seed};
 use super::inode::{I_BLOCK_SIZE, Inode, flags};
 use super::mapping::{self, BlockUse, Extent, Lookup};
 use super::superblock::Geometry;
@@ -31,6 +31,7 @@ use super::{MetaCtx, get_u16, get_u32, put_u16, put_u32};
 use crate::cache::BufferCache;
 use crate::ensure_format;
 use crate::error::{Error, Location, Result};
+use smallvec::{SmallVec, smallvec};
 
 pub const EXTENT_MAGIC: u16 = 0xF30A;
 const HEADER_SIZE: usize = 12;
@@ -58,10 +59,16 @@ pub struct Index {
     pub child: u64,
 }
 
+/// A node's entries in place up to the root's four (a lookup in a file of
+/// a few extents allocates nothing), on the heap beyond: a tree block holds
+/// hundreds.
+pub type Extents = SmallVec<[Extent; ROOT_CAPACITY as usize]>;
+pub type Indexes = SmallVec<[Index; ROOT_CAPACITY as usize]>;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entries {
-    Leaf(Vec<Extent>),
-    Index(Vec<Index>),
+    Leaf(Extents),
+    Index(Indexes),
 }
 
 /// One decoded tree node (the root in `i_block`, or a tree block).
@@ -79,7 +86,7 @@ impl Node {
             depth: 0,
             max: ROOT_CAPACITY,
             generation,
-            entries: Entries::Leaf(Vec::new()),
+            entries: Entries::Leaf(Extents::new()),
         }
     }
 
@@ -113,14 +120,14 @@ impl Node {
         }
     }
 
-    fn extents_mut(&mut self) -> &mut Vec<Extent> {
+    fn extents_mut(&mut self) -> &mut Extents {
         match &mut self.entries {
             Entries::Leaf(extents) => extents,
             Entries::Index(_) => unreachable!("depth-0 nodes hold extents (checked on decode)"),
         }
     }
 
-    fn indexes_mut(&mut self) -> &mut Vec<Index> {
+    fn indexes_mut(&mut self) -> &mut Indexes {
         match &mut self.entries {
             Entries::Index(indexes) => indexes,
             Entries::Leaf(_) => {
@@ -133,8 +140,8 @@ impl Node {
     /// entries of room.
     fn split_off(&mut self, at: usize, max: u16) -> Node {
         let entries = match &mut self.entries {
-            Entries::Leaf(extents) => Entries::Leaf(extents.split_off(at)),
-            Entries::Index(indexes) => Entries::Index(indexes.split_off(at)),
+            Entries::Leaf(extents) => Entries::Leaf(extents.drain(at..).collect()),
+            Entries::Index(indexes) => Entries::Index(indexes.drain(at..).collect()),
         };
         Node {
             depth: self.depth,
@@ -246,13 +253,8 @@ fn blocks_in_filesystem(geo: &Geometry, start: u64, count: u64) -> bool {
             .is_some_and(|end| end <= geo.blocks_count)
 }
 
-fn decode_extents(
-    bytes: &[u8],
-    count: u16,
-    geo: &Geometry,
-    location: Location,
-) -> Result<Vec<Extent>> {
-    let mut extents = Vec::with_capacity(count as usize);
+fn decode_extents(bytes: &[u8], count: u16, geo: &Geometry, location: Location) -> Result<Extents> {
+    let mut extents = Extents::with_capacity(count as usize);
     let mut previous_end = 0;
     for i in 0..count as usize {
         let at = HEADER_SIZE + i * ENTRY_SIZE;
@@ -292,13 +294,8 @@ fn decode_extents(
     Ok(extents)
 }
 
-fn decode_indexes(
-    bytes: &[u8],
-    count: u16,
-    geo: &Geometry,
-    location: Location,
-) -> Result<Vec<Index>> {
-    let mut indexes: Vec<Index> = Vec::with_capacity(count as usize);
+fn decode_indexes(bytes: &[u8], count: u16, geo: &Geometry, location: Location) -> Result<Indexes> {
+    let mut indexes = Indexes::with_capacity(count as usize);
     for i in 0..count as usize {
         let at = HEADER_SIZE + i * ENTRY_SIZE;
         let index = Index {
@@ -366,8 +363,8 @@ struct Level {
     pos: usize,
 }
 
-/// Root first, leaf last.
-type Path = Vec<Level>;
+/// Root first, leaf last: in place for trees of up to two levels.
+type Path = SmallVec<[Level; 2]>;
 
 /// What reading a tree needs.
 #[derive(Clone, Copy)]
@@ -375,7 +372,9 @@ struct Reader<'a> {
     geo: &'a Geometry,
     cache: &'a BufferCache,
     ino: u32,
-    seed: u32,
+    /// For the checksum seed, computed only when a tree block is verified:
+    /// most trees are their root alone.
+    generation: u32,
 }
 
 impl<'a> Reader<'a> {
@@ -384,8 +383,12 @@ impl<'a> Reader<'a> {
             geo,
             cache,
             ino,
-            seed: inode.csum_seed(geo, ino),
+            generation: inode.generation,
         }
+    }
+
+    fn seed(&self) -> u32 {
+        inode_seed(self.geo.csum_seed, self.ino, self.generation)
     }
 
     fn root(&self, inode: &Inode) -> Result<Node> {
@@ -415,7 +418,7 @@ impl<'a> Reader<'a> {
             // whatever field it happened to hit. Its position comes from
             // eh_max, which must fit the block to be trusted.
             ensure_format!(
-                get_u16(&bytes, 4) <= capacity && verify_block_checksum(self.seed, &bytes),
+                get_u16(&bytes, 4) <= capacity && verify_block_checksum(self.seed(), &bytes),
                 location,
                 "extent block checksum mismatch"
             );
@@ -562,19 +565,12 @@ struct Writer<'x, 'a, 'j> {
     ctx: &'x mut MetaCtx<'a, 'j>,
     ino: u32,
     inode: &'x mut Inode,
-    seed: u32,
 }
 
 impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     fn new(ctx: &'x mut MetaCtx<'a, 'j>, ino: u32, inode: &'x mut Inode) -> Self {
-        let seed = inode.csum_seed(ctx.geo, ino);
         debug_assert!(inode.uses_extents());
-        Writer {
-            ctx,
-            ino,
-            inode,
-            seed,
-        }
+        Writer { ctx, ino, inode }
     }
 
     fn reader(&self) -> Reader<'a> {
@@ -582,7 +578,7 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
             geo: self.ctx.geo,
             cache: self.ctx.cache,
             ino: self.ino,
-            seed: self.seed,
+            generation: self.inode.generation,
         }
     }
 
@@ -631,8 +627,9 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         debug_assert!(node.max <= block_capacity(self.ctx.geo.block_size));
         node.encode(bytes);
         if self.ctx.geo.metadata_csum {
-            set_block_checksum(self.seed, bytes);
-            debug_assert!(verify_block_checksum(self.seed, bytes));
+            let seed = self.inode.csum_seed(self.ctx.geo, self.ino);
+            set_block_checksum(seed, bytes);
+            debug_assert!(verify_block_checksum(seed, bytes));
         }
     }
 
@@ -833,7 +830,7 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
             depth: root.depth + 1,
             max: ROOT_CAPACITY,
             generation: root.generation,
-            entries: Entries::Index(vec![Index {
+            entries: Entries::Index(smallvec![Index {
                 logical: key,
                 child: block,
             }]),
@@ -917,7 +914,8 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         }
         let extents = path[at].node.extents_mut();
         let mut reached = cursor;
-        let mut freed = Vec::new();
+        // Runs freed once the leaf is written: few, on the stack.
+        let mut freed: SmallVec<[(u64, u64); 4]> = SmallVec::new();
         let mut i = first;
         while i < extents.len() && extents[i].logical < end {
             let extent = extents[i];
@@ -1064,7 +1062,7 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
             return Ok(cursor);
         }
         let first_key = node.first_key();
-        let mut pieces = Vec::with_capacity(3);
+        let mut pieces: SmallVec<[Extent; 3]> = SmallVec::new();
         if has_left {
             pieces.push(Extent {
                 len: (cursor - whole.logical) as u32,
@@ -1081,7 +1079,8 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
             pieces.push(whole.trimmed_to(to));
         }
         let extents = path[at].node.extents_mut();
-        extents.splice(index..=index, pieces);
+        extents.remove(index);
+        extents.insert_many(index, pieces);
         let middle = index + has_left as usize;
         if !has_right
             && middle + 1 < extents.len()
@@ -1327,7 +1326,7 @@ mod tests {
             depth: 0,
             max,
             generation: 7,
-            entries: Entries::Leaf(vec![
+            entries: Entries::Leaf(smallvec![
                 Extent {
                     logical: 0,
                     physical: 1000,
@@ -1372,7 +1371,7 @@ mod tests {
             depth: 3,
             max: block_capacity(4096),
             generation: 0,
-            entries: Entries::Index(vec![
+            entries: Entries::Index(smallvec![
                 Index {
                     logical: 0,
                     child: 0x12_3456_789A,

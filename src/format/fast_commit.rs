@@ -181,41 +181,65 @@ impl Record {
         }
     }
 
-    /// The value bytes (a PAD's value is its zero fill, sized by the
-    /// writer; a TAIL's is written by `AreaBuilder::tail`).
-    pub fn encode_value(&self) -> Vec<u8> {
-        let mut value = Vec::new();
-        let mut push = |word: u32| value.extend_from_slice(&word.to_le_bytes());
+    /// Bytes of the value (a PAD's is its zero fill, sized by the writer:
+    /// none here).
+    pub fn value_len(&self) -> usize {
         match self {
-            Record::Head { features, tid } => {
-                push(*features);
-                push(*tid);
+            Record::Head { .. } | Record::Tail { .. } => 8,
+            Record::AddRange { .. } => 4 + 12,
+            Record::DelRange { .. } => 12,
+            Record::Create(dentry) | Record::Link(dentry) | Record::Unlink(dentry) => {
+                8 + dentry.name.len()
             }
-            Record::Tail { tid, crc } => {
-                push(*tid);
-                push(*crc);
+            Record::Inode { raw, .. } => 4 + raw.len(),
+            Record::Pad => 0,
+            Record::Anchor(_) => super::bytelog::ANCHOR_SIZE,
+        }
+    }
+
+    /// Write the value into `value`, exactly `value_len()` bytes (a TAIL's
+    /// is written by `AreaBuilder::tail`, which computes its CRC).
+    pub fn write_value(&self, value: &mut [u8]) {
+        debug_assert_eq!(value.len(), self.value_len(), "{self:?}");
+        match self {
+            Record::Head {
+                features: first,
+                tid: second,
+            }
+            | Record::Tail {
+                tid: first,
+                crc: second,
+            } => {
+                put_u32(value, 0, *first);
+                put_u32(value, 4, *second);
             }
             Record::AddRange { ino, extent } => {
-                push(*ino);
-                value.extend_from_slice(&encode_extent(extent));
+                put_u32(value, 0, *ino);
+                value[4..].copy_from_slice(&encode_extent(extent));
             }
             Record::DelRange { ino, lblk, len } => {
-                push(*ino);
-                push(*lblk);
-                push(*len);
+                put_u32(value, 0, *ino);
+                put_u32(value, 4, *lblk);
+                put_u32(value, 8, *len);
             }
             Record::Create(dentry) | Record::Link(dentry) | Record::Unlink(dentry) => {
-                push(dentry.parent);
-                push(dentry.ino);
-                value.extend_from_slice(&dentry.name);
+                put_u32(value, 0, dentry.parent);
+                put_u32(value, 4, dentry.ino);
+                value[8..].copy_from_slice(&dentry.name);
             }
             Record::Inode { ino, raw } => {
-                push(*ino);
-                value.extend_from_slice(raw);
+                put_u32(value, 0, *ino);
+                value[4..].copy_from_slice(raw);
             }
             Record::Pad => {}
-            Record::Anchor(anchor) => value = anchor.encode_value(),
+            Record::Anchor(anchor) => anchor.write_value(value),
         }
+    }
+
+    /// The value bytes, in a new vector (`write_value`).
+    pub fn encode_value(&self) -> Vec<u8> {
+        let mut value = vec![0; self.value_len()];
+        self.write_value(&mut value);
         value
     }
 }
@@ -611,13 +635,44 @@ impl std::fmt::Display for Record {
 // fast-commit writer (`fs::fast_commit::commit`) builds each fast commit
 // here, the tests whole areas.
 
+/// The memory `AreaBuilder` lays blocks out in, kept from one fast commit
+/// to the next by the journal's writer (`AreaBuilder::reusing`): blocks
+/// end to end, and per block the offset from which its bytes are still
+/// zero. A commit then zeroes only what an earlier, longer one left where
+/// it pads, not whole blocks, and allocates nothing once warm.
+#[derive(Debug, Default)]
+pub struct AreaBuffer {
+    block_size: usize,
+    bytes: Vec<u8>,
+    /// Per block ever begun: its bytes from this offset on are zero.
+    zero_from: Vec<usize>,
+    /// Blocks of the commit built last.
+    blocks: usize,
+}
+
+impl AreaBuffer {
+    /// The blocks built, end to end.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.blocks * self.block_size]
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The blocks built, one by one.
+    pub fn blocks(&self) -> std::slice::ChunksExact<'_, u8> {
+        self.bytes().chunks_exact(self.block_size)
+    }
+}
+
 /// Lays records out in blocks the way `ext4_fc_reserve_space` does: a
 /// record that does not fit before the room for a closing PAD header goes
 /// to a new block, the old one closed by a PAD; a TAIL runs to the end of
-/// its block.
+/// its block. Records are encoded in place, in the blocks.
 pub struct AreaBuilder {
     block_size: usize,
-    blocks: Vec<Vec<u8>>,
+    area: AreaBuffer,
     offset: usize,
     crc: u32,
     /// Bytes of records written (PAD and the TAIL's run-out not counted).
@@ -626,13 +681,61 @@ pub struct AreaBuilder {
 
 impl AreaBuilder {
     pub fn new(block_size: usize) -> Self {
+        Self::reusing(block_size, AreaBuffer::default())
+    }
+
+    /// A builder over the memory of an earlier one (`finish`).
+    pub fn reusing(block_size: usize, mut area: AreaBuffer) -> Self {
+        if area.block_size != block_size {
+            area = AreaBuffer {
+                block_size,
+                ..AreaBuffer::default()
+            };
+        }
+        area.blocks = 0;
         AreaBuilder {
             block_size,
-            blocks: Vec::new(),
+            area,
             offset: 0,
             crc: 0,
             record_bytes: 0,
         }
+    }
+
+    /// Start the next block at its offset 0.
+    fn begin_block(&mut self) {
+        let area = &mut self.area;
+        area.blocks += 1;
+        if area.bytes.len() < area.blocks * self.block_size {
+            area.bytes.resize(area.blocks * self.block_size, 0);
+            area.zero_from.push(0);
+        }
+        debug_assert_eq!(area.zero_from.len() * self.block_size, area.bytes.len());
+        self.offset = 0;
+    }
+
+    /// The block being filled.
+    fn block(&mut self) -> &mut [u8] {
+        let start = (self.area.blocks - 1) * self.block_size;
+        &mut self.area.bytes[start..start + self.block_size]
+    }
+
+    /// The block being filled holds this build's bytes up to `end`.
+    fn wrote_to(&mut self, end: usize) {
+        let zero_from = &mut self.area.zero_from[self.area.blocks - 1];
+        *zero_from = (*zero_from).max(end);
+    }
+
+    /// Zero the block being filled from `from` to its end (only what an
+    /// earlier commit left there needs it).
+    fn zero_rest(&mut self, from: usize) {
+        let index = self.area.blocks - 1;
+        let zero_from = self.area.zero_from[index];
+        if zero_from > from {
+            self.block()[from..zero_from].fill(0);
+        }
+        self.area.zero_from[index] = from;
+        debug_assert!(self.block()[from..].iter().all(|&byte| byte == 0));
     }
 
     /// Room for `len` bytes at the current position, in a new block if
@@ -642,21 +745,21 @@ impl AreaBuilder {
             len <= self.block_size - RECORD_HEADER_SIZE,
             "record of {len} bytes"
         );
-        if self.blocks.is_empty() || self.offset == self.block_size {
+        if self.area.blocks == 0 || self.offset == self.block_size {
             // The first record, or the first after a TAIL closed a block.
-            self.blocks.push(vec![0; self.block_size]);
-            self.offset = 0;
+            self.begin_block();
         }
         let room = self.block_size - RECORD_HEADER_SIZE - self.offset;
         if len > room {
-            let pad_len = room as u16;
             let at = self.offset;
-            let block = self.blocks.last_mut().expect("a block");
+            self.zero_rest(at + RECORD_HEADER_SIZE);
+            let crc = self.crc;
+            let block = self.block();
             put_u16(block, at, tag::PAD);
-            put_u16(block, at + 2, pad_len);
-            self.crc = crc32c_raw(self.crc, &block[at..]);
-            self.blocks.push(vec![0; self.block_size]);
-            self.offset = 0;
+            put_u16(block, at + 2, room as u16);
+            self.crc = crc32c_raw(crc, &block[at..]);
+            self.wrote_to(at + RECORD_HEADER_SIZE);
+            self.begin_block();
         }
         let at = self.offset;
         self.offset += len;
@@ -666,32 +769,37 @@ impl AreaBuilder {
     /// Append one record (not a TAIL).
     pub fn add(&mut self, record: &Record) {
         debug_assert!(!matches!(record, Record::Tail { .. }));
-        let value = record.encode_value();
-        let at = self.reserve(RECORD_HEADER_SIZE + value.len());
-        let block = self.blocks.last_mut().expect("a block");
+        let len = record.value_len();
+        let at = self.reserve(RECORD_HEADER_SIZE + len);
+        let end = at + RECORD_HEADER_SIZE + len;
+        let crc = self.crc;
+        let block = self.block();
         put_u16(block, at, record.tag());
-        put_u16(block, at + 2, value.len() as u16);
-        block[at + RECORD_HEADER_SIZE..at + RECORD_HEADER_SIZE + value.len()]
-            .copy_from_slice(&value);
-        let end = at + RECORD_HEADER_SIZE + value.len();
-        self.crc = crc32c_raw(self.crc, &block[at..end]);
+        put_u16(block, at + 2, len as u16);
+        record.write_value(&mut block[at + RECORD_HEADER_SIZE..end]);
+        self.crc = crc32c_raw(crc, &block[at..end]);
+        self.wrote_to(end);
         self.record_bytes += end - at;
     }
 
     /// Seal the fast commit with a TAIL for `tid` (its CRC computed).
     pub fn tail(&mut self, tid: u32) {
         let at = self.reserve(RECORD_HEADER_SIZE + TAIL_SIZE);
-        let block = self.blocks.last_mut().expect("a block");
+        let value_end = at + RECORD_HEADER_SIZE + TAIL_SIZE;
+        self.zero_rest(value_end);
         let len = self.block_size - at - RECORD_HEADER_SIZE;
+        let running_crc = self.crc;
+        let block = self.block();
         put_u16(block, at, tag::TAIL);
         put_u16(block, at + 2, len as u16);
         put_u32(block, at + 4, tid);
         let crc = if faults::active(Fault::FastCommitCrcSpan) {
-            self.crc // broken on purpose: the TAIL's own bytes left out
+            running_crc // broken on purpose: the TAIL's own bytes left out
         } else {
-            crc32c_raw(self.crc, &block[at..at + 8])
+            crc32c_raw(running_crc, &block[at..at + 8])
         };
         put_u32(block, at + 8, crc);
+        self.wrote_to(value_end);
         self.crc = 0;
         self.offset = self.block_size;
         self.record_bytes += RECORD_HEADER_SIZE + TAIL_SIZE;
@@ -699,7 +807,7 @@ impl AreaBuilder {
 
     /// Blocks begun so far.
     pub fn block_count(&self) -> usize {
-        self.blocks.len()
+        self.area.blocks
     }
 
     /// Bytes of records (HEAD, TAIL and the rest) added so far.
@@ -707,8 +815,12 @@ impl AreaBuilder {
         self.record_bytes
     }
 
-    pub fn finish(self) -> Vec<Vec<u8>> {
-        self.blocks
+    /// The blocks built; a block no TAIL closed is zero after its records.
+    pub fn finish(mut self) -> AreaBuffer {
+        if self.area.blocks > 0 && self.offset < self.block_size {
+            self.zero_rest(self.offset);
+        }
+        self.area
     }
 }
 
@@ -722,6 +834,11 @@ mod tests {
             ino: 12,
             name: name.to_vec(),
         }
+    }
+
+    /// The blocks an area builder built, one vector each.
+    fn blocks(area: AreaBuilder) -> Vec<Vec<u8>> {
+        area.finish().blocks().map(<[u8]>::to_vec).collect()
     }
 
     fn scan(blocks: &[Vec<u8>], tid: u32) -> FastCommitLog {
@@ -805,7 +922,41 @@ mod tests {
             area.add(&Record::Link(dentry(&[b'a' + index % 26; 40])));
         }
         area.tail(5);
-        area.finish()
+        blocks(area)
+    }
+
+    /// A builder over the memory of earlier commits, longer or shorter,
+    /// lays a commit out byte for byte as a fresh one does: what they left
+    /// is zeroed where this one pads or runs out its TAIL.
+    #[test]
+    fn reused_memory_builds_what_fresh_memory_builds() {
+        let build = |mut area: AreaBuilder, links: usize, name_len: usize| {
+            area.add(&Record::Head {
+                features: 0,
+                tid: 7,
+            });
+            for index in 0..links {
+                area.add(&Record::Link(dentry(&vec![
+                    b'a' + (index % 26) as u8;
+                    name_len
+                ])));
+            }
+            area.tail(7);
+            area.finish()
+        };
+        let mut memory = AreaBuffer::default();
+        for (links, name_len) in [(60, 40), (3, 9), (25, 100), (0, 1), (60, 33), (1, 200)] {
+            let reused = build(AreaBuilder::reusing(1024, memory), links, name_len);
+            let fresh = build(AreaBuilder::new(1024), links, name_len);
+            assert_eq!(reused.bytes(), fresh.bytes(), "{links} links of {name_len}");
+            assert_eq!(
+                scan(&reused.blocks().map(<[u8]>::to_vec).collect::<Vec<_>>(), 7)
+                    .records
+                    .len(),
+                links
+            );
+            memory = reused;
+        }
     }
 
     #[test]
@@ -858,7 +1009,7 @@ mod tests {
         area.tail(5);
         area.add(&Record::Create(dentry(b"second")));
         area.tail(9);
-        let log = scan(&area.finish(), 5);
+        let log = scan(&blocks(area), 5);
         assert_eq!(log.records, vec![Record::Create(dentry(b"first"))]);
         assert!(matches!(log.end, ScanEnd::BadTail { block: 1, .. }));
     }
@@ -868,7 +1019,7 @@ mod tests {
         let mut area = AreaBuilder::new(1024);
         area.add(&Record::Create(dentry(b"x")));
         area.tail(5);
-        let log = scan(&area.finish(), 5);
+        let log = scan(&blocks(area), 5);
         assert_eq!((log.records.len(), log.end), (0, ScanEnd::NoHead));
     }
 
@@ -881,7 +1032,7 @@ mod tests {
         });
         let mut scanner = Scanner::new(5, 256);
         assert!(matches!(
-            scanner.scan_block(&area.finish()[0]),
+            scanner.scan_block(&blocks(area)[0]),
             Err(Error::Unsupported(_))
         ));
     }
@@ -927,7 +1078,7 @@ mod tests {
         area.add(&Record::Create(dentry(b"first")));
         area.tail(5);
         area.add(&Record::Create(dentry(b"torn")));
-        let log = scan(&area.finish(), 5);
+        let log = scan(&blocks(area), 5);
         assert_eq!(log.records, vec![Record::Create(dentry(b"first"))]);
         // The zeros after the torn record are tag 0: not a record.
         assert!(matches!(log.end, ScanEnd::BadRecord { block: 1, .. }));
@@ -984,7 +1135,7 @@ mod tests {
                 }
                 builder.tail(tid);
             }
-            builder.finish().concat()
+            builder.finish().bytes().to_vec()
         }
 
         fn try_scan_bytes(bytes: &[u8], block_size: usize, tid: u32) -> Result<FastCommitLog> {

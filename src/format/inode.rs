@@ -9,8 +9,10 @@
 use super::csum::{crc32c_raw, inode_seed};
 use super::superblock::{GOOD_OLD_INODE_SIZE, Geometry, ro_compat};
 use super::{get_u16, get_u32, put_u16, put_u32};
+use crate::cache::Buffer;
 use crate::ensure_format;
 use crate::error::{Location, Result};
+use smallvec::SmallVec;
 
 // File type bits of i_mode.
 pub const S_IFMT: u16 = 0o170000;
@@ -149,8 +151,13 @@ pub struct Inode {
     pub file_acl: u64,
     pub extra_isize: u16,
     pub projid: u32,
-    raw: Vec<u8>,
+    raw: RawInode,
 }
+
+/// The stored bytes of an inode: in place up to the size mke2fs makes
+/// (256 bytes), so that reading an inode (several per request) allocates
+/// nothing; larger inodes spill to the heap.
+type RawInode = SmallVec<[u8; INODE_COPY_ON_STACK]>;
 
 impl std::fmt::Debug for Inode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -185,14 +192,62 @@ impl Inode {
             file_acl: 0,
             extra_isize: geo.want_extra_isize,
             projid: 0,
-            raw: vec![0; geo.inode_size as usize],
+            raw: SmallVec::from_elem(0, geo.inode_size as usize),
         }
     }
 
     /// Decode `geo.inode_size` bytes of inode `ino`, verifying its checksum.
     pub fn decode(geo: &Geometry, ino: u32, bytes: &[u8]) -> Result<Self> {
+        Self::decode_checking(geo, ino, bytes, true)
+    }
+
+    /// Decode inode `ino` from its slot at byte `offset` of its cached
+    /// table block (`bytes`, read under `buffer`'s lock). The checksum is
+    /// verified the first time the slot is read after the block came from
+    /// the device, not at every later read: every change of a slot goes
+    /// through `encode_in_table`, which leaves it matching (debug builds
+    /// check at every read that it still does).
+    pub fn decode_in_table(
+        geo: &Geometry,
+        ino: u32,
+        buffer: &Buffer,
+        bytes: &[u8],
+        offset: usize,
+    ) -> Result<Self> {
         let size = geo.inode_size as usize;
-        let raw = bytes[..size].to_vec();
+        let slot = offset / size;
+        debug_assert_eq!(offset % size, 0, "inode {ino} at a slot's start");
+        let slot_bytes = &bytes[offset..offset + size];
+        if buffer.is_slot_verified(slot) {
+            return Self::decode_checking(geo, ino, slot_bytes, false);
+        }
+        let inode = Self::decode_checking(geo, ino, slot_bytes, true)?;
+        buffer.set_slot_verified(slot);
+        Ok(inode)
+    }
+
+    /// Encode into the slot at byte `offset` of the table block `bytes`
+    /// (held with write access to `buffer`), and remember the slot as
+    /// verified: it matches its checksum until the next encode.
+    pub fn encode_in_table(
+        &self,
+        geo: &Geometry,
+        ino: u32,
+        buffer: &Buffer,
+        bytes: &mut [u8],
+        offset: usize,
+    ) {
+        let size = geo.inode_size as usize;
+        debug_assert_eq!(offset % size, 0, "inode {ino} at a slot's start");
+        self.encode(geo, ino, &mut bytes[offset..offset + size]);
+        buffer.set_slot_verified(offset / size);
+    }
+
+    /// `decode`, verifying the checksum only when `verify` (otherwise the
+    /// caller knows the bytes match it, and debug builds check that).
+    fn decode_checking(geo: &Geometry, ino: u32, bytes: &[u8], verify: bool) -> Result<Self> {
+        let size = geo.inode_size as usize;
+        let raw = RawInode::from_slice(&bytes[..size]);
         let location = Location::Inode { ino };
         let extra_isize = if size > GOOD_OLD_INODE_SIZE as usize {
             get_u16(&raw, I_EXTRA_ISIZE)
@@ -204,19 +259,12 @@ impl Inode {
             location,
             "i_extra_isize {extra_isize} does not fit an inode of {size} bytes"
         );
-        if geo.metadata_csum {
-            let stored = stored_checksum(&raw, extra_isize);
-            let computed = checksum(geo.csum_seed, ino, &raw, extra_isize);
-            let mask = if has_checksum_hi(extra_isize) {
-                !0
-            } else {
-                0xFFFF
-            };
-            ensure_format!(
-                stored == computed & mask,
-                location,
-                "checksum mismatch (stored {stored:#010x}, computed {:#010x})",
-                computed & mask
+        if geo.metadata_csum && verify {
+            verify_checksum(geo, ino, &raw, extra_isize)?;
+        } else if geo.metadata_csum {
+            debug_assert!(
+                verify_checksum(geo, ino, &raw, extra_isize).is_ok(),
+                "inode {ino}: a slot remembered as verified no longer matches its checksum"
             );
         }
         let fits =
@@ -453,6 +501,25 @@ impl Inode {
     pub fn csum_seed(&self, geo: &Geometry, ino: u32) -> u32 {
         inode_seed(geo.csum_seed, ino, self.generation)
     }
+}
+
+/// ext4_inode_csum_verify: the stored checksum (its low half only when the
+/// extra fields end before the high half) against the computed one.
+fn verify_checksum(geo: &Geometry, ino: u32, raw: &[u8], extra_isize: u16) -> Result<()> {
+    let stored = stored_checksum(raw, extra_isize);
+    let computed = checksum(geo.csum_seed, ino, raw, extra_isize);
+    let mask = if has_checksum_hi(extra_isize) {
+        !0
+    } else {
+        0xFFFF
+    };
+    ensure_format!(
+        stored == computed & mask,
+        Location::Inode { ino },
+        "checksum mismatch (stored {stored:#010x}, computed {:#010x})",
+        computed & mask
+    );
+    Ok(())
 }
 
 fn has_checksum_hi(extra_isize: u16) -> bool {

@@ -209,7 +209,7 @@ pub(crate) fn read_inode_with(
     let (block, offset) = inode_location(geo, groups, ino);
     let buffer = cache.read(block)?;
     let bytes = buffer.read();
-    Inode::decode(geo, ino, &bytes[offset..offset + geo.inode_size as usize])
+    Inode::decode_in_table(geo, ino, &buffer, &bytes, offset)
 }
 
 pub(crate) fn inode_location(geo: &Geometry, groups: &Groups, ino: u32) -> (u64, usize) {
@@ -249,14 +249,13 @@ impl Tx<'_, '_> {
         let buffer = self.core.cache.read(block)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            let slot = &mut bytes[offset..offset + geo.inode_size as usize];
             if self.core.orphans.on_list(ino) {
                 // The orphan list's link is the orphan code's (orphan.rs).
                 let mut kept = inode.clone();
-                kept.dtime = Inode::stored_dtime(slot);
-                kept.encode(geo, ino, slot);
+                kept.dtime = Inode::stored_dtime(&bytes[offset..]);
+                kept.encode_in_table(geo, ino, &buffer, &mut bytes, offset);
             } else {
-                inode.encode(geo, ino, slot);
+                inode.encode_in_table(geo, ino, &buffer, &mut bytes, offset);
             }
         }
         self.note_tid(ino, timestamps_only);

@@ -1,7 +1,7 @@
 //! Inode locks (the kernel's `i_rwsem`): one reader-writer lock per inode
 //! in use, in a table keyed by inode number that holds an entry only while
-//! someone holds or waits for it — memory stays bounded by the threads,
-//! not by the inodes ever touched.
+//! someone holds or waits for it (and a few unused ones to reuse) — memory
+//! stays bounded by the threads, not by the inodes ever touched.
 //!
 //! An inode's lock guards its fields, its mapping and its data, its
 //! extended attributes and, for a directory, its entries. What a lock is
@@ -27,11 +27,23 @@ const SHARDS: usize = 64;
 /// Tags inode lock identities for the checker (no real address has it).
 const IDENTITY_TAG: usize = 1 << (usize::BITS - 2);
 
+/// Unused entries a shard keeps for its next inodes: taking an inode's
+/// lock (several per request) then allocates nothing, and the spares stay
+/// bounded (64 shards of 8).
+const SPARES_PER_SHARD: usize = 8;
+
 type Entry = Arc<RwLock<()>>;
+
+#[derive(Default)]
+struct Shard {
+    entries: NumberMap<u32, Entry>,
+    /// Entries nobody holds, unlocked, ready for the next inode.
+    spares: Vec<Entry>,
+}
 
 pub(crate) struct InodeLocks {
     /// Leaf locks: held only to find, insert or drop an entry.
-    shards: Box<[Mutex<NumberMap<u32, Entry>>]>,
+    shards: Box<[Mutex<Shard>]>,
 }
 
 enum Guard {
@@ -52,18 +64,21 @@ pub(crate) struct InodeGuard<'a> {
 impl InodeLocks {
     pub fn new() -> Self {
         InodeLocks {
-            shards: (0..SHARDS)
-                .map(|_| Mutex::new(NumberMap::default()))
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
         }
     }
 
-    fn shard(&self, ino: u32) -> &Mutex<NumberMap<u32, Entry>> {
+    fn shard(&self, ino: u32) -> &Mutex<Shard> {
         &self.shards[ino as usize % SHARDS]
     }
 
     fn entry(&self, ino: u32) -> Entry {
-        Arc::clone(self.shard(ino).lock().entry(ino).or_default())
+        let mut shard = self.shard(ino).lock();
+        let Shard { entries, spares } = &mut *shard;
+        let entry = entries
+            .entry(ino)
+            .or_insert_with(|| spares.pop().unwrap_or_default());
+        Arc::clone(entry)
     }
 
     /// Take `ino`'s lock shared, as `rank`.
@@ -100,7 +115,10 @@ impl InodeLocks {
     /// Entries in the table (tests: none once every guard dropped).
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.shards.iter().map(|shard| shard.lock().len()).sum()
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().entries.len())
+            .sum()
     }
 }
 
@@ -112,10 +130,16 @@ impl Drop for InodeGuard<'_> {
         drop(self.guard.take());
         let mut shard = self.table.shard(self.ino).lock();
         if shard
+            .entries
             .get(&self.ino)
             .is_some_and(|entry| Arc::strong_count(entry) == 1)
         {
-            shard.remove(&self.ino);
+            let entry = shard.entries.remove(&self.ino).expect("looked up");
+            // Nobody else references it: unlocked, and nobody can lock it.
+            debug_assert!(!entry.is_locked());
+            if shard.spares.len() < SPARES_PER_SHARD {
+                shard.spares.push(entry);
+            }
         }
     }
 }

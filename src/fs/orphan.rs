@@ -214,10 +214,9 @@ impl Tx<'_, '_> {
         let (block, offset) = super::inode::inode_location(geo, &self.core.groups, ino);
         let buffer = self.core.cache.read(block)?;
         let mut bytes = self.handle.get_write_access(&buffer)?;
-        let slot = &mut bytes[offset..offset + geo.inode_size as usize];
-        let mut inode = Inode::decode(geo, ino, slot)?;
+        let mut inode = Inode::decode_in_table(geo, ino, &buffer, &bytes, offset)?;
         inode.dtime = link;
-        inode.encode(geo, ino, slot);
+        inode.encode_in_table(geo, ino, &buffer, &mut bytes, offset);
         Ok(())
     }
 

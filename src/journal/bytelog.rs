@@ -145,8 +145,8 @@ impl ByteLog {
         line.tail(tid);
         let record_bytes = line.record_bytes() + ring_bytes.len();
         let line = line.finish();
-        debug_assert_eq!(line.len(), 1, "[HEAD] ANCHOR TAIL fit one line");
-        let line = &line[0];
+        let line = line.bytes();
+        debug_assert_eq!(line.len(), LINE, "[HEAD] ANCHOR TAIL fit one line");
         if position.stream + LINE as u64 > self.stream_bytes
             || position.ring + ring_bytes.len() as u64 > self.ring_bytes
         {

@@ -253,7 +253,7 @@ impl Jbd2 {
     pub(crate) fn prepare_fast_commit_area(&self) -> Result<()> {
         if let Some((_, end)) = self.fast_commit_area() {
             let zeros = vec![0u8; self.area.fs_block_size as usize];
-            self.write_area_blocks(end, std::slice::from_ref(&zeros))?;
+            self.write_area_blocks(end, &zeros)?;
             self.area.dev.flush()?;
         }
         Ok(())
@@ -359,7 +359,9 @@ impl Jbd2 {
     ) -> GroupResult {
         let (first, end) = self.fast_commit_area().expect("an area to write");
         let block_size = self.area.fs_block_size;
-        let mut area = AreaBuilder::new(block_size as usize);
+        // Out of its lock while in use: no leaf lock is held across I/O.
+        let reused = std::mem::take(&mut *self.fc_area_buffer.lock());
+        let mut area = AreaBuilder::reusing(block_size as usize, reused);
         if head {
             area.add(&Record::Head { features: 0, tid });
         }
@@ -368,24 +370,27 @@ impl Jbd2 {
         }
         area.tail(tid);
         let record_bytes = area.record_bytes();
-        let blocks = area.finish();
-        if blocks.len() as u32 > end.saturating_sub(first + used) {
-            return (0, Ok(None));
-        }
-        // Counted before any I/O: after an error part of it may be on disk,
-        // and the next fast commit must not mix with it.
-        let units = blocks.len() as u32;
-        let written = self
-            .write_fast_commit(first + used, head, &blocks, data_first, ranges)
-            .map(|flushes| {
-                Some(Written {
-                    record_bytes,
-                    area_bytes: blocks.len() as u64 * block_size as u64,
-                    flushes,
-                    persists: 0,
-                })
-            });
-        (units, written)
+        let area = area.finish();
+        let units = area.blocks().len() as u32;
+        let result = if units > end.saturating_sub(first + used) {
+            (0, Ok(None))
+        } else {
+            // Counted before any I/O: after an error part of it may be on
+            // disk, and the next fast commit must not mix with it.
+            let written = self
+                .write_fast_commit(first + used, head, area.bytes(), data_first, ranges)
+                .map(|flushes| {
+                    Some(Written {
+                        record_bytes,
+                        area_bytes: units as u64 * block_size as u64,
+                        flushes,
+                        persists: 0,
+                    })
+                });
+            (units, written)
+        };
+        *self.fc_area_buffer.lock() = area;
+        result
     }
 
     /// The writer is done with `group`: record where the area stands and
@@ -439,11 +444,14 @@ impl Jbd2 {
         }
     }
 
+    /// Write the fast commit's `blocks` (end to end, the last one the
+    /// TAIL's) at area block `first_block`, with the barriers it needs;
+    /// returns how many.
     fn write_fast_commit(
         &self,
         first_block: u32,
         head: bool,
-        blocks: &[Vec<u8>],
+        blocks: &[u8],
         data_first: bool,
         data: &[(u64, u64)],
     ) -> Result<u32> {
@@ -451,9 +459,12 @@ impl Jbd2 {
             self.state.lock().fc_writing,
             "a fast commit written outside the group writer"
         );
-        let (tail, records) = blocks.split_last().expect("a TAIL block");
-        let tail_at = first_block + records.len() as u32;
-        let record_ranges = self.area_ranges(first_block, records.len() as u32);
+        let block_size = self.area.fs_block_size as usize;
+        debug_assert!(!blocks.is_empty() && blocks.len() % block_size == 0);
+        let (records, tail) = blocks.split_at(blocks.len() - block_size);
+        let record_blocks = (records.len() / block_size) as u32;
+        let tail_at = first_block + record_blocks;
+        let record_ranges = self.area_ranges(first_block, record_blocks);
         let mut with_records = data.to_vec();
         with_records.extend_from_slice(&record_ranges);
         if faults::active(Fault::FastCommitTailFirst) {
@@ -469,15 +480,15 @@ impl Jbd2 {
             // TAIL.
             let sector = SECTOR_SIZE as usize;
             let mut without_head = blocks.to_vec();
-            without_head[0][..sector].fill(0);
-            let (last, before) = without_head.split_last().expect("a TAIL block");
+            without_head[..sector].fill(0);
+            let (before, last) = without_head.split_at(records.len());
             self.write_area_blocks(first_block, before)?;
             self.write_area_durable(tail_at, last, &with_records)?;
             let physical = self.area.blocks[first_block as usize];
             let offset = physical * self.area.fs_block_size as u64;
             self.area
                 .dev
-                .write_durable(offset, &blocks[0][..sector], &[])?;
+                .write_durable(offset, &blocks[..sector], &[])?;
             return Ok(2);
         }
         self.write_area_blocks(first_block, records)?;
@@ -518,7 +529,7 @@ impl Jbd2 {
             return Ok(false);
         }
         let zeros = vec![0u8; self.area.fs_block_size as usize];
-        self.write_area_blocks(first, std::slice::from_ref(&zeros))?;
+        self.write_area_blocks(first, &zeros)?;
         Ok(true)
     }
 
@@ -543,23 +554,25 @@ impl Jbd2 {
         Ok(())
     }
 
-    /// Write `blocks` at journal blocks `index..`, runs of contiguous
-    /// device blocks in one write.
-    fn write_area_blocks(&self, index: u32, blocks: &[Vec<u8>]) -> Result<()> {
-        let block_size = self.area.fs_block_size as u64;
+    /// Write `blocks` (end to end) at journal blocks `index..`, runs of
+    /// contiguous device blocks in one write.
+    fn write_area_blocks(&self, index: u32, blocks: &[u8]) -> Result<()> {
+        let block_size = self.area.fs_block_size as usize;
+        debug_assert_eq!(blocks.len() % block_size, 0);
+        let count = blocks.len() / block_size;
         let mut at = 0;
-        while at < blocks.len() {
+        while at < count {
             let first_physical = self.area.blocks[index as usize + at];
             let mut run = 1;
-            while at + run < blocks.len()
+            while at + run < count
                 && self.area.blocks[index as usize + at + run] == first_physical + run as u64
             {
                 run += 1;
             }
-            let bytes: Vec<u8> = blocks[at..at + run].concat();
+            let bytes = &blocks[at * block_size..(at + run) * block_size];
             self.area
                 .dev
-                .write_at(first_physical * block_size, &bytes)?;
+                .write_at(first_physical * block_size as u64, bytes)?;
             at += run;
         }
         Ok(())

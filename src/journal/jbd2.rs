@@ -42,6 +42,7 @@ use super::waiters::{self, Waiters};
 use crate::cache::{Buffer, BufferCache};
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
+use crate::format::fast_commit::AreaBuffer;
 use crate::lock::{self, Condvar, MutexGuard, Rank};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
@@ -281,6 +282,9 @@ pub(crate) struct Jbd2 {
     pub fast_commit_flushes: AtomicU64,
     /// Fast commits go to a persistent-memory mapping (`-o bytelog`).
     pub bytelog: Option<super::bytelog::ByteLog>,
+    /// [leaf] The memory the fast-commit group writer builds its blocks
+    /// in, taken out while it writes (one writer at a time).
+    pub fc_area_buffer: Mutex<AreaBuffer>,
 }
 
 /// Options for loading the journal.
@@ -438,6 +442,7 @@ impl Jbd2 {
             fast_commit_bytes: AtomicU64::new(0),
             fast_commit_record_bytes: AtomicU64::new(0),
             fast_commit_flushes: AtomicU64::new(0),
+            fc_area_buffer: Mutex::new(AreaBuffer::default()),
             bytelog,
         });
         jbd2.prepare_fast_commit_area()?;

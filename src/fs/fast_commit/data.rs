@@ -26,16 +26,21 @@
 
 use crate::hash::NumberMap;
 use crate::journal::format::tid_gt;
+use smallvec::SmallVec;
 
 /// Separate ranges one inode remembers (a random writer's).
 const MAX_RANGES_PER_INODE: usize = 256;
 /// Inodes remembered.
 const MAX_INODES: usize = 1 << 16;
 
+/// Ranges `[start, end)`, sorted, apart: in place for the one or two an
+/// inode usually has (every write and every mapping change adds one).
+pub(crate) type Ranges = SmallVec<[(u64, u64); 2]>;
+
 #[derive(Debug, Default)]
 struct InodeData {
     /// Byte ranges `[start, end)`, sorted, apart.
-    ranges: Vec<(u64, u64)>,
+    ranges: Ranges,
     /// The newest transaction that wrote.
     tid: u32,
     /// More ranges than remembered were written.
@@ -144,11 +149,11 @@ impl UnflushedData {
 /// Merge `[start, end)` into sorted, disjoint `ranges` (touching or
 /// overlapping ones are folded into it); returns how many ranges were
 /// added (0 or 1).
-pub(super) fn add_range(ranges: &mut Vec<(u64, u64)>, start: u64, end: u64) -> usize {
+pub(super) fn add_range(ranges: &mut Ranges, start: u64, end: u64) -> usize {
     debug_assert!(start < end);
     let before = ranges.len();
     let mut merged = (start, end);
-    ranges.retain(|&(from, to)| {
+    ranges.retain(|&mut (from, to)| {
         let apart = to < merged.0 || from > merged.1;
         if !apart {
             merged = (merged.0.min(from), merged.1.max(to));

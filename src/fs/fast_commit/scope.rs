@@ -39,6 +39,7 @@
 use super::track::Entries;
 use crate::hash::{NumberMap, NumberSet};
 use crate::journal::faults::{self, Fault};
+use smallvec::SmallVec;
 
 /// A scope key: a directory's inode number (or a file's own).
 pub(crate) type Key = u32;
@@ -262,7 +263,9 @@ impl Scopes {
             return self.sets[&root].running;
         }
         let own = self.bound.get(&handle).copied();
-        let mut roots: Vec<Key> = Vec::with_capacity(3);
+        // Its own set, each directory's, the inode's owner: four at most
+        // for a rename, on the stack (every operation routes).
+        let mut roots: SmallVec<[Key; 4]> = SmallVec::new();
         if let Some(own) = own {
             roots.push(self.root_of(own));
         }

@@ -37,7 +37,7 @@
 //! `enter` (holding only a journal handle), `lock_down`, `drain` and
 //! `wait_turn` (holding nothing) sleep on `wake`.
 
-use super::data::{DataMark, UnflushedData, add_range};
+use super::data::{DataMark, Ranges, UnflushedData, add_range};
 use super::scope::{ConflictStats, Key, Scopes, TxnId};
 use crate::format::fast_commit::RECORD_HEADER_SIZE;
 use crate::format::superblock::Geometry;
@@ -82,7 +82,7 @@ pub(crate) struct DentryUpdate {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct PendingInode {
     /// Logical ranges `[start, end)` whose mapping changed, sorted, apart.
-    pub ranges: Vec<(u64, u64)>,
+    pub ranges: Ranges,
     /// Data was written past its old size (`Change::Extended`).
     pub extended: bool,
     /// The newest transaction that changed it.
@@ -786,15 +786,15 @@ mod tests {
 
     #[test]
     fn ranges_merge_when_they_touch() {
-        let mut ranges = Vec::new();
+        let mut ranges = Ranges::new();
         assert_eq!(add_range(&mut ranges, 10, 20), 1);
         assert_eq!(add_range(&mut ranges, 30, 40), 1);
         assert_eq!(add_range(&mut ranges, 20, 25), 0);
-        assert_eq!(ranges, vec![(10, 25), (30, 40)]);
+        assert_eq!(ranges[..], [(10, 25), (30, 40)]);
         assert_eq!(add_range(&mut ranges, 0, 100), 0);
-        assert_eq!(ranges, vec![(0, 100)]);
+        assert_eq!(ranges[..], [(0, 100)]);
         assert_eq!(add_range(&mut ranges, 200, 201), 1);
-        assert_eq!(ranges, vec![(0, 100), (200, 201)]);
+        assert_eq!(ranges[..], [(0, 100), (200, 201)]);
     }
 
     /// A directory's commit frozen behind one whose write-back failed (and
@@ -1079,7 +1079,7 @@ mod tests {
         let (txn, entries) = take(&tracker, 20).unwrap();
         assert!(entries.dentries.is_empty());
         // 12 changed again in 4: only 4's range is left.
-        assert_eq!(entries.inodes[&12].ranges, vec![(8, 9)]);
+        assert_eq!(entries.inodes[&12].ranges[..], [(8, 9)]);
         assert!(entries.inodes.contains_key(&14));
         // (A full commit waits for every fast commit: this one gives up.)
         tracker.put_back(txn, entries);
