@@ -58,7 +58,18 @@ fn stats_count_requests_by_operation() {
     for index in 0..5 {
         assert!(fs::metadata(mount.path(&format!("missing{index}"))).is_err());
     }
-    let after = stats(&mnt);
+    // The kernel sends RELEASE in the background once close returns
+    // (fs/fuse/file.c: fuse_file_release, synchronous on fuseblk only):
+    // the last ones may reach the server after the report. Wait for them.
+    let mut after = HashMap::new();
+    let released = |after: &HashMap<String, u64>| {
+        after.get("fuse_op_release").copied().unwrap_or(0)
+            - before.get("fuse_op_release").copied().unwrap_or(0)
+    };
+    e2e::wait_for(std::time::Duration::from_secs(30), || {
+        after = stats(&mnt);
+        released(&after) >= FILES
+    });
     let asked = |name: &str| value(&after, name) - before.get(name).copied().unwrap_or(0);
     assert_eq!(asked("fuse_op_create"), FILES);
     assert_eq!(asked("fuse_op_write"), FILES * WRITES);
