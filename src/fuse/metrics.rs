@@ -9,6 +9,12 @@
 //! thread picks it up is not visible from here: "transport" is the
 //! server's own share of it.
 //!
+//! A request is counted when a server thread takes it up, and its error
+//! as soon as the handler knows of it: both before its reply leaves, so a
+//! report asked for after a reply was seen counts that request (a client
+//! comparing two reports sees exactly the requests its work made). Its
+//! times are added after the reply, when its clock stops.
+//!
 //! Locks: each operation's histogram has its own mutex (a leaf, held for
 //! one record or one read); the counters are atomics.
 
@@ -151,8 +157,12 @@ const LATENCY_US_MAX: u64 = 600_000_000;
 const LATENCY_DIGITS: u8 = 2;
 
 struct OperationMetrics {
+    /// Requests taken up.
     count: AtomicU64,
     errors: AtomicU64,
+    /// Requests whose clock stopped (after their reply): what the times
+    /// below add up.
+    timed: AtomicU64,
     engine_ns: AtomicU64,
     transport_ns: AtomicU64,
     /// Engine latency per request, µs.
@@ -164,6 +174,7 @@ impl OperationMetrics {
         OperationMetrics {
             count: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            timed: AtomicU64::new(0),
             engine_ns: AtomicU64::new(0),
             transport_ns: AtomicU64::new(0),
             engine_us: Mutex::new(
@@ -273,10 +284,9 @@ impl RequestMetrics {
     }
 
     /// A request of `operation` arrived (now, or at `arrived` when the
-    /// transport saw it earlier than it could start the clock).
-    /// A request arrived. It is counted now, not once answered: its caller
-    /// may ask for the statistics as soon as the answer wakes it, and
-    /// another worker may serve that before this one has gone on.
+    /// transport saw it earlier than it could start the clock): counted
+    /// now, before its reply can leave (not when its clock stops, after the
+    /// reply: a client that saw the reply could ask for a report first).
     pub fn begin(&self, operation: Operation, arrived: Instant) -> RequestClock<'_> {
         self.operations[operation.index()]
             .count
@@ -303,6 +313,7 @@ impl RequestMetrics {
         let engine = clock.engine;
         let total = done.saturating_duration_since(clock.arrived);
         let transport = total.saturating_sub(engine);
+        entry.timed.fetch_add(1, Ordering::AcqRel);
         entry
             .engine_ns
             .fetch_add(engine.as_nanos() as u64, Ordering::AcqRel);
@@ -328,6 +339,7 @@ impl RequestMetrics {
             if count == 0 {
                 continue;
             }
+            let timed = entry.timed.load(Ordering::Acquire);
             let engine = entry.engine_ns.load(Ordering::Acquire);
             let transport = entry.transport_ns.load(Ordering::Acquire);
             total += count;
@@ -352,7 +364,7 @@ impl RequestMetrics {
                 format!("fuse_op_{name}_engine_us_max {}", histogram.max()),
                 format!(
                     "fuse_op_{name}_transport_us_mean {}",
-                    transport / count / 1000
+                    transport / timed.max(1) / 1000
                 ),
             ]);
         }
@@ -404,7 +416,8 @@ fn serving_threads_cpu_ns() -> u64 {
         .sum()
 }
 
-/// One request's timing, recorded when dropped (the reply has gone out).
+/// One request's timing, recorded when dropped (the reply has gone out);
+/// its count and error are recorded earlier (`begin`, `fail`).
 pub struct RequestClock<'m> {
     metrics: &'m RequestMetrics,
     operation: Operation,
@@ -434,10 +447,11 @@ impl RequestClock<'_> {
     }
 
     /// The request is answered with an error the engine did not return
-    /// (a bad flag, a name the adapter refuses).
+    /// (a bad flag, a name the adapter refuses). Counted now, before the
+    /// reply leaves, once per request.
     pub fn fail(&mut self) {
-        // Counted before the answer goes out, as the request itself is.
-        if !std::mem::replace(&mut self.failed, true) {
+        if !self.failed {
+            self.failed = true;
             self.metrics.operations[self.operation.index()]
                 .errors
                 .fetch_add(1, Ordering::AcqRel);
@@ -499,6 +513,41 @@ mod tests {
         // A write that never reached the engine spent its time in transport.
         assert_eq!(value("fuse_op_write_engine_us_max"), 1);
         assert!(!lines.iter().any(|line| line.starts_with("fuse_op_read ")));
+    }
+
+    /// A handler answers before its clock stops: a report asked for by a
+    /// client that saw the answer (on another server thread) runs while
+    /// the clock is still live, and must count the request and its error.
+    #[test]
+    fn a_request_and_its_error_count_before_its_clock_stops() {
+        let metrics = RequestMetrics::default();
+        let value = |name: &str| -> Option<u64> {
+            metrics
+                .report_lines()
+                .iter()
+                .find_map(|line| line.strip_prefix(&format!("{name} "))?.parse().ok())
+        };
+        let mut listing = metrics.begin(Operation::Readdirplus, Instant::now());
+        let mut lookup = metrics.begin(Operation::Lookup, Instant::now());
+        let _: Result<(), i32> = lookup.engine(|| Err(libc::ENOENT));
+        lookup.fail(); // a second failure of one request counts once
+        // The replies are out; the clocks have not stopped yet.
+        assert_eq!(value("fuse_op_readdirplus"), Some(1));
+        assert_eq!(value("fuse_op_readdirplus_errors"), Some(0));
+        assert_eq!(value("fuse_op_lookup"), Some(1));
+        assert_eq!(value("fuse_op_lookup_errors"), Some(1));
+        assert_eq!(value("fuse_requests"), Some(2));
+        assert_eq!(value("fuse_requests_in_flight"), Some(2));
+        // Nothing timed yet: no mean to divide by zero.
+        assert_eq!(value("fuse_op_lookup_transport_us_mean"), Some(0));
+        let _: Result<(), i32> = listing.engine(|| Ok(()));
+        drop((listing, lookup));
+        // Stopping the clocks adds times, not requests.
+        assert_eq!(value("fuse_op_readdirplus"), Some(1));
+        assert_eq!(value("fuse_op_lookup"), Some(1));
+        assert_eq!(value("fuse_op_lookup_errors"), Some(1));
+        assert_eq!(value("fuse_requests"), Some(2));
+        assert_eq!(value("fuse_requests_in_flight"), Some(0));
     }
 
     #[test]

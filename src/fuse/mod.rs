@@ -290,6 +290,8 @@ impl FuseAdapter {
             handler(&mut clock);
         }));
         if let Err(panic) = handled {
+            // The only error counted after its reply (EIO, sent while
+            // unwinding): a bug's, which aborts the journal anyway.
             clock.fail();
             let why = crate::error::panic_message(&*panic);
             self.fs.abort(&format!(
