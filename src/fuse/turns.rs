@@ -25,10 +25,10 @@
 //! - when the worker serving a request is about to block (a commit, a
 //!   contended lock: `lock::before_blocking`), so a request never waits
 //!   behind another's commit,
-//! - once the mount has been idle for `PARK_LIMIT`, so that an idle mount
-//!   ends with every worker in `read(2)` (where the end of the session
-//!   finds them: fuser joins its workers before the engine unmounts) and
-//!   nothing spins.
+//! - after `PARK_LIMIT` in any case (see `park_while_another_reads`), so
+//!   that an idle mount ends with every worker in `read(2)` (where the
+//!   end of the session finds them: fuser joins its workers before the
+//!   engine unmounts) and nothing spins.
 //!
 //! Locks: `parked` is a leaf (nothing is taken while it is held); the hook
 //! takes it under engine locks, never the other way round.
@@ -36,10 +36,13 @@
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long the mount must have been idle before a parked worker reads
-/// again regardless.
+/// How long workers stay off parking after callers were seen keeping
+/// requests queued (`ReadTurns::busy`).
+const BUSY_HOLD: Duration = Duration::from_millis(10);
+
+/// How long a worker stays parked at most before it reads again.
 const PARK_LIMIT: Duration = Duration::from_millis(50);
 
 pub struct ReadTurns {
@@ -60,14 +63,13 @@ pub struct ReadTurns {
     /// `parked.count`, readable without the lock.
     parked_now: AtomicUsize,
     unparked: Condvar,
-    /// When the last request was taken (µs since `epoch`), to tell an
-    /// idle mount from a busy one.
-    epoch: Instant,
-    last_take_us: AtomicU64,
     /// The thread that took the last request, and how often the next one
     /// went to another (the figure this module is about).
     last_taker: AtomicU64,
     switches: AtomicU64,
+    /// Until when (µs since `epoch`) answering workers read on (`busy`).
+    epoch: std::time::Instant,
+    busy_until_us: AtomicU64,
     /// Takes in a row that found requests queued behind them.
     backlog_streak: AtomicU64,
     wakes_for_backlog: AtomicU64,
@@ -106,10 +108,10 @@ impl ReadTurns {
             parked: Mutex::new(Parked::default()),
             parked_now: AtomicUsize::new(0),
             unparked: Condvar::new(),
-            epoch: Instant::now(),
-            last_take_us: AtomicU64::new(0),
             last_taker: AtomicU64::new(0),
             switches: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            busy_until_us: AtomicU64::new(0),
             backlog_streak: AtomicU64::new(0),
             wakes_for_backlog: AtomicU64::new(0),
             wakes_for_blocking: AtomicU64::new(0),
@@ -154,8 +156,6 @@ impl ReadTurns {
 
     /// Count a take; the readers left.
     fn count_take(&self) -> usize {
-        let now = self.epoch.elapsed().as_micros() as u64;
-        self.last_take_us.store(now, Ordering::Relaxed);
         let taker = thread_number();
         if self.last_taker.swap(taker, Ordering::Relaxed) != taker {
             self.switches.fetch_add(1, Ordering::Relaxed);
@@ -199,6 +199,27 @@ impl ReadTurns {
         }
     }
 
+    /// Whether callers keep requests queued: then a worker that answered
+    /// reads on instead of parking, as every worker did before these
+    /// turns, for `BUSY_HOLD` after requests were last seen queued at a
+    /// worker's answer (blurt's thousand writers: parking and waking per
+    /// request cost 9 %). Only once the backlog persisted at two takes:
+    /// one caller's next request is often queued by the time its answer's
+    /// worker gets here, and a worker that stayed would take it from the
+    /// warm one.
+    fn busy(&self) -> bool {
+        let now = self.epoch.elapsed().as_micros() as u64;
+        if now < self.busy_until_us.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self.backlog_streak.load(Ordering::Relaxed) >= 2 && self.backlog() {
+            self.busy_until_us
+                .store(now + BUSY_HOLD.as_micros() as u64, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
     /// Whether requests wait in the kernel's queue now.
     fn backlog(&self) -> bool {
         let Some(&fd) = self.fd.get() else {
@@ -225,10 +246,17 @@ impl ReadTurns {
         self.readers.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Park until woken (true: the waker counted this worker as a reader),
-    /// or until the mount has been idle for the park limit, or requests
-    /// wait with nobody taking them (a reader that left fuser's loop, or
-    /// blocked where no hook tells) (false).
+    /// Park until woken (true: the waker counted this worker as a reader)
+    /// or for the park limit at most (false): then it reads again, beside
+    /// the warm worker, and the next answer parks one of them. That bounds
+    /// what a reader blocked where no hook tells (or one that left fuser's
+    /// loop) can hold up, and the end of the session's wait for parked
+    /// workers. It also hands the turn round now and then, which measured
+    /// faster on the idle test machine than one worker for good: there a
+    /// lone worker settles on the CPU the caller does not run on, and
+    /// every request crosses CPUs twice (untar of drivers/net: 4.0 s with
+    /// `threads=1`, 2.4-2.8 s with a worker that never left its turn,
+    /// 1.5-1.6 s handing it round, 1.8-1.9 s with every worker reading).
     fn park_while_another_reads(&self) -> bool {
         let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
         // Counted as parked before looking at the readers, so a reader
@@ -236,38 +264,23 @@ impl ReadTurns {
         parked.count += 1;
         self.parked_now.store(parked.count, Ordering::Release);
         let mut woken = false;
-        // Not skipped when requests are queued: one caller's next request
-        // is often queued by the time its answer's worker gets here, and
-        // a worker that stayed would take it from the warm one.
-        if self.readers.load(Ordering::Acquire) > 0 {
+        if self.readers.load(Ordering::Acquire) > 0 && !self.busy() {
             self.parks.fetch_add(1, Ordering::Relaxed);
-            loop {
-                let (guard, waited) = self
-                    .unparked
-                    .wait_timeout_while(parked, self.idle_left(), |parked| parked.wakes == 0)
-                    .unwrap_or_else(|e| e.into_inner());
-                parked = guard;
-                if !waited.timed_out() {
-                    parked.wakes -= 1;
-                    woken = true;
-                    break;
-                }
-                if self.idle_left().is_zero() || self.backlog() {
-                    self.parks_timed_out.fetch_add(1, Ordering::Relaxed);
-                    break;
-                }
+            let (guard, waited) = self
+                .unparked
+                .wait_timeout_while(parked, self.park_limit, |parked| parked.wakes == 0)
+                .unwrap_or_else(|e| e.into_inner());
+            parked = guard;
+            if waited.timed_out() {
+                self.parks_timed_out.fetch_add(1, Ordering::Relaxed);
+            } else {
+                parked.wakes -= 1;
+                woken = true;
             }
         }
         parked.count -= 1;
         self.parked_now.store(parked.count, Ordering::Release);
         woken
-    }
-
-    /// How much longer the mount must stay idle to reach the park limit.
-    fn idle_left(&self) -> Duration {
-        let last = Duration::from_micros(self.last_take_us.load(Ordering::Relaxed));
-        let idle = self.epoch.elapsed().saturating_sub(last);
-        self.park_limit.saturating_sub(idle)
     }
 
     pub fn figures(&self) -> TurnFigures {
@@ -331,6 +344,7 @@ fn install_hook(turns: &Arc<ReadTurns>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     /// Long enough that no parked worker of these tests leaves by the
     /// limit, however loaded the machine.
