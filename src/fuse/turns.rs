@@ -11,8 +11,10 @@
 //! wake-up crosses CPUs, and the caller's answer crosses back. Measured on
 //! the 2-vCPU test machine, untar of `drivers/net` + sync, interleaved
 //! runs under load: 0.9–1.2 s with these turns, 3.3–7.3 s without (README,
-//! "One reader at a time"); one worker alone does as well as the turns for
-//! one caller, but not for parallel callers or when it blocks.
+//! "One reader at a time"). One worker for good (`threads=1`) is no
+//! answer: on the idle machine it settles on the CPU the caller does not
+//! run on (4.0 s), and it cannot serve parallel callers or go on while it
+//! blocks.
 //!
 //! So the workers take turns as the io_uring transport's queues do (a
 //! caller's requests stay with one thread): a worker that has answered goes
@@ -22,13 +24,21 @@
 //!   queued behind each (`poll(2)` on `/dev/fuse`, no wait): callers that
 //!   keep requests queued need a second worker; a single queued RELEASE
 //!   or FORGET does not,
-//! - when the worker serving a request is about to block (a commit, a
-//!   contended lock: `lock::before_blocking`), so a request never waits
-//!   behind another's commit,
+//! - when the worker serving a request is about to block: it calls
+//!   `lock::before_blocking`, which the engine's ranked locks (on
+//!   contention), their condition variables, the inode locks, the
+//!   fast-commit tracker's waits and an fsync run on the worker itself
+//!   call. Device I/O and the plain leaf locks do not (a second caller
+//!   then waits for them, or for the park limit below),
 //! - after `PARK_LIMIT` in any case (see `park_while_another_reads`), so
 //!   that an idle mount ends with every worker in `read(2)` (where the
 //!   end of the session finds them: fuser joins its workers before the
 //!   engine unmounts) and nothing spins.
+//!
+//! While callers keep requests queued, a worker that answered reads on
+//! instead of parking, for `BUSY_HOLD` after the queue was last seen busy
+//! (`ReadTurns::busy`): parking and waking per request cost more than the
+//! kernel's own hand-over there.
 //!
 //! Locks: `parked` is a leaf (nothing is taken while it is held); the hook
 //! takes it under engine locks, never the other way round.
