@@ -225,6 +225,16 @@ pub fn before_blocking() {
     });
 }
 
+/// A lock's guard without waiting if `attempt` got it; else run the hook
+/// (`before_blocking`), then `wait` for it. For the wrappers here and the
+/// inode locks, whose uncontended path stays one try.
+pub fn take_or_wait<G>(attempt: Option<G>, wait: impl FnOnce() -> G) -> G {
+    attempt.unwrap_or_else(|| {
+        before_blocking();
+        wait()
+    })
+}
+
 fn address_of<T: ?Sized>(value: &T) -> usize {
     value as *const T as *const u8 as usize
 }
@@ -256,10 +266,7 @@ impl<T> Mutex<T> {
 impl<T: ?Sized> Mutex<T> {
     pub fn lock(&self) -> MutexGuard<'_, T> {
         let held = Held::acquire(self.rank, address_of(self));
-        let guard = self.inner.try_lock().unwrap_or_else(|| {
-            before_blocking();
-            self.inner.lock()
-        });
+        let guard = take_or_wait(self.inner.try_lock(), || self.inner.lock());
         MutexGuard { guard, _held: held }
     }
 
@@ -349,19 +356,13 @@ impl<T> RwLock<T> {
 impl<T: ?Sized> RwLock<T> {
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
         let held = Held::acquire(self.rank, address_of(self));
-        let guard = self.inner.try_read().unwrap_or_else(|| {
-            before_blocking();
-            self.inner.read()
-        });
+        let guard = take_or_wait(self.inner.try_read(), || self.inner.read());
         RwLockReadGuard { guard, _held: held }
     }
 
     pub fn write(&self) -> RwLockWriteGuard<'_, T> {
         let held = Held::acquire(self.rank, address_of(self));
-        let guard = self.inner.try_write().unwrap_or_else(|| {
-            before_blocking();
-            self.inner.write()
-        });
+        let guard = take_or_wait(self.inner.try_write(), || self.inner.write());
         RwLockWriteGuard { guard, _held: held }
     }
 }

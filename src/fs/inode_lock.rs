@@ -16,7 +16,7 @@
 //! block's lock, so a decode sees all of one change or none of it.
 
 use crate::hash::NumberMap;
-use crate::lock::{Held, Rank};
+use crate::lock::{Held, Rank, take_or_wait};
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
 use parking_lot::{Mutex, RawRwLock, RwLock};
 use std::sync::Arc;
@@ -85,10 +85,7 @@ impl InodeLocks {
     pub fn read(&self, ino: u32, rank: Rank) -> InodeGuard<'_> {
         let held = Held::acquire(rank, IDENTITY_TAG | ino as usize);
         let entry = self.entry(ino);
-        let guard = Guard::Read(entry.try_read_arc().unwrap_or_else(|| {
-            crate::lock::before_blocking();
-            entry.read_arc()
-        }));
+        let guard = Guard::Read(take_or_wait(entry.try_read_arc(), || entry.read_arc()));
         self.guard(ino, guard, held)
     }
 
@@ -96,10 +93,7 @@ impl InodeLocks {
     pub fn write(&self, ino: u32, rank: Rank) -> InodeGuard<'_> {
         let held = Held::acquire(rank, IDENTITY_TAG | ino as usize);
         let entry = self.entry(ino);
-        let guard = Guard::Write(entry.try_write_arc().unwrap_or_else(|| {
-            crate::lock::before_blocking();
-            entry.write_arc()
-        }));
+        let guard = Guard::Write(take_or_wait(entry.try_write_arc(), || entry.write_arc()));
         self.guard(ino, guard, held)
     }
 
