@@ -83,10 +83,7 @@ impl SyncPool {
     /// is busy (or the pool stops, or no thread can be started).
     pub fn run(&self, busy: i64, job: impl FnOnce() + Send + 'static) {
         if busy < self.inline_below {
-            // This worker waits for the commit itself: another reads
-            // meanwhile (`turns.rs`).
-            crate::lock::before_blocking();
-            return job();
+            return run_here(job);
         }
         let mut state = self.shared.state.lock();
         if state.stopping {
@@ -104,8 +101,7 @@ impl SyncPool {
             return;
         }
         drop(state);
-        crate::lock::before_blocking();
-        job();
+        run_here(job);
     }
 
     /// Start one thread (it takes a job once the caller's lock is gone).
@@ -130,6 +126,13 @@ impl SyncPool {
             self.shared.ended.wait(&mut state);
         }
     }
+}
+
+/// Run `job` on the calling worker, which then waits for the commit
+/// itself: another worker reads meanwhile (`turns.rs`).
+fn run_here(job: impl FnOnce()) {
+    crate::lock::before_blocking();
+    job();
 }
 
 impl Shared {

@@ -369,8 +369,7 @@ impl Tracker {
                 break;
             }
             waited.get_or_insert_with(Instant::now);
-            crate::lock::before_blocking();
-            self.wake.wait(&mut state);
+            self.sleep(&mut state);
         }
         if let Some(since) = waited {
             self.lockup_waits.fetch_add(1, Ordering::Relaxed);
@@ -410,20 +409,24 @@ impl Tracker {
                         after: state.scopes().last_queued(key),
                     };
                 }
-                Err(()) => {
-                    crate::lock::before_blocking();
-                    self.wake.wait(&mut state)
-                }
+                Err(()) => self.sleep(&mut state),
             }
         }
+    }
+
+    /// Sleep on `wake` until a notify. The tracker's lock is a plain one
+    /// (not `lock.rs`'s), so the `/dev/fuse` worker's hook is called here:
+    /// another worker reads while this one waits (`fuse/turns.rs`).
+    fn sleep(&self, state: &mut MutexGuard<'_, State>) {
+        crate::lock::before_blocking();
+        self.wake.wait(state);
     }
 
     /// Wait until no handle is bound to `txn`, then take its entries.
     pub fn drain(&self, txn: TxnId) -> Entries {
         let mut state = self.state.lock();
         while state.scopes().txn(txn).updates > 0 {
-            crate::lock::before_blocking();
-            self.wake.wait(&mut state);
+            self.sleep(&mut state);
         }
         state.scopes().drained(txn)
     }
@@ -460,8 +463,7 @@ impl Tracker {
     pub fn wait_turn(&self, txn: TxnId, tid: u32) -> bool {
         let mut state = self.state.lock();
         while !state.scopes().is_turn(txn) {
-            crate::lock::before_blocking();
-            self.wake.wait(&mut state);
+            self.sleep(&mut state);
         }
         is_eligible(&state, tid)
     }
