@@ -164,20 +164,26 @@ fn a_barrier_over_two_ranges_starts_both_then_waits_for_each_then_writes_dsync()
     );
 }
 
+/// The ranged barrier over the one range the test wrote: it waits for that
+/// range's write-back, then writes its block with RWF_DSYNC.
+fn assert_one_range_then_dsync(calls: &[String]) {
+    let durable = format!("{DURABLE_AT}, RWF_DSYNC");
+    assert_calls(
+        calls,
+        &[
+            ("sync_file_range(", &format!(", 0, 4096, {WAIT})")),
+            ("pwritev2(", &durable),
+        ],
+    );
+}
+
 #[test]
 fn a_barrier_over_one_range_waits_for_it_then_writes_dsync() {
     let name = "a_barrier_over_one_range_waits_for_it_then_writes_dsync";
     let Some(calls) = run_traced(name, &["JEXT4_BARRIER_ONE"]) else {
         return;
     };
-    let durable = format!("{DURABLE_AT}, RWF_DSYNC");
-    assert_calls(
-        &calls,
-        &[
-            ("sync_file_range(", &format!(", 0, 4096, {WAIT})")),
-            ("pwritev2(", &durable),
-        ],
-    );
+    assert_one_range_then_dsync(&calls);
 }
 
 /// Nothing else written: the barrier's block is written and one fdatasync
@@ -210,12 +216,5 @@ fn a_spare_barrier_over_much_else_written_waits_for_ranges_then_writes_dsync() {
     let Some(calls) = run_traced(name, &["JEXT4_BARRIER_ONE", "JEXT4_BARRIER_SPARE"]) else {
         return;
     };
-    let durable = format!("{DURABLE_AT}, RWF_DSYNC");
-    assert_calls(
-        &calls,
-        &[
-            ("sync_file_range(", &format!(", 0, 4096, {WAIT})")),
-            ("pwritev2(", &durable),
-        ],
-    );
+    assert_one_range_then_dsync(&calls);
 }

@@ -367,6 +367,7 @@ mod tests {
     /// Worker A answers while B still reads, so A parks; B takes a
     /// request and then blocks on a contended lock of the engine: the
     /// lock's hook wakes A to read, counted as a reader by the waker.
+    /// Then the other way round, through the hook called directly.
     #[test]
     fn a_worker_parks_while_another_reads_and_wakes_when_the_reader_blocks() {
         let turns = ReadTurns::with_park_limit(2, true, NEVER);
@@ -393,7 +394,7 @@ mod tests {
         assert_eq!(figures.parks_timed_out, 0, "woken, not timed out");
         assert_eq!(turns.readers.load(Ordering::Acquire), 1, "A reads again");
         drop(held);
-        // B answers while A reads: B parks in turn, until the limit.
+        // B answers while A reads: B parks in turn, until woken.
         while parked(&turns) == 0 {
             std::thread::yield_now();
         }
@@ -408,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_worker_never_parks_and_a_parked_one_reads_again_once_idle() {
+    fn a_lone_worker_never_parks_and_a_parked_one_reads_again_after_the_limit() {
         let turns = ReadTurns::with_park_limit(1, true, NEVER);
         drop(turns.take());
         assert_eq!(turns.figures().parks, 0);
@@ -417,7 +418,7 @@ mod tests {
         let turns = ReadTurns::with_park_limit(2, true, limit);
         let start = Instant::now();
         drop(turns.take());
-        assert!(start.elapsed() >= limit, "parked until the mount was idle");
+        assert!(start.elapsed() >= limit, "parked until the limit");
         let figures = turns.figures();
         assert_eq!((figures.parks, figures.parks_timed_out), (1, 1));
         assert_eq!(turns.readers.load(Ordering::Acquire), 2);
