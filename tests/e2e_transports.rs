@@ -110,20 +110,30 @@ fn assert_transport(mountpoint: &Path, transport: &str) {
         );
         assert!(stat_value(&report, "fuse_uring_buffer_bytes").unwrap_or(0) > 0);
         // The queue threads poll between requests unless told not to
-        // (-o uring_spin=0): a thread that answered polls, at least once,
-        // before it sleeps (after a busy spell, some polls have ended).
-        let window = stat_value(&report, "fuse_uring_spin_us");
-        let polls = stat_value(&report, "fuse_uring_polls");
-        match window {
-            Some(0) => assert_eq!(polls, Some(0), "{report}"),
-            Some(_) if carried > 100 => {
-                assert!(polls.is_some_and(|polls| polls > 0), "{report}")
-            }
-            Some(_) => {}
-            None => panic!("no fuse_uring_spin_us in the statistics:\n{report}"),
-        }
+        // (-o uring_spin=0).
+        assert_polls(&report, "fuse_uring", carried);
     } else {
         assert!(!report.contains("fuse_uring_"), "{report}");
+        // So does the /dev/fuse worker whose turn it is to read (-o
+        // dev_spin=0: never).
+        let answered = stat_value(&report, "fuse_requests").unwrap_or(0);
+        assert_polls(&report, "fuse_dev", answered);
+    }
+}
+
+/// A transport polls between requests unless its window is zero: a
+/// thread that answered polls, at least once, before it sleeps (after a
+/// busy spell, some polls have ended).
+fn assert_polls(report: &str, prefix: &str, requests: u64) {
+    let window = stat_value(report, &format!("{prefix}_spin_us"));
+    let polls = stat_value(report, &format!("{prefix}_polls"));
+    match window {
+        Some(0) => assert_eq!(polls, Some(0), "{report}"),
+        Some(_) if requests > 100 => {
+            assert!(polls.is_some_and(|polls| polls > 0), "{report}")
+        }
+        Some(_) => {}
+        None => panic!("no {prefix}_spin_us in the statistics:\n{report}"),
     }
 }
 
@@ -181,14 +191,20 @@ fn workload_reads_back(transport: &str) {
         server_log_is_clean(&fs::read_to_string(&log).unwrap(), transport);
         e2e::fsck_clean(&image, &format!("after the workload over {transport}"));
 
-        // Read back with the io_uring queue threads never polling.
-        let mount = JextMount::mount(&image, &mnt, &format!("{options},uring_spin=0"));
+        // Read back with neither transport polling.
+        let mount = JextMount::mount(&image, &mnt, &format!("{options},uring_spin=0,dev_spin=0"));
         let remounted = e2e::snapshot(&mnt);
         e2e::verify(&mnt, &outcome.expect);
         assert_transport(&mnt, transport);
-        if transport == "uring" {
-            assert_eq!(stat_value(&stats(&mnt), "fuse_uring_spin_us"), Some(0));
-        }
+        let prefix = if transport == "uring" {
+            "fuse_uring"
+        } else {
+            "fuse_dev"
+        };
+        assert_eq!(
+            stat_value(&stats(&mnt), &format!("{prefix}_spin_us")),
+            Some(0)
+        );
         mount.unmount();
         e2e::assert_same(&written, &remounted, ("jext4 mount", "jext4 remount"));
 

@@ -185,6 +185,17 @@ impl OperationMetrics {
     }
 }
 
+/// A transport's polling (`pace.rs`), as `jext4 stats` lines.
+fn pace_lines(prefix: &str, pace: super::pace::PaceFigures) -> [String; 5] {
+    [
+        format!("{prefix}_spin_us {}", pace.window_us),
+        format!("{prefix}_polls {}", pace.polls),
+        format!("{prefix}_polls_answered {}", pace.polls_answered),
+        format!("{prefix}_poll_cpu_us {}", pace.polled_us),
+        format!("{prefix}_poll_pauses {}", pace.pauses),
+    ]
+}
+
 /// Which transport carries the requests, set once the mount is up.
 #[derive(Debug, Clone)]
 pub struct TransportFigures {
@@ -254,6 +265,7 @@ impl RequestMetrics {
                 format!("fuse_dev_wakes_for_backlog {}", turns.wakes_for_backlog),
                 format!("fuse_dev_wakes_for_blocking {}", turns.wakes_for_blocking),
             ]);
+            lines.extend(pace_lines("fuse_dev", turns.pace));
         }
         if let Some(ring) = &transport.ring {
             lines.extend([
@@ -266,14 +278,7 @@ impl RequestMetrics {
                     ring.requests.load(Ordering::Acquire)
                 ),
             ]);
-            let pace = ring.pace.figures();
-            lines.extend([
-                format!("fuse_uring_spin_us {}", pace.window_us),
-                format!("fuse_uring_polls {}", pace.polls),
-                format!("fuse_uring_polls_answered {}", pace.polls_answered),
-                format!("fuse_uring_poll_cpu_us {}", pace.polled_us),
-                format!("fuse_uring_poll_pauses {}", pace.pauses),
-            ]);
+            lines.extend(pace_lines("fuse_uring", ring.pace.figures()));
         }
         lines
     }

@@ -29,6 +29,8 @@ pub struct FuseOptions {
     /// How long, in µs after the last request, an io_uring queue thread
     /// polls for the next one instead of sleeping (0: never polls).
     pub uring_spin_us: u64,
+    /// The same for the `/dev/fuse` worker whose turn it is to read.
+    pub dev_spin_us: u64,
 }
 
 /// `fuse_transport=`: FUSE over io_uring where the kernel offers it and
@@ -55,10 +57,11 @@ impl FuseTransport {
 /// "FUSE transports", has the measurements they come from).
 pub const URING_THREADS_DEFAULT: usize = 4;
 pub const URING_DEPTH_DEFAULT: usize = 1;
-pub const URING_SPIN_US_DEFAULT: u64 = 200;
+/// The polling windows of both transports (`pace.rs`).
+pub const SPIN_US_DEFAULT: u64 = 200;
 /// A bound on the polling window: past a few milliseconds a poller only
 /// burns a CPU between requests that come too rarely to gain from it.
-pub const URING_SPIN_US_MAX: u64 = 10_000;
+pub const SPIN_US_MAX: u64 = 10_000;
 
 /// Parse a size with an optional K, M, G or T suffix (powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64> {
@@ -163,7 +166,8 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
         threads: 4,
         uring_threads: URING_THREADS_DEFAULT,
         uring_depth: URING_DEPTH_DEFAULT,
-        uring_spin_us: URING_SPIN_US_DEFAULT,
+        uring_spin_us: SPIN_US_DEFAULT,
+        dev_spin_us: SPIN_US_DEFAULT,
         ..FuseOptions::default()
     };
     for option in lists.iter().flat_map(|list| list.split(',')).map(str::trim) {
@@ -274,11 +278,12 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
                 fuse.uring_depth = parse_bounded(name, needs_value(name, value)?, 1..=64)?
             }
             ("uring_spin", value) => {
-                fuse.uring_spin_us = parse_bounded(
-                    name,
-                    needs_value(name, value)?,
-                    0..=URING_SPIN_US_MAX as usize,
-                )? as u64
+                fuse.uring_spin_us =
+                    parse_bounded(name, needs_value(name, value)?, 0..=SPIN_US_MAX as usize)? as u64
+            }
+            ("dev_spin", value) => {
+                fuse.dev_spin_us =
+                    parse_bounded(name, needs_value(name, value)?, 0..=SPIN_US_MAX as usize)? as u64
             }
             (_, Some(_)) if is_flag_option(name) => {
                 return Err(Error::Invalid(format!(
@@ -358,6 +363,9 @@ mod tests {
             "uring_spin=10001",
             "uring_spin=-1",
             "uring_spin",
+            "dev_spin=10001",
+            "dev_spin=x",
+            "dev_spin",
             "fuse_transport=fast",
             "fuse_transport",
         ] {
@@ -387,9 +395,15 @@ mod tests {
             (fuse.transport, fuse.uring_threads, fuse.uring_depth),
             (FuseTransport::Uring, 3, 4)
         );
-        assert_eq!(fuse.uring_spin_us, URING_SPIN_US_DEFAULT);
+        assert_eq!(
+            (fuse.uring_spin_us, fuse.dev_spin_us),
+            (SPIN_US_DEFAULT, SPIN_US_DEFAULT)
+        );
         assert_eq!(parse("uring_spin=0").unwrap().uring_spin_us, 0);
         assert_eq!(parse("uring_spin=10000").unwrap().uring_spin_us, 10_000);
+        let fuse = parse("dev_spin=0").unwrap();
+        assert_eq!((fuse.dev_spin_us, fuse.uring_spin_us), (0, SPIN_US_DEFAULT));
+        assert_eq!(parse("dev_spin=10000").unwrap().dev_spin_us, 10_000);
         let error = parse("fuse_transport=ring").unwrap_err().to_string();
         assert!(
             error.contains("fuse_transport=ring") && error.contains("auto, dev or uring"),

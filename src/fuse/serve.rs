@@ -213,7 +213,8 @@ pub fn serve(
     let uring_taken = Arc::new(OnceLock::new());
     let workers = config.n_threads.unwrap_or(1);
     let syncs = Arc::new(SyncPool::new(workers));
-    let turns = ReadTurns::new(workers, adapter.one_reader());
+    let dev_spin = std::time::Duration::from_micros(options.dev_spin_us);
+    let turns = ReadTurns::new(workers, adapter.one_reader(), dev_spin);
     let session = DevSession::new(
         Arc::clone(&adapter),
         want_uring,

@@ -40,9 +40,14 @@
 //! (`ReadTurns::busy`): parking and waking per request cost more than the
 //! kernel's own hand-over there.
 //!
+//! The worker whose turn it is to read polls the descriptor for a while
+//! before it goes back to `read(2)` (`-o dev_spin=µs`, `pace.rs`), so that
+//! the caller's next request finds it awake.
+//!
 //! Locks: `parked` is a leaf (nothing is taken while it is held); the hook
 //! takes it under engine locks, never the other way round.
 
+use super::pace::{Look, Pace, PaceFigures};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -86,6 +91,9 @@ pub struct ReadTurns {
     wakes_for_blocking: AtomicU64,
     parks: AtomicU64,
     parks_timed_out: AtomicU64,
+    /// The reading worker's polling before `read(2)` (one queue: the
+    /// session's descriptor).
+    pace: Pace,
 }
 
 #[derive(Default)]
@@ -102,14 +110,23 @@ pub struct TurnFigures {
     pub wakes_for_blocking: u64,
     pub parks: u64,
     pub parks_timed_out: u64,
+    pub pace: PaceFigures,
 }
 
 impl ReadTurns {
-    pub fn new(workers: usize, enabled: bool) -> Arc<ReadTurns> {
-        ReadTurns::with_park_limit(workers, enabled, PARK_LIMIT)
+    /// Turns for `workers` workers (`enabled`: one reads at a time, see
+    /// the module header), whose reader polls for `spin` after each
+    /// answer (zero: never).
+    pub fn new(workers: usize, enabled: bool, spin: Duration) -> Arc<ReadTurns> {
+        ReadTurns::with_park_limit(workers, enabled, spin, PARK_LIMIT)
     }
 
-    fn with_park_limit(workers: usize, enabled: bool, park_limit: Duration) -> Arc<ReadTurns> {
+    fn with_park_limit(
+        workers: usize,
+        enabled: bool,
+        spin: Duration,
+        park_limit: Duration,
+    ) -> Arc<ReadTurns> {
         Arc::new(ReadTurns {
             enabled,
             park_limit,
@@ -127,6 +144,7 @@ impl ReadTurns {
             wakes_for_blocking: AtomicU64::new(0),
             parks: AtomicU64::new(0),
             parks_timed_out: AtomicU64::new(0),
+            pace: Pace::new(1, if enabled { spin } else { Duration::ZERO }),
         })
     }
 
@@ -140,6 +158,7 @@ impl ReadTurns {
     /// the worker back to read or parks it.
     pub fn take(self: &Arc<Self>) -> Turn {
         let left = self.count_take();
+        self.pace.note_request();
         if self.enabled {
             install_hook(self);
             if left == 0 && self.parked_now.load(Ordering::Acquire) > 0 && self.backlog_persists() {
@@ -247,13 +266,23 @@ impl ReadTurns {
     }
 
     /// The worker answered: back to `read(2)`, unless another worker is
-    /// reading already, then park until needed.
+    /// reading already, then park until needed. The worker that reads
+    /// next polls for the next request first, while requests keep coming.
     fn give_back(&self, may_park: bool) {
         if self.enabled && may_park && self.park_while_another_reads() {
             // Counted as a reader by whoever woke it.
             return;
         }
         self.readers.fetch_add(1, Ordering::AcqRel);
+        if may_park {
+            self.pace.poll(0, thread_number() as usize, || {
+                if self.backlog() {
+                    Look::Request
+                } else {
+                    Look::Nothing
+                }
+            });
+        }
     }
 
     /// Park until woken (true: the waker counted this worker as a reader)
@@ -301,6 +330,7 @@ impl ReadTurns {
             wakes_for_blocking: self.wakes_for_blocking.load(Ordering::Relaxed),
             parks: self.parks.load(Ordering::Relaxed),
             parks_timed_out: self.parks_timed_out.load(Ordering::Relaxed),
+            pace: self.pace.figures(),
         }
     }
 }
@@ -370,7 +400,7 @@ mod tests {
     /// Then the other way round, through the hook called directly.
     #[test]
     fn a_worker_parks_while_another_reads_and_wakes_when_the_reader_blocks() {
-        let turns = ReadTurns::with_park_limit(2, true, NEVER);
+        let turns = ReadTurns::with_park_limit(2, true, Duration::ZERO, NEVER);
         let a = {
             let turns = Arc::clone(&turns);
             std::thread::spawn(move || drop(turns.take()))
@@ -410,19 +440,19 @@ mod tests {
 
     #[test]
     fn a_lone_worker_never_parks_and_a_parked_one_reads_again_after_the_limit() {
-        let turns = ReadTurns::with_park_limit(1, true, NEVER);
+        let turns = ReadTurns::with_park_limit(1, true, Duration::ZERO, NEVER);
         drop(turns.take());
         assert_eq!(turns.figures().parks, 0);
         assert_eq!(turns.readers.load(Ordering::Acquire), 1);
         let limit = Duration::from_millis(20);
-        let turns = ReadTurns::with_park_limit(2, true, limit);
+        let turns = ReadTurns::with_park_limit(2, true, Duration::ZERO, limit);
         let start = Instant::now();
         drop(turns.take());
         assert!(start.elapsed() >= limit, "parked until the limit");
         let figures = turns.figures();
         assert_eq!((figures.parks, figures.parks_timed_out), (1, 1));
         assert_eq!(turns.readers.load(Ordering::Acquire), 2);
-        let off = ReadTurns::with_park_limit(2, false, NEVER);
+        let off = ReadTurns::with_park_limit(2, false, Duration::ZERO, NEVER);
         drop(off.take());
         assert_eq!(off.figures().parks, 0, "switched off: never parks");
     }
@@ -430,9 +460,62 @@ mod tests {
     /// FORGET turns never park and never look at the queue.
     #[test]
     fn a_brief_turn_goes_back_to_read() {
-        let turns = ReadTurns::with_park_limit(2, true, NEVER);
+        let turns = ReadTurns::with_park_limit(2, true, Duration::ZERO, NEVER);
         drop(turns.take_briefly());
         assert_eq!(turns.figures().parks, 0);
         assert_eq!(turns.readers.load(Ordering::Acquire), 2);
+    }
+
+    /// The reader polls the descriptor before `read(2)` while requests
+    /// keep coming: a queued request ends the poll at once; with none, the
+    /// window does. A brief turn, spin zero and turns switched off never
+    /// poll. (A pipe stands in for `/dev/fuse`: `poll(2)` is all it sees.)
+    #[test]
+    fn the_reader_polls_for_the_next_request_within_the_window() {
+        let mut ends = [0; 2];
+        // SAFETY: a two-int array for pipe(2) to fill.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        let window = Duration::from_millis(300);
+        let turns = ReadTurns::with_park_limit(1, true, window, NEVER);
+        turns.set_fd(ends[0]);
+        // SAFETY: writes one byte from a live buffer to the pipe we made.
+        assert_eq!(unsafe { libc::write(ends[1], [1u8].as_ptr().cast(), 1) }, 1);
+        drop(turns.take());
+        let pace = turns.figures().pace;
+        assert_eq!(
+            (pace.window_us, pace.polls, pace.polls_answered),
+            (300_000, 1, 1)
+        );
+        // Emptied, the next poll ends with the window (or earlier, on a
+        // CPU found contended: the last poll here, as the pause after it
+        // would stop the next).
+        let mut byte = [0u8];
+        // SAFETY: reads one byte into a live buffer from the pipe we made.
+        assert_eq!(
+            unsafe { libc::read(ends[0], byte.as_mut_ptr().cast(), 1) },
+            1
+        );
+        drop(turns.take());
+        let pace = turns.figures().pace;
+        assert_eq!(
+            (pace.polls, pace.polls_answered),
+            (2, 1),
+            "no request this time"
+        );
+        drop(turns.take_briefly());
+        assert_eq!(turns.figures().pace.polls, 2, "a brief turn does not poll");
+        for quiet in [
+            ReadTurns::with_park_limit(1, true, Duration::ZERO, NEVER),
+            ReadTurns::with_park_limit(1, false, window, NEVER),
+        ] {
+            quiet.set_fd(ends[0]);
+            drop(quiet.take());
+            assert_eq!(quiet.figures().pace.polls, 0);
+        }
+        // SAFETY: closes the pipe we made, once each end.
+        unsafe {
+            libc::close(ends[0]);
+            libc::close(ends[1]);
+        }
     }
 }

@@ -45,7 +45,7 @@ use super::answer::{
     StatfsFigures, WriteAnswer, XattrAnswer,
 };
 use super::metrics::Operation;
-use super::pace::{CONTENDED_YIELD, Pace, thread_cpu_ns};
+use super::pace::{Look, Pace};
 use super::wire::{self, Dirent, Encoder, InHeader, Request};
 use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, SessionACL};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
@@ -556,13 +556,12 @@ impl QueueThread {
         wait: &types::SubmitArgs<'_, '_>,
         answered: bool,
     ) -> bool {
-        let queue = self.qid as usize;
-        if answered && self.pace.busy() && self.pace.take_turn(queue, self.index) {
-            let (found, cpu_ns) = self.poll(ring);
-            self.pace.end_poll(queue, self.index, cpu_ns, found);
-            if found {
-                return true;
-            }
+        if answered
+            && self
+                .pace
+                .poll(self.qid as usize, self.index, || self.look(ring))
+        {
+            return true;
         }
         let waited = if ring.completion().is_empty() {
             ring.submitter().submit_with_args(1, wait)
@@ -579,47 +578,24 @@ impl QueueThread {
         }
     }
 
-    /// Send the answers, then poll until a completion is there (true), or
-    /// no queue has had a request for the window or another thread of
-    /// this queue answered since (false), yielding the CPU at every turn
-    /// so that the caller the answer woke, or anything else runnable
-    /// here, runs first. Bounded by the window: every turn without a
-    /// request brings its end nearer. Also says the CPU time the polling
-    /// took after the answers went.
-    fn poll(&self, ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> (bool, u64) {
-        let mut cpu_before = None;
-        let found = loop {
-            // Send the answers; with the kernel's deferred work flagged
-            // (a new request to copy in), run it (GETEVENTS).
-            let pending = !ring.submission().is_empty() || ring.submission().taskrun();
-            if pending
-                && let Err(error) = ring.submitter().submit_and_wait(0)
-                && !is_transient(&error)
-            {
-                break false;
-            }
-            if !ring.completion().is_empty() {
-                break true;
-            }
-            if !self.pace.busy()
-                || !self.pace.has_turn(self.qid as usize, self.index)
-                || self.stop.load(Ordering::Acquire)
-            {
-                break false;
-            }
-            cpu_before.get_or_insert_with(thread_cpu_ns);
-            let yielded = Instant::now();
-            // SAFETY: sched_yield has no preconditions.
-            unsafe { libc::sched_yield() };
-            if yielded.elapsed() > CONTENDED_YIELD {
-                // Other work runs here: let the scheduler wake this
-                // thread for its requests instead (`pace.rs`).
-                self.pace.pause(self.qid as usize);
-                break !ring.completion().is_empty();
-            }
-        };
-        let cpu_ns = cpu_before.map_or(0, |before| thread_cpu_ns().saturating_sub(before));
-        (found, cpu_ns)
+    /// One look of a poll (`Pace::poll`): send the answers queued so far
+    /// (with the kernel's deferred work flagged — a new request to copy
+    /// in — run it: GETEVENTS), then see whether a completion is there.
+    fn look(&self, ring: &mut IoUring<squeue::Entry128, cqueue::Entry>) -> Look {
+        let pending = !ring.submission().is_empty() || ring.submission().taskrun();
+        if pending
+            && let Err(error) = ring.submitter().submit_and_wait(0)
+            && !is_transient(&error)
+        {
+            return Look::Stop;
+        }
+        if !ring.completion().is_empty() {
+            Look::Request
+        } else if self.stop.load(Ordering::Acquire) {
+            Look::Stop
+        } else {
+            Look::Nothing
+        }
     }
 
     /// Handle the request the kernel put in `entry`; returns its commit id.
