@@ -369,7 +369,7 @@ fn build(core: &Core, snapshot: &Entries, drop_last_dentry: bool) -> Result<Buil
         let record = Dentry {
             parent: dentry.parent,
             ino: dentry.ino,
-            name: dentry.name.clone(),
+            name: dentry.name.to_vec(),
         };
         match dentry.op {
             DentryOp::Create => writer.create(record, snapshot.inodes.get(&dentry.ino))?,

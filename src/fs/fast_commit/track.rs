@@ -46,6 +46,7 @@ use crate::journal::Journal;
 use crate::journal::change::{Change, ChangeObserver, Ineligible};
 use crate::journal::format::tid_gt;
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,9 +75,13 @@ pub(crate) struct DentryUpdate {
     pub op: DentryOp,
     pub parent: u32,
     pub ino: u32,
-    pub name: Vec<u8>,
+    pub name: Name,
     tid: u32,
 }
+
+/// A tracked name: in place up to 32 bytes (most names), so that tracking
+/// a create or an unlink allocates nothing for it.
+pub(crate) type Name = SmallVec<[u8; 32]>;
 
 /// An inode changed since the last commit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -93,11 +98,12 @@ pub(crate) struct PendingInode {
 #[derive(Debug, Default)]
 pub(crate) struct Entries {
     pub inodes: BTreeMap<u32, PendingInode>,
-    pub dentries: Vec<DentryUpdate>,
+    /// In place for the few of a directory's typical commit.
+    pub dentries: SmallVec<[DentryUpdate; 2]>,
     /// Inodes freed (with the transaction that freed them): no record, but
     /// a new file that gets one of these numbers depends on this
     /// transaction (`scope.rs`: its owner stays this one).
-    pub freed: Vec<(u32, u32)>,
+    pub freed: SmallVec<[(u32, u32); 2]>,
     /// Estimated record bytes.
     bytes: usize,
 }
@@ -147,7 +153,7 @@ impl Entries {
             op,
             parent,
             ino,
-            name: name.to_vec(),
+            name: Name::from_slice(name),
             tid,
         });
     }
@@ -168,7 +174,8 @@ impl Entries {
     pub fn retain_after(&mut self, tid: u32) {
         self.inodes.retain(|_, inode| tid_gt(inode.tid, tid));
         self.dentries.retain(|dentry| tid_gt(dentry.tid, tid));
-        self.freed.retain(|&(_, freed_in)| tid_gt(freed_in, tid));
+        self.freed
+            .retain(|&mut (_, freed_in)| tid_gt(freed_in, tid));
         self.bytes = estimate(self);
     }
 
