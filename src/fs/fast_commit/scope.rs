@@ -266,6 +266,17 @@ impl Scopes {
             return self.sets[&root].running;
         }
         let own = self.bound.get(&handle).copied();
+        if let Some(own) = own
+            && dirs.is_empty()
+            && ino.is_none_or(|ino| self.owner_of(ino).is_none_or(|owner| owner == own))
+        {
+            // The common case (an operation's second and later changes to
+            // its own inodes): nothing to unite, the handle stays where it
+            // is bound, building or running — what the general path below
+            // gives, without finding its set.
+            debug_assert!(self.txns.contains_key(&own), "bound to a transaction gone");
+            return own;
+        }
         // Its own set, each directory's, the inode's owner: four at most
         // for a rename, on the stack (every operation routes).
         let mut roots: SmallVec<[Key; 4]> = SmallVec::new();
