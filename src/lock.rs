@@ -52,7 +52,8 @@
 //! the buffer cache's map, the inode lock table's shards, a transaction's
 //! buffer and revoke lists, the pending-free map, the write-ahead guard,
 //! the write-back set, the fast-commit tracker, the files' preallocation
-//! windows (`Core::windows`, taken under a group lock or none), and the
+//! windows (`Core::windows`, taken under a group lock or none), the
+//! groups' spare masks (`Groups::spare_masks`, under a group lock), and the
 //! engine's small maps (`inode_tids`, `open_files`, `open_orphans`,
 //! `remembered`). They are plain parking_lot locks.
 //!

@@ -43,47 +43,99 @@ fn word_at(bitmap: &[u8], bit: usize) -> u64 {
 /// words lie inside (the allocator scans past the used start of a group
 /// on every allocation, as the kernel's `find_next_zero_bit`).
 pub fn find_zero(bitmap: &[u8], start: usize, end: usize) -> Option<usize> {
-    let mut bit = start;
-    while bit < end && bit % 64 != 0 {
-        if !test_bit(bitmap, bit) {
-            return Some(bit);
-        }
-        bit += 1;
-    }
-    while bit + 64 <= end {
-        let word = word_at(bitmap, bit);
-        if word != u64::MAX {
-            let found = bit + (!word).trailing_zeros() as usize;
-            debug_assert!(!test_bit(bitmap, found));
-            return Some(found);
-        }
-        bit += 64;
-    }
-    (bit..end).find(|&bit| !test_bit(bitmap, bit))
+    Overlay::new(bitmap, [None, None]).find_zero(start, end)
 }
 
 /// Length of the run of clear bits starting at `start`, at most `limit`,
 /// not crossing `end`; whole clear words at a time, as `find_zero`.
 pub fn zero_run(bitmap: &[u8], start: usize, end: usize, limit: usize) -> usize {
-    let stop = end.min(start.saturating_add(limit)).max(start);
-    let mut bit = start;
-    while bit < stop && bit % 64 != 0 {
-        if test_bit(bitmap, bit) {
-            return bit - start;
-        }
-        bit += 1;
+    Overlay::new(bitmap, [None, None]).zero_run(start, end, limit)
+}
+
+/// A bitmap read with up to two masks of its length laid over it: a bit
+/// reads set when it is set in the bitmap or in a mask. The allocator
+/// searches a group's block bitmap this way with the group's pending
+/// frees and preallocation windows over it, reading only the words the
+/// search reaches instead of building their union (a block-sized copy and
+/// an allocation per search).
+#[derive(Clone, Copy)]
+pub struct Overlay<'a> {
+    bitmap: &'a [u8],
+    masks: [Option<&'a [u8]>; 2],
+}
+
+impl<'a> Overlay<'a> {
+    pub fn new(bitmap: &'a [u8], masks: [Option<&'a [u8]>; 2]) -> Overlay<'a> {
+        debug_assert!(
+            masks
+                .iter()
+                .flatten()
+                .all(|mask| mask.len() == bitmap.len()),
+            "a mask of another length than its bitmap's {}",
+            bitmap.len()
+        );
+        Overlay { bitmap, masks }
     }
-    while bit + 64 <= stop {
-        let word = word_at(bitmap, bit);
-        if word != 0 {
-            return bit + word.trailing_zeros() as usize - start;
-        }
-        bit += 64;
+
+    /// Whether any layer has a mask over the bitmap.
+    pub fn masked(&self) -> bool {
+        self.masks.iter().any(Option::is_some)
     }
-    (bit..stop)
-        .find(|&bit| test_bit(bitmap, bit))
-        .unwrap_or(stop)
-        - start
+
+    #[inline]
+    pub fn test(&self, bit: usize) -> bool {
+        test_bit(self.bitmap, bit) || self.masks.iter().flatten().any(|mask| test_bit(mask, bit))
+    }
+
+    #[inline]
+    fn word(&self, bit: usize) -> u64 {
+        let word = word_at(self.bitmap, bit);
+        self.masks
+            .iter()
+            .flatten()
+            .fold(word, |word, mask| word | word_at(mask, bit))
+    }
+
+    /// First clear bit in `start..end` (see [`find_zero`]).
+    pub fn find_zero(&self, start: usize, end: usize) -> Option<usize> {
+        let mut bit = start;
+        while bit < end && bit % 64 != 0 {
+            if !self.test(bit) {
+                return Some(bit);
+            }
+            bit += 1;
+        }
+        while bit + 64 <= end {
+            let word = self.word(bit);
+            if word != u64::MAX {
+                let found = bit + (!word).trailing_zeros() as usize;
+                debug_assert!(!self.test(found));
+                return Some(found);
+            }
+            bit += 64;
+        }
+        (bit..end).find(|&bit| !self.test(bit))
+    }
+
+    /// Length of the clear run at `start` (see [`zero_run`]).
+    pub fn zero_run(&self, start: usize, end: usize, limit: usize) -> usize {
+        let stop = end.min(start.saturating_add(limit)).max(start);
+        let mut bit = start;
+        while bit < stop && bit % 64 != 0 {
+            if self.test(bit) {
+                return bit - start;
+            }
+            bit += 1;
+        }
+        while bit + 64 <= stop {
+            let word = self.word(bit);
+            if word != 0 {
+                return bit + word.trailing_zeros() as usize - start;
+            }
+            bit += 64;
+        }
+        (bit..stop).find(|&bit| self.test(bit)).unwrap_or(stop) - start
+    }
 }
 
 /// Number of set bits among the first `bits` bits.
@@ -187,5 +239,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An overlay searches as its union would: a bit is taken when the
+    /// bitmap or either mask has it, at every start around the word edges.
+    #[test]
+    fn an_overlay_searches_like_the_union_of_its_layers() {
+        let mut bitmap = vec![0u8; 40];
+        let mut pending = vec![0u8; 40];
+        let mut windows = vec![0u8; 40];
+        set_range(&mut bitmap, 0, 70);
+        set_range(&mut pending, 70, 60);
+        set_range(&mut windows, 131, 120);
+        set_bit(&mut pending, 300);
+        let mut union = bitmap.clone();
+        for (byte, (&pending, &window)) in union.iter_mut().zip(pending.iter().zip(&windows)) {
+            *byte |= pending | window;
+        }
+        let overlay = Overlay::new(&bitmap, [Some(&pending), Some(&windows)]);
+        assert!(overlay.masked());
+        assert!(!Overlay::new(&bitmap, [None, None]).masked());
+        assert_eq!(overlay.find_zero(0, 320), Some(130));
+        assert_eq!(overlay.zero_run(130, 320, 100), 1);
+        for start in 0..320 {
+            for end in [start, 64, 131, 256, 299, 320] {
+                let end = end.max(start);
+                assert_eq!(overlay.find_zero(start, end), find_zero(&union, start, end));
+                assert_eq!(
+                    overlay.zero_run(start, end, 80),
+                    zero_run(&union, start, end, 80)
+                );
+                assert_eq!(overlay.test(start), test_bit(&union, start));
+            }
+        }
+        let bare = Overlay::new(&bitmap, [None, Some(&windows)]);
+        assert_eq!(bare.find_zero(0, 320), Some(70), "pending frees not laid");
     }
 }

@@ -70,12 +70,17 @@ pub(crate) struct PendingFrees {
 
 impl PendingFrees {
     /// Bits `first..first+count` were freed in transaction `tid`.
-    pub fn add(&mut self, tid: u32, first: u32, count: u32, bitmap_bytes: usize) {
+    pub fn add(&mut self, tid: u32, first: u32, count: u32, spare: &SpareMasks) {
         debug_assert!(count > 0);
         if self.mask.is_empty() {
-            self.mask = vec![0; bitmap_bytes];
+            self.mask = spare.take();
         }
         self.entries.push((tid, first, count));
+        self.mark(first, count);
+    }
+
+    /// Set bits `first..first+count` in the mask, counting the new ones.
+    fn mark(&mut self, first: u32, count: u32) {
         for bit in first as usize..(first + count) as usize {
             if !bitmap::test_bit(&self.mask, bit) {
                 bitmap::set_bit(&mut self.mask, bit);
@@ -87,8 +92,8 @@ impl PendingFrees {
     /// Forget the frees of transactions up to `durable` (their blocks are
     /// allocatable now); the mask is rebuilt from what stays, since one
     /// block may be freed, reused and freed again while an old entry
-    /// waits here.
-    pub fn retire(&mut self, durable: u32) {
+    /// waits here. A mask left empty goes back to `spare`.
+    pub fn retire(&mut self, durable: u32, spare: &SpareMasks) {
         // Entries come in transaction order (a group's frees are made
         // under its lock, by handles of the running transaction): when the
         // oldest is not durable, none is — the common case costs nothing.
@@ -107,24 +112,68 @@ impl PendingFrees {
         if self.entries.len() == before {
             return;
         }
-        if self.entries.is_empty() {
-            self.mask = Vec::new();
-            self.blocks = 0;
-            return;
-        }
         self.mask.fill(0);
         self.blocks = 0;
-        let entries = std::mem::take(&mut self.entries);
-        let bytes = self.mask.len();
-        self.mask = Vec::new();
-        for (tid, first, count) in entries {
-            self.add(tid, first, count, bytes);
+        if self.entries.is_empty() {
+            spare.give(std::mem::take(&mut self.mask));
+            return;
         }
+        let entries = std::mem::take(&mut self.entries);
+        for &(_, first, count) in &entries {
+            self.mark(first, count);
+        }
+        self.entries = entries;
     }
 
     /// The bits not allocatable yet, if any.
     pub fn mask(&self) -> Option<&[u8]> {
         (!self.mask.is_empty()).then_some(&self.mask[..])
+    }
+}
+
+/// Most spare masks kept (each a block's size): enough for the groups a
+/// few threads work in at once; more are freed.
+const SPARE_MASKS: usize = 16;
+
+/// Zeroed masks of a bitmap's length for the groups' pending frees and
+/// windows. A group makes its mask when its first window or pending free
+/// comes and gives it up when the last goes — on a create, write, unlink
+/// loop once per file — so the masks are recycled here instead of
+/// allocated and zeroed each time, while groups without windows or
+/// pending frees still hold none (a leaf lock, taken under a group lock).
+pub(crate) struct SpareMasks {
+    bitmap_bytes: usize,
+    masks: parking_lot::Mutex<Vec<Vec<u8>>>,
+}
+
+impl SpareMasks {
+    pub fn new(bitmap_bytes: usize) -> SpareMasks {
+        SpareMasks {
+            bitmap_bytes,
+            masks: parking_lot::Mutex::new(Vec::with_capacity(SPARE_MASKS)),
+        }
+    }
+
+    /// A zeroed mask.
+    pub fn take(&self) -> Vec<u8> {
+        let mask = self.masks.lock().pop();
+        let mask = mask.unwrap_or_else(|| vec![0; self.bitmap_bytes]);
+        debug_assert_eq!(mask.len(), self.bitmap_bytes);
+        mask
+    }
+
+    /// Keep `mask`, all zero again, for the next `take` (or free it when
+    /// enough are kept).
+    pub fn give(&self, mask: Vec<u8>) {
+        debug_assert_eq!(mask.len(), self.bitmap_bytes);
+        debug_assert!(
+            mask.iter().all(|&byte| byte == 0),
+            "a spare mask with bits set"
+        );
+        let mut masks = self.masks.lock();
+        if masks.len() < SPARE_MASKS {
+            masks.push(mask);
+        }
     }
 }
 
@@ -136,6 +185,8 @@ pub(crate) struct Groups {
     /// group's lock): none means a search that steps over windows missed
     /// nothing.
     window_blocks: AtomicU64,
+    /// Masks for the groups' pending frees and windows, recycled.
+    spare_masks: SpareMasks,
 }
 
 impl Groups {
@@ -175,6 +226,7 @@ impl Groups {
             groups,
             table,
             window_blocks: AtomicU64::new(0),
+            spare_masks: SpareMasks::new(geo.block_size as usize),
         })
     }
 
@@ -260,7 +312,9 @@ impl Groups {
     pub fn drop_window(&self, window: Window) {
         let group = &self.groups[window.group as usize];
         let mut state = group.desc.lock();
-        state.windows.remove(window.start, window.len);
+        state
+            .windows
+            .remove(window.start, window.len, &self.spare_masks);
         group.window_hint.fetch_sub(window.len, Ordering::AcqRel);
         self.window_blocks
             .fetch_sub(window.len as u64, Ordering::AcqRel);
@@ -309,19 +363,25 @@ impl GroupGuard<'_, '_> {
         self.group
     }
 
-    /// The group's blocks freed but not allocatable yet, with the frees of
-    /// transactions up to `durable` retired first.
-    pub fn pending(&mut self, durable: u32) -> &PendingFrees {
-        self.desc.pending.retire(durable);
+    /// Retire the group's pending frees of transactions up to `durable`:
+    /// their blocks are allocatable again.
+    pub fn retire_pending(&mut self, durable: u32) {
+        let spare = &self.groups.spare_masks;
+        self.desc.pending.retire(durable, spare);
         self.publish_pending();
-        &self.desc.pending
+    }
+
+    /// The group's blocks freed but not allocatable yet (as of the last
+    /// `retire_pending`), as a mask over its bitmap.
+    pub fn pending_mask(&self) -> Option<&[u8]> {
+        self.desc.pending.mask()
     }
 
     /// Blocks `first..first+count` of the group (bits) were freed in the
     /// running transaction `tid`.
     pub fn add_pending(&mut self, tid: u32, first: u32, count: u32) {
-        let bytes = self.geo.block_size as usize;
-        self.desc.pending.add(tid, first, count, bytes);
+        let spare = &self.groups.spare_masks;
+        self.desc.pending.add(tid, first, count, spare);
         self.publish_pending();
     }
 
@@ -333,8 +393,8 @@ impl GroupGuard<'_, '_> {
     /// Keep bits `start..start + len` (free, outside every window and
     /// pending free) as a window.
     pub fn add_window(&mut self, start: u32, len: u32) {
-        let bytes = self.geo.block_size as usize;
-        self.desc.windows.add(start, len, bytes);
+        let spare = &self.groups.spare_masks;
+        self.desc.windows.add(start, len, spare);
         self.groups.groups[self.group as usize]
             .window_hint
             .fetch_add(len, Ordering::AcqRel);
@@ -346,7 +406,8 @@ impl GroupGuard<'_, '_> {
     /// Unmask `window`, a window of this group.
     pub fn remove_window(&mut self, window: Window) {
         debug_assert_eq!(window.group, self.group);
-        self.desc.windows.remove(window.start, window.len);
+        let spare = &self.groups.spare_masks;
+        self.desc.windows.remove(window.start, window.len, spare);
         self.groups.groups[self.group as usize]
             .window_hint
             .fetch_sub(window.len, Ordering::AcqRel);
@@ -426,27 +487,33 @@ mod tests {
 
     #[test]
     fn pending_frees_retire_by_transaction_and_keep_blocks_freed_again() {
+        let spare = SpareMasks::new(4);
         let mut pending = PendingFrees::default();
         assert!(pending.mask().is_none());
-        pending.add(7, 10, 3, 4);
-        pending.add(8, 20, 1, 4);
+        pending.add(7, 10, 3, &spare);
+        pending.add(8, 20, 1, &spare);
         // Block 11 was allocatable after 7, reused, and freed again in 9.
-        pending.add(9, 11, 1, 4);
+        pending.add(9, 11, 1, &spare);
         assert_eq!(pending.blocks, 4, "block 11 counts once");
-        pending.retire(6);
+        pending.retire(6, &spare);
         assert_eq!(pending.blocks, 4, "nothing durable yet");
-        pending.retire(7);
+        pending.retire(7, &spare);
         let mask = pending.mask().expect("8 and 9 still pending");
         let set: Vec<usize> = (0..32).filter(|&bit| bitmap::test_bit(mask, bit)).collect();
         assert_eq!(set, vec![11, 20], "7's blocks are free again but for 11");
         assert_eq!(pending.blocks, 2);
-        pending.retire(9);
+        pending.retire(9, &spare);
         assert!(pending.mask().is_none());
         assert_eq!(pending.blocks, 0);
+        assert_eq!(
+            spare.masks.lock().len(),
+            1,
+            "the emptied mask is kept, zeroed"
+        );
         // Transaction ids wrap: u32::MAX is older than 0.
-        pending.add(u32::MAX, 0, 1, 4);
-        pending.add(0, 1, 1, 4);
-        pending.retire(u32::MAX);
+        pending.add(u32::MAX, 0, 1, &spare);
+        pending.add(0, 1, 1, &spare);
+        pending.retire(u32::MAX, &spare);
         assert_eq!(pending.blocks, 1);
     }
 }

@@ -22,6 +22,7 @@
 //! window of each inode is in `Windows::owners`, a leaf lock taken under
 //! a group lock or under none.
 
+use super::group::SpareMasks;
 use crate::format::bitmap;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -104,9 +105,9 @@ pub(crate) struct WindowMask {
 
 impl WindowMask {
     /// Mask bits `start..start + len` (free, unmasked blocks).
-    pub fn add(&mut self, start: u32, len: u32, bitmap_bytes: usize) {
+    pub fn add(&mut self, start: u32, len: u32, spare: &SpareMasks) {
         if self.mask.is_empty() {
-            self.mask = vec![0; bitmap_bytes];
+            self.mask = spare.take();
         }
         for bit in start as usize..(start + len) as usize {
             debug_assert!(
@@ -118,8 +119,9 @@ impl WindowMask {
         self.blocks += len;
     }
 
-    /// Unmask bits `start..start + len` (a window that was added).
-    pub fn remove(&mut self, start: u32, len: u32) {
+    /// Unmask bits `start..start + len` (a window that was added); the
+    /// mask goes back to `spare` with the last window.
+    pub fn remove(&mut self, start: u32, len: u32, spare: &SpareMasks) {
         debug_assert!(
             self.blocks >= len,
             "unmasking {len} of {} blocks",
@@ -134,7 +136,7 @@ impl WindowMask {
         }
         self.blocks -= len;
         if self.blocks == 0 {
-            self.mask = Vec::new();
+            spare.give(std::mem::take(&mut self.mask));
         }
     }
 
@@ -149,17 +151,24 @@ mod tests {
 
     #[test]
     fn a_mask_holds_windows_until_the_last_goes() {
+        let spare = SpareMasks::new(8);
         let mut mask = WindowMask::default();
         assert!(mask.mask().is_none());
-        mask.add(3, 4, 8);
-        mask.add(10, 2, 8);
+        mask.add(3, 4, &spare);
+        mask.add(10, 2, &spare);
         let bits = mask.mask().unwrap();
         assert!(bitmap::test_bit(bits, 3) && bitmap::test_bit(bits, 6));
         assert!(!bitmap::test_bit(bits, 7) && bitmap::test_bit(bits, 11));
-        mask.remove(3, 4);
+        mask.remove(3, 4, &spare);
         assert!(!bitmap::test_bit(mask.mask().unwrap(), 3));
-        mask.remove(10, 2);
+        mask.remove(10, 2, &spare);
         assert!(mask.mask().is_none(), "no window left, no mask");
+        mask.add(1, 1, &spare);
+        let bits = mask.mask().unwrap();
+        assert!(
+            bitmap::test_bit(bits, 1) && !bitmap::test_bit(bits, 3),
+            "a spare mask comes zeroed"
+        );
     }
 
     #[test]

@@ -47,11 +47,11 @@ use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::GOOD_OLD_INODE_SIZE;
 use crate::fs::inode::{inode_location, read_inode};
 use crate::fs::{Core, Fs};
-use crate::hash::NumberSet;
 use crate::journal::change::Ineligible;
 use crate::journal::faults::{self, Fault};
 use crate::journal::{FastCommitBegin, FastCommitOutcome, FastCommitTicket};
 use crate::lock::Rank;
+use smallvec::SmallVec;
 
 /// ext4's logical block numbers are 32 bits: `EXT_MAX_BLOCKS`.
 const MAX_LOGICAL_BLOCKS: u64 = u32::MAX as u64;
@@ -227,7 +227,7 @@ impl Fs {
             tracker.mark_ineligible(ticket.tid, reason);
             return Ok(Committed::FullCommit);
         }
-        let mut inodes: Vec<u32> = entries.inodes.keys().copied().collect();
+        let mut inodes: SmallVec<[u32; 4]> = entries.inodes.keys().copied().collect();
         inodes.push(ino);
         match tracker.freeze(txn, entries, ticket.tid) {
             Freeze::Frozen => {}
@@ -356,11 +356,17 @@ impl Drop for GiveBackOnUnwind<'_> {
 /// is read under its inode lock: whole, never half-way through a change.
 /// `drop_last_dentry`: the fault `DirSyncDropsDentry`.
 fn build(core: &Core, snapshot: &Entries, drop_last_dentry: bool) -> Result<Built> {
+    // At least one record per name and per inode, plus one per range
+    // changed: reserved at once rather than grown record by record.
+    let records = snapshot.dentries.len()
+        + (snapshot.inodes.values())
+            .map(|pending| 1 + pending.ranges.len())
+            .sum::<usize>();
     let mut writer = RecordWriter {
         core,
-        records: Vec::new(),
+        records: Vec::with_capacity(records),
         data_first: false,
-        ranges_written: NumberSet::default(),
+        ranges_written: SmallVec::new(),
         ineligible: None,
     };
     let kept =
@@ -369,7 +375,7 @@ fn build(core: &Core, snapshot: &Entries, drop_last_dentry: bool) -> Result<Buil
         let record = Dentry {
             parent: dentry.parent,
             ino: dentry.ino,
-            name: dentry.name.clone(),
+            name: dentry.name.to_vec(),
         };
         match dentry.op {
             DentryOp::Create => writer.create(record, snapshot.inodes.get(&dentry.ino))?,
@@ -377,6 +383,7 @@ fn build(core: &Core, snapshot: &Entries, drop_last_dentry: bool) -> Result<Buil
             DentryOp::Unlink => writer.records.push(Record::Unlink(record)),
         }
     }
+    writer.ranges_written.sort_unstable();
     for (&ino, pending) in &snapshot.inodes {
         writer.inode(ino, pending)?;
     }
@@ -391,8 +398,9 @@ struct RecordWriter<'a> {
     core: &'a Core,
     records: Vec<Record>,
     data_first: bool,
-    /// Inodes whose ranges went out with their CREAT.
-    ranges_written: NumberSet<u32>,
+    /// Inodes whose ranges went out with their CREAT (few in a commit: in
+    /// place), sorted once the names are done, for the inodes' pass.
+    ranges_written: SmallVec<[u32; 4]>,
     ineligible: Option<Ineligible>,
 }
 
@@ -414,7 +422,7 @@ impl RecordWriter<'_> {
         self.inode_record(dentry.ino, &inode)?;
         if let Some(pending) = pending.filter(|_| !inode.is_dir()) {
             self.range_records(dentry.ino, &inode, pending)?;
-            self.ranges_written.insert(dentry.ino);
+            self.ranges_written.push(dentry.ino);
         }
         self.records.push(Record::Create(dentry));
         Ok(())
@@ -429,7 +437,7 @@ impl RecordWriter<'_> {
         if inode.mode == 0 || inode.links_count == 0 || inode.is_dir() {
             return Ok(());
         }
-        if !self.ranges_written.contains(&ino) {
+        if self.ranges_written.binary_search(&ino).is_err() {
             self.range_records(ino, &inode, pending)?;
         }
         self.data_first |= pending.extended;

@@ -53,7 +53,8 @@ struct InodeData {
 /// `inodes` numbered up to `writes`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DataMark {
-    inodes: Vec<u32>,
+    /// The committed inodes: few (in place).
+    inodes: SmallVec<[u32; 4]>,
     writes: u64,
 }
 
@@ -116,7 +117,7 @@ impl UnflushedData {
     pub fn ranges_marked(&self, inodes: &[u32]) -> Option<(Vec<(u64, u64)>, DataMark)> {
         let ranges = self.ranges(inodes.iter().copied())?;
         let mark = DataMark {
-            inodes: inodes.to_vec(),
+            inodes: SmallVec::from_slice(inodes),
             writes: self.writes,
         };
         Some((ranges, mark))

@@ -39,7 +39,7 @@
 use super::track::Entries;
 use crate::hash::{NumberMap, NumberSet};
 use crate::journal::faults::{self, Fault};
-use smallvec::SmallVec;
+use smallvec::{SmallVec, smallvec};
 
 /// A scope key: a directory's inode number (or a file's own).
 pub(crate) type Key = u32;
@@ -75,16 +75,19 @@ pub(crate) struct Txn {
     /// A key of the set it belongs to.
     key: Key,
     /// After it was taken: the inodes it holds (their owner).
-    taken_inodes: Vec<u32>,
+    taken_inodes: SmallVec<[u32; 4]>,
 }
 
+/// A set's keys and transactions are few (a directory, a transaction
+/// building, one frozen): in place, so that a directory's first operation
+/// and each commit allocate nothing here.
 struct SetState {
-    members: Vec<Key>,
+    members: SmallVec<[Key; 2]>,
     running: TxnId,
     /// Taken and not frozen yet.
-    building: Vec<TxnId>,
+    building: SmallVec<[TxnId; 2]>,
     /// Frozen, not queued yet, in the order they froze.
-    unqueued: Vec<TxnId>,
+    unqueued: SmallVec<[TxnId; 2]>,
     /// The largest queue number of its commits (0: none).
     last_queued: u64,
 }
@@ -162,10 +165,10 @@ impl Scopes {
             self.sets.insert(
                 key,
                 SetState {
-                    members: vec![key],
+                    members: smallvec![key],
                     running,
-                    building: Vec::new(),
-                    unqueued: Vec::new(),
+                    building: SmallVec::new(),
+                    unqueued: SmallVec::new(),
                     last_queued: 0,
                 },
             );
@@ -191,7 +194,7 @@ impl Scopes {
                 updates: 0,
                 phase: Phase::Running,
                 key,
-                taken_inodes: Vec::new(),
+                taken_inodes: SmallVec::new(),
             },
         );
         id
@@ -263,6 +266,17 @@ impl Scopes {
             return self.sets[&root].running;
         }
         let own = self.bound.get(&handle).copied();
+        if let Some(own) = own
+            && dirs.is_empty()
+            && ino.is_none_or(|ino| self.owner_of(ino).is_none_or(|owner| owner == own))
+        {
+            // The common case (an operation's second and later changes to
+            // its own inodes): nothing to unite, the handle stays where it
+            // is bound, building or running — what the general path below
+            // gives, without finding its set.
+            debug_assert!(self.txns.contains_key(&own), "bound to a transaction gone");
+            return own;
+        }
         // Its own set, each directory's, the inode's owner: four at most
         // for a rename, on the stack (every operation routes).
         let mut roots: SmallVec<[Key; 4]> = SmallVec::new();
@@ -484,7 +498,7 @@ impl Scopes {
         }
         let root = self.root_of(id);
         let set = self.sets.get_mut(&root).expect("a root");
-        set.building.retain(|&building| building != id);
+        set.building.retain(|building| *building != id);
         set.unqueued.push(id);
         self.txn_mut(id).phase = Phase::Frozen;
         true
@@ -496,8 +510,8 @@ impl Scopes {
     pub fn put_back(&mut self, id: TxnId, entries: Entries) {
         let root = self.root_of(id);
         let set = self.sets.get_mut(&root).expect("a root");
-        set.building.retain(|&other| other != id);
-        set.unqueued.retain(|&other| other != id);
+        set.building.retain(|other| *other != id);
+        set.unqueued.retain(|other| *other != id);
         let running = set.running;
         self.txn_mut(id).entries = entries;
         self.merge_txn(running, id, true);
@@ -515,7 +529,7 @@ impl Scopes {
         let root = self.root_of(id);
         let set = self.sets.get_mut(&root).expect("a root");
         debug_assert_eq!(set.unqueued.first(), Some(&id));
-        set.unqueued.retain(|&other| other != id);
+        set.unqueued.retain(|other| *other != id);
         set.last_queued = set.last_queued.max(seq);
         self.txn_mut(id).phase = Phase::Queued(seq);
     }
@@ -523,14 +537,14 @@ impl Scopes {
     /// `id`, queued, is durable (or will never be written: a full commit
     /// covers it): it goes, and so does the set if nothing is left in it.
     /// Returns the inodes it held.
-    pub fn retire(&mut self, id: TxnId, durable: Option<u64>) -> Vec<u32> {
+    pub fn retire(&mut self, id: TxnId, durable: Option<u64>) -> SmallVec<[u32; 4]> {
         if let Some(seq) = durable {
             self.durable_seq = self.durable_seq.max(seq);
         }
         let root = self.root_of(id);
         let set = self.sets.get_mut(&root).expect("a root");
-        set.unqueued.retain(|&other| other != id);
-        set.building.retain(|&other| other != id);
+        set.unqueued.retain(|other| *other != id);
+        set.building.retain(|other| *other != id);
         let txn = self.txns.remove(&id).expect("a live transaction");
         for &ino in &txn.taken_inodes {
             if self.owner.get(&ino) == Some(&id) {
