@@ -16,7 +16,7 @@
 //! - `overlay`: copy-on-write crash images; `tools`: mke2fs, e2fsck, loop
 //!   mounts.
 //!
-//! `jext4 crashtest` is the front end; `journal::faults` breaks the journal
+//! `jext4 crashtest` is the front end; `crate::faults` breaks the journal
 //! on purpose to show that the oracle notices.
 
 pub mod driver;

@@ -28,7 +28,7 @@ use super::mapping::Extent;
 use super::superblock::GOOD_OLD_INODE_SIZE;
 use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::error::{Error, Result};
-use crate::journal::faults::{self, Fault};
+use crate::faults::{self, Fault};
 
 /// Record tags (`EXT4_FC_TAG_*`).
 pub mod tag {

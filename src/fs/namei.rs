@@ -13,12 +13,12 @@ use super::inode::FileKind;
 use super::inode::{Attr, attr_of, attr_unlocked, check_live, read_inode};
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
+use crate::faults;
 use crate::format::dir::{self, EntryLocation};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
 use crate::format::superblock::{incompat, ro_compat};
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
-use crate::journal::faults;
 use crate::lock::Rank;
 
 /// ext4's EXT4_LINK_MAX: beyond it, a directory with dir_nlink reports 1.

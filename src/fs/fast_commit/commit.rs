@@ -41,6 +41,7 @@ use super::data::DataMark;
 use super::scope::TxnId;
 use super::track::{DentryOp, Entries, Freeze, LockDown, PendingInode, Tracker};
 use crate::error::Result;
+use crate::faults::{self, Fault};
 use crate::format::fast_commit::{Dentry, Record, max_range_len};
 use crate::format::inode::Inode;
 use crate::format::mapping::{self, Extent, Lookup};
@@ -49,7 +50,6 @@ use crate::fs::inode::{inode_location, read_inode};
 use crate::fs::{Core, Fs};
 use crate::hash::NumberSet;
 use crate::journal::change::Ineligible;
-use crate::journal::faults::{self, Fault};
 use crate::journal::{FastCommitBegin, FastCommitOutcome, FastCommitTicket};
 use crate::lock::Rank;
 
