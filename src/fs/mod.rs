@@ -58,6 +58,7 @@ use crate::dev::BlockDevice;
 use crate::dev::Claim;
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
+use crate::format;
 use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superblock};
 use crate::hash::{NumberMap, NumberSet};
 use crate::journal::change::Ineligible;
@@ -997,7 +998,7 @@ impl Fs {
                 .saturating_sub(core.reserved_blocks + core.emergency_reserve),
             files: core.geo.inodes_count as u64,
             free_files: core.sbi.free_inodes(),
-            name_max: 255,
+            name_max: format::dir::NAME_MAX as u32,
         }
     }
 }

@@ -80,9 +80,6 @@ use blocks::{BlockRanges, OverlayDevice, ReplayAllocator, inode_in_use, mark_blo
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// ext4's EXT4_LINK_MAX: past it a directory with dir_nlink counts 1.
-const LINK_MAX: u16 = 65000;
-
 /// What the replay did, for the log.
 #[derive(Debug, Default, Clone, Copy)]
 struct ReplayStats {
