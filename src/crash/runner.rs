@@ -605,12 +605,8 @@ impl Checker<'_> {
 
 /// (needs_recovery, BYTELOG) in the primary superblock of `device`.
 fn bytelog_flags(device: &dyn BlockDevice) -> Result<(bool, bool), String> {
-    use crate::format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock, incompat};
-    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
-    device
-        .read_at(SUPERBLOCK_OFFSET, &mut bytes)
-        .map_err(io_text)?;
-    let sb = Superblock::decode(&bytes).map_err(|e| format!("crashed superblock: {e}"))?;
+    use crate::format::superblock::{self, incompat};
+    let sb = superblock::read_from(device).map_err(|e| format!("crashed superblock: {e}"))?;
     Ok((
         sb.has_incompat(incompat::RECOVER),
         sb.has_incompat(incompat::BYTELOG),

@@ -49,7 +49,8 @@ pub use file::{
 };
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
 pub use journal::{
-    ImageRecovery, image_stats, journal_shape, logdump_image, recover_device, recover_image,
+    ImageRecovery, image_stats, journal_shape, logdump_image, needs_recovery, recover_device,
+    recover_image, recover_journal, recover_journal_with,
 };
 pub use namei::RenameFlags;
 
