@@ -8,6 +8,8 @@ pub mod cache;
 pub mod crash;
 pub mod dev;
 pub mod error;
+#[doc(hidden)]
+pub mod faults;
 pub mod format;
 pub mod hash;
 pub mod journal;

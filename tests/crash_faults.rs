@@ -9,7 +9,7 @@ mod common;
 
 use jext4::crash::workloads::{Workload, find};
 use jext4::crash::{Config, Sampling, run};
-use jext4::journal::faults::Fault;
+use jext4::faults::Fault;
 use std::sync::Mutex;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -50,10 +50,7 @@ fn first_failure(
         kernel_every: 0,
     };
     let summary = run(&config, &mut |_| {}).unwrap();
-    assert!(
-        !jext4::journal::faults::any_active(),
-        "a fault outlived its run"
-    );
+    assert!(!jext4::faults::any_active(), "a fault outlived its run");
     summary.failures.first().map(|failure| failure.to_string())
 }
 

@@ -6,9 +6,9 @@
 mod common;
 
 use jext4::dev::{BlockDevice, FileDevice};
+use jext4::faults::{PanicPoint, arm_panic};
 use jext4::format::superblock::ROOT_INO;
 use jext4::fs::{Caller, Fs, MountOptions};
-use jext4::journal::faults::{PanicPoint, arm_panic};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;

@@ -9,9 +9,10 @@ mod common;
 use common::journal::*;
 use jext4::dev::BlockDevice;
 use jext4::format::fast_commit::{AreaBuilder, Dentry, Record};
+use jext4::fs::recover_journal;
 use jext4::journal::fast_commit::{ReplayWrite, write_replayed_blocks};
 use jext4::journal::format::fast_commit_head_tid;
-use jext4::journal::recovery::{FastCommitArea, JournalArea, recover};
+use jext4::journal::recovery::{FastCommitArea, JournalArea};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -98,7 +99,7 @@ fn a_crash_at_any_write_leaves_none_or_all_of_the_replay() {
         let area = JournalArea::new(dev, 1024, journal.clone());
         let outcome = write_replayed_blocks(&area, &fast_commit, &blocks);
         let (memory, area) = memory_area(device.inner.snapshot(), 1024, journal.clone());
-        let report = recover(&area).unwrap();
+        let report = recover_journal(&area).unwrap();
         assert!(report.problem.is_none(), "{report:?}");
         let after = memory.snapshot();
         let new = blocks
@@ -160,7 +161,7 @@ fn without_room_in_the_log_the_replay_goes_home_directly() {
         assert_eq!(block(&after, at), content.as_slice());
     }
     // The log is as it was: its one transaction replays.
-    let report = recover(&area).unwrap();
+    let report = recover_journal(&area).unwrap();
     assert_eq!((report.transactions_replayed, report.problem), (1, None));
     common::assert_fsck_clean(&image);
 }

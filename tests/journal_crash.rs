@@ -7,8 +7,9 @@ mod common;
 
 use common::journal::*;
 use jext4::dev::{BlockDevice, MemoryDevice};
+use jext4::fs::{needs_recovery, recover_journal};
 use jext4::journal::format::JournalSuperblock;
-use jext4::journal::recovery::{JournalArea, needs_recovery, recover};
+use jext4::journal::recovery::JournalArea;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -82,12 +83,12 @@ fn crash_then_recover(
 ) -> Vec<u8> {
     let device = Arc::new(CrashingDevice::new(bytes.to_vec(), writes, tear));
     let area = JournalArea::new(device.clone(), block_size, blocks.to_vec());
-    let crashed = recover(&area);
+    let crashed = recover_journal(&area);
     assert!(crashed.is_err(), "no crash after {writes} writes");
     let (memory, area) = memory_area(device.inner.snapshot(), block_size, blocks.to_vec());
-    let report =
-        recover(&area).unwrap_or_else(|e| panic!("recovery after a crash at write {writes}: {e}"));
-    assert!(!needs_recovery(&area).unwrap());
+    let report = recover_journal(&area)
+        .unwrap_or_else(|e| panic!("recovery after a crash at write {writes}: {e}"));
+    assert!(!needs_recovery(&*area.dev).unwrap());
     assert!(report.problem.is_none(), "{report:?}");
     memory.snapshot()
 }
@@ -99,7 +100,7 @@ fn check_every_crash_point(image: &std::path::Path, stride: usize) {
     // The uninterrupted run, counting its writes.
     let counting = Arc::new(CrashingDevice::new(bytes.clone(), usize::MAX, false));
     let area = JournalArea::new(counting.clone(), block_size, blocks.clone());
-    let reference_report = recover(&area).unwrap();
+    let reference_report = recover_journal(&area).unwrap();
     let total_writes = counting.writes_done.load(Ordering::SeqCst);
     assert!(total_writes > reference_report.blocks_replayed as usize);
     let reference = counting.inner.snapshot();

@@ -6,8 +6,8 @@
 mod common;
 
 use common::journal::*;
+use jext4::fs::recover_journal;
 use jext4::journal::logdump::logdump;
-use jext4::journal::recovery::recover;
 use proptest::prelude::*;
 use std::path::Path;
 use std::time::Duration;
@@ -216,6 +216,6 @@ proptest! {
         let (_, area) = memory_area(bytes, block_size, blocks);
         let mut sink = Vec::new();
         let _ = logdump(&area, &mut sink);
-        let _ = recover(&area);
+        let _ = recover_journal(&area);
     }
 }

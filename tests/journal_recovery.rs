@@ -6,7 +6,8 @@
 mod common;
 
 use common::journal::*;
-use jext4::journal::recovery::{RecoveryProblem, recover};
+use jext4::fs::recover_journal;
+use jext4::journal::recovery::RecoveryProblem;
 use std::path::Path;
 use std::time::Duration;
 
@@ -138,7 +139,7 @@ fn debugfs_journals_replay_like_e2fsck() {
             "{name}: the uncommitted transaction must not replay"
         );
         // Idempotent: a second run finds nothing to do and changes nothing.
-        let again = recover(&file_area(&ours)).unwrap();
+        let again = recover_journal(&file_area(&ours)).unwrap();
         assert!(!again.needed, "{name}");
         assert_eq!(
             std::fs::read(&ours).unwrap(),
@@ -216,7 +217,7 @@ fn kernel_journals_replay_like_e2fsck() {
                 "{name}: no escaped block in the log:\n{dump}"
             );
         }
-        let again = recover(&file_area(&ours)).unwrap();
+        let again = recover_journal(&file_area(&ours)).unwrap();
         assert!(!again.needed, "{name}: needs_recovery after recovery");
         eprintln!("{name}: {report:?}");
     }
@@ -272,7 +273,7 @@ fn refuses_what_it_cannot_replay() {
     let bad = image.with_extension("bad-sb.img");
     std::fs::copy(&image, &bad).unwrap();
     flip_byte(&bad, journal_sb + 0x10, 0x01);
-    match recover(&file_area(&bad)) {
+    match recover_journal(&file_area(&bad)) {
         Err(jext4::Error::Corrupt { location, .. }) => {
             assert_eq!(location, jext4::error::Location::Journal { block: 0 })
         }
@@ -289,7 +290,10 @@ fn refuses_what_it_cannot_replay() {
         area.dev
             .write_at(area.blocks[0] * 1024, superblock.encode())
             .unwrap();
-        assert!(matches!(recover(&area), Err(jext4::Error::Unsupported(_))));
+        assert!(matches!(
+            recover_journal(&area),
+            Err(jext4::Error::Unsupported(_))
+        ));
     }
     // An external journal (s_journal_uuid set).
     let external = image.with_extension("external.img");
@@ -304,7 +308,7 @@ fn refuses_what_it_cannot_replay() {
         ],
     );
     assert_eq!(code, 0, "{text}");
-    match recover(&file_area(&external)) {
+    match recover_journal(&file_area(&external)) {
         Err(jext4::Error::Unsupported(message)) => {
             assert!(message.contains("external"), "{message}")
         }

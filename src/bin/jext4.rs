@@ -703,7 +703,7 @@ fn run_server(
         let _ = record.write();
         tracing::info!(image = %image.display(), mountpoint = %mountpoint.display(), "mounted");
         // Test builds: panics a test asked for, once the mount is up.
-        jext4::journal::faults::arm_panics_from_env();
+        jext4::faults::arm_panics_from_env();
         ready();
     });
     let status = match &result {

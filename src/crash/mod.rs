@@ -13,10 +13,11 @@
 //! - `runner`: recording, planning and checking, with jext4's recovery on
 //!   every state and e2fsck and the kernel on samples (see its preamble);
 //! - `logwrites`: the log in dm-log-writes format, for other tools;
-//! - `overlay`: copy-on-write crash images; `tools`: mke2fs, e2fsck, loop
-//!   mounts.
+//! - `overlay`: crash images, each a copy-on-write `dev::overlay` of its
+//!   epoch's shared image, and the files that show them; `tools`: mke2fs,
+//!   e2fsck, loop mounts.
 //!
-//! `jext4 crashtest` is the front end; `journal::faults` breaks the journal
+//! `jext4 crashtest` is the front end; `crate::faults` breaks the journal
 //! on purpose to show that the oracle notices.
 
 pub mod driver;

@@ -39,13 +39,13 @@ use super::driver::{FsSource, Lane};
 use super::logwrites;
 use super::model::{LaneModel, TreeSource, read_subtree};
 use super::oracle::{Marks, Ordering, check_lane};
-use super::overlay::{Base, ImageFile, OverlayDevice};
+use super::overlay::{Base, ImageFile, StateDevice};
 use super::states::{self, CrashState};
 use super::tools::{self, KernelMount, Scratch, StdSource};
 use super::workloads::{Scenario, Workload};
 use crate::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice};
+use crate::faults::{self, Fault};
 use crate::fs::{AtimePolicy, Caller, Fs, MountOptions};
-use crate::journal::faults::{self, Fault};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -406,7 +406,7 @@ fn io_text(error: std::io::Error) -> String {
 
 impl Checker<'_> {
     fn check(&mut self, state: &CrashState, base: &Base) -> Result<Ran, String> {
-        let raw = OverlayDevice::new(Arc::clone(&base.bytes));
+        let raw = base.overlay();
         states::apply(&self.recorded.log, state, &mut |offset, data| {
             raw.put(offset, data)
         })
@@ -453,7 +453,7 @@ impl Checker<'_> {
     /// replay, or a stale HEAD that fails e2fsck's recovery), nor when a
     /// fast-commit journal's log wraps (e2fsck wraps it at the end of the
     /// area, the kernel and jext4 at the end of the log).
-    fn e2fsck_can_replay(&self, raw: &OverlayDevice) -> Result<bool, String> {
+    fn e2fsck_can_replay(&self, raw: &StateDevice) -> Result<bool, String> {
         if !self.config.fast_commit {
             return Ok(true);
         }
@@ -513,7 +513,7 @@ impl Checker<'_> {
     fn check_e2fsck_replay(
         &mut self,
         base: &Base,
-        raw: &OverlayDevice,
+        raw: &StateDevice,
         state: &CrashState,
     ) -> Result<bool, String> {
         let replay = &mut self.files.replay;
@@ -543,7 +543,7 @@ impl Checker<'_> {
     fn check_bytelog_recover(
         &mut self,
         base: &Base,
-        raw: &OverlayDevice,
+        raw: &StateDevice,
         state: &CrashState,
         kernel: bool,
     ) -> Result<(), String> {
@@ -587,7 +587,7 @@ impl Checker<'_> {
     fn check_kernel(
         &mut self,
         base: &Base,
-        raw: &OverlayDevice,
+        raw: &StateDevice,
         state: &CrashState,
     ) -> Result<(), String> {
         let file = &mut self.files.kernel;
@@ -605,12 +605,8 @@ impl Checker<'_> {
 
 /// (needs_recovery, BYTELOG) in the primary superblock of `device`.
 fn bytelog_flags(device: &dyn BlockDevice) -> Result<(bool, bool), String> {
-    use crate::format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock, incompat};
-    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
-    device
-        .read_at(SUPERBLOCK_OFFSET, &mut bytes)
-        .map_err(io_text)?;
-    let sb = Superblock::decode(&bytes).map_err(|e| format!("crashed superblock: {e}"))?;
+    use crate::format::superblock::{self, incompat};
+    let sb = superblock::read_from(device).map_err(|e| format!("crashed superblock: {e}"))?;
     Ok((
         sb.has_incompat(incompat::RECOVER),
         sb.has_incompat(incompat::BYTELOG),
@@ -847,7 +843,7 @@ impl Context<'_> {
             "{}-{}-seed{}-state{}",
             failure.workload, failure.block_size, failure.seed, failure.state
         );
-        let crashed = OverlayDevice::new(Arc::clone(&base.bytes));
+        let crashed = base.overlay();
         let _ = states::apply(&recorded.log, state, &mut |offset, data| {
             crashed.put(offset, data)
         });
@@ -857,7 +853,11 @@ impl Context<'_> {
             dir.join(format!("{name}.log")),
         ];
         let written = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(&paths[0], crashed.to_vec()))
+            .and_then(|()| {
+                crashed
+                    .to_vec()
+                    .and_then(|image| std::fs::write(&paths[0], image))
+            })
             .and_then(|()| std::fs::write(&paths[1], &recorded.base))
             .and_then(|()| {
                 let mut file = std::io::BufWriter::new(std::fs::File::create(&paths[2])?);

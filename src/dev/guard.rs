@@ -19,8 +19,8 @@
 //! I/O.
 
 use super::BlockDevice;
+use crate::faults::{self, Fault};
 use crate::hash::NumberMap;
-use crate::journal::faults::{self, Fault};
 use parking_lot::Mutex;
 use std::io;
 use std::sync::Arc;

@@ -13,6 +13,7 @@ mod file;
 pub mod guard;
 mod memory;
 pub mod nbd;
+pub mod overlay;
 pub mod persistent;
 pub mod recording;
 

@@ -37,7 +37,7 @@
 
 use super::fast_commit::{RECORD_HEADER_SIZE, Record, tag};
 use super::{get_u16, get_u32, put_u16, put_u32};
-use crate::journal::faults::{self, Fault};
+use crate::faults::{self, Fault};
 
 /// A cache line: the unit of persistence, and of alignment.
 pub const LINE: usize = 64;

@@ -54,8 +54,10 @@ pub const FT_SYMLINK: u8 = 7;
 /// file_type of the checksum tail record.
 pub const FT_DIR_CSUM: u8 = 0xDE;
 
-/// ext4.h: EXT4_NAME_LEN.
-pub const NAME_LEN_MAX: usize = 255;
+/// ext4.h EXT4_NAME_LEN: the longest name a directory entry holds (its
+/// name_len is one byte), which is also POSIX NAME_MAX and statfs's
+/// f_namelen.
+pub const NAME_MAX: usize = 255;
 /// inode, rec_len, name_len, file_type.
 const RECORD_HEADER_LEN: usize = 8;
 /// ext4_dir_entry_tail: the checksum record at the end of a leaf block.
@@ -364,7 +366,7 @@ pub(crate) fn write_record(
     entry: &DirEntry,
 ) {
     let name_len = entry.name.len();
-    debug_assert!(name_len <= NAME_LEN_MAX && rec_len >= record_len(name_len));
+    debug_assert!(name_len <= NAME_MAX && rec_len >= record_len(name_len));
     debug_assert!(offset + rec_len <= fmt.block_size);
     put_u32(block, offset, entry.ino);
     put_u16(block, offset + 4, rec_len_to_disk(rec_len, fmt.block_size));
@@ -636,7 +638,7 @@ fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
         return Err(Error::Invalid("empty file name".into()));
     }
-    if name.len() > NAME_LEN_MAX {
+    if name.len() > NAME_MAX {
         return Err(Error::NameTooLong);
     }
     Ok(())

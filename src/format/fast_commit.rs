@@ -24,11 +24,12 @@
 
 use super::bytelog::Anchor;
 use super::csum::crc32c_raw;
+use super::dir;
 use super::mapping::Extent;
 use super::superblock::GOOD_OLD_INODE_SIZE;
 use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::error::{Error, Result};
-use crate::journal::faults::{self, Fault};
+use crate::faults::{self, Fault};
 
 /// Record tags (`EXT4_FC_TAG_*`).
 pub mod tag {
@@ -58,7 +59,6 @@ const DEL_RANGE_SIZE: usize = 12;
 /// `ext4_fc_dentry_info` before the name; `ext4_fc_inode` before the raw inode.
 const DENTRY_FIXED_SIZE: usize = 8;
 const INODE_FIXED_SIZE: usize = 4;
-const NAME_MAX: usize = 255;
 /// ext4_extents.h: an `ee_len` above this flags an unwritten extent.
 const EXTENT_INIT_MAX_LEN: u16 = 1 << 15;
 
@@ -129,7 +129,7 @@ impl Record {
             ino: u32_at(4),
             name: value[DENTRY_FIXED_SIZE..].to_vec(),
         };
-        let dentry_ok = len > DENTRY_FIXED_SIZE && len - DENTRY_FIXED_SIZE <= NAME_MAX;
+        let dentry_ok = len > DENTRY_FIXED_SIZE && len - DENTRY_FIXED_SIZE <= dir::NAME_MAX;
         Some(match tag {
             tag::HEAD if len == HEAD_SIZE => Record::Head {
                 features: u32_at(0),

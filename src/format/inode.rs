@@ -14,6 +14,10 @@ use crate::ensure_format;
 use crate::error::{Location, Result};
 use smallvec::SmallVec;
 
+/// ext4.h EXT4_LINK_MAX: the most links an inode counts; past it a
+/// directory with dir_nlink counts 1 ("many").
+pub const LINK_MAX: u16 = 65000;
+
 // File type bits of i_mode.
 pub const S_IFMT: u16 = 0o170000;
 pub const S_IFSOCK: u16 = 0o140000;

@@ -53,8 +53,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 pub const XATTR_MAGIC: u32 = 0xEA02_0000;
-/// The longest attribute name the VFS passes (XATTR_NAME_MAX).
-pub const NAME_MAX: usize = 255;
+/// The longest attribute name the VFS passes (limits.h XATTR_NAME_MAX),
+/// prefix included.
+pub const XATTR_NAME_MAX: usize = 255;
 /// Journal credits `set` may use besides the inode's own table block: the
 /// old and the new xattr block, and a block bitmap and group descriptor for
 /// each of the allocation and the release.
@@ -130,7 +131,7 @@ pub enum SetMode {
 /// unknown namespaces (including `system.data`) are not supported, a prefix
 /// without suffix is invalid.
 fn resolve_name(full: &[u8]) -> Result<(u8, &[u8])> {
-    if full.len() > NAME_MAX {
+    if full.len() > XATTR_NAME_MAX {
         return Err(Error::Range);
     }
     if full.contains(&0) {

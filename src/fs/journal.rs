@@ -2,6 +2,28 @@
 //! through the journal inode, replaying a journal that needs recovery
 //! before anything else reads the filesystem, and the needs_recovery flag
 //! that tells the kernel and e2fsck to replay after a crash.
+//!
+//! Recovery is split as the kernel splits it between ext4 and jbd2:
+//! `journal::recovery` replays and resets the log (block-level), and this
+//! module does what is about the ext4 superblock — whether to recover at
+//! all (needs_recovery), the refusal of external journals, the error state
+//! the replay found, and the flags cleared at the end.
+//!
+//! The order of the writes, each flushed before the next (a crash between
+//! any two recovers to the same image):
+//! 1. the replay's home blocks (`recovery::replay`), while needs_recovery
+//!    holds: a crash replays them again;
+//! 2. the error state (ERROR_FS for an aborted journal or a failed commit,
+//!    VALID_FS off when recovery stopped short, as e2fsck marks them),
+//!    still under needs_recovery, so that it is never lost with the log;
+//! 3. the journal reset (`recovery::reset`, s_start = 0): a crash after it
+//!    finds needs_recovery with an empty log, which recovers to the same
+//!    image;
+//! 4. needs_recovery cleared, and BYTELOG with it (its fast commits are
+//!    replayed, or were never there: the image is plain ext4 again).
+//!
+//! When recovery stops short, e2fsck still resets the journal and clears
+//! needs_recovery, but leaves the filesystem not clean; so does this.
 
 use super::group::Groups;
 use super::inode::read_inode_with;
@@ -9,9 +31,9 @@ use crate::cache::BufferCache;
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
 use crate::format::mapping::{self, Lookup};
-use crate::format::superblock::{self, Geometry, Superblock, incompat};
+use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superblock, incompat};
 pub(crate) use crate::journal::recovery::JournalArea;
-use crate::journal::recovery::{self, RecoveryReport};
+use crate::journal::recovery::{self, FastCommitArea, RecoveryReport};
 use std::sync::Arc;
 
 /// Journal inodes larger than this are refused (the kernel's limit is
@@ -70,17 +92,17 @@ pub(crate) fn recover_if_needed(
     dev: &Arc<dyn BlockDevice>,
 ) -> Result<Option<RecoveryReport>> {
     let area = journal_area(geo, dev)?;
-    if !recovery::needs_recovery(&area)? && !sb.has_incompat(incompat::RECOVER) {
+    if !needs_recovery(&**dev)? && !sb.has_incompat(incompat::RECOVER) {
         if sb.has_incompat(incompat::BYTELOG) {
             // A ByteLog flag without needs_recovery: no fast commit of
             // that mount can be pending (both are set in one write at
             // mount); the image is plain ext4.
             tracing::info!("clearing a stale BYTELOG flag");
-            recovery::clear_needs_recovery(&**dev)?;
+            clear_needs_recovery(&**dev)?;
         }
         return Ok(None);
     }
-    let report = recovery::recover_with(&area, super::fast_commit::replay)?;
+    let report = recover_journal_with(&area, super::fast_commit::replay)?;
     if let Some(problem) = &report.problem {
         return Err(Error::corrupt(
             Location::Journal { block: 0 },
@@ -95,6 +117,87 @@ pub(crate) fn recover_if_needed(
         "journal replayed"
     );
     Ok(Some(report))
+}
+
+/// Whether the filesystem on `dev` says its journal must be replayed
+/// (INCOMPAT_RECOVER in the ext4 superblock).
+pub fn needs_recovery(dev: &dyn BlockDevice) -> Result<bool> {
+    Ok(superblock::read_from(dev)?.has_incompat(incompat::RECOVER))
+}
+
+/// Replay the journal in `area` if needs_recovery is set, reset it and
+/// clear the flag. Fast commits, if any, are left unreplayed (see
+/// `recover_journal_with`).
+pub fn recover_journal(area: &JournalArea) -> Result<RecoveryReport> {
+    recover_journal_with(area, |_, _| Ok(()))
+}
+
+/// `recover_journal`, calling `replay_fast_commits` after the block replay
+/// when the fast-commit area holds records for the transaction after the
+/// log — and before the journal reset, so a crash during it replays again.
+/// The writes go in the order the module's preamble explains.
+pub fn recover_journal_with<F>(area: &JournalArea, replay_fast_commits: F) -> Result<RecoveryReport>
+where
+    F: FnOnce(&JournalArea, &FastCommitArea) -> Result<()>,
+{
+    let dev = &*area.dev;
+    let sb = superblock::read_from(dev)?;
+    refuse_external_journal(&sb)?;
+    if !sb.has_incompat(incompat::RECOVER) {
+        return recovery::check_log_empty(area);
+    }
+    let replayed = recovery::replay(area, replay_fast_commits)?;
+    let (errors, stopped_short) = (replayed.found_errors(), replayed.report.problem.is_some());
+    if errors || stopped_short {
+        update_superblock(dev, |sb| {
+            if errors {
+                sb.state |= STATE_ERROR;
+            }
+            if stopped_short {
+                sb.state &= !STATE_VALID;
+            }
+        })?;
+    }
+    let report = recovery::reset(area, replayed)?;
+    clear_needs_recovery(dev)?;
+    debug_assert!(!needs_recovery(dev)?);
+    Ok(report)
+}
+
+/// Turn INCOMPAT_RECOVER and BYTELOG off in the primary superblock and
+/// flush. Recovery runs before any buffer cache exists, so this writes
+/// through the device.
+fn clear_needs_recovery(dev: &dyn BlockDevice) -> Result<()> {
+    update_superblock(dev, |sb| {
+        sb.feature_incompat &= !(incompat::RECOVER | incompat::BYTELOG);
+    })
+}
+
+/// Read, change, write and flush the primary superblock.
+fn update_superblock(dev: &dyn BlockDevice, change: impl FnOnce(&mut Superblock)) -> Result<()> {
+    let mut sb = superblock::read_from(dev)?;
+    change(&mut sb);
+    superblock::write_to(dev, &mut sb)
+}
+
+/// Recovery replays internal journals only.
+fn refuse_external_journal(sb: &Superblock) -> Result<()> {
+    if sb.has_incompat(incompat::JOURNAL_DEV) {
+        return Err(Error::Unsupported(
+            "this is an external journal device, not a filesystem".into(),
+        ));
+    }
+    if !sb.has_compat(superblock::compat::HAS_JOURNAL) {
+        return Err(Error::Invalid("the filesystem has no journal".into()));
+    }
+    let external = sb.journal_uuid != [0; 16] || sb.journal_inum == 0;
+    if external {
+        return Err(Error::Unsupported(
+            "the journal is on an external device (journal_dev), which jext4 does not support"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Open `path` and read what the journal commands need: the device, the

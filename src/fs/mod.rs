@@ -49,7 +49,8 @@ pub use file::{
 };
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
 pub use journal::{
-    ImageRecovery, image_stats, journal_shape, logdump_image, recover_device, recover_image,
+    ImageRecovery, image_stats, journal_shape, logdump_image, needs_recovery, recover_device,
+    recover_image, recover_journal, recover_journal_with,
 };
 pub use namei::RenameFlags;
 
@@ -58,6 +59,7 @@ use crate::dev::BlockDevice;
 use crate::dev::Claim;
 use crate::dev::guard::GuardedDevice;
 use crate::error::{Error, Location, Result};
+use crate::format;
 use crate::format::superblock::{self, Geometry, STATE_ERROR, STATE_VALID, Superblock};
 use crate::hash::{NumberMap, NumberSet};
 use crate::journal::change::Ineligible;
@@ -997,7 +999,7 @@ impl Fs {
                 .saturating_sub(core.reserved_blocks + core.emergency_reserve),
             files: core.geo.inodes_count as u64,
             free_files: core.sbi.free_inodes(),
-            name_max: 255,
+            name_max: format::dir::NAME_MAX as u32,
         }
     }
 }

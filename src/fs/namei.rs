@@ -13,17 +13,13 @@ use super::inode::FileKind;
 use super::inode::{Attr, attr_of, attr_unlocked, check_live, read_inode};
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
+use crate::faults;
 use crate::format::dir::{self, EntryLocation};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
 use crate::format::superblock::{incompat, ro_compat};
 use crate::format::{mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
-use crate::journal::faults;
 use crate::lock::Rank;
-
-/// ext4's EXT4_LINK_MAX: beyond it, a directory with dir_nlink reports 1.
-const LINK_MAX: u16 = 65000;
-const NAME_MAX: usize = 255;
 
 /// Journal credits by operation (blocks an operation may dirty). Generous
 /// upper bounds: inode, bitmap, descriptor, superblock, directory blocks
@@ -45,7 +41,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
         return Err(Error::NotFound);
     }
-    if name.len() > NAME_MAX {
+    if name.len() > dir::NAME_MAX {
         return Err(Error::NameTooLong);
     }
     if name.contains(&b'/') || name.contains(&0) {
@@ -133,7 +129,7 @@ impl Tx<'_, '_> {
     /// The directory gains a subdirectory: one more link, or "many" (1)
     /// past the limit with dir_nlink.
     fn inc_dir_links(&self, dir: &mut Inode) -> Result<()> {
-        if dir.links_count >= LINK_MAX || dir.links_count == 1 {
+        if dir.links_count >= fmt::LINK_MAX || dir.links_count == 1 {
             if !self.core.geo.has_ro_compat(ro_compat::DIR_NLINK) {
                 return Err(Error::TooManyLinks);
             }
@@ -382,7 +378,7 @@ impl Fs {
 
     /// Find `name` in directory `parent`.
     pub fn lookup(&self, parent: u32, name: &[u8]) -> Result<Attr> {
-        if name.len() > NAME_MAX {
+        if name.len() > dir::NAME_MAX {
             return Err(Error::NameTooLong);
         }
         let result = self.find(parent, name);
@@ -519,7 +515,7 @@ impl Fs {
             if inode.is_dir() {
                 return Err(Error::NotPermitted);
             }
-            if inode.links_count >= LINK_MAX {
+            if inode.links_count >= fmt::LINK_MAX {
                 return Err(Error::TooManyLinks);
             }
             if inode.links_count == 0 {

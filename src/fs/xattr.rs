@@ -13,7 +13,6 @@ use crate::lock::Rank;
 
 /// An xattr change: the format layer's own blocks plus the inode's.
 const CREDITS_XATTR: u32 = xattr::SET_CREDITS + 1;
-const XATTR_NAME_MAX: usize = 255;
 const XATTR_SIZE_MAX: usize = 65536;
 
 impl Fs {
@@ -74,7 +73,7 @@ impl Fs {
         caller: Caller,
     ) -> Result<()> {
         self.check_xattr_support()?;
-        if name.len() > XATTR_NAME_MAX {
+        if name.len() > xattr::XATTR_NAME_MAX {
             return Err(Error::Range);
         }
         self.transact(Scope::File(ino), CREDITS_XATTR, caller, |tx| {

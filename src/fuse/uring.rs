@@ -641,7 +641,7 @@ impl QueueThread {
         answers: &mut [u8],
     ) -> Outcome {
         let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            crate::journal::faults::panic_point(crate::journal::faults::PanicPoint::UringQueue);
+            crate::faults::panic_point(crate::faults::PanicPoint::UringQueue);
             if takes_payload(header.opcode) {
                 // The arguments stay in the payload while the handler runs:
                 // answer aside, then copy.

@@ -35,11 +35,11 @@
 //! Lock: `position` is a leaf lock; only the holder of the fast-commit slot
 //! and the commit thread's retirement (no slot exists then) take it.
 
-use super::faults::{self, Fault};
 use super::fc_commit::Written;
 use super::recovery::JournalArea;
 use crate::dev::{BlockDevice, PersistMethod, PersistentMemory};
 use crate::error::{Error, Result};
+use crate::faults::{self, Fault};
 use crate::format::bytelog::{LINE, RingBuilder};
 use crate::format::fast_commit::{AreaBuilder, Record};
 use parking_lot::Mutex;

@@ -36,9 +36,9 @@
 //! quarter of the log is in use (and the cache is back under its bound),
 //! not the whole log at once.
 
-use super::faults::{self, Fault};
 use super::jbd2::Jbd2;
 use crate::error::Result;
+use crate::faults::{self, Fault};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

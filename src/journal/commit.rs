@@ -10,11 +10,11 @@
 //! first flush is skipped (recovery rejects a commit whose blocks did not
 //! all arrive).
 
-use super::faults::{self, Fault};
 use super::format::{DescriptorBuilder, encode_commit_block, encode_revoke_blocks};
 use super::jbd2::{Checkpoint, Jbd2, Transaction};
 use crate::cache::Buffer;
 use crate::error::{Error, Location, Result};
+use crate::faults::{self, Fault};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

@@ -1,7 +1,7 @@
 //! The journal's side of fast-commit replay: making it atomic.
 //!
 //! Fast commits are applied after the block replay and before the journal
-//! is reset (`recovery::recover_with`). Applying them changes many blocks
+//! is reset (`recovery::replay`). Applying them changes many blocks
 //! (inodes, bitmaps, descriptors, directory and extent blocks). Written
 //! home one by one, a crash in between would leave a mixture that a second
 //! recovery cannot reconcile: its block replay puts back the logged blocks

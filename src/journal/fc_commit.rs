@@ -69,12 +69,12 @@
 //! with `s_sequence` the running transaction — exactly the tid fast
 //! commits carry. Before that first commit, fast commits are refused.
 
-use super::faults::{self, Fault};
 use super::format::tid_gt;
 use super::jbd2::{Jbd2, State};
 use super::waiters;
 use crate::dev::SECTOR_SIZE;
 use crate::error::{Error, Result};
+use crate::faults::{self, Fault};
 use crate::format::fast_commit::{AreaBuilder, Record};
 use std::sync::atomic::Ordering;
 

@@ -27,8 +27,6 @@ pub mod change;
 mod checkpoint;
 mod commit;
 pub mod fast_commit;
-#[doc(hidden)]
-pub mod faults;
 mod fc_commit;
 pub mod format;
 mod jbd2;

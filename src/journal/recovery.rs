@@ -26,20 +26,23 @@
 //!   replayed and recovery reports failure.
 //!
 //! When recovery fails, e2fsck still resets the journal (keeping
-//! `s_sequence`) and clears needs_recovery, but marks the filesystem not
-//! clean; this module does the same and says so in the report
+//! `s_sequence`); this module does the same and says so in the report
 //! (`RecoveryReport::problem`). Device errors abort instead, leaving the
 //! journal untouched for another try.
 //!
-//! Crash safety: replay writes only home blocks and is repeatable, so the
-//! journal superblock is reset (s_start = 0) only after every replayed
-//! block is flushed, and needs_recovery is cleared only after the journal
-//! reset is flushed. A crash in between finds needs_recovery with an empty
-//! log, which recovers to the same image.
+//! This module is block-level, as JBD2 is: it reads and writes the journal
+//! and the home blocks it logged, never the ext4 superblock. `fs/journal.rs`
+//! decides from the ext4 superblock whether to recover (needs_recovery),
+//! refuses external journals, and records the outcome there (error state,
+//! the flag cleared), around the two steps here: `replay`, then `reset`.
+//! Crash safety: replay writes only home blocks and is repeatable, so
+//! `reset` clears the log (s_start = 0) only after `replay` flushed every
+//! replayed block; the order of the ext4 superblock's writes around them
+//! is explained in `fs/journal.rs`, beside the code that keeps it.
 //!
 //! Fast commits are not replayed here: the fast-commit area and the tid its
-//! records must carry are reported, and `recover_with` lets `fs/` replay
-//! them after the block replay and before the journal reset.
+//! records must carry are reported, and `replay` lets `fs/` replay them
+//! after the block replay and before the journal reset.
 //!
 //! Every loop is bounded by the journal size: a corrupt journal can make
 //! recovery fail but never hang it.
@@ -51,9 +54,6 @@ use super::format::{
 };
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
-use crate::format::superblock::{
-    self, STATE_ERROR, STATE_VALID, SUPERBLOCK_OFFSET, Superblock, incompat as fs_incompat,
-};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -269,46 +269,55 @@ pub fn log_shape(area: &JournalArea) -> Result<LogShape> {
     })
 }
 
-/// Whether the filesystem says its journal must be replayed
-/// (INCOMPAT_RECOVER in the ext4 superblock).
-pub fn needs_recovery(area: &JournalArea) -> Result<bool> {
-    let fs_superblock = read_fs_superblock(&*area.dev)?;
-    Ok(fs_superblock.has_incompat(fs_incompat::RECOVER))
+/// The journal of a filesystem whose needs_recovery flag is clear: the log
+/// must be empty. e2fsck -p stops here too ("needs_recovery flag is clear,
+/// but journal has data"): replaying could overwrite newer data.
+pub fn check_log_empty(area: &JournalArea) -> Result<RecoveryReport> {
+    let (journal_superblock, _) = area.load_superblock()?;
+    ensure_format_journal(
+        journal_superblock.start == 0,
+        0,
+        "needs_recovery is clear but the journal holds a log; run e2fsck",
+    )?;
+    Ok(RecoveryReport {
+        start_tid: journal_superblock.sequence,
+        end_tid: journal_superblock.sequence,
+        next_tid: journal_superblock.sequence,
+        ..RecoveryReport::default()
+    })
 }
 
-/// Replay the journal if needs_recovery is set, reset it and clear the flag.
-/// Fast commits, if any, are left unreplayed (see `recover_with`).
-pub fn recover(area: &JournalArea) -> Result<RecoveryReport> {
-    recover_with(area, |_, _| Ok(()))
+/// A journal replayed and flushed, not yet reset.
+pub struct Replayed {
+    journal_superblock: JournalSuperblock,
+    pub report: RecoveryReport,
 }
 
-/// `recover`, calling `replay_fast_commits` after the block replay when the
-/// fast-commit area holds records for the transaction after the log — and
-/// before the journal reset, so a crash during it replays again.
-pub fn recover_with<F>(area: &JournalArea, replay_fast_commits: F) -> Result<RecoveryReport>
+impl Replayed {
+    /// The journal was aborted (`s_errno`) or, with no recovery problem, a
+    /// commit failed: e2fsck then marks the filesystem with errors.
+    pub fn found_errors(&self) -> bool {
+        self.journal_superblock.errno != 0
+            || (self.report.problem.is_none() && self.report.failed_commit.is_some())
+    }
+}
+
+/// The three passes over the log of a filesystem that needs recovery,
+/// then `replay_fast_commits` when the fast-commit area holds records for
+/// the transaction after the log. Every block written is flushed before
+/// this returns, and the journal is left as it was (`reset` comes next),
+/// so a crash during it replays again.
+pub fn replay<F>(area: &JournalArea, replay_fast_commits: F) -> Result<Replayed>
 where
     F: FnOnce(&JournalArea, &FastCommitArea) -> Result<()>,
 {
-    let fs_superblock = read_fs_superblock(&*area.dev)?;
-    refuse_external_journal(&fs_superblock)?;
     let (journal_superblock, layout) = area.load_superblock()?;
     let mut report = RecoveryReport {
+        needed: true,
         start_tid: journal_superblock.sequence,
         end_tid: journal_superblock.sequence,
         ..RecoveryReport::default()
     };
-    if !fs_superblock.has_incompat(fs_incompat::RECOVER) {
-        // e2fsck -p stops here too ("needs_recovery flag is clear, but
-        // journal has data"): replaying could overwrite newer data.
-        ensure_format_journal(
-            journal_superblock.start == 0,
-            0,
-            "needs_recovery is clear but the journal holds a log; run e2fsck",
-        )?;
-        report.next_tid = journal_superblock.sequence;
-        return Ok(report);
-    }
-    report.needed = true;
     let log = Log::new(area, &journal_superblock, layout);
     if journal_superblock.start != 0 {
         report.problem = replay_log(&log, &journal_superblock, &mut report)?.err();
@@ -324,82 +333,25 @@ where
             area.dev.flush()?;
         }
     }
-    finish(area, journal_superblock, &mut report)?;
-    debug_assert!(!needs_recovery(area)?);
-    Ok(report)
-}
-
-/// Turn INCOMPAT_RECOVER off in the primary ext4 superblock (checksum
-/// updated) and flush; BYTELOG too — its fast commits are replayed (or
-/// were never there), the image is plain ext4 again. Recovery runs before
-/// any buffer cache exists, so this writes through the device.
-pub fn clear_needs_recovery(dev: &dyn BlockDevice) -> Result<()> {
-    update_fs_superblock(dev, |superblock| {
-        superblock.feature_incompat &= !(fs_incompat::RECOVER | fs_incompat::BYTELOG);
+    Ok(Replayed {
+        journal_superblock,
+        report,
     })
 }
 
-fn read_fs_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
-    let mut bytes = vec![0u8; superblock::SUPERBLOCK_SIZE];
-    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    Superblock::decode(&bytes)
-}
-
-fn update_fs_superblock(dev: &dyn BlockDevice, change: impl FnOnce(&mut Superblock)) -> Result<()> {
-    let mut fs_superblock = read_fs_superblock(dev)?;
-    change(&mut fs_superblock);
-    dev.write_at(SUPERBLOCK_OFFSET, fs_superblock.encode())?;
-    dev.flush()?;
-    Ok(())
-}
-
-fn refuse_external_journal(fs_superblock: &Superblock) -> Result<()> {
-    if fs_superblock.has_incompat(fs_incompat::JOURNAL_DEV) {
-        return Err(Error::Unsupported(
-            "this is an external journal device, not a filesystem".into(),
-        ));
-    }
-    if !fs_superblock.has_compat(superblock::compat::HAS_JOURNAL) {
-        return Err(Error::Invalid("the filesystem has no journal".into()));
-    }
-    let external = fs_superblock.journal_uuid != [0; 16] || fs_superblock.journal_inum == 0;
-    if external {
-        return Err(Error::Unsupported(
-            "the journal is on an external device (journal_dev), which jext4 does not support"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
-/// The last writes, in crash-safe order: filesystem state flags (while
-/// needs_recovery still holds), then the journal reset, then the flag.
-fn finish(
-    area: &JournalArea,
-    mut journal_superblock: JournalSuperblock,
-    report: &mut RecoveryReport,
-) -> Result<()> {
+/// Empty the log of a replayed journal and flush. It restarts past every
+/// tid it held, so no old commit block can ever match again; a failed
+/// recovery keeps `s_sequence`, as e2fsck does.
+pub fn reset(area: &JournalArea, replayed: Replayed) -> Result<RecoveryReport> {
+    let Replayed {
+        mut journal_superblock,
+        mut report,
+    } = replayed;
     debug_assert!(
         report.needed,
         "only a journal that needed recovery is reset"
     );
-    let failed = report.problem.is_some();
-    // e2fsck: an aborted journal (s_errno) or a failed commit marks the
-    // filesystem with errors; a failed recovery marks it not clean.
-    let errors = journal_superblock.errno != 0 || (!failed && report.failed_commit.is_some());
-    if errors || failed {
-        update_fs_superblock(&*area.dev, |superblock| {
-            if errors {
-                superblock.state |= STATE_ERROR;
-            }
-            if failed {
-                superblock.state &= !STATE_VALID;
-            }
-        })?;
-    }
-    // Restart the log past every tid it held, so no old commit block can
-    // ever match again; a failed recovery keeps s_sequence, as e2fsck does.
-    report.next_tid = if failed {
+    report.next_tid = if report.problem.is_some() {
         journal_superblock.sequence
     } else {
         report.end_tid.wrapping_add(1)
@@ -409,7 +361,7 @@ fn finish(
     journal_superblock.errno = 0;
     area.write_superblock(journal_superblock.encode())?;
     area.dev.flush()?;
-    clear_needs_recovery(&*area.dev)
+    Ok(report)
 }
 
 // ---------------------------------------------------------------------------

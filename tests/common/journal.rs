@@ -5,8 +5,9 @@
 
 use jext4::dev::{BlockDevice, FileDevice, MemoryDevice};
 use jext4::format::superblock::Superblock;
+use jext4::fs::recover_journal;
 use jext4::journal::format::{BlockHeader, JournalSuperblock, block_type, descriptor_tags};
-use jext4::journal::recovery::{JournalArea, RecoveryReport, recover};
+use jext4::journal::recovery::{JournalArea, RecoveryReport};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -156,7 +157,8 @@ pub fn recover_both_with(crash: &Path, expect_clean: bool) -> (RecoveryReport, P
     assert!(code <= 1, "e2fsck -E journal_only failed ({code}):\n{text}");
     let report = {
         let area = file_area(&ours);
-        recover(&area).unwrap_or_else(|e| panic!("jext4 recovery of {}: {e}", crash.display()))
+        recover_journal(&area)
+            .unwrap_or_else(|e| panic!("jext4 recovery of {}: {e}", crash.display()))
     };
     let block_size = fs_superblock(crash).block_size() as usize;
     let differing = differences_outside_primary_superblock(
@@ -515,7 +517,7 @@ pub fn log_wraps(image: &Path, blocks: &[u64]) -> bool {
     let bytes = std::fs::read(image).unwrap();
     let block_size = Superblock::decode(&bytes[1024..2048]).unwrap().block_size();
     let (_, area) = memory_area(bytes, block_size, blocks.to_vec());
-    recover(&area)
+    recover_journal(&area)
         .map(|report| report.log_wrapped)
         .unwrap_or(false)
 }

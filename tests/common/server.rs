@@ -347,7 +347,7 @@ fn compare_journal_only_replays(crash: &Path) {
         let device = jext4::dev::FileDevice::open(&ours, false).unwrap();
         jext4::journal::recovery::JournalArea::new(std::sync::Arc::new(device), block_size, blocks)
     };
-    jext4::journal::recovery::recover(&area).unwrap();
+    jext4::fs::recover_journal(&area).unwrap();
     drop(area);
     assert_identical(
         &theirs,

@@ -1,101 +1,13 @@
-//! The block-level machinery of the replay: a scratch overlay of the
-//! device, sets of block ranges, the allocator the format algorithms see,
-//! and the bitmap bits of blocks and inodes the records name. The
+//! The block-level machinery of the replay: sets of block ranges, the
+//! allocator the format algorithms see, and the bitmap bits of blocks and
+//! inodes the records name (the scratch device is `dev::overlay`'s). The
 //! allocator (`fs/alloc.rs`) finds free blocks and inodes; the replay also
 //! needs to claim and release given ones.
 
-use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
 use crate::format::{BlockAllocator, bitmap};
 use crate::fs::Tx;
 use crate::journal::Handle;
-use parking_lot::Mutex;
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
-// ---------------------------------------------------------------------------
-// A scratch layer over the device.
-
-/// Reads fall through to the device; writes stay here, whole blocks, until
-/// `take_blocks`. The engine runs on it so that nothing reaches the device
-/// before the journal has the replay's blocks.
-pub(super) struct OverlayDevice {
-    base: Arc<dyn BlockDevice>,
-    block_size: u64,
-    /// Block number → bytes [guards: none beyond its own lock].
-    written: Mutex<BTreeMap<u64, Vec<u8>>>,
-}
-
-impl OverlayDevice {
-    pub(super) fn new(base: Arc<dyn BlockDevice>, block_size: u32) -> Self {
-        OverlayDevice {
-            base,
-            block_size: block_size as u64,
-            written: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    pub(super) fn take_blocks(&self) -> BTreeMap<u64, Vec<u8>> {
-        std::mem::take(&mut *self.written.lock())
-    }
-
-    /// Each block piece of `[offset, offset + len)`: (block, offset in the
-    /// block, offset in the caller's buffer, length).
-    fn pieces(&self, offset: u64, len: usize) -> Vec<(u64, usize, usize, usize)> {
-        let mut pieces = Vec::new();
-        let mut done = 0;
-        while done < len {
-            let at = offset + done as u64;
-            let block = at / self.block_size;
-            let within = (at % self.block_size) as usize;
-            let take = (self.block_size as usize - within).min(len - done);
-            pieces.push((block, within, done, take));
-            done += take;
-        }
-        pieces
-    }
-}
-
-impl BlockDevice for OverlayDevice {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        crate::dev::check_range(offset, buf.len(), self.size_bytes())?;
-        let written = self.written.lock();
-        for (block, within, at, len) in self.pieces(offset, buf.len()) {
-            match written.get(&block) {
-                Some(bytes) => buf[at..at + len].copy_from_slice(&bytes[within..within + len]),
-                None => self
-                    .base
-                    .read_at(offset + at as u64, &mut buf[at..at + len])?,
-            }
-        }
-        Ok(())
-    }
-
-    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
-        crate::dev::check_range(offset, buf.len(), self.size_bytes())?;
-        let mut written = self.written.lock();
-        for (block, within, at, len) in self.pieces(offset, buf.len()) {
-            let bytes = match written.entry(block) {
-                std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::btree_map::Entry::Vacant(entry) => {
-                    let mut bytes = vec![0u8; self.block_size as usize];
-                    self.base.read_at(block * self.block_size, &mut bytes)?;
-                    entry.insert(bytes)
-                }
-            };
-            bytes[within..within + len].copy_from_slice(&buf[at..at + len]);
-        }
-        Ok(())
-    }
-
-    fn flush(&self) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.base.size_bytes()
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Sets of block ranges.
@@ -323,7 +235,6 @@ pub(super) fn mark_inode_in_use(tx: &mut Tx<'_, '_>, ino: u32, is_dir: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dev::MemoryDevice;
 
     fn ranges(pairs: &[(u64, u64)]) -> BlockRanges {
         let mut ranges = BlockRanges::default();
@@ -351,31 +262,5 @@ mod tests {
             BlockRanges::from_blocks(&[7, 3, 4, 5, 9]).ranges,
             vec![(3, 6), (7, 8), (9, 10)]
         );
-    }
-
-    #[test]
-    fn overlay_keeps_writes_and_reads_through() {
-        let base: Arc<dyn BlockDevice> = Arc::new(MemoryDevice::from_bytes(
-            (0..8192u32).map(|i| (i % 251) as u8).collect(),
-        ));
-        let overlay = OverlayDevice::new(Arc::clone(&base), 4096);
-        // A write across the block boundary, sector-aligned.
-        overlay.write_at(3584, &[0xAA; 1024]).unwrap();
-        let mut bytes = vec![0u8; 8192];
-        overlay.read_at(0, &mut bytes).unwrap();
-        assert!(bytes[3584..4608].iter().all(|&b| b == 0xAA));
-        assert_eq!(bytes[100], 100);
-        assert_eq!(bytes[5000], (5000 % 251) as u8);
-        let mut untouched = vec![0u8; 512];
-        base.read_at(3584, &mut untouched).unwrap();
-        assert_eq!(
-            untouched[0],
-            (3584 % 251) as u8,
-            "the device is not written"
-        );
-        let blocks = overlay.take_blocks();
-        assert_eq!(blocks.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
-        assert_eq!(blocks[&1][0], 0xAA);
-        assert_eq!(blocks[&1][600], ((4096 + 600) % 251) as u8);
     }
 }

@@ -49,9 +49,10 @@
 //! ranges they name or the filesystem's size.
 //!
 //! Here: the replay's driver and its end (bitmaps and counters);
-//! `records.rs` applies each kind of record; `blocks.rs` holds the scratch
-//! overlay, block range sets, the allocator the format algorithms see and
-//! the bitmap bits of given blocks and inodes.
+//! `records.rs` applies each kind of record; `blocks.rs` holds block range
+//! sets, the allocator the format algorithms see and the bitmap bits of
+//! given blocks and inodes. The scratch overlay is `dev::overlay`'s, with
+//! pages of the block size.
 
 mod blocks;
 mod commit;
@@ -67,6 +68,7 @@ pub(crate) use track::Tracker;
 
 use super::Tx;
 use crate::dev::BlockDevice;
+use crate::dev::overlay::OverlayDevice;
 use crate::error::{Error, Location, Result};
 use crate::format::MetaCtx;
 use crate::format::bytelog::{self, Anchor};
@@ -76,12 +78,9 @@ use crate::format::mapping::{self, BlockUse};
 use crate::format::superblock::{self, Geometry};
 use crate::journal::fast_commit::{ReplayWrite, write_replayed_blocks};
 use crate::journal::recovery::{FastCommitArea, JournalArea};
-use blocks::{BlockRanges, OverlayDevice, ReplayAllocator, inode_in_use, mark_blocks};
+use blocks::{BlockRanges, ReplayAllocator, inode_in_use, mark_blocks};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-
-/// ext4's EXT4_LINK_MAX: past it a directory with dir_nlink counts 1.
-const LINK_MAX: u16 = 65000;
 
 /// What the replay did, for the log.
 #[derive(Debug, Default, Clone, Copy)]
@@ -112,7 +111,7 @@ pub(crate) fn replay(area: &JournalArea, fast_commit: &FastCommitArea) -> Result
     let stats = super::Fs::with_unmounted_tx(Arc::clone(&overlay) as Arc<dyn BlockDevice>, |tx| {
         Replayer::new(tx, &journal_blocks).run(&log.records)
     })?;
-    let blocks = overlay.take_blocks();
+    let blocks = overlay.take_pages();
     let written = write_replayed_blocks(area, fast_commit, &blocks)?;
     if written == ReplayWrite::Direct {
         tracing::warn!("the journal had no room to log the fast-commit replay; written in place");

@@ -1,13 +1,14 @@
 //! Applying each kind of fast-commit record (see the module above for what
 //! each means and where this replay departs from the kernel's).
 
+use super::Replayer;
 use super::blocks::{inode_in_use, mark_inode_in_use};
-use super::{LINK_MAX, Replayer};
 use crate::error::{Error, Location, Result};
 use crate::format::dir;
 use crate::format::extent::{self, EXTENT_MAGIC};
 use crate::format::fast_commit::Dentry;
 use crate::format::get_u16;
+use crate::format::inode::LINK_MAX;
 use crate::format::inode::{self as fmt, I_BLOCK, I_BLOCK_SIZE, Inode};
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::{Geometry, incompat};

@@ -37,8 +37,8 @@
 //! leaf lock; waiting happens in `track.rs`.
 
 use super::track::Entries;
+use crate::faults::{self, Fault};
 use crate::hash::{NumberMap, NumberSet};
-use crate::journal::faults::{self, Fault};
 use smallvec::{SmallVec, smallvec};
 
 /// A scope key: a directory's inode number (or a file's own).

@@ -3,6 +3,14 @@
 //! crash-state oracle (`crate::crash`) notices each kind of breakage. A
 //! harness that passes a broken journal is worse than none.
 //!
+//! A crate-level module, like `lock.rs` and `hash.rs`, because the rules
+//! it breaks are kept in every layer: the ordered-data rule at the device
+//! (`dev/guard.rs`), the commit and checkpoint order in `journal/`, the
+//! records' CRCs in `format/`, the directory commits in `fs/`; the panic
+//! points below sit in `journal/`, `fs/` and `fuse/`. Each switch lives at
+//! the site of its rule, so no one layer owns them; inside `journal/`,
+//! `dev/` had to import from a layer above it.
+//!
 //! The switches are compiled into every build (the hooks are one atomic
 //! load each, at the site of the rule they break) but only tests set them.
 //! They are process-wide: a test that sets one must not share its process
