@@ -210,18 +210,39 @@ pub fn kernel_mounts_of(rdev: u64) -> Vec<(PathBuf, bool)> {
         .collect()
 }
 
-/// Take `flock` on `file` (exclusive for a writer, shared for a reader)
-/// without waiting; a refusal ("in use by pid N (command)") names the
-/// holders of the file at `path`.
+/// How long a claim retries a lock held by someone else before it refuses.
+/// A `flock` belongs to the open file, and a process forked by any thread
+/// of the one that held it keeps a copy of the descriptor, and with it the
+/// lock, until it execs: a program that closes an image and opens it again
+/// while another of its threads starts a process (a test binary running
+/// e2fsck beside a remount; a library user doing the same) would otherwise
+/// be refused for a lock nobody holds a moment later. A real holder holds
+/// it for longer than this.
+const FORKED_COPY_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Take `flock` on `file` (exclusive for a writer, shared for a reader),
+/// waiting at most `FORKED_COPY_GRACE`; a refusal ("in use by pid N
+/// (command)") names the holders of the file at `path`.
 pub fn lock(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
     let kind = if read_only {
         libc::LOCK_SH
     } else {
         libc::LOCK_EX
     };
-    // SAFETY: flock on a valid, owned descriptor; no memory is shared.
-    if unsafe { libc::flock(file.as_raw_fd(), kind | libc::LOCK_NB) } == 0 {
-        return Ok(());
+    let started = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a valid, owned descriptor; no memory is shared.
+        if unsafe { libc::flock(file.as_raw_fd(), kind | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(error);
+        }
+        if started.elapsed() >= FORKED_COPY_GRACE {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
     let holders: Vec<String> = flock_holders(path).iter().map(Holder::to_string).collect();
     let by = if holders.is_empty() {
@@ -238,6 +259,39 @@ pub fn lock(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child forked while the image was claimed keeps the lock until it
+    /// exits (or execs): the next claim waits for it instead of refusing.
+    /// A holder that stays is still refused, by name.
+    #[test]
+    fn a_claim_waits_out_a_forked_copy_and_refuses_a_real_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("image");
+        std::fs::write(&path, [0u8; 4096]).unwrap();
+        let first = File::open(&path).unwrap();
+        lock(&first, &path, false).unwrap();
+        // SAFETY: the child only sleeps and exits (async-signal-safe calls).
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork: {}", io::Error::last_os_error());
+        if child == 0 {
+            // SAFETY: as above; _exit skips the parent's atexit handlers.
+            unsafe {
+                libc::usleep(100_000);
+                libc::_exit(0);
+            }
+        }
+        drop(first);
+        let again = File::open(&path).unwrap();
+        let claimed = lock(&again, &path, false);
+        let mut status = 0;
+        // SAFETY: waits for the child forked above, into a live int.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        claimed.expect("the forked copy's lock went with the child");
+        let second = File::open(&path).unwrap();
+        let refused = lock(&second, &path, false).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::ResourceBusy);
+        assert!(refused.to_string().contains("in use by pid"), "{refused}");
+    }
 
     #[test]
     fn reads_proc_locks_lines() {
