@@ -21,6 +21,7 @@ use crate::format::superblock::Geometry;
 use crate::format::xattr;
 use crate::journal::change::Change;
 use crate::lock::Rank;
+use smallvec::SmallVec;
 
 /// What a write did: its length, and whether it took privileges away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,12 +238,31 @@ fn write_run(
         tx.write_data_in_place(ino, physical * block_size, source)?;
         return Ok(run_end - position);
     }
-    let buffer = edged_run(tx, physical, (head, tail), source, fresh)?;
-    debug_assert_eq!(
-        buffer.len() as u64,
-        (last_block - first_block + 1) * block_size
-    );
-    tx.write_data_in_place(ino, physical * block_size, &buffer)?;
+    if first_block == last_block {
+        let buffer = edged_run(tx, physical, (head, tail), source, fresh)?;
+        tx.write_data_in_place(ino, physical * block_size, &buffer)?;
+        return Ok(run_end - position);
+    }
+    // The partial edge blocks built apart, the whole blocks between them
+    // straight from the request: one device write of the three pieces.
+    let bs = block_size as usize;
+    let head_bytes = if head > 0 { bs - head } else { 0 };
+    let tail_bytes = if tail > 0 { bs - tail } else { 0 };
+    let first = (head > 0)
+        .then(|| edged_run(tx, physical, (head, 0), &source[..head_bytes], fresh))
+        .transpose()?;
+    let last_physical = physical + (last_block - first_block);
+    let tail_source = &source[source.len() - tail_bytes..];
+    let last = (tail > 0)
+        .then(|| edged_run(tx, last_physical, (0, tail), tail_source, fresh))
+        .transpose()?;
+    let middle = &source[head_bytes..source.len() - tail_bytes];
+    let pieces: SmallVec<[&[u8]; 3]> = [first.as_deref(), Some(middle), last.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter(|piece| !piece.is_empty())
+        .collect();
+    tx.write_data_pieces_in_place(ino, physical * block_size, &pieces)?;
     Ok(run_end - position)
 }
 
