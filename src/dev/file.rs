@@ -2,6 +2,7 @@
 //! `fdatasync`.
 
 use super::{BlockDevice, check_range, exclusive};
+use smallvec::SmallVec;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
@@ -119,6 +120,48 @@ impl FileDevice {
             unflushed: std::sync::atomic::AtomicU64::new(0),
         })
     }
+}
+
+/// All of `pieces`, one after another from `offset`: one `pwritev`, and
+/// what a short write leaves (rare) piece by piece.
+fn pwritev_all(file: &File, offset: u64, pieces: &[&[u8]]) -> io::Result<()> {
+    let iov: SmallVec<[libc::iovec; 4]> = pieces
+        .iter()
+        .map(|piece| libc::iovec {
+            iov_base: piece.as_ptr() as *mut libc::c_void,
+            iov_len: piece.len(),
+        })
+        .collect();
+    let written = loop {
+        // SAFETY: `iov` describes the `pieces`, which outlive the call and
+        // are only read by it; there are far fewer than IOV_MAX of them.
+        let written = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as i32,
+                offset as i64,
+            )
+        };
+        if written >= 0 {
+            break written as usize;
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    };
+    let (mut skip, mut at) = (written, offset + written as u64);
+    for piece in pieces {
+        if skip >= piece.len() {
+            skip -= piece.len();
+            continue;
+        }
+        file.write_all_at(&piece[skip..], at)?;
+        at += (piece.len() - skip) as u64;
+        skip = 0;
+    }
+    Ok(())
 }
 
 /// `pwritev2(RWF_DSYNC)` of all of `buf` at `offset`.
@@ -364,6 +407,18 @@ impl BlockDevice for FileDevice {
         self.file.write_all_at(buf, offset)?;
         self.unflushed
             .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_pieces_at(&self, offset: u64, pieces: &[&[u8]]) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        let len: usize = pieces.iter().map(|piece| piece.len()).sum();
+        check_range(offset, len, self.size)?;
+        pwritev_all(&self.file, offset, pieces)?;
+        self.unflushed
+            .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -189,6 +189,16 @@ impl BlockDevice for GuardedDevice {
         self.inner.write_at(offset, buf)
     }
 
+    /// Refused over a pinned block like `write_at`, over the whole range:
+    /// a held-back or deferred run goes through `write_at` in one piece.
+    fn write_pieces_at(&self, offset: u64, pieces: &[&[u8]]) -> io::Result<()> {
+        let len = pieces.iter().map(|piece| piece.len()).sum();
+        if faults::active(Fault::DeferOrderedData) || self.pinned_by(offset, len).is_some() {
+            return self.write_at(offset, &pieces.concat());
+        }
+        self.inner.write_pieces_at(offset, pieces)
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.inner.flush()
     }

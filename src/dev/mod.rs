@@ -34,6 +34,19 @@ pub trait BlockDevice: Send + Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Write `buf` at `offset`. Not durable until the next `flush`.
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Write `pieces` one after another from `offset`, as one write where
+    /// the device can (`pwritev` on an image file): a run of file data
+    /// whose partial edge blocks are built apart from the whole blocks
+    /// between them, which go straight from the request. Not durable
+    /// until the next `flush`.
+    fn write_pieces_at(&self, offset: u64, pieces: &[&[u8]]) -> io::Result<()> {
+        let mut at = offset;
+        for piece in pieces {
+            self.write_at(at, piece)?;
+            at += piece.len() as u64;
+        }
+        Ok(())
+    }
     /// Make every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Push the completed writes inside `ranges` (byte offset, length) out

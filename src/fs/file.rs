@@ -21,6 +21,7 @@ use crate::format::superblock::Geometry;
 use crate::format::xattr;
 use crate::journal::change::Change;
 use crate::lock::Rank;
+use smallvec::SmallVec;
 
 /// What a write did: its length, and whether it took privileges away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,21 +238,42 @@ fn write_run(
         tx.write_data_in_place(ino, physical * block_size, source)?;
         return Ok(run_end - position);
     }
-    let buffer = edged_run(tx, physical, (head, tail), source, fresh)?;
-    debug_assert_eq!(
-        buffer.len() as u64,
-        (last_block - first_block + 1) * block_size
-    );
-    tx.write_data_in_place(ino, physical * block_size, &buffer)?;
+    if first_block == last_block {
+        let buffer = edged_run(tx, physical, (head, tail), source, fresh)?;
+        tx.write_data_in_place(ino, physical * block_size, &buffer)?;
+        return Ok(run_end - position);
+    }
+    // The partial edge blocks built apart, the whole blocks between them
+    // straight from the request: one device write of the three pieces.
+    let bs = block_size as usize;
+    let head_bytes = if head > 0 { bs - head } else { 0 };
+    let tail_bytes = if tail > 0 { bs - tail } else { 0 };
+    let first = (head > 0)
+        .then(|| edged_run(tx, physical, (head, 0), &source[..head_bytes], fresh))
+        .transpose()?;
+    let last_physical = physical + (last_block - first_block);
+    let tail_source = &source[source.len() - tail_bytes..];
+    let last = (tail > 0)
+        .then(|| edged_run(tx, last_physical, (0, tail), tail_source, fresh))
+        .transpose()?;
+    let middle = &source[head_bytes..source.len() - tail_bytes];
+    let pieces: SmallVec<[&[u8]; 3]> = [first.as_deref(), Some(middle), last.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter(|piece| !piece.is_empty())
+        .collect();
+    tx.write_data_pieces_in_place(ino, physical * block_size, &pieces)?;
     Ok(run_end - position)
 }
 
 /// The whole blocks from device block `physical` on that a run of
 /// `source` covers, `head` bytes into the first and ending `tail` bytes
-/// before the end of the last: the edges read from the device (or zeros
-/// when `fresh`), `source` between them. Only the edges are filled before
-/// the copy: a write is mostly its own bytes (a zeroed buffer of the whole
-/// run cost as much as the copy).
+/// before the end of the last: zeros at the edges when `fresh`, else the
+/// edge blocks read whole (device access is by sectors) straight into
+/// their places in the run's buffer and `source` copied over them. No
+/// block of their own, and only the edges are zeroed before: a write is
+/// mostly its own bytes (a zeroed buffer of the whole run cost as much as
+/// the copy).
 fn edged_run(
     tx: &Tx<'_, '_>,
     physical: u64,
@@ -262,32 +284,38 @@ fn edged_run(
     let block_size = tx.core.geo.block_size as usize;
     let buffer_len = head + source.len() + tail;
     debug_assert!(head < block_size && tail < block_size && buffer_len % block_size == 0);
-    let last_block_at = buffer_len - block_size;
-    // Keep the bytes of partially overwritten edge blocks.
-    let read_block = |at: usize| -> Result<Vec<u8>> {
-        let mut block = vec![0u8; block_size];
-        if !fresh {
-            tx.core
-                .dev()
-                .read_at(physical * block_size as u64 + at as u64, &mut block)?;
-        }
-        Ok(block)
-    };
-    let first = if head > 0 { Some(read_block(0)?) } else { None };
     let mut buffer = Vec::with_capacity(buffer_len);
-    if let Some(first) = &first {
-        buffer.extend_from_slice(&first[..head]);
+    if fresh {
+        // Zeros only where the source is not.
+        buffer.resize(head, 0);
+        buffer.extend_from_slice(source);
+        buffer.resize(buffer_len, 0);
+        return Ok(buffer);
     }
-    buffer.extend_from_slice(source);
-    if tail > 0 {
-        match &first {
-            // A write inside one block read it whole already (an append).
-            Some(first) if last_block_at == 0 => {
-                buffer.extend_from_slice(&first[block_size - tail..])
-            }
-            _ if fresh => buffer.resize(buffer_len, 0),
-            _ => buffer.extend_from_slice(&read_block(last_block_at)?[block_size - tail..]),
-        }
+    let read_edge = |buffer: &mut [u8], at: usize| -> Result<()> {
+        let address = physical * block_size as u64 + at as u64;
+        Ok(tx.core.dev().read_at(address, buffer)?)
+    };
+    if head > 0 {
+        buffer.resize(block_size, 0);
+        read_edge(&mut buffer, 0)?;
+    }
+    let last_at = buffer_len - block_size;
+    if tail > 0 && last_at >= buffer.len() {
+        // The last block is not the first: the source up to it, then the
+        // last block read in its place and the rest of the source over it.
+        buffer.truncate(head);
+        let before_last = last_at - head;
+        buffer.extend_from_slice(&source[..before_last]);
+        buffer.resize(buffer_len, 0);
+        read_edge(&mut buffer[last_at..], last_at)?;
+        buffer[last_at..buffer_len - tail].copy_from_slice(&source[before_last..]);
+    } else if tail > 0 {
+        // Both edges in the one block read above (an append).
+        buffer[head..head + source.len()].copy_from_slice(source);
+    } else {
+        buffer.truncate(head);
+        buffer.extend_from_slice(source);
     }
     debug_assert_eq!(buffer.len(), buffer_len);
     Ok(buffer)

@@ -286,6 +286,22 @@ impl Tx<'_, '_> {
         Ok(())
     }
 
+    /// `write_data_in_place` of `pieces` one after another from `offset`,
+    /// as one device write where it can be.
+    pub fn write_data_pieces_in_place(
+        &self,
+        ino: u32,
+        offset: u64,
+        pieces: &[&[u8]],
+    ) -> Result<()> {
+        self.core.dev().write_pieces_at(offset, pieces)?;
+        if let Some(tracker) = &self.core.fast_commit {
+            let len = pieces.iter().map(|piece| piece.len() as u64).sum();
+            tracker.wrote_data(self.handle.tid(), ino, offset, len);
+        }
+        Ok(())
+    }
+
     pub fn next_generation(&self) -> u32 {
         let step = |generation: u32| generation.wrapping_mul(1_103_515_245).wrapping_add(12_345);
         let previous = self

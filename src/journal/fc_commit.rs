@@ -580,19 +580,26 @@ impl Jbd2 {
 }
 
 /// Sort `ranges` (offset, length) and merge those that touch or overlap.
+/// In place: given a `Vec` (or its `into_iter` filtered), the result reuses
+/// its allocation, one fewer per fsync than a second vector.
 pub fn merge_ranges(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
-    let mut sorted: Vec<(u64, u64)> = ranges.into_iter().filter(|&(_, len)| len > 0).collect();
-    sorted.sort_unstable();
-    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
-    for (offset, len) in sorted {
-        match merged.last_mut() {
-            Some((last, last_len)) if offset <= *last + *last_len => {
+    let mut ranges: Vec<(u64, u64)> = ranges.into_iter().filter(|&(_, len)| len > 0).collect();
+    ranges.sort_unstable();
+    let mut kept = 0;
+    for at in 0..ranges.len() {
+        let (offset, len) = ranges[at];
+        if kept > 0 {
+            let (last, last_len) = &mut ranges[kept - 1];
+            if offset <= *last + *last_len {
                 *last_len = (*last_len).max(offset + len - *last);
+                continue;
             }
-            _ => merged.push((offset, len)),
         }
+        ranges[kept] = (offset, len);
+        kept += 1;
     }
-    merged
+    ranges.truncate(kept);
+    ranges
 }
 
 #[cfg(test)]
@@ -612,5 +619,10 @@ mod tests {
             vec![(0, 5120), (8192, 4096)]
         );
         assert!(merge_ranges([]).is_empty());
+        // One range inside another, and a run of three that chain.
+        assert_eq!(
+            merge_ranges(vec![(20, 5), (0, 100), (200, 10), (210, 10), (215, 20)]),
+            vec![(0, 100), (200, 35)]
+        );
     }
 }
