@@ -224,6 +224,15 @@ const FORKED_COPY_GRACE: std::time::Duration = std::time::Duration::from_millis(
 /// waiting at most `FORKED_COPY_GRACE`; a refusal ("in use by pid N
 /// (command)") names the holders of the file at `path`.
 pub fn lock(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
+    lock_within(file, path, read_only, FORKED_COPY_GRACE)
+}
+
+fn lock_within(
+    file: &File,
+    path: &Path,
+    read_only: bool,
+    grace: std::time::Duration,
+) -> io::Result<()> {
     let kind = if read_only {
         libc::LOCK_SH
     } else {
@@ -236,10 +245,12 @@ pub fn lock(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
             return Ok(());
         }
         let error = io::Error::last_os_error();
-        if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(error);
+        match error.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => {}
+            _ => return Err(error),
         }
-        if started.elapsed() >= FORKED_COPY_GRACE {
+        if started.elapsed() >= grace {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -262,7 +273,9 @@ mod tests {
 
     /// A child forked while the image was claimed keeps the lock until it
     /// exits (or execs): the next claim waits for it instead of refusing.
-    /// A holder that stays is still refused, by name.
+    /// A holder that stays is still refused, by name. (The child leaves
+    /// when the parent closes a pipe, and the claim waits as long as it
+    /// takes: nothing here depends on timing.)
     #[test]
     fn a_claim_waits_out_a_forked_copy_and_refuses_a_real_holder() {
         let dir = tempfile::tempdir().unwrap();
@@ -270,19 +283,30 @@ mod tests {
         std::fs::write(&path, [0u8; 4096]).unwrap();
         let first = File::open(&path).unwrap();
         lock(&first, &path, false).unwrap();
-        // SAFETY: the child only sleeps and exits (async-signal-safe calls).
+        let mut ends = [0; 2];
+        // SAFETY: a two-int array for pipe(2) to fill.
+        assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+        // SAFETY: the child only closes, reads and exits (async-signal-safe).
         let child = unsafe { libc::fork() };
         assert!(child >= 0, "fork: {}", io::Error::last_os_error());
         if child == 0 {
             // SAFETY: as above; _exit skips the parent's atexit handlers.
             unsafe {
-                libc::usleep(100_000);
+                libc::close(ends[1]);
+                let mut byte = 0u8;
+                libc::read(ends[0], (&mut byte as *mut u8).cast(), 1);
                 libc::_exit(0);
             }
         }
         drop(first);
+        // SAFETY: the parent's ends of the pipe it made, closed once each:
+        // the child's read returns, and it exits.
+        unsafe {
+            libc::close(ends[0]);
+            libc::close(ends[1]);
+        }
         let again = File::open(&path).unwrap();
-        let claimed = lock(&again, &path, false);
+        let claimed = lock_within(&again, &path, false, std::time::Duration::from_secs(120));
         let mut status = 0;
         // SAFETY: waits for the child forked above, into a live int.
         assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);

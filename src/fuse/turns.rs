@@ -96,6 +96,18 @@ pub struct ReadTurns {
     pace: Pace,
 }
 
+/// What a worker's attempt to park came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Park {
+    /// It did not park: nobody else was reading, or callers keep requests
+    /// queued.
+    Stayed,
+    /// Woken to read, counted as a reader by the waker.
+    Woken,
+    /// Back after the park limit.
+    TimedOut,
+}
+
 #[derive(Default)]
 struct Parked {
     count: usize,
@@ -267,26 +279,51 @@ impl ReadTurns {
 
     /// The worker answered: back to `read(2)`, unless another worker is
     /// reading already, then park until needed. The worker that reads
-    /// next polls for the next request first, while requests keep coming.
+    /// next without having parked polls for the next request first, while
+    /// requests keep coming (one back from a timed-out park would take the
+    /// polling turn from the warm worker that answered last).
     fn give_back(&self, may_park: bool) {
-        if self.enabled && may_park && self.park_while_another_reads() {
+        let park = if self.enabled && may_park {
+            self.park_while_another_reads()
+        } else {
+            Park::Stayed
+        };
+        if park == Park::Woken {
             // Counted as a reader by whoever woke it.
             return;
         }
         self.readers.fetch_add(1, Ordering::AcqRel);
-        if may_park {
-            self.pace.poll(0, thread_number() as usize, || {
-                if self.backlog() {
-                    Look::Request
-                } else {
-                    Look::Nothing
-                }
-            });
+        if may_park && park == Park::Stayed {
+            self.pace.poll(0, thread_number() as usize, || self.look());
         }
     }
 
-    /// Park until woken (true: the waker counted this worker as a reader)
-    /// or for the park limit at most (false): then it reads again, beside
+    /// One look of the poll: a request queued, nothing yet, or a session
+    /// that has ended (the kernel reports only an error once the
+    /// connection is gone: `read(2)` then ends the worker).
+    fn look(&self) -> Look {
+        let Some(&fd) = self.fd.get() else {
+            return Look::Stop;
+        };
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait; the descriptor lives as long
+        // as the session whose workers call this.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        if ready < 0 || poll.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            Look::Stop
+        } else if poll.revents & libc::POLLIN != 0 {
+            Look::Request
+        } else {
+            Look::Nothing
+        }
+    }
+
+    /// Park until woken (`Woken`: the waker counted this worker as a
+    /// reader) or for the park limit at most (`TimedOut`): then it reads again, beside
     /// the warm worker, and the next answer parks one of them. That bounds
     /// what a reader blocked where no hook tells (or one that left fuser's
     /// loop) can hold up, and the end of the session's wait for parked
@@ -296,13 +333,13 @@ impl ReadTurns {
     /// every request crosses CPUs twice (untar of drivers/net: 4.0 s with
     /// `threads=1`, 2.4-2.8 s with a worker that never left its turn,
     /// 1.5-1.6 s handing it round, 1.8-1.9 s with every worker reading).
-    fn park_while_another_reads(&self) -> bool {
+    fn park_while_another_reads(&self) -> Park {
         let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
         // Counted as parked before looking at the readers, so a reader
         // that takes a request now sees someone to wake.
         parked.count += 1;
         self.parked_now.store(parked.count, Ordering::Release);
-        let mut woken = false;
+        let mut park = Park::Stayed;
         if self.readers.load(Ordering::Acquire) > 0 && !self.busy() {
             self.parks.fetch_add(1, Ordering::Relaxed);
             let (guard, waited) = self
@@ -312,14 +349,15 @@ impl ReadTurns {
             parked = guard;
             if waited.timed_out() {
                 self.parks_timed_out.fetch_add(1, Ordering::Relaxed);
+                park = Park::TimedOut;
             } else {
                 parked.wakes -= 1;
-                woken = true;
+                park = Park::Woken;
             }
         }
         parked.count -= 1;
         self.parked_now.store(parked.count, Ordering::Release);
-        woken
+        park
     }
 
     pub fn figures(&self) -> TurnFigures {
@@ -512,10 +550,18 @@ mod tests {
             drop(quiet.take());
             assert_eq!(quiet.figures().pace.polls, 0);
         }
-        // SAFETY: closes the pipe we made, once each end.
-        unsafe {
-            libc::close(ends[0]);
-            libc::close(ends[1]);
-        }
+        // A session that ended (here: the writer gone, POLLHUP) stops the
+        // poll at once, however long the window.
+        // SAFETY: closes the write end of the pipe we made, once.
+        unsafe { libc::close(ends[1]) };
+        let ended = ReadTurns::with_park_limit(1, true, Duration::from_secs(60), NEVER);
+        ended.set_fd(ends[0]);
+        let started = Instant::now();
+        drop(ended.take());
+        assert!(started.elapsed() < Duration::from_secs(30), "polled on");
+        let pace = ended.figures().pace;
+        assert_eq!((pace.polls, pace.polls_answered), (1, 0));
+        // SAFETY: closes the read end of the pipe we made, once.
+        unsafe { libc::close(ends[0]) };
     }
 }
