@@ -340,9 +340,8 @@ impl Tracker {
             // Marked up to `tid` or later already: that mark dropped the
             // changes of `tid` and before, and `changed` tracks none since
             // (the full commit that clears the mark holds them). Entries a
-            // committer puts back may bring some again; that full commit
-            // drops them (`committed`), and no fast commit is written
-            // before it. Scanning every transaction on each mark was a
+            // committer puts back are trimmed the same way (`put_back`),
+            // and no fast commit is written before that full commit. Scanning every transaction on each mark was a
             // fifth of an untar's instructions: every mkdir marks one.
             Some(until) if !tid_gt(tid, until) => return,
             _ => state.ineligible_until = Some(tid),
@@ -460,9 +459,17 @@ impl Tracker {
         verdict
     }
 
-    /// Give a taken transaction back to its set (an error, a fallback).
-    pub fn put_back(&self, txn: TxnId, entries: Entries) {
+    /// Give a taken transaction back to its set (an error, a fallback),
+    /// without what a mark in force says the full commit will hold: kept,
+    /// it would count in the size of the transaction it goes back to until
+    /// that full commit, and could make the next fsyncs fall back as "too
+    /// big for the area" (a repeated mark no longer scans, see
+    /// `ineligible_locked`).
+    pub fn put_back(&self, txn: TxnId, mut entries: Entries) {
         let mut state = self.state.lock();
+        if let Some(until) = state.ineligible_until {
+            entries.retain_after(until);
+        }
         state.scopes().put_back(txn, entries);
         self.wake.notify_all();
     }
@@ -1084,8 +1091,14 @@ mod tests {
         tracker.mark_ineligible(6, Ineligible::Xattr);
         assert_eq!(tracker.stats().ineligible[Ineligible::Xattr.index()], 3);
         assert!(!tracker.eligible(7) && tracker.eligible(8));
-        // The committer found 7 ineligible and gives its entries back.
+        // The committer found 7 ineligible and gives its entries back:
+        // trimmed to nothing, as the mark in force says 7's full commit
+        // holds them (kept, they would count in the set's size).
         tracker.put_back(txn, entries);
+        assert!(
+            take(&tracker, tracker.key_of(20, false)).is_none(),
+            "7's change is left to its full commit"
+        );
         tracker.changed(2, 8, Change::Inode { ino: 22 });
         tracker.stopped(2);
         tracker.committed(7);
