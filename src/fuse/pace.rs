@@ -27,8 +27,9 @@
 //! read (`turns.rs`) polls the descriptor (`poll(2)`, no wait) before it
 //! goes back to `read(2)`: the caller's next request then finds it awake,
 //! with no wake-up to send across CPUs; the answer's wake-up of the caller
-//! still crosses. Measured: untar of drivers/net 1.42–1.47 s against
-//! 1.52–1.63 s sleeping; see README, *FUSE transports*.
+//! still crosses. Measured: untar of drivers/net a median 1.48 s against
+//! 1.57 s sleeping (4 interleaved rounds, ranges overlapping); see
+//! README, *FUSE requests*.
 //!
 //! A CPU that other work keeps busy needs no poller (the caller will not
 //! move to it), and there a poller only hurts: it stays runnable, so a
@@ -51,7 +52,7 @@ use std::time::{Duration, Instant};
 
 /// A yield this long gave the CPU to other work than the caller of the
 /// last answer (which sends its next request within a few µs).
-pub const CONTENDED_YIELD: Duration = Duration::from_micros(100);
+const CONTENDED_YIELD: Duration = Duration::from_micros(100);
 /// How long a queue whose CPU is contended sleeps between requests before
 /// it tries polling again. Each try under lasting contention costs a
 /// request a time slice of the other work (a few ms), so tries are rare;
@@ -133,14 +134,14 @@ impl Pace {
     }
 
     /// Whether some queue received a request within the window.
-    pub fn busy(&self) -> bool {
+    fn busy(&self) -> bool {
         let last = self.last_request_ns.load(Ordering::Relaxed);
         self.window_ns > 0 && last > 0 && self.now_ns().saturating_sub(last) < self.window_ns
     }
 
     /// Thread `thread` of queue `queue` answered last: the turn to poll is
     /// its now. False where polling is off or paused on that queue.
-    pub fn take_turn(&self, queue: usize, thread: usize) -> bool {
+    fn take_turn(&self, queue: usize, thread: usize) -> bool {
         self.window_ns > 0
             && self.turns.get(queue).is_some_and(|turn| {
                 let paused = self.paused_until_ns[queue].load(Ordering::Relaxed);
@@ -153,7 +154,7 @@ impl Pace {
     }
 
     /// Queue `queue`'s CPU is contended: no polling there for a while.
-    pub fn pause(&self, queue: usize) {
+    fn pause(&self, queue: usize) {
         let until = self.now_ns() + CONTENDED_PAUSE.as_nanos() as u64;
         self.paused_until_ns[queue].fetch_max(until, Ordering::Relaxed);
         self.pauses.fetch_add(1, Ordering::Relaxed);
@@ -161,7 +162,7 @@ impl Pace {
 
     /// Whether it is still `thread`'s turn to poll queue `queue` (no other
     /// thread of it answered since).
-    pub fn has_turn(&self, queue: usize, thread: usize) -> bool {
+    fn has_turn(&self, queue: usize, thread: usize) -> bool {
         self.turns[queue].load(Ordering::Acquire) == thread + 1
     }
 
@@ -235,7 +236,7 @@ impl Pace {
 
 /// The calling thread's CPU time in ns (what its polling cost, whatever
 /// else ran on its CPU meanwhile).
-pub fn thread_cpu_ns() -> u64 {
+fn thread_cpu_ns() -> u64 {
     let mut time = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -263,18 +263,7 @@ impl ReadTurns {
 
     /// Whether requests wait in the kernel's queue now.
     fn backlog(&self) -> bool {
-        let Some(&fd) = self.fd.get() else {
-            return false;
-        };
-        let mut poll = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no wait; the descriptor lives as long
-        // as the session whose workers call this.
-        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
-        ready > 0 && poll.revents & libc::POLLIN != 0
+        self.look() == Look::Request
     }
 
     /// The worker answered: back to `read(2)`, unless another worker is
@@ -323,8 +312,9 @@ impl ReadTurns {
     }
 
     /// Park until woken (`Woken`: the waker counted this worker as a
-    /// reader) or for the park limit at most (`TimedOut`): then it reads again, beside
-    /// the warm worker, and the next answer parks one of them. That bounds
+    /// reader) or for the park limit at most (`TimedOut`): then it reads
+    /// again, beside the warm worker, and the next answer parks one of
+    /// them. That bounds
     /// what a reader blocked where no hook tells (or one that left fuser's
     /// loop) can hold up, and the end of the session's wait for parked
     /// workers. It also hands the turn round now and then, which measured
