@@ -239,7 +239,7 @@ fn write_run(
         return Ok(run_end - position);
     }
     if first_block == last_block {
-        let buffer = edged_run(tx, physical, (head, tail), source, fresh)?;
+        let buffer = edged_block(tx, physical, (head, tail), source, fresh)?;
         tx.write_data_in_place(ino, physical * block_size, &buffer)?;
         return Ok(run_end - position);
     }
@@ -249,12 +249,12 @@ fn write_run(
     let head_bytes = if head > 0 { bs - head } else { 0 };
     let tail_bytes = if tail > 0 { bs - tail } else { 0 };
     let first = (head > 0)
-        .then(|| edged_run(tx, physical, (head, 0), &source[..head_bytes], fresh))
+        .then(|| edged_block(tx, physical, (head, 0), &source[..head_bytes], fresh))
         .transpose()?;
     let last_physical = physical + (last_block - first_block);
     let tail_source = &source[source.len() - tail_bytes..];
     let last = (tail > 0)
-        .then(|| edged_run(tx, last_physical, (0, tail), tail_source, fresh))
+        .then(|| edged_block(tx, last_physical, (0, tail), tail_source, fresh))
         .transpose()?;
     let middle = &source[head_bytes..source.len() - tail_bytes];
     let pieces: SmallVec<[&[u8]; 3]> = [first.as_deref(), Some(middle), last.as_deref()]
@@ -266,15 +266,12 @@ fn write_run(
     Ok(run_end - position)
 }
 
-/// The whole blocks from device block `physical` on that a run of
-/// `source` covers, `head` bytes into the first and ending `tail` bytes
-/// before the end of the last: zeros at the edges when `fresh`, else the
-/// edge blocks read whole (device access is by sectors) straight into
-/// their places in the run's buffer and `source` copied over them. No
-/// block of their own, and only the edges are zeroed before: a write is
-/// mostly its own bytes (a zeroed buffer of the whole run cost as much as
-/// the copy).
-fn edged_run(
+/// Device block `physical` as a write of `source` leaves it, `source`
+/// starting `head` bytes into it and ending `tail` bytes before its end:
+/// zeros around `source` when `fresh` (only there: a fresh block is
+/// mostly an append's bytes), else the block read whole (device access is
+/// by sectors) with `source` copied over it.
+fn edged_block(
     tx: &Tx<'_, '_>,
     physical: u64,
     (head, tail): (usize, usize),
@@ -282,43 +279,20 @@ fn edged_run(
     fresh: bool,
 ) -> Result<Vec<u8>> {
     let block_size = tx.core.geo.block_size as usize;
-    let buffer_len = head + source.len() + tail;
-    debug_assert!(head < block_size && tail < block_size && buffer_len % block_size == 0);
-    let mut buffer = Vec::with_capacity(buffer_len);
+    debug_assert_eq!(head + source.len() + tail, block_size);
+    let mut block = Vec::with_capacity(block_size);
     if fresh {
-        // Zeros only where the source is not.
-        buffer.resize(head, 0);
-        buffer.extend_from_slice(source);
-        buffer.resize(buffer_len, 0);
-        return Ok(buffer);
+        block.resize(head, 0);
+        block.extend_from_slice(source);
+        block.resize(block_size, 0);
+        return Ok(block);
     }
-    let read_edge = |buffer: &mut [u8], at: usize| -> Result<()> {
-        let address = physical * block_size as u64 + at as u64;
-        Ok(tx.core.dev().read_at(address, buffer)?)
-    };
-    if head > 0 {
-        buffer.resize(block_size, 0);
-        read_edge(&mut buffer, 0)?;
-    }
-    let last_at = buffer_len - block_size;
-    if tail > 0 && last_at >= buffer.len() {
-        // The last block is not the first: the source up to it, then the
-        // last block read in its place and the rest of the source over it.
-        buffer.truncate(head);
-        let before_last = last_at - head;
-        buffer.extend_from_slice(&source[..before_last]);
-        buffer.resize(buffer_len, 0);
-        read_edge(&mut buffer[last_at..], last_at)?;
-        buffer[last_at..buffer_len - tail].copy_from_slice(&source[before_last..]);
-    } else if tail > 0 {
-        // Both edges in the one block read above (an append).
-        buffer[head..head + source.len()].copy_from_slice(source);
-    } else {
-        buffer.truncate(head);
-        buffer.extend_from_slice(source);
-    }
-    debug_assert_eq!(buffer.len(), buffer_len);
-    Ok(buffer)
+    block.resize(block_size, 0);
+    tx.core
+        .dev()
+        .read_at(physical * block_size as u64, &mut block)?;
+    block[head..head + source.len()].copy_from_slice(source);
+    Ok(block)
 }
 
 /// Whether an access at `now` changes an atime, given [atime, mtime,

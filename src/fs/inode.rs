@@ -280,9 +280,7 @@ impl Tx<'_, '_> {
     /// so that the file's directory commit makes it so (`fast_commit`).
     pub fn write_data_in_place(&self, ino: u32, offset: u64, data: &[u8]) -> Result<()> {
         self.core.dev().write_at(offset, data)?;
-        if let Some(tracker) = &self.core.fast_commit {
-            tracker.wrote_data(self.handle.tid(), ino, offset, data.len() as u64);
-        }
+        self.wrote_data(ino, offset, data.len() as u64);
         Ok(())
     }
 
@@ -295,11 +293,17 @@ impl Tx<'_, '_> {
         pieces: &[&[u8]],
     ) -> Result<()> {
         self.core.dev().write_pieces_at(offset, pieces)?;
+        let len = pieces.iter().map(|piece| piece.len() as u64).sum();
+        self.wrote_data(ino, offset, len);
+        Ok(())
+    }
+
+    /// Remember `len` bytes of `ino`'s data written at device byte
+    /// `offset` until durable (`fast_commit`).
+    fn wrote_data(&self, ino: u32, offset: u64, len: u64) {
         if let Some(tracker) = &self.core.fast_commit {
-            let len = pieces.iter().map(|piece| piece.len() as u64).sum();
             tracker.wrote_data(self.handle.tid(), ino, offset, len);
         }
-        Ok(())
     }
 
     pub fn next_generation(&self) -> u32 {
