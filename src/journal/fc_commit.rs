@@ -585,20 +585,13 @@ impl Jbd2 {
 pub fn merge_ranges(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut ranges: Vec<(u64, u64)> = ranges.into_iter().filter(|&(_, len)| len > 0).collect();
     ranges.sort_unstable();
-    let mut kept = 0;
-    for at in 0..ranges.len() {
-        let (offset, len) = ranges[at];
-        if kept > 0 {
-            let (last, last_len) = &mut ranges[kept - 1];
-            if offset <= *last + *last_len {
-                *last_len = (*last_len).max(offset + len - *last);
-                continue;
-            }
+    ranges.dedup_by(|&mut (offset, len), (last, last_len)| {
+        let touches = offset <= *last + *last_len;
+        if touches {
+            *last_len = (*last_len).max(offset + len - *last);
         }
-        ranges[kept] = (offset, len);
-        kept += 1;
-    }
-    ranges.truncate(kept);
+        touches
+    });
     ranges
 }
 

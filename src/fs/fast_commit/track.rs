@@ -341,8 +341,9 @@ impl Tracker {
             // changes of `tid` and before, and `changed` tracks none since
             // (the full commit that clears the mark holds them). Entries a
             // committer puts back are trimmed the same way (`put_back`),
-            // and no fast commit is written before that full commit. Scanning every transaction on each mark was a
-            // fifth of an untar's instructions: every mkdir marks one.
+            // and no fast commit is written before that full commit.
+            // Scanning every transaction on each mark was a fifth of an
+            // untar's instructions: every mkdir marks one.
             Some(until) if !tid_gt(tid, until) => return,
             _ => state.ineligible_until = Some(tid),
         }
@@ -1079,7 +1080,8 @@ mod tests {
 
     /// A mark that does not move (its transaction marked already) counts
     /// its reason and scans nothing; entries a committer gives back after
-    /// the mark go with the full commit that clears it.
+    /// the mark are trimmed to what it leaves, and go with the full commit
+    /// that clears it.
     #[test]
     fn a_repeated_mark_counts_and_entries_given_back_go_with_the_full_commit() {
         let tracker = tracker();
