@@ -254,8 +254,7 @@ pub(crate) struct InodeTids {
 impl Core {
     /// The engine's shared state for the filesystem whose superblock is
     /// `sb` and whose descriptors are `groups`, over `cache` and
-    /// `journal` — the one place a mount and the unmounted engine of
-    /// fast-commit replay are put together. The free totals start as the
+    /// `journal` (`Core::open` has built them). The free totals start as the
     /// descriptors' sums, as the kernel's (ext4_percpu_param_init): the
     /// superblock's are only a summary, and a damaged one would otherwise
     /// overflow when blocks or inodes are freed.
@@ -322,6 +321,115 @@ impl Core {
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
         self.cache.device()
     }
+}
+
+/// The journal a mount writes through: its blocks, and whether fast
+/// commits follow them.
+struct JournalPlan {
+    area: journal::JournalArea,
+    fast_commit: bool,
+}
+
+impl Core {
+    /// The engine over `dev` — write-ahead guard, cache, block groups,
+    /// journal, shared state — whether for a mount or for the unmounted
+    /// engine of fast-commit replay: the one path both take. With `plan`
+    /// the changes go through a JBD2 journal in its area; without, straight
+    /// to `dev` (write-back: an unjournaled image, `noload`, read-only, or
+    /// work inside recovery).
+    fn open(
+        mut sb: Superblock,
+        dev: &Arc<dyn BlockDevice>,
+        options: MountOptions,
+        plan: Option<JournalPlan>,
+    ) -> Result<Core> {
+        let geo = Geometry::from_superblock(&sb);
+        let guard = plan
+            .as_ref()
+            .map(|_| Arc::new(GuardedDevice::new(Arc::clone(dev), geo.block_size)));
+        let cache_device: Arc<dyn BlockDevice> = match &guard {
+            Some(guard) => Arc::clone(guard) as Arc<dyn BlockDevice>,
+            None => Arc::clone(dev),
+        };
+        let cache = Arc::new(BufferCache::new(
+            cache_device,
+            geo.block_size as usize,
+            options.cache_size - delalloc_limit(&options),
+        ));
+        let groups = Groups::load(&geo, &cache)?;
+        let config = JournalConfig {
+            commit_interval: options.commit_interval,
+            sync_all: options.sync,
+        };
+        let journal = match (plan, guard) {
+            (Some(plan), Some(guard)) => {
+                announce_journal(&mut sb, dev, &groups, &options)?;
+                let jbd2_options = Jbd2Options {
+                    commit_interval: options.commit_interval,
+                    async_commit: options.journal_async_commit,
+                    fs_64bit: geo.has_incompat(superblock::incompat::BIT64),
+                    metadata_csum: geo.metadata_csum,
+                    fast_commit: plan.fast_commit,
+                    bytelog: options.bytelog,
+                };
+                let cache = Arc::clone(&cache);
+                Journal::jbd2(cache, plan.area, guard, config, &jbd2_options)?
+            }
+            _ => Journal::write_back(Arc::clone(&cache), config, options.read_only),
+        };
+        Core::assemble(sb, groups, cache, journal, options)
+    }
+}
+
+/// Write the superblock that says a journaled mount is in use, before any
+/// commit: with needs_recovery clear the kernel wipes the log instead of
+/// replaying it, and with BYTELOG clear it would not look in the ring for
+/// the fast commits about to go there.
+fn announce_journal(
+    sb: &mut Superblock,
+    dev: &Arc<dyn BlockDevice>,
+    groups: &Groups,
+    options: &MountOptions,
+) -> Result<()> {
+    sb.feature_incompat |= superblock::incompat::RECOVER;
+    if options.bytelog {
+        sb.feature_incompat |= superblock::incompat::BYTELOG;
+    }
+    let (free_blocks, free_inodes) = groups.free_totals();
+    sb.free_blocks_count = free_blocks;
+    sb.free_inodes_count = free_inodes as u32;
+    superblock::write_to(&**dev, sb)
+}
+
+/// Settle what the mount options leave to the filesystem: refuse a
+/// read-write mount of features jext4 only reads, turn a read-only device
+/// or `noload` of a journal into a read-only mount, delayed allocation
+/// only with the space budget. Returns whether fast commits are written.
+fn settle_options(
+    sb: &Superblock,
+    dev: &dyn BlockDevice,
+    options: &mut MountOptions,
+) -> Result<bool> {
+    let read_write_allowed = sb.check_features()?;
+    if !options.read_only && !read_write_allowed {
+        return Err(Error::Unsupported(format!(
+            "filesystem uses feature {} that jext4 can only read; mount with -o ro",
+            sb.read_only_features().join(", ")
+        )));
+    }
+    if options.read_only || dev.is_read_only() {
+        options.read_only = true;
+    }
+    if sb.has_compat(superblock::compat::HAS_JOURNAL) && options.noload {
+        options.read_only = true;
+    }
+    // Decided once: what the engine holds and what the metadata cache
+    // gives up for it (`delalloc_limit`) follow from this.
+    if options.delalloc && !options.space_budget {
+        tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
+    }
+    options.delalloc &= options.space_budget && !options.read_only;
+    fast_commit_wanted(sb, options)
 }
 
 /// The bytes of file data delayed allocation may hold: a quarter of
@@ -458,27 +566,7 @@ impl Fs {
         let mut sb = superblock::read_from(&*dev)?;
         let (at, uuid) = sb.identity();
         dev.expect_identity(at, &uuid);
-        let read_write_allowed = sb.check_features()?;
-        if !options.read_only && !read_write_allowed {
-            return Err(Error::Unsupported(format!(
-                "filesystem uses feature {} that jext4 can only read; mount with -o ro",
-                sb.read_only_features().join(", ")
-            )));
-        }
-        if options.read_only || dev.is_read_only() {
-            options.read_only = true;
-        }
-        let journaled = sb.has_compat(superblock::compat::HAS_JOURNAL);
-        if journaled && options.noload {
-            options.read_only = true;
-        }
-        // Decided once: what the engine holds and what the metadata cache
-        // gives up for it (`delalloc_limit`) follow from this.
-        if options.delalloc && !options.space_budget {
-            tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
-        }
-        options.delalloc &= options.space_budget && !options.read_only;
-        let fast_commit = fast_commit_wanted(&sb, &options)?;
+        let fast_commit = settle_options(&sb, &*dev, &mut options)?;
         let geo = Geometry::from_superblock(&sb);
         check_device_size(&geo, &*dev)?;
         // Before anything is written, journal replay included.
@@ -486,56 +574,15 @@ impl Fs {
             true => Some(mmp::claim(&dev, &sb, &geo, device_name)?),
             false => None,
         };
-        let mut journal_area = None;
+        let journaled = sb.has_compat(superblock::compat::HAS_JOURNAL);
+        let mut plan = None;
         if journaled && !options.noload {
-            journal_area = recover_for_mount(&mut sb, &dev, &options)?;
+            plan = recover_for_mount(&mut sb, &dev, &options)?
+                .map(|area| JournalPlan { area, fast_commit });
         } else if sb.has_incompat(superblock::incompat::RECOVER) {
             tracing::warn!("journal recovery skipped (noload): the filesystem may be inconsistent");
         }
-        let geo = Geometry::from_superblock(&sb);
-        let guard = journal_area
-            .as_ref()
-            .map(|_| Arc::new(GuardedDevice::new(Arc::clone(&dev), geo.block_size)));
-        let cache_device: Arc<dyn BlockDevice> = match &guard {
-            Some(guard) => Arc::clone(guard) as Arc<dyn BlockDevice>,
-            None => Arc::clone(&dev),
-        };
-        let cache = Arc::new(BufferCache::new(
-            cache_device,
-            geo.block_size as usize,
-            options.cache_size - delalloc_limit(&options),
-        ));
-        let groups = Groups::load(&geo, &cache)?;
-        let config = JournalConfig {
-            commit_interval: options.commit_interval,
-            sync_all: options.sync,
-        };
-        let journal = match (journal_area, guard) {
-            (Some(area), Some(guard)) => {
-                // needs_recovery must be durable before any commit is: with
-                // it clear, the kernel wipes the log instead of replaying.
-                // BYTELOG too, before any fast commit goes to the ring.
-                sb.feature_incompat |= superblock::incompat::RECOVER;
-                let (free_blocks, free_inodes) = groups.free_totals();
-                sb.free_blocks_count = free_blocks;
-                sb.free_inodes_count = free_inodes as u32;
-                if options.bytelog {
-                    sb.feature_incompat |= superblock::incompat::BYTELOG;
-                }
-                superblock::write_to(&*dev, &mut sb)?;
-                let jbd2_options = Jbd2Options {
-                    commit_interval: options.commit_interval,
-                    async_commit: options.journal_async_commit,
-                    fs_64bit: geo.has_incompat(superblock::incompat::BIT64),
-                    metadata_csum: geo.metadata_csum,
-                    fast_commit,
-                    bytelog: options.bytelog,
-                };
-                Journal::jbd2(Arc::clone(&cache), area, guard, config, &jbd2_options)?
-            }
-            _ => Journal::write_back(Arc::clone(&cache), config, options.read_only),
-        };
-        let core = Core::assemble(sb, groups, cache, journal, options)?;
+        let core = Core::open(sb, &dev, options, plan)?;
         let fs = Arc::new(Fs {
             core,
             open_files: Mutex::new(NumberMap::default()),
@@ -1150,16 +1197,7 @@ impl Fs {
         body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
         let sb = superblock::read_from(&*dev)?;
-        let geo = Geometry::from_superblock(&sb);
-        let options = MountOptions::default();
-        let cache = Arc::new(BufferCache::new(
-            dev,
-            geo.block_size as usize,
-            options.cache_size,
-        ));
-        let groups = Groups::load(&geo, &cache)?;
-        let journal = Journal::write_back(Arc::clone(&cache), JournalConfig::default(), false);
-        let core = Core::assemble(sb, groups, cache, journal, options)?;
+        let core = Core::open(sb, &dev, MountOptions::default(), None)?;
         let result = (|| {
             // Write-back handles reserve nothing; the bound only tunes the
             // overrun warning.
