@@ -38,37 +38,70 @@ pub struct NbdServer {
     pub log: PathBuf,
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released: another process could
-/// take it in between, which a test then reports as a failure to start).
+/// Starts of a TCP server tried, each on a new port, before a test fails:
+/// a port found free may be taken by another process before the server
+/// binds it (the server then exits with EADDRINUSE).
+const TCP_START_ATTEMPTS: usize = 5;
+
+/// A free TCP port on 127.0.0.1, never one this process handed out
+/// before: the kernel may give the same ephemeral port to two tests that
+/// each bound and released one, and two servers would then race for it —
+/// the loser exits, and its test's client reaches the winner, another
+/// test's export, or nothing once that test ends.
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap();
+    loop {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
+}
+
+/// nbdkit's arguments to listen where `listen` says, with its socket or
+/// port.
+fn nbdkit_listen(
+    dir: &Path,
+    name: &str,
+    listen: Listen,
+) -> (Vec<String>, Option<PathBuf>, Option<u16>) {
+    match listen {
+        Listen::Unix => {
+            let socket = dir.join(format!("{name}.sock"));
+            let args = vec!["--unix".into(), socket.display().to_string()];
+            (args, Some(socket), None)
+        }
+        Listen::Tcp => {
+            let port = free_port();
+            let args = ["--ipaddr", "127.0.0.1", "--port", &port.to_string()].map(String::from);
+            (args.to_vec(), None, Some(port))
+        }
+    }
 }
 
 impl NbdServer {
     /// `nbdkit [filters and plugin arguments]` in the foreground, named
     /// `name` inside `dir` (socket, log).
     pub fn nbdkit(dir: &Path, name: &str, listen: Listen, args: &[&str]) -> NbdServer {
-        let mut full: Vec<String> = vec!["--foreground".into(), "--exit-with-parent".into()];
-        let (socket, port) = match listen {
-            Listen::Unix => {
-                let socket = dir.join(format!("{name}.sock"));
-                full.extend(["--unix".into(), socket.display().to_string()]);
-                (Some(socket), None)
+        let mut attempt = 1;
+        loop {
+            let mut full: Vec<String> = vec!["--foreground".into(), "--exit-with-parent".into()];
+            let (where_, socket, port) = nbdkit_listen(dir, name, listen);
+            full.extend(where_);
+            full.extend(args.iter().map(|arg| arg.to_string()));
+            let mut server = NbdServer::new(dir, name, "nbdkit", full, socket, port);
+            match server.try_start() {
+                Ok(()) => return server,
+                Err(why) if port.is_some() && attempt < TCP_START_ATTEMPTS => {
+                    eprintln!("nbdkit on port {port:?} did not start ({why}); a new port");
+                    attempt += 1;
+                }
+                Err(why) => panic!("{why}"),
             }
-            Listen::Tcp => {
-                let port = free_port();
-                full.extend([
-                    "--ipaddr".into(),
-                    "127.0.0.1".into(),
-                    "--port".into(),
-                    port.to_string(),
-                ]);
-                (None, Some(port))
-            }
-        };
-        full.extend(args.iter().map(|arg| arg.to_string()));
-        NbdServer::spawn(dir, name, "nbdkit", full, socket, port)
+        }
     }
 
     /// `qemu-nbd` serving `image` in `format` (qcow2, raw) on a Unix
@@ -95,12 +128,25 @@ impl NbdServer {
         socket: Option<PathBuf>,
         port: Option<u16>,
     ) -> NbdServer {
+        let mut server = NbdServer::new(dir, name, program, args, socket, port);
+        server.start();
+        server
+    }
+
+    fn new(
+        dir: &Path,
+        name: &str,
+        program: &str,
+        args: Vec<String>,
+        socket: Option<PathBuf>,
+        port: Option<u16>,
+    ) -> NbdServer {
         let uri = match (&socket, port) {
             (Some(socket), _) => format!("nbd+unix:///?socket={}", socket.display()),
             (None, Some(port)) => format!("nbd://127.0.0.1:{port}/"),
             (None, None) => unreachable!("a server listens somewhere"),
         };
-        let mut server = NbdServer {
+        NbdServer {
             child: None,
             program: program.into(),
             args,
@@ -108,14 +154,19 @@ impl NbdServer {
             port,
             uri,
             log: dir.join(format!("{name}.server.log")),
-        };
-        server.start();
-        server
+        }
     }
 
     /// Start the server (again, after `kill9`) and wait until it accepts
     /// connections.
     pub fn start(&mut self) {
+        if let Err(why) = self.try_start() {
+            panic!("{why}");
+        }
+    }
+
+    /// `start`, saying why the server did not come up.
+    fn try_start(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "the server is running");
         if let Some(socket) = &self.socket {
             let _ = std::fs::remove_file(socket);
@@ -136,12 +187,13 @@ impl NbdServer {
         let started = Instant::now();
         while !self.accepts() {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
+                self.child = None;
+                return Err(format!(
                     "{} {:?} exited ({status}):\n{}",
                     self.program,
                     self.args,
                     self.read_log()
-                );
+                ));
             }
             assert!(
                 started.elapsed() < START_TIMEOUT,
@@ -151,15 +203,19 @@ impl NbdServer {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+        Ok(())
     }
 
-    /// A connection succeeds (and is closed at once; both servers take a
-    /// client that leaves during the handshake in their stride).
+    /// The server accepts connections: a connection to its Unix socket
+    /// succeeds (and is closed at once; both servers take a client that
+    /// leaves during the handshake in their stride), or its TCP port is
+    /// listened on by this server's own process — not by another that
+    /// holds the same port, which a connection would not tell apart.
     fn accepts(&self) -> bool {
-        match (&self.socket, self.port) {
-            (Some(socket), _) => std::os::unix::net::UnixStream::connect(socket).is_ok(),
-            (None, Some(port)) => std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-            (None, None) => false,
+        match (&self.socket, self.port, &self.child) {
+            (Some(socket), _, _) => std::os::unix::net::UnixStream::connect(socket).is_ok(),
+            (None, Some(port), Some(child)) => listens_on(child.id(), port),
+            _ => false,
         }
     }
 
@@ -220,6 +276,39 @@ impl Drop for NbdServer {
             let _ = child.wait();
         }
     }
+}
+
+/// Process `pid` holds a socket listening on 127.0.0.1:`port` (or on
+/// every address): the listening sockets' inodes from /proc/net/tcp,
+/// looked for among the process's descriptors.
+fn listens_on(pid: u32, port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let wanted = [
+        format!("0100007F:{port:04X}"),
+        format!("00000000:{port:04X}"),
+    ];
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local = *fields.get(1)?;
+            let listening = fields.get(3) == Some(&LISTEN) && wanted.iter().any(|at| at == local);
+            let inode = fields.get(9)?;
+            listening.then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(descriptors) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    descriptors.flatten().any(|entry| {
+        std::fs::read_link(entry.path()).is_ok_and(|target| {
+            inodes
+                .iter()
+                .any(|inode| target.as_os_str() == inode.as_str())
+        })
+    })
 }
 
 /// Open `uri` with jext4's client.
