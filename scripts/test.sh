@@ -12,11 +12,12 @@ require_cargo
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"
-cargo clippy --quiet --all-targets -- -D warnings
+cargo clippy --quiet --workspace --all-targets -- -D warnings
 echo "== cargo test (profile ci: optimised, debug assertions on)"
 # A test that cannot run here (not root, no FUSE, no loop devices, a tool
 # missing) fails instead of skipping: CI must not pass by skipping.
-JEXT4_NO_SKIP=1 cargo test --profile ci
+# --workspace: the bench driver's tests too (floorfs mounts over /dev/fuse).
+JEXT4_NO_SKIP=1 cargo test --profile ci --workspace
 echo "== pjdfstest (/dev/fuse)"
 scripts/pjdfstest.sh target/ci/jext4
 echo "== pjdfstest (FUSE over io_uring)"

@@ -3,9 +3,12 @@
 Every filesystem gets an identical fresh sparse image file of the same size.
 Kernel filesystems are mounted through a loop device; FUSE servers (fuse2fs,
 jext4) open the image file themselves. The ext family is checked with
-`e2fsck -fn` after unmounting, xfs with `xfs_repair -n`.
+`e2fsck -fn` after unmounting, xfs with `xfs_repair -n`. The FUSE floor
+(fusefloor) holds its tree in memory: its image size is its capacity, and
+there is nothing to check.
 """
 
+import contextlib
 import copy
 import json
 import os
@@ -15,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from util import Failure, Unavailable, last_line, log, run
+from util import NOT_CHECKED, Failure, Unavailable, last_line, log, run
 
 MKFS_EXT4 = ["mkfs.ext4", "-F", "-q"]
 MKFS_EXT2 = ["mkfs.ext2", "-F", "-q"]
@@ -177,6 +180,7 @@ class Filesystem:
     opt_in = False  # run only when named with --fs
     ram_image = False  # the image is a file in /dev/shm (tmpfs), not in the workdir
     family = "ext"
+    cpus = None  # CPUs the harness and all it starts are pinned to while it runs (FloorFs)
 
     def __init__(self, name, mkfs, description):
         self.name, self.mkfs, self.description = name, mkfs, description
@@ -202,6 +206,12 @@ class Filesystem:
             cleanup_mount(mount, " after a failed mount")
             raise
         return mount
+
+    def remount(self, mount):
+        """Unmount and mount the same image again (the kernel's caches of
+        it start empty); returns the new mount."""
+        self.umount(mount)
+        return self.mount(mount.image, mount.mountpoint)
 
     def umount(self, mount):
         """Unmounts cleanly or raises Failure; after a failure the mount stays
@@ -379,6 +389,89 @@ class Jext4(FuseFs):
         }
 
 
+class FloorFs(FuseFs):
+    """floorfs (`jext4-bench-driver floorfs`): an in-memory FUSE server with
+    no engine that the kernel asks what it asks jext4 (same mount options,
+    capabilities, timeouts and open flags): the /dev/fuse floor of this
+    machine. It holds no image: `make` only notes the size, which becomes
+    its `--capacity`; the image path names the file its tree goes to over
+    a remount (`--state`). Opt-in (`--fs fusefloor` or `--fs floor`).
+
+    With `cpus`, the harness pins itself for the whole (round, workload)
+    to those CPUs, so the server it starts and every workload process it
+    runs inherit the mask, as under `taskset -c`."""
+
+    opt_in = True
+
+    def __init__(self, name, description, driver, cpus=None, threads=None):
+        super().__init__(name, [], description)
+        self.driver = driver
+        self.cpus = cpus
+        self.threads = threads  # None: floorfs's default, jext4's threads=
+        self.capacity_bytes = None
+
+    def unavailable_reason(self):
+        if not Path("/dev/fuse").exists():
+            return "no /dev/fuse"
+        if not Path(self.driver).is_file():
+            return f"{self.driver} not found (cargo build --release -p jext4-bench-driver)"
+        if self.cpus and not set(self.cpus) <= os.sched_getaffinity(0):
+            return f"CPUs {sorted(self.cpus)} are not all available to this process"
+        return None
+
+    def make(self, image, size_bytes):
+        image.unlink(missing_ok=True)
+        self.capacity_bytes = size_bytes
+
+    def _mount(self, mount):
+        import subprocess
+
+        mount.server_log = mount.image.with_suffix(".log")
+        with open(mount.server_log, "w") as server_log:
+            mount.process = subprocess.Popen(
+                [self.driver, "floorfs", "--capacity", str(self.capacity_bytes), "--state", str(mount.image),
+                 *(["--threads", str(self.threads)] if self.threads else []), str(mount.mountpoint)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=server_log, start_new_session=True,
+            )
+        mount.pid = mount.process.pid
+        try:
+            self._wait_mounted(mount, mount.process)
+        except Failure as error:
+            raise Failure(f"{error} {last_line(mount.server_log.read_text())}")
+        self._watch(mount)
+
+    def _umount(self, mount):
+        if mounted_at(mount.mountpoint):
+            run(["umount", mount.mountpoint], timeout=60)
+        self._wait_server_exit(mount)
+        mount.process.wait(timeout=UMOUNT_TIMEOUT)
+        detail = last_line(mount.server_log.read_text())
+        mount.server_log.unlink(missing_ok=True)
+        if mount.process.returncode != 0:
+            raise Failure(f"floorfs exited {mount.process.returncode} after unmount: {detail}")
+
+    def remount(self, mount):
+        # An existing state file asks the server to write its tree there at
+        # unmount; the next server reads it back (and removes it).
+        mount.image.touch()
+        return super().remount(mount)
+
+    def check(self, image):
+        return NOT_CHECKED
+
+    def request_counts(self, mountpoint):
+        """floorfs's request counters, named as jext4's, read from the
+        virtual attribute of the mount's root (that read is not counted)."""
+        try:
+            stats = json.loads(os.getxattr(mountpoint, "user.floorfs.stats"))
+        except OSError:
+            return None
+        return {
+            key: value for key, value in stats.items()
+            if key in ("fuse_requests", "fuse_threads_cpu_us") or re.fullmatch(r"fuse_op_[a-z]+", key)
+        }
+
+
 URING_PARAMETER = Path("/sys/module/fuse/parameters/enable_uring")
 
 
@@ -532,6 +625,7 @@ DEV = "fuse_transport=dev"
 def catalogue(repo):
     """Every filesystem bench/run knows, in report order."""
     binary = str(repo / "target" / "release" / "jext4")
+    driver = str(repo / "target" / "release" / "jext4-bench-driver")
     return [
         KernelFs("ext4", MKFS_EXT4, "ext4", "kernel ext4, loop device, default mkfs and mount options"),
         KernelFs("ext4-fc", MKFS_EXT4 + ["-O", "fast_commit"], "ext4", "kernel ext4 with -O fast_commit"),
@@ -579,6 +673,24 @@ def catalogue(repo):
         Jext4Nbd("jext4-nbd-unix", "jext4's NBD client, nbdkit file plugin on a Unix socket, same image file", binary, "unix"),
         Jext4Nbd("jext4-nbd-tcp", "jext4's NBD client, nbdkit file plugin on 127.0.0.1", binary, "tcp"),
         Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),
+        FloorFs(
+            "fusefloor",
+            "in-memory FUSE server, no engine: the /dev/fuse floor on this machine "
+            "(jext4-bench-driver floorfs: jext4's mount options, capabilities, timeouts and open flags)",
+            driver,
+        ),
+        FloorFs(
+            "fusefloor-1t",
+            "fusefloor with one /dev/fuse worker (--threads 1) instead of jext4's four: "
+            "no request waits for a worker to wake on the other CPU",
+            driver, threads=1,
+        ),
+        FloorFs(
+            "fusefloor-pinned",
+            "fusefloor with the server and the workload pinned to CPU 0 (as taskset -c 0): "
+            "the floor without cross-CPU wake-ups",
+            driver, cpus={0},
+        ),
     ]
 
 
@@ -609,6 +721,8 @@ GROUPS = {
     "dirs": ["ext4", "ext4-fc", "xfs", "jext4-fc", "jext4-fc-global"],
     "oos": ["ext4", "xfs", "btrfs", "fuse2fs", "jext4"],
     "bytelog": ["ext4-fc", "jext4-fc", "jext4-fc-shm", "jext4-bytelog"],
+    # `--fs floor`: the FUSE floor beside jext4 and the kernel (issues 9-11).
+    "floor": ["ext4", "ext4-fc", "jext4", "fusefloor", "fusefloor-1t", "fusefloor-pinned"],
 }
 
 
@@ -616,6 +730,21 @@ def ram_images(workdir):
     """Where RAM-backed images of this workdir live (/dev/shm, one directory
     per workdir so that concurrent runs with their own workdirs stay apart)."""
     return Path("/dev/shm") / ("jext4-bench-" + str(Path(workdir).resolve()).strip("/").replace("/", "-"))
+
+
+@contextlib.contextmanager
+def pinned(cpus):
+    """Pin this process to `cpus` (None: leave it) while the block runs;
+    what it starts meanwhile inherits the mask."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def cleanup_all(reason=""):

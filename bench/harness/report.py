@@ -8,7 +8,7 @@ divide a filesystem's median by the reference's median (kernel ext4, fuse2fs).
 
 import json
 
-from util import median
+from util import NOT_CHECKED, median
 
 REFERENCES = ("ext4", "fuse2fs")
 
@@ -211,6 +211,8 @@ def integrity_table(records, filesystems, workloads):
                     verdicts.append(f"not checked ({record['status']})")
                 elif record["fsck"] == "clean":
                     verdicts.append("clean")
+                elif record["fsck"] == NOT_CHECKED:
+                    verdicts.append(f"not checked ({NOT_CHECKED})")
                 else:
                     verdicts.append(f"**{record['fsck']}**")
             distinct = list(dict.fromkeys(verdicts))
@@ -257,7 +259,7 @@ def markdown(context, workloads, filesystems, records, aggregated):
         parts.append(workload_table(workload, aggregated[workload.name], filesystems, context["runs"]))
     requests = requests_table(workloads, aggregated, filesystems)
     if requests:
-        parts += ["## FUSE requests per file (jext4 `jext4 stats`)", "", requests]
+        parts += ["## FUSE requests per file (the servers' own counters: `jext4 stats`, floorfs's `user.floorfs.stats`)", "", requests]
     parts += ["## Integrity and memory", "", integrity_table(records, filesystems, workloads)]
     return "\n".join(parts)
 

@@ -9,6 +9,10 @@ import time
 STARTED = time.monotonic()
 
 
+# The check verdict of a filesystem that has no image (the FUSE floor).
+NOT_CHECKED = "no image"
+
+
 class Failure(Exception):
     """A workload, mount or check failed; the message is one line for the log."""
 

@@ -1,11 +1,14 @@
 //! jext4-bench-driver: the workloads of bench/run that no Debian tool models.
 //! Each subcommand runs one workload in a directory of the filesystem under
 //! test and prints one JSON line with its figures; bench/run does the rest
-//! (images, mounts, repetitions, medians, tables).
+//! (images, mounts, repetitions, medians, tables). One subcommand is not a
+//! workload but a filesystem: `floorfs`, the in-memory FUSE server that
+//! bench/run times as the floor of the FUSE transport.
 
 mod blurt;
 mod common;
 mod exim;
+mod floorfs;
 mod lsm;
 mod metafsync;
 mod msgjournal;
@@ -144,6 +147,24 @@ enum Workload {
         #[arg(long, default_value_t = 1024)]
         chunk_bytes: usize,
     },
+    /// An in-memory filesystem served over /dev/fuse as jext4 serves its
+    /// images (same mount options, capabilities, timeouts and open flags),
+    /// with no engine: the floor of any FUSE server. Runs until unmounted,
+    /// then prints its request counters as one JSON line.
+    Floorfs {
+        mountpoint: PathBuf,
+        /// Bytes of data it holds (4 KiB per block, a block per directory);
+        /// beyond it writes, fallocate and mkdir fail with ENOSPC.
+        #[arg(long)]
+        capacity: u64,
+        /// /dev/fuse worker threads (jext4's default).
+        #[arg(long, default_value_t = floorfs::THREADS_DEFAULT)]
+        threads: usize,
+        /// Read the tree from FILE at start if it is not empty (then remove
+        /// it); write the tree to FILE at unmount if FILE exists by then.
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -225,6 +246,17 @@ fn main() -> ExitCode {
             writes,
             tasks,
             chunk_bytes,
+        }),
+        Workload::Floorfs {
+            mountpoint,
+            capacity,
+            threads,
+            state,
+        } => floorfs::run(floorfs::Options {
+            mountpoint,
+            capacity,
+            threads,
+            state,
         }),
     };
     match result {
