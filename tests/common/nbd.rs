@@ -44,21 +44,36 @@ pub struct NbdServer {
 const TCP_START_ATTEMPTS: usize = 5;
 
 /// A free TCP port on 127.0.0.1, never one this process handed out
-/// before: the kernel may give the same ephemeral port to two tests that
-/// each bound and released one, and two servers would then race for it —
-/// the loser exits, and its test's client reaches the winner, another
-/// test's export, or nothing once that test ends.
+/// before, and below the kernel's ephemeral range: the kernel gives
+/// ephemeral ports to every `bind(0)` and outgoing connection, so one
+/// taken from there could go to another test (two servers would then
+/// race for it: the loser exits, and its test's client reaches the
+/// winner, another test's export) or, while a server is down between
+/// `kill9` and `start`, to any connection on the machine.
 fn free_port() -> u16 {
     static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut handed_out = HANDED_OUT.lock().unwrap();
-    loop {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        if !handed_out.contains(&port) {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // Where to start looking: a different place in each test process, so
+    // that test binaries run side by side rarely try the same ports.
+    const LOWEST: u16 = 10_000;
+    let span = ephemeral_start.saturating_sub(LOWEST).max(1) as u32;
+    let mut candidate = LOWEST as u32 + (std::process::id() * 7_919) % span;
+    for _ in 0..span {
+        let port = candidate as u16;
+        candidate = LOWEST as u32 + (candidate - LOWEST as u32 + 1) % span;
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             handed_out.push(port);
             return port;
         }
     }
+    panic!("no free TCP port on 127.0.0.1 between {LOWEST} and {ephemeral_start}");
 }
 
 /// nbdkit's arguments to listen where `listen` says, with its socket or
@@ -280,12 +295,16 @@ impl Drop for NbdServer {
 
 /// Process `pid` holds a socket listening on 127.0.0.1:`port` (or on
 /// every address): the listening sockets' inodes from /proc/net/tcp,
-/// looked for among the process's descriptors.
+/// looked for among the process's descriptors. The table prints an
+/// address as the host-order hex of its 32-bit value: 127.0.0.1 is
+/// `0100007F` on a little-endian machine, the only kind jext4 is tested
+/// on (`7F000001` on a big-endian one, also accepted).
 fn listens_on(pid: u32, port: u16) -> bool {
     const LISTEN: &str = "0A";
     let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
     let wanted = [
         format!("0100007F:{port:04X}"),
+        format!("7F000001:{port:04X}"),
         format!("00000000:{port:04X}"),
     ];
     let inodes: Vec<String> = table
