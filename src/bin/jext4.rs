@@ -558,11 +558,15 @@ fn recover(image: &Path) -> Result<(), String> {
 }
 
 fn init_logging(log: Option<&Path>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_env("JEXT4_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false);
+    // fuser's refused answers to interrupts are not errors (fuse/interrupts.rs).
+    let quiet = jext4::fuse::interrupts::UnmatchedReplies;
     match log.and_then(|path| {
         std::fs::OpenOptions::new()
             .create(true)
@@ -573,8 +577,14 @@ fn init_logging(log: Option<&Path>) {
         Some(file) => builder
             .with_ansi(false)
             .with_writer(std::sync::Mutex::new(file))
+            .finish()
+            .with(quiet)
             .init(),
-        None => builder.with_writer(std::io::stderr).init(),
+        None => builder
+            .with_writer(std::io::stderr)
+            .finish()
+            .with(quiet)
+            .init(),
     }
 }
 

@@ -26,6 +26,7 @@ pub mod answer;
 pub mod control;
 mod dev;
 pub mod helper;
+pub mod interrupts;
 pub mod metrics;
 mod options;
 mod pace;
