@@ -399,13 +399,17 @@ class FloorFs(FuseFs):
 
     With `cpus`, the harness pins itself for the whole (round, workload)
     to those CPUs, so the server it starts and every workload process it
-    runs inherit the mask, as under `taskset -c`."""
+    runs inherit the mask, as under `taskset -c`. With `flush`, fsyncs
+    wait for a group commit's two fdatasyncs of `<name>.flush`, a 1 MiB
+    file next to the images (`--flush-file`): the floor of a server that
+    flushes its disk per fsync."""
 
     opt_in = True
 
-    def __init__(self, name, description, driver, cpus=None, threads=None):
+    def __init__(self, name, description, driver, cpus=None, threads=None, flush=False):
         super().__init__(name, [], description)
         self.driver = driver
+        self.flush = flush
         self.cpus = cpus
         self.threads = threads  # None: floorfs's default, jext4's threads=
         self.capacity_bytes = None
@@ -427,10 +431,12 @@ class FloorFs(FuseFs):
         import subprocess
 
         mount.server_log = mount.image.with_suffix(".log")
+        flush_file = mount.image.parent / f"{self.name}.flush"
         with open(mount.server_log, "w") as server_log:
             mount.process = subprocess.Popen(
                 [self.driver, "floorfs", "--capacity", str(self.capacity_bytes), "--state", str(mount.image),
-                 *(["--threads", str(self.threads)] if self.threads else []), str(mount.mountpoint)],
+                 *(["--threads", str(self.threads)] if self.threads else []),
+                 *(["--flush-file", str(flush_file)] if self.flush else []), str(mount.mountpoint)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=server_log, start_new_session=True,
             )
         mount.pid = mount.process.pid
@@ -691,6 +697,12 @@ def catalogue(repo):
             "the floor without cross-CPU wake-ups",
             driver, cpus={0},
         ),
+        FloorFs(
+            "fusefloor-flush",
+            "fusefloor whose fsyncs wait for two fdatasyncs of a 1 MiB file next to the images, "
+            "shared by every fsync that joined before they started (group commit): the floor of a journaling server",
+            driver, flush=True,
+        ),
     ]
 
 
@@ -722,7 +734,7 @@ GROUPS = {
     "oos": ["ext4", "xfs", "btrfs", "fuse2fs", "jext4"],
     "bytelog": ["ext4-fc", "jext4-fc", "jext4-fc-shm", "jext4-bytelog"],
     # `--fs floor`: the FUSE floor beside jext4 and the kernel (issues 9-11).
-    "floor": ["ext4", "ext4-fc", "jext4", "fusefloor", "fusefloor-1t", "fusefloor-pinned"],
+    "floor": ["ext4", "ext4-fc", "jext4", "fusefloor", "fusefloor-1t", "fusefloor-pinned", "fusefloor-flush"],
 }
 
 

@@ -164,6 +164,12 @@ enum Workload {
         /// it); write the tree to FILE at unmount if FILE exists by then.
         #[arg(long, value_name = "FILE")]
         state: Option<PathBuf>,
+        /// Create or truncate FILE to 1 MiB; then answer fsync, fdatasync
+        /// and fsyncdir only after a 4 KiB write and an fdatasync of FILE,
+        /// twice, shared by every fsync that joined before it started
+        /// (group commit). Put FILE on the disk under test.
+        #[arg(long, value_name = "FILE")]
+        flush_file: Option<PathBuf>,
     },
 }
 
@@ -252,11 +258,13 @@ fn main() -> ExitCode {
             capacity,
             threads,
             state,
+            flush_file,
         } => floorfs::run(floorfs::Options {
             mountpoint,
             capacity,
             threads,
             state,
+            flush_file,
         }),
     };
     match result {

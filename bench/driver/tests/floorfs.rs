@@ -2,9 +2,11 @@
 //! made with tar comes back with its contents, modes, links and symlinks;
 //! the capacity ends in ENOSPC; rename over a file and rmdir of a full
 //! directory answer as ext4 does; the tree survives an unmount and mount
-//! through `--state`. Needs root and /dev/fuse; skips with the reason only
+//! through `--state`; with `--flush-file`, concurrent fsyncs all return,
+//! a group commit at a time. Needs root and /dev/fuse; skips with the reason only
 //! where /dev/fuse is missing (and fails then under JEXT4_NO_SKIP).
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -23,6 +25,16 @@ struct Floor {
 impl Floor {
     /// Mount floorfs on `mountpoint`; None (the test skips) without /dev/fuse.
     fn mount(mountpoint: &Path, capacity: u64, state: Option<&Path>) -> Option<Floor> {
+        let state = state.map(|state| ["--state".as_ref(), state.as_os_str()]);
+        Floor::mount_with(
+            mountpoint,
+            capacity,
+            state.as_ref().map_or(&[], |args| &args[..]),
+        )
+    }
+
+    /// As `mount`, with more options for the server.
+    fn mount_with(mountpoint: &Path, capacity: u64, options: &[&OsStr]) -> Option<Floor> {
         if !Path::new("/dev/fuse").exists() {
             let reason = "no /dev/fuse here";
             assert!(
@@ -34,9 +46,7 @@ impl Floor {
         }
         let mut command = Command::new(env!("CARGO_BIN_EXE_jext4-bench-driver"));
         command.args(["floorfs", "--capacity", &capacity.to_string()]);
-        if let Some(state) = state {
-            command.arg("--state").arg(state);
-        }
+        command.args(options);
         let mut server = command
             .arg(mountpoint)
             .stdout(Stdio::piped())
@@ -295,4 +305,46 @@ fn the_tree_survives_a_remount_through_state() {
         times(&source.join("src/f5"))
     );
     floor.unmount();
+}
+
+#[test]
+fn concurrent_fsyncs_return_a_group_commit_at_a_time() {
+    let work = tempfile::tempdir().unwrap();
+    let (mountpoint, flush) = (work.path().join("mnt"), work.path().join("flush"));
+    fs::create_dir_all(&mountpoint).unwrap();
+    // A stale, larger file: the server makes it 1 MiB again.
+    fs::write(&flush, vec![1; 3 * MIB as usize]).unwrap();
+    let options = ["--flush-file".as_ref(), flush.as_os_str()];
+    let Some(floor) = Floor::mount_with(&mountpoint, 64 * MIB, &options) else {
+        return;
+    };
+    const THREADS: usize = 6;
+    const FSYNCS: usize = 20;
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let path = mountpoint.join(format!("f{thread}"));
+            scope.spawn(move || {
+                let mut file = fs::File::create(&path).unwrap();
+                for round in 0..FSYNCS {
+                    file.write_all(&[round as u8; 4096]).unwrap();
+                    if round % 2 == 0 {
+                        file.sync_all().unwrap();
+                    } else {
+                        file.sync_data().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    fs::File::open(&mountpoint).unwrap().sync_all().unwrap();
+    assert_eq!(fs::metadata(&flush).unwrap().len(), MIB);
+    let counts = floor.unmount();
+    let count = |name: &str| counts[name].as_u64().unwrap();
+    let fsyncs = count("fuse_op_fsync") + count("fuse_op_fsyncdir");
+    assert_eq!(fsyncs, (THREADS * FSYNCS + 1) as u64, "{counts}");
+    let (groups, members) = (count("floor_flush_groups"), count("floor_flush_members"));
+    assert_eq!(members, fsyncs, "every fsync joined a group: {counts}");
+    assert!((1..=fsyncs).contains(&groups), "{counts}");
+    assert_eq!(count("floor_flush_fdatasyncs"), 2 * groups, "{counts}");
+    assert_eq!(fs::metadata(&flush).unwrap().len(), MIB);
 }

@@ -22,7 +22,12 @@
 //! (`fuse_requests`, `fuse_op_lookup`, ...) and the server's CPU time, so
 //! bench/run counts requests per file as it does for jext4. The read
 //! itself is not counted, and the name is never listed.
+//!
+//! With `--flush-file`, fsyncs cost what a journaling server must pay: two
+//! flushes of the disk under test per group of concurrent fsyncs
+//! (`flush.rs`), and the counters add the groups and their members.
 
+mod flush;
 mod serve;
 mod state;
 mod tree;
@@ -38,6 +43,7 @@ use fuser::{
     ReplyXattr, Request, SessionACL,
 };
 
+use self::flush::Flush;
 use self::tree::{Maker, Tree};
 
 /// jext4's timeout for names (found or not) and attributes.
@@ -56,6 +62,8 @@ pub struct Options {
     /// Read the tree from here at start (if the file is not empty; it is
     /// removed then), write it here at unmount (if the file exists then).
     pub state: Option<PathBuf>,
+    /// Answer fsyncs after two fdatasyncs of this file, a group at a time.
+    pub flush_file: Option<PathBuf>,
 }
 
 /// Mount, serve until unmounted, then write the tree if asked and print
@@ -68,9 +76,15 @@ pub fn run(options: Options) -> io::Result<()> {
         return Err(invalid("--capacity: at least one 4096-byte block"));
     }
     let tree = starting_tree(&options)?;
+    let flush = options
+        .flush_file
+        .as_deref()
+        .map(Flush::start)
+        .transpose()?;
     let shared = Arc::new(Shared {
         tree: Mutex::new(tree),
         requests: std::array::from_fn(|_| AtomicU64::new(0)),
+        flush,
     });
     let floor = FloorFs {
         shared: Arc::clone(&shared),
@@ -85,7 +99,11 @@ pub fn run(options: Options) -> io::Result<()> {
     // Returns once the kernel ends the session (the mount point was
     // unmounted); fuser then unmounts once more, which fails harmlessly
     // (the harness waits for this process before it mounts there again).
-    session.run()?;
+    let served = session.run();
+    if let Some(flush) = &shared.flush {
+        flush.stop();
+    }
+    served?;
     if let Some(path) = options.state.as_deref().filter(|path| path.exists()) {
         state::save(&shared.lock(), path)?;
     }
@@ -204,11 +222,12 @@ const OPERATION_NAMES: [&str; 31] = [
     "readdirplus",
 ];
 
-/// What the session's workers share: the tree under its one lock, and the
-/// counters (outside it).
+/// What the session's workers share: the tree under its one lock, the
+/// counters (outside it) and the flush file's group commit if asked.
 struct Shared {
     tree: Mutex<Tree>,
     requests: [AtomicU64; OPERATION_NAMES.len()],
+    flush: Option<Flush>,
 }
 
 impl Shared {
@@ -230,6 +249,9 @@ impl Shared {
         }
         stats.insert("fuse_requests".into(), total.into());
         stats.insert("fuse_threads_cpu_us".into(), process_cpu_us().into());
+        if let Some(flush) = &self.flush {
+            flush.stats(&mut stats);
+        }
         serde_json::Value::Object(stats)
     }
 }
@@ -315,6 +337,15 @@ impl FloorFs {
     fn begin(&self, operation: Operation) -> MutexGuard<'_, Tree> {
         self.count(operation);
         self.shared.lock()
+    }
+
+    /// Reply to an fsync of a node that exists: at once, or once its
+    /// group's flushes are done with `--flush-file`.
+    fn synced(&self, reply: ReplyEmpty, result: tree::Result<()>) {
+        match (&self.shared.flush, result) {
+            (Some(flush), Ok(())) => flush.join(reply),
+            (_, result) => reply_empty(reply, result),
+        }
     }
 
     /// Count a request that needs nothing of the tree.

@@ -316,7 +316,7 @@ impl Filesystem for FloorFs {
         reply: ReplyEmpty,
     ) {
         let result = self.begin(Operation::Fsync).node(ino.0).map(|_| ());
-        reply_empty(reply, result);
+        self.synced(reply, result);
     }
 
     fn opendir(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -419,7 +419,7 @@ impl Filesystem for FloorFs {
         reply: ReplyEmpty,
     ) {
         let result = self.begin(Operation::Fsyncdir).directory(ino.0).map(|_| ());
-        reply_empty(reply, result);
+        self.synced(reply, result);
     }
 
     fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
