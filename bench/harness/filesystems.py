@@ -681,14 +681,13 @@ def catalogue(repo):
         Jext4Nbd("jext4-kernel-nbd", "jext4 on /dev/nbd0: the kernel's nbd client, qemu-nbd serving the image file", binary, "kernel"),
         FloorFs(
             "fusefloor",
-            "in-memory FUSE server, no engine: the /dev/fuse floor on this machine "
+            "in-memory FUSE server, no engine, plain fuser workers (without jext4's read turns and polling) "
             "(jext4-bench-driver floorfs: jext4's mount options, capabilities, timeouts and open flags)",
             driver,
         ),
         FloorFs(
             "fusefloor-1t",
-            "fusefloor with one /dev/fuse worker (--threads 1) instead of jext4's four: "
-            "no request waits for a worker to wake on the other CPU",
+            "fusefloor with one /dev/fuse worker (--threads 1) instead of jext4's four",
             driver, threads=1,
         ),
         FloorFs(

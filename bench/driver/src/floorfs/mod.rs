@@ -1,8 +1,9 @@
 //! `floorfs`: an in-memory filesystem served over `/dev/fuse` with fuser,
 //! asked by the kernel for exactly what jext4 is asked, and doing nothing
 //! else: no engine, no journal, no device. Timed beside jext4 and kernel
-//! ext4, it is the floor of the transport on this machine — what any FUSE
-//! server pays for a workload whatever its engine costs (issues 9–11).
+//! ext4, it is a baseline of the transport on this machine — what a plain
+//! FUSE server pays for a workload with no engine at all (issues 9–11);
+//! pinned to one CPU with the workload, the floor of any server there.
 //!
 //! What makes the kernel send the same requests is copied from jext4's
 //! FUSE front end (`src/fuse/serve.rs::fuse_config`, `src/fuse/mod.rs`),
