@@ -361,8 +361,8 @@ impl Core {
             commit_interval: options.commit_interval,
             sync_all: options.sync,
         };
-        let journal = match (plan, guard) {
-            (Some(plan), Some(guard)) => {
+        let journal = match plan.zip(guard) {
+            Some((plan, guard)) => {
                 announce_journal(&mut sb, dev, &groups, &options)?;
                 let jbd2_options = Jbd2Options {
                     commit_interval: options.commit_interval,
@@ -375,7 +375,7 @@ impl Core {
                 let cache = Arc::clone(&cache);
                 Journal::jbd2(cache, plan.area, guard, config, &jbd2_options)?
             }
-            _ => Journal::write_back(Arc::clone(&cache), config, options.read_only),
+            None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
         Core::assemble(sb, groups, cache, journal, options)
     }

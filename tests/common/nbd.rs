@@ -132,18 +132,7 @@ impl NbdServer {
             format!("--socket={}", socket.display()),
             image.display().to_string(),
         ];
-        NbdServer::spawn(dir, name, "qemu-nbd", args, Some(socket), None)
-    }
-
-    fn spawn(
-        dir: &Path,
-        name: &str,
-        program: &str,
-        args: Vec<String>,
-        socket: Option<PathBuf>,
-        port: Option<u16>,
-    ) -> NbdServer {
-        let mut server = NbdServer::new(dir, name, program, args, socket, port);
+        let mut server = NbdServer::new(dir, name, "qemu-nbd", args, Some(socket), None);
         server.start();
         server
     }
