@@ -391,11 +391,7 @@ impl<'a> Walk<'a> {
     }
 
     fn read_xattrs(&mut self, ino: u32) {
-        let names = match self.fs.listxattr(ino) {
-            Err(Error::NotSupported) => return,
-            names => names,
-        };
-        let Some(names) = self.read_ok("listxattr", names) else {
+        let Some(names) = self.read_ok("listxattr", self.fs.listxattr(ino)) else {
             return;
         };
         for name in names {

@@ -11,21 +11,17 @@ use crate::format::superblock::compat;
 use crate::format::xattr::{self, SetMode};
 use crate::lock::Rank;
 
-/// An xattr change: the format layer's own blocks plus the inode's.
-const CREDITS_XATTR: u32 = xattr::SET_CREDITS + 1;
+/// An xattr change: the format layer's own blocks, the inode's and, for
+/// the first attribute of the filesystem, the superblock's.
+const CREDITS_XATTR: u32 = xattr::SET_CREDITS + 2;
 const XATTR_SIZE_MAX: usize = 65536;
 
 impl Fs {
-    fn check_xattr_support(&self) -> Result<()> {
-        if self.core.geo.has_compat(compat::EXT_ATTR) {
-            Ok(())
-        } else {
-            Err(Error::NotSupported)
-        }
-    }
-
+    // No `ext_attr` feature (old ext2 images, the Hurd's) is not "no
+    // xattrs allowed": like the kernel, reading finds none (ENODATA, an
+    // empty list — the answer FUSE's ACL check needs to fall back to the
+    // mode bits) and the first set turns the feature on.
     pub fn getxattr(&self, ino: u32, name: &[u8]) -> Result<Vec<u8>> {
-        self.check_xattr_support()?;
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
@@ -37,7 +33,6 @@ impl Fs {
 
     /// Names of all attributes, with their namespace prefixes.
     pub fn listxattr(&self, ino: u32) -> Result<Vec<Vec<u8>>> {
-        self.check_xattr_support()?;
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
@@ -72,7 +67,6 @@ impl Fs {
         mode: SetMode,
         caller: Caller,
     ) -> Result<()> {
-        self.check_xattr_support()?;
         if name.len() > xattr::XATTR_NAME_MAX {
             return Err(Error::Range);
         }
@@ -93,7 +87,23 @@ impl Fs {
             }
             // Written even on error: a block may have been allocated.
             tx.write_inode(ino, &inode)?;
-            result
+            result?;
+            if value.is_some() {
+                announce_ext_attr(tx)?;
+            }
+            Ok(())
         })
     }
+}
+
+/// Set `ext_attr` in the superblock, in the transaction that stores the
+/// first attribute (the kernel's `ext4_xattr_update_super_block`), so that
+/// e2fsck and older kernels know to look for them.
+fn announce_ext_attr(tx: &super::Tx<'_, '_>) -> Result<()> {
+    let mut sb = tx.core.sbi.lock();
+    if sb.has_compat(compat::EXT_ATTR) {
+        return Ok(());
+    }
+    sb.feature_compat |= compat::EXT_ATTR;
+    tx.core.sbi.write(&sb, tx.handle)
 }
