@@ -19,6 +19,21 @@ pub enum Location {
     Journal { block: u64 },
 }
 
+impl Location {
+    /// The inode and block involved (0 where none), as the superblock's
+    /// error record and the kernel's error lines name them.
+    pub fn ino_and_block(&self) -> (u32, u64) {
+        match *self {
+            Location::Inode { ino } => (ino, 0),
+            Location::Block { block } => (0, block),
+            Location::InodeBlock { ino, block } => (ino, block),
+            Location::Superblock | Location::GroupDescriptor { .. } | Location::Journal { .. } => {
+                (0, 0)
+            }
+        }
+    }
+}
+
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -41,7 +56,14 @@ pub enum Error {
     /// An on-disk structure is inconsistent (bad magic, bad checksum,
     /// out-of-range pointer). The filesystem turns read-only when this is seen.
     #[error("corrupt filesystem at {location}: {detail}")]
-    Corrupt { location: Location, detail: String },
+    Corrupt {
+        location: Location,
+        detail: String,
+        /// Where in jext4 the damage was noticed (the kernel's
+        /// `function:line` in its `EXT4-fs error` lines and in the
+        /// superblock's error record).
+        origin: &'static std::panic::Location<'static>,
+    },
     /// The image uses a feature this build cannot handle safely.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -89,10 +111,13 @@ pub enum Error {
 
 impl Error {
     /// Shorthand used by the format layer when a structure does not parse.
+    /// The caller's source location is kept as the error's origin.
+    #[track_caller]
     pub fn corrupt(location: Location, detail: impl Into<String>) -> Self {
         Error::Corrupt {
             location,
             detail: detail.into(),
+            origin: std::panic::Location::caller(),
         }
     }
 

@@ -114,3 +114,151 @@ fn ext2_without_ext_attr_reads_and_gains_the_feature() {
     );
     assert_fsck_clean(&image);
 }
+
+/// `debugfs -R "stat PATH"`: the extent tree's first leaf block, `(ETB0):N`.
+fn extent_leaf(image: &Path, path: &str) -> u64 {
+    let output = Command::new("debugfs")
+        .args(["-R", &format!("stat {path}")])
+        .arg(image)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let at = text
+        .find("(ETB0):")
+        .unwrap_or_else(|| panic!("no extent leaf:\n{text}"));
+    let digits: String = text[at + 7..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// `e2fsck -fn` lines that name a problem (not the pass headers, the
+/// program's banner or the summary with counts).
+fn fsck_problems(image: &Path) -> Vec<String> {
+    let (_, text) = common::fsck(image);
+    text.lines()
+        .filter(|line| {
+            !line.starts_with("Pass ")
+                && !line.starts_with("e2fsck ")
+                && !line.contains(" files (")
+                && !line.contains("WARNING: Filesystem still has errors")
+                && !line.trim().is_empty()
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Replay the journal with e2fsck alone (`-E journal_only`), as the next
+/// mount would: what is left is the last committed state.
+fn replay(image: &Path) {
+    let status = Command::new("e2fsck")
+        .args(["-p", "-E", "journal_only"])
+        .arg(image)
+        .status()
+        .unwrap();
+    assert!(
+        status.code().unwrap_or(8) <= 1,
+        "e2fsck -E journal_only: {status}"
+    );
+}
+
+/// `rm` of a file whose extent leaf fails its checksum: the name goes
+/// first, the blocks cannot be freed. The kernel (errors=remount-ro)
+/// aborts the journal when it records the error, so the half operation
+/// never reaches the disk; so does jext4. After a replay the image has
+/// exactly the damage it had before, the name is still there, the
+/// journal superblock records the abort, and the server logged the
+/// corruption once, with its place.
+#[test]
+fn rm_meeting_a_damaged_extent_leaf_leaves_the_disk_as_it_was() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = mkfs(dir.path(), "leaf", 32, &["-t", "ext4", "-b", "4096"]);
+    let server = Server::start(&image, "");
+    let root = server.mountpoint.clone();
+    std::fs::write(root.join("kept"), b"written before the damage\n").unwrap();
+    // One block every other block: more extents than the inode holds, so
+    // the tree has a leaf block.
+    {
+        use std::os::unix::fs::FileExt;
+        let victim = std::fs::File::create(root.join("victim")).unwrap();
+        for block in (0..40u64).step_by(2) {
+            victim.write_all_at(b"x", block * 4096).unwrap();
+        }
+    }
+    server.unmount().assert_clean_exit();
+    let leaf = extent_leaf(&image, "/victim");
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&image)
+            .unwrap();
+        // An extent's start block, inside the leaf: the checksum fails.
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, leaf * 4096 + 20).unwrap();
+        file.write_all_at(&[byte[0] ^ 0x40], leaf * 4096 + 20)
+            .unwrap();
+    }
+    let before = fsck_problems(&image);
+    assert!(!before.is_empty(), "the damage is visible to e2fsck");
+
+    let server = Server::start(&image, "");
+    let root = server.mountpoint.clone();
+    std::fs::write(root.join("unsynced"), b"accepted, never synced\n").unwrap();
+    let error = std::fs::remove_file(root.join("victim")).expect_err("rm of a damaged file");
+    assert_eq!(error.raw_os_error(), Some(libc::EUCLEAN), "{error}");
+    // Unmount writes nothing more and reports the abort, as after a panic.
+    let mountpoint = server.mountpoint.clone();
+    let (said, ending) = server.unmount_reporting();
+    let stderr = String::from_utf8_lossy(&said.stderr);
+    assert!(
+        !said.status.success() && stderr.contains("journal aborted") && stderr.contains("e2fsck"),
+        "jext4 umount after the abort: {stderr}"
+    );
+    assert!(!common::server::is_mounted(&mountpoint));
+    let corruption_lines: Vec<_> = ending
+        .log
+        .lines()
+        .filter(|line| line.contains("corruption detected"))
+        .collect();
+    assert_eq!(corruption_lines.len(), 1, "log:\n{}", ending.log);
+    assert!(
+        corruption_lines[0].contains(&format!("block {leaf}"))
+            && corruption_lines[0].contains("found_in"),
+        "the log names the block and where it was found: {}",
+        corruption_lines[0]
+    );
+
+    let logdump = jext4(&["logdump", image.to_str().unwrap()]);
+    assert!(
+        logdump.contains("errno -5"),
+        "the journal records the abort:\n{logdump}"
+    );
+    replay(&image);
+    assert_eq!(
+        fsck_problems(&image),
+        before,
+        "only the damage that was there"
+    );
+    let listing = common::journal::debugfs_commands(&image, "ls -l /");
+    assert!(
+        listing.contains("victim") && listing.contains("kept"),
+        "{listing}"
+    );
+    let dumpe2fs = Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(&image)
+        .output()
+        .unwrap();
+    let header = String::from_utf8_lossy(&dumpe2fs.stdout);
+    assert!(
+        header.contains("Filesystem state:         clean with errors")
+            || header.contains("not clean with errors"),
+        "the superblock records the error:\n{header}"
+    );
+}

@@ -599,6 +599,7 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         (MAX_DEPTH as u64 + 3) * (blocks + 1) + 8
     }
 
+    #[track_caller]
     fn corrupt_loop(&self, what: &str) -> Error {
         Error::corrupt(
             Location::Inode { ino: self.ino },

@@ -234,6 +234,59 @@ const S_CHECKSUM_SEED: usize = 0x270;
 const S_WTIME_HI: usize = 0x274;
 const S_MTIME_HI: usize = 0x275;
 const S_ORPHAN_FILE_INUM: usize = 0x280;
+// The error record (ext4.h, EXT4_S_ERR_START..EXT4_S_ERR_END, then the
+// time and code bytes after s_checksum_seed).
+const S_ERROR_COUNT: usize = 0x194;
+const S_ERROR_FUNC_LEN: usize = 32;
+
+/// Where one of the two error records lies (`s_first_error_*`,
+/// `s_last_error_*`).
+struct ErrorSlot {
+    time: usize,
+    time_hi: usize,
+    ino: usize,
+    block: usize,
+    function: usize,
+    line: usize,
+    errcode: usize,
+}
+
+const FIRST_ERROR: ErrorSlot = ErrorSlot {
+    time: 0x198,
+    time_hi: 0x278,
+    ino: 0x19C,
+    block: 0x1A0,
+    function: 0x1A8,
+    line: 0x1C8,
+    errcode: 0x27A,
+};
+
+const LAST_ERROR: ErrorSlot = ErrorSlot {
+    time: 0x1CC,
+    time_hi: 0x279,
+    ino: 0x1D0,
+    block: 0x1D8,
+    function: 0x1E0,
+    line: 0x1D4,
+    errcode: 0x27B,
+};
+
+impl ErrorSlot {
+    /// Write `record`, at `time` (40 bits), into this slot of `raw`.
+    fn store(&self, raw: &mut [u8], record: &ErrorRecord<'_>, time: i64) {
+        put_u32(raw, self.time, time as u32);
+        raw[self.time_hi] = (time >> 32) as u8;
+        put_u32(raw, self.ino, record.ino);
+        put_u64(raw, self.block, record.block);
+        let function = &mut raw[self.function..self.function + S_ERROR_FUNC_LEN];
+        function.fill(0);
+        let name = record.function.as_bytes();
+        let kept = name.len().min(S_ERROR_FUNC_LEN);
+        function[..kept].copy_from_slice(&name[..kept]);
+        put_u32(raw, self.line, record.line);
+        raw[self.errcode] = record.errcode;
+    }
+}
 const S_CHECKSUM: usize = 0x3FC;
 
 #[derive(Clone)]
@@ -591,6 +644,28 @@ impl Superblock {
         &self.raw
     }
 
+    /// Count an error and record it as the last one (and the first, when
+    /// none is recorded yet), as the kernel's `__save_error_info` does:
+    /// what `dumpe2fs` prints under "FS Error count" and "First error".
+    /// Sets the error state too. `encode` keeps the record (raw bytes).
+    pub fn record_error(&mut self, record: &ErrorRecord<'_>) {
+        self.state |= STATE_ERROR;
+        let raw = &mut self.raw[..];
+        let count = get_u32(raw, S_ERROR_COUNT);
+        put_u32(raw, S_ERROR_COUNT, count.saturating_add(1));
+        let time = record.time.clamp(0, (1 << 40) - 1);
+        let first = get_u32(raw, FIRST_ERROR.time) == 0 && raw[FIRST_ERROR.time_hi] == 0;
+        LAST_ERROR.store(raw, record, time);
+        if first {
+            FIRST_ERROR.store(raw, record, time);
+        }
+    }
+
+    /// `s_error_count`: errors recorded since e2fsck last cleared them.
+    pub fn error_count(&self) -> u32 {
+        get_u32(&self.raw[..], S_ERROR_COUNT)
+    }
+
     /// Group descriptor size in bytes (32 without the 64bit feature).
     pub fn desc_size(&self) -> u32 {
         if self.has_incompat(incompat::BIT64) {
@@ -598,6 +673,47 @@ impl Superblock {
         } else {
             32
         }
+    }
+}
+
+/// One error as the superblock records it (`s_{first,last}_error_*`).
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorRecord<'a> {
+    /// Seconds since the epoch.
+    pub time: i64,
+    /// The inode involved, or 0.
+    pub ino: u32,
+    /// The block involved, or 0.
+    pub block: u64,
+    /// Where the error was noticed (the kernel stores its function name;
+    /// at most 32 bytes are kept).
+    pub function: &'a str,
+    pub line: u32,
+    /// `EXT4_ERR_*` (`error_code`).
+    pub errcode: u8,
+}
+
+/// The kernel's architecture-independent code for an errno
+/// (`ext4_errno_to_code`, the `EXT4_ERR_*` values of ext4.h).
+pub fn error_code(errno: i32) -> u8 {
+    match errno {
+        libc::EIO => 2,
+        libc::ENOMEM => 3,
+        libc::EBADMSG => 4,
+        libc::EUCLEAN => 5,
+        libc::ENOSPC => 6,
+        libc::ENOKEY => 7,
+        libc::EROFS => 8,
+        libc::EFBIG => 9,
+        libc::EEXIST => 10,
+        libc::ERANGE => 11,
+        libc::EOVERFLOW => 12,
+        libc::EBUSY => 13,
+        libc::ENOTDIR => 14,
+        libc::ENOTEMPTY => 15,
+        libc::ESHUTDOWN => 16,
+        libc::EFAULT => 17,
+        _ => 1,
     }
 }
 

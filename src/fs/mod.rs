@@ -190,6 +190,10 @@ impl Default for MountOptions {
 pub(crate) struct Core {
     pub geo: Geometry,
     pub cache: Arc<BufferCache>,
+    /// The device itself, beneath the write-ahead guard: for the one write
+    /// no transaction may carry, the error record after an abort
+    /// (`Fs::record_error`).
+    pub home: Arc<dyn BlockDevice>,
     pub journal: Arc<Journal>,
     pub options: MountOptions,
     /// Blocks reserved for root (s_r_blocks_count).
@@ -262,6 +266,7 @@ impl Core {
         mut sb: Superblock,
         groups: Groups,
         cache: Arc<BufferCache>,
+        home: Arc<dyn BlockDevice>,
         journal: Arc<Journal>,
         options: MountOptions,
     ) -> Result<Core> {
@@ -310,6 +315,7 @@ impl Core {
             fast_commit: fast_commit::Tracker::attach(&geo, &journal, options.fast_commit_global),
             geo,
             cache,
+            home,
             journal,
             options,
         };
@@ -377,7 +383,7 @@ impl Core {
             }
             None => Journal::write_back(Arc::clone(&cache), config, options.read_only),
         };
-        Core::assemble(sb, groups, cache, journal, options)
+        Core::assemble(sb, groups, cache, Arc::clone(dev), journal, options)
     }
 }
 
@@ -718,14 +724,21 @@ impl Fs {
             let (result, space_wait) = {
                 let mut tx = Tx::new(&self.core, &handle, caller);
                 tx.draws_on_emergency_reserve = releases_space;
-                // Whatever the body managed before an error is consistent on
-                // its own (operations order their steps so).
                 let result = body(&mut tx);
                 deferred.append(&mut tx.deferred_evictions);
                 // Before the handle stops: at lock-down every charge of the
                 // transaction is allocated or back.
                 tx.refund_charge();
                 (result, tx.space_wait)
+            };
+            // While the handle is open the transaction cannot commit: a
+            // failure found on disk after the body changed something aborts
+            // the journal here, so that half of the operation never
+            // reaches the disk (other failures leave nothing half done:
+            // operations check before they change).
+            let noted = match &result {
+                Err(error) => self.note_failure(error, handle.changed()),
+                Ok(_) => false,
             };
             let stopped = handle.stop();
             // Deferred evictions are on the orphan records whatever the
@@ -744,6 +757,9 @@ impl Fs {
             }
             let result = result.and_then(|value| stopped.map(|()| value));
             let result = result.and_then(|value| evicted.map(|()| value));
+            if noted {
+                return result;
+            }
             return self.note_error(result);
         }
     }
@@ -776,25 +792,104 @@ impl Fs {
     /// lost any write since the last good flush: nothing more is accepted,
     /// and what was acknowledged is in the journal for recovery.
     pub(crate) fn note_error<R>(&self, result: Result<R>) -> Result<R> {
-        match &result {
-            Err(Error::Corrupt { location, detail }) => {
-                if !self.errored.swap(true, Ordering::AcqRel) {
-                    tracing::error!(%location, %detail, "corruption detected; filesystem is now read-only");
-                } else {
-                    tracing::warn!(%location, %detail, "corruption detected");
-                }
-                self.core.journal.set_read_only();
-            }
-            // ENXIO is SEEK_DATA's answer past the last data, not an I/O error.
-            Err(Error::Io(error)) if error.raw_os_error() != Some(libc::ENXIO) => {
-                if !self.device_failed.swap(true, Ordering::AcqRel) {
-                    tracing::error!(%error, "device I/O error; filesystem is now read-only");
-                }
-                self.core.journal.set_read_only();
-            }
-            _ => {}
+        if let Err(error) = &result {
+            self.note_failure(error, false);
         }
         result
+    }
+
+    /// What `note_error` does for `error`, for an operation that `changed`
+    /// the filesystem before it failed, or did not. Returns whether the
+    /// error was one found on disk or on the device (and so noted).
+    ///
+    /// Corruption met by an operation that changed something aborts the
+    /// journal, as the kernel's `ext4_handle_error` does under
+    /// errors=remount-ro: the running transaction — which holds the first
+    /// half of the operation, mixed with other operations' changes in the
+    /// same blocks — is discarded, and the disk keeps its last committed
+    /// state. Without that change, or without a journal (where nothing can
+    /// be discarded: blocks go home as they are written, as ext2's do), the
+    /// filesystem turns read-only and what was accepted before stays: it is
+    /// consistent with itself.
+    pub(crate) fn note_failure(&self, error: &Error, changed: bool) -> bool {
+        match error {
+            Error::Corrupt {
+                location,
+                detail,
+                origin,
+            } => {
+                let abort = changed && self.core.journal.is_journaled();
+                if !self.errored.swap(true, Ordering::AcqRel) {
+                    tracing::error!(
+                        %location,
+                        %detail,
+                        found_in = %origin,
+                        aborted = abort,
+                        "corruption detected; filesystem is now read-only"
+                    );
+                } else {
+                    tracing::warn!(%location, %detail, found_in = %origin, "corruption detected");
+                }
+                if abort {
+                    self.core.journal.abort(&format!(
+                        "an operation met corruption ({location}: {detail}) after it had \
+                         changed the filesystem; its transaction was discarded and the \
+                         image keeps its last committed state: run e2fsck -fy on it"
+                    ));
+                } else {
+                    self.core.journal.set_read_only();
+                }
+                self.record_error(error, abort);
+                true
+            }
+            // ENXIO is SEEK_DATA's answer past the last data, not an I/O error.
+            Error::Io(io_error) if io_error.raw_os_error() != Some(libc::ENXIO) => {
+                if !self.device_failed.swap(true, Ordering::AcqRel) {
+                    tracing::error!(error = %io_error, "device I/O error; filesystem is now read-only");
+                }
+                self.core.journal.set_read_only();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Record `error` in the superblock's error fields (what `dumpe2fs`
+    /// shows; e2fsck then checks the filesystem whatever its mount count).
+    /// Normally the record goes with the superblock into the next commit.
+    /// After an abort nothing more commits: like the kernel's
+    /// `ext4_commit_super`, it is written in place on the device, beneath
+    /// the write-ahead guard, over the superblock the last checkpoint left
+    /// (a replay of the log may overwrite it; the journal superblock's
+    /// `s_errno` then still says that errors were found).
+    fn record_error(&self, error: &Error, aborted: bool) {
+        let Error::Corrupt {
+            location, origin, ..
+        } = error
+        else {
+            return;
+        };
+        let (ino, block) = location.ino_and_block();
+        let function = origin.file().strip_prefix("src/").unwrap_or(origin.file());
+        let record = superblock::ErrorRecord {
+            time: inode::now_seconds(),
+            ino,
+            block,
+            function,
+            line: origin.line(),
+            errcode: superblock::error_code(error.errno()),
+        };
+        self.core.sbi.lock().record_error(&record);
+        if !aborted || self.core.options.read_only {
+            return;
+        }
+        let written = superblock::read_from(&*self.core.home).and_then(|mut on_disk| {
+            on_disk.record_error(&record);
+            superblock::write_to(&*self.core.home, &mut on_disk)
+        });
+        if let Err(error) = written {
+            tracing::warn!(%error, "could not record the error in the superblock");
+        }
     }
 
     /// Stop writing for good after a panic (a bug) in the engine or a front

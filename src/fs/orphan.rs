@@ -78,6 +78,7 @@ const MAX_ORPHAN_CHAIN: u32 = 1 << 20;
 
 /// A list that comes back to an inode it passed: without this check a
 /// cycle would be walked to the bound above, a million inode reads.
+#[track_caller]
 fn orphan_cycle(ino: u32) -> Error {
     Error::corrupt(
         Location::Inode { ino },

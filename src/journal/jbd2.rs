@@ -755,14 +755,40 @@ impl Jbd2 {
         state.fc_waiters.wake_all();
     }
 
-    /// Abort from outside the commit path (`Journal::abort`).
+    /// Abort from outside the commit path (`Journal::abort`): a panic or
+    /// corruption met half way through an operation. The journal
+    /// superblock records `s_errno` (-EIO, as `jbd2_journal_abort` from
+    /// `ext4_handle_error` stores it), so that whoever replays the log
+    /// next — jext4, the kernel, e2fsck — marks the filesystem as having
+    /// errors. The log itself is left as the last commit wrote it.
     pub fn abort_with(&self, reason: &str) {
-        let mut state = self.state.lock();
-        self.abort(
-            &mut state,
-            &Error::Io(std::io::Error::other(reason.to_string())),
-        );
-        self.wake_commit.notify_all();
+        {
+            let mut state = self.state.lock();
+            self.abort(
+                &mut state,
+                &Error::Io(std::io::Error::other(reason.to_string())),
+            );
+            self.wake_commit.notify_all();
+        }
+        if let Err(error) = self.record_errno(-libc::EIO) {
+            tracing::warn!(%error, "could not record the abort in the journal superblock");
+        }
+    }
+
+    /// Store `errno` in the journal superblock on disk and flush. The
+    /// fields that locate the log stay as the last commit or checkpoint
+    /// left them (`self.sb` is what they wrote), so the log replays as it
+    /// would have.
+    fn record_errno(&self, errno: i32) -> Result<()> {
+        debug_assert!(self.is_aborted(), "s_errno only records an abort");
+        let mut sb = self.sb.lock();
+        if sb.errno != 0 {
+            return Ok(());
+        }
+        sb.errno = errno;
+        self.area.store_superblock(&mut sb)?;
+        self.area.dev.flush()?;
+        Ok(())
     }
 
     pub fn is_aborted(&self) -> bool {

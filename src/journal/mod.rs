@@ -241,6 +241,7 @@ impl Journal {
             transaction,
             credits,
             dirtied: Cell::new(0),
+            changed: Cell::new(false),
             sync: Cell::new(self.config.sync_all),
             depth: Cell::new(1),
             held: RefCell::new(Some(held)),
@@ -502,6 +503,10 @@ struct HandleState {
     transaction: Option<Arc<Transaction>>,
     credits: u32,
     dirtied: Cell<u32>,
+    /// Some level asked for write access to a block or freed blocks: the
+    /// operation may have changed the filesystem (an error after this
+    /// leaves half of it in the transaction: `Handle::changed`).
+    changed: Cell<bool>,
     sync: Cell<bool>,
     /// Levels started and not yet stopped.
     depth: Cell<u32>,
@@ -551,6 +556,7 @@ impl<'j> Handle<'j> {
     /// joins the transaction now (O(1), no copy); unjournaled, it is marked
     /// dirty when the guard drops.
     pub fn get_write_access<'h>(&'h self, buffer: &'h Arc<Buffer>) -> Result<MetaGuard<'h, 'j>> {
+        self.state.changed.set(true);
         if let (Mode::Jbd2(jbd2), Some(transaction)) = (&self.journal.mode, &self.state.transaction)
             && jbd2.register(transaction, buffer)
         {
@@ -574,6 +580,7 @@ impl<'j> Handle<'j> {
     /// data); no freed block is handed out again before this transaction is
     /// durable.
     pub fn free_blocks(&self, start: u64, count: u64, metadata: bool) {
+        self.state.changed.set(true);
         match (&self.journal.mode, &self.state.transaction) {
             (Mode::Jbd2(jbd2), Some(transaction)) => {
                 jbd2.free_blocks_in(transaction, start, count, metadata)
@@ -606,6 +613,13 @@ impl<'j> Handle<'j> {
 
     pub fn is_sync(&self) -> bool {
         self.state.sync.get()
+    }
+
+    /// Whether this operation (any of its levels) took write access to a
+    /// block or freed blocks: if it now fails, its transaction may hold
+    /// half of it.
+    pub fn changed(&self) -> bool {
+        self.state.changed.get()
     }
 
     /// How many handles of this operation are open (1 for the outermost).

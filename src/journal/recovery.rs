@@ -132,6 +132,7 @@ impl JournalArea {
     }
 }
 
+#[track_caller]
 fn ensure_format_journal(condition: bool, block: u64, detail: &str) -> Result<()> {
     if condition {
         Ok(())

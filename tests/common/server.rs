@@ -142,8 +142,22 @@ impl Server {
     }
 
     /// `jext4 umount`: detach, wait for the server to write everything and
-    /// exit. Panics if it does not exit within the timeout (then kills it).
-    pub fn unmount(mut self) -> Ending {
+    /// exit. Panics if it does not exit within the timeout (then kills it)
+    /// or if `jext4 umount` failed.
+    pub fn unmount(self) -> Ending {
+        let (output, ending) = self.unmount_reporting();
+        assert!(
+            output.status.success(),
+            "jext4 umount failed: {}\nserver log:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            ending.log
+        );
+        ending
+    }
+
+    /// `unmount`, returning what `jext4 umount` said however it ended (it
+    /// reports a journal the server aborted, say).
+    pub fn unmount_reporting(mut self) -> (std::process::Output, Ending) {
         let output = Command::new(JEXT4)
             .arg("umount")
             .arg(&self.mountpoint)
@@ -166,16 +180,11 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        assert!(
-            output.status.success(),
-            "jext4 umount failed: {}\nserver log:\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            self.read_log()
-        );
-        Ending {
+        let ending = Ending {
             status,
             log: self.read_log(),
-        }
+        };
+        (output, ending)
     }
 }
 
