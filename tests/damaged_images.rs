@@ -262,3 +262,133 @@ fn rm_meeting_a_damaged_extent_leaf_leaves_the_disk_as_it_was() {
         "the superblock records the error:\n{header}"
     );
 }
+
+/// A 1 KiB-block image whose `/big` holds `count` empty files (an htree
+/// of one index level), made by `mke2fs -d` with `args` and indexed by
+/// `e2fsck -D`; returns the image and the names.
+fn htree_image(
+    dir: &Path,
+    name: &str,
+    count: usize,
+    args: &[&str],
+) -> (std::path::PathBuf, Vec<String>) {
+    let source = dir.join(format!("{name}-source"));
+    std::fs::create_dir_all(source.join("big")).unwrap();
+    let names: Vec<String> = (0..count)
+        .map(|i| format!("entry-{i:05}-{}", i * 7919 % 1000))
+        .collect();
+    for name in &names {
+        std::fs::write(source.join("big").join(name), b"").unwrap();
+    }
+    let mut all = vec!["-t", "ext4", "-b", "1024", "-d", source.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let image = mkfs(dir, name, 32, &all);
+    // mke2fs -d writes directories linearly; e2fsck -D indexes them.
+    let status = Command::new("e2fsck")
+        .args(["-fyD"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.code().unwrap_or(8) <= 1,
+        "e2fsck -fyD: {status:?}"
+    );
+    assert!(
+        common::journal::debugfs_commands(&image, "htree /big").contains("Root node dump"),
+        "/big is an htree"
+    );
+    (image, names)
+}
+
+/// The physical block of `/big`'s htree root, and the bytes of that block.
+fn htree_root(image: &Path) -> (u64, Vec<u8>) {
+    let text = common::journal::debugfs_commands(image, "blocks /big");
+    let first: u64 = text
+        .split_whitespace()
+        .find_map(|word| word.parse().ok())
+        .unwrap_or_else(|| panic!("no blocks for /big: {text}"));
+    let bytes = std::fs::read(image).unwrap();
+    (
+        first,
+        bytes[first as usize * 1024..first as usize * 1024 + 1024].to_vec(),
+    )
+}
+
+fn write_block(image: &Path, block: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().write(true).open(image).unwrap();
+    file.write_all_at(bytes, block * 1024).unwrap();
+}
+
+/// Names in a listing through the mount, sorted, with duplicates kept.
+fn listed(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        names.push(entry?.file_name().into_string().unwrap());
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// A damaged htree index that each node's own checks pass — two index
+/// entries naming one leaf, so that a walk through it would list that
+/// leaf twice and another not at all — and one whose root fails its
+/// checks: either way every name is listed once and found by lookup (the
+/// leaves are read linearly, as ext4_readdir and ext4_find_entry fall
+/// back to), the damage is logged once, no name is added through the
+/// damaged index (EUCLEAN, as the kernel on a checksummed filesystem),
+/// names can still be removed, and nothing else is left on the image.
+#[test]
+fn damaged_htree_index_lists_and_finds_every_name() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Without checksums the redirected entry passes every node check.
+    let (redirected, names) =
+        htree_image(dir.path(), "redirected", 3000, &["-O", "^metadata_csum"]);
+    let (root_block, mut root) = htree_root(&redirected);
+    let entry = |i: usize| 32 + 8 * i;
+    let second_leaf = root[entry(1) + 4..entry(1) + 8].to_vec();
+    root[entry(2) + 4..entry(2) + 8].copy_from_slice(&second_leaf);
+    write_block(&redirected, root_block, &root);
+    // With checksums: a count above the limit.
+    let (bad_count, _) = htree_image(dir.path(), "count", 3000, &[]);
+    let (root_block, mut root) = htree_root(&bad_count);
+    root[34..36].copy_from_slice(&500u16.to_le_bytes());
+    write_block(&bad_count, root_block, &root);
+
+    for image in [&redirected, &bad_count] {
+        let before = fsck_problems(image);
+        assert!(
+            !before.is_empty(),
+            "e2fsck sees the damage of {}",
+            image.display()
+        );
+        let server = Server::start(image, "");
+        let big = server.mountpoint.join("big");
+        let mut expected = names.clone();
+        expected.sort();
+        let names_listed = listed(&big)
+            .unwrap_or_else(|e| panic!("listing {}: {e}\n{}", image.display(), server.read_log()));
+        assert_eq!(names_listed, expected, "listing of {}", image.display());
+        for name in names.iter().step_by(97) {
+            std::fs::metadata(big.join(name)).unwrap_or_else(|e| panic!("stat {name}: {e}"));
+        }
+        let refused =
+            std::fs::write(big.join("new-name"), b"").expect_err("add through a damaged index");
+        assert_eq!(refused.raw_os_error(), Some(libc::EUCLEAN), "{refused}");
+        let (_, ending) = server.unmount_reporting();
+        let damaged_lines = ending
+            .log
+            .lines()
+            .filter(|l| l.contains("ERROR damaged htree index"))
+            .count();
+        assert_eq!(damaged_lines, 1, "log:\n{}", ending.log);
+        assert_eq!(
+            fsck_problems(image),
+            before,
+            "only the damage that was there"
+        );
+    }
+}

@@ -159,6 +159,7 @@ fn write_directory(prep: &Prepared, work: impl FnOnce(&mut TestDir, &Journal) ->
         map: debugfs_blocks(&prep.image, prep.dir_ino),
         indexed: inode.has_flag(flags::INDEX),
         alloc: Box::new(move || shared.borrow_mut().alloc()),
+        index_damaged: None,
     };
     let model = work(&mut d, &journal);
     let stats = dir::check(&mut d).unwrap();

@@ -84,6 +84,12 @@ pub trait DirBlocks {
     /// The inode's INDEX (htree) flag.
     fn is_indexed(&self) -> bool;
     fn set_indexed(&mut self, indexed: bool);
+    /// Whether this mount found the directory's htree index damaged: then
+    /// its leaves are read linearly, and nothing is added through it.
+    fn index_damaged(&self) -> bool;
+    /// The index failed a check (`why`): remember it for this mount and
+    /// say so once.
+    fn note_index_damaged(&mut self, why: &Error);
 }
 
 /// One directory entry as readdir reports it.
@@ -657,7 +663,23 @@ pub fn lookup(d: &mut dyn DirBlocks, name: &[u8]) -> Result<Option<EntryLocation
         if is_dot_or_dotdot(name) {
             return lookup_dots(d, &fmt, name);
         }
-        return htree::lookup(d, &fmt, name);
+        if !d.index_damaged() {
+            match htree::lookup(d, &fmt, name) {
+                Err(error) if error.is_corruption() => d.note_index_damaged(&error),
+                found => return found,
+            }
+        }
+        // ext4_find_entry: a bad index (ERR_BAD_DX_DIR) falls back to a
+        // linear search of the leaves.
+        return htree::leaf_blocks(d, &fmt)?
+            .into_iter()
+            .find_map(|lblk| {
+                read_leaf(d, &fmt, lblk)
+                    .and_then(|buffer| find_name(&fmt, &buffer.read(), lblk, name))
+                    .map(|found| found.map(|record| location_of(&record, lblk)))
+                    .transpose()
+            })
+            .transpose();
     }
     for lblk in 0..d.block_count() {
         let buffer = read_leaf(d, &fmt, lblk)?;
@@ -724,6 +746,7 @@ fn insert_entry(
     entry: &DirEntry,
 ) -> Result<()> {
     if uses_htree(d, fmt) {
+        refuse_damaged_index(d, fmt)?;
         return htree::add(d, handle, fmt, entry);
     }
     let blocks = d.block_count();
@@ -772,6 +795,7 @@ pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
     check_name(name)?;
     let fmt = Format::of(d);
     let blocks = if uses_htree(d, &fmt) {
+        refuse_damaged_index(d, &fmt)?;
         htree::add_new_blocks(d, &fmt, name)?
     } else {
         linear_add_new_blocks(d, &fmt, name)?
@@ -781,6 +805,30 @@ pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
         return Ok(0);
     }
     Ok(blocks as u64 + d.append_cost(blocks)?)
+}
+
+/// A name goes into an htree through its index: into a damaged one it
+/// could land in a leaf no lookup reaches. The kernel refuses then too
+/// ("Directory has corrupted htree index", EFSCORRUPTED, on metadata_csum
+/// filesystems; without checksums it would turn the directory linear).
+fn refuse_damaged_index(d: &dyn DirBlocks, fmt: &Format) -> Result<()> {
+    if !uses_htree(d, fmt) {
+        return Ok(());
+    }
+    if d.index_damaged() {
+        return Err(Error::corrupt(
+            fmt.location(0),
+            "directory has a damaged htree index (e2fsck -fD rebuilds it)",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a name may be added to the directory, as far as this mount
+/// knows the directory: callers ask before they change anything, so that
+/// a refusal leaves nothing to undo.
+pub fn check_addable(d: &dyn DirBlocks) -> Result<()> {
+    refuse_damaged_index(d, &Format::of(d))
 }
 
 /// `insert_entry`'s choice for a linear directory, without the change.
@@ -905,12 +953,20 @@ pub fn init_dir(
 }
 
 /// Block 0, verified as an htree root or as a leaf.
+/// Block 0, for its "." and "..": checked as the htree root while the
+/// index is trusted; once it is not, only the two records are (the kernel
+/// finds them in block 0 without the index, too).
 pub(crate) fn read_block0(d: &mut dyn DirBlocks, fmt: &Format) -> Result<Arc<Buffer>> {
-    if uses_htree(d, fmt) {
-        htree::read_root(d, fmt)
-    } else {
-        read_leaf(d, fmt, 0)
+    if !uses_htree(d, fmt) {
+        return read_leaf(d, fmt, 0);
     }
+    if !d.index_damaged() {
+        match htree::read_root(d, fmt) {
+            Err(error) if error.is_corruption() => d.note_index_damaged(&error),
+            root => return root,
+        }
+    }
+    read_dir_block(d, fmt, 0)
 }
 
 /// The inode ".." names.

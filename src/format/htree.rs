@@ -1105,7 +1105,10 @@ pub(crate) fn read_entries(
     if target >= POSITION_END {
         return Ok(());
     }
-    if !indexed {
+    if indexed {
+        return read_indexed_or_leaves(d, fmt, target, emit);
+    }
+    {
         let hasher = Hasher::new(fmt, default_root_version(fmt));
         let mut listed = Vec::new();
         let block = block0.read();
@@ -1117,9 +1120,79 @@ pub(crate) fn read_entries(
         }
         drop(block);
         emit_in_order(listed, target, emit);
-        return Ok(());
+        Ok(())
     }
-    read_indexed(d, fmt, target, emit)
+}
+
+/// List an htree directory from `target` in hash order: through its index
+/// when it is sound, else from every leaf read in block order and sorted
+/// (ext4_readdir's fallback after ERR_BAD_DX_DIR) — the same positions
+/// either way, so a listing that meets the damage half way goes on where
+/// it was. A listing that starts checks the whole index first (the walk
+/// reads every leaf anyway): an index that passes each node's own checks
+/// can still send two entries to one leaf and none to another, and a walk
+/// through it would list names twice and lose others without an error.
+fn read_indexed_or_leaves(
+    d: &mut dyn DirBlocks,
+    fmt: &Format,
+    target: u64,
+    emit: &mut dyn FnMut(&DirEntry, u64) -> bool,
+) -> Result<()> {
+    if target == 0 && !d.index_damaged() {
+        match check(d, fmt) {
+            Err(error) if error.is_corruption() => d.note_index_damaged(&error),
+            checked => {
+                checked?;
+            }
+        }
+    }
+    let mut resume = target;
+    if !d.index_damaged() {
+        let walked = read_indexed(d, fmt, target, &mut |entry, next| {
+            resume = next - COOKIE_ENTRIES;
+            emit(entry, next)
+        });
+        match walked {
+            Err(error) if error.is_corruption() => d.note_index_damaged(&error),
+            walked => return walked,
+        }
+    }
+    let hasher = Hasher::new(fmt, root_version_or_default(d, fmt));
+    let mut listed = Vec::new();
+    for lblk in leaf_blocks(d, fmt)? {
+        let buffer = read_leaf(d, fmt, lblk)?;
+        let block = buffer.read();
+        for record in Records::leaf(fmt, &block, lblk) {
+            let record = record?;
+            if record.is_live() {
+                listed.push(Listed::new(&hasher, record.to_entry(&block)));
+            }
+        }
+    }
+    emit_in_order(listed, resume, emit);
+    Ok(())
+}
+
+/// The hash version the root names, or the filesystem's default when the
+/// root itself does not decode (the names are still listed in some order).
+fn root_version_or_default(d: &mut dyn DirBlocks, fmt: &Format) -> u8 {
+    read_dir_block(d, fmt, 0)
+        .ok()
+        .and_then(|root| decode_root(fmt, &root.read()).ok())
+        .map_or_else(|| default_root_version(fmt), |info| info.version)
+}
+
+/// The blocks of an htree directory that may hold names: all but the root
+/// and the interior index nodes, in block order (the linear view of
+/// ext4_readdir and ext4_find_entry when the index cannot be trusted).
+pub(crate) fn leaf_blocks(d: &mut dyn DirBlocks, fmt: &Format) -> Result<Vec<u64>> {
+    let mut leaves = Vec::new();
+    for lblk in 1..d.block_count() {
+        if !is_index_node(d, fmt, lblk)? {
+            leaves.push(lblk);
+        }
+    }
+    Ok(leaves)
 }
 
 /// Walk the leaves from the one holding `target`'s hash. Leaves joined by

@@ -37,6 +37,29 @@ fn append_cost(core: &Core, ino: u32, inode: &Inode, blocks: u32) -> Result<u64>
     mapping::append_cost(&core.geo, &core.cache, ino, inode, lblk, blocks)
 }
 
+fn index_damaged(core: &Core, ino: u32) -> bool {
+    core.damaged_indexes.lock().contains(&ino)
+}
+
+/// Remember that directory `ino`'s htree index is damaged and log it the
+/// first time (the kernel warns from dx_probe and falls back to a linear
+/// scan; e2fsck -fD rebuilds the index).
+fn note_index_damaged(core: &Core, ino: u32, why: &Error) {
+    if core.damaged_indexes.lock().insert(ino) {
+        let found_in = match why {
+            Error::Corrupt { origin, .. } => origin.to_string(),
+            _ => String::new(),
+        };
+        tracing::error!(
+            directory = ino,
+            error = %why,
+            %found_in,
+            "damaged htree index; its leaves are read linearly and no name is added \
+             to it until e2fsck -fD rebuilds it"
+        );
+    }
+}
+
 pub(crate) struct DirReader<'a> {
     core: &'a Core,
     ino: u32,
@@ -86,6 +109,12 @@ impl DirBlocks for DirReader<'_> {
     }
     fn set_indexed(&mut self, _indexed: bool) {
         debug_assert!(false, "a DirReader never changes a directory");
+    }
+    fn index_damaged(&self) -> bool {
+        index_damaged(self.core, self.ino)
+    }
+    fn note_index_damaged(&mut self, why: &Error) {
+        note_index_damaged(self.core, self.ino, why)
     }
 }
 
@@ -160,6 +189,12 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
         } else {
             self.inode.flags &= !flags::INDEX;
         }
+    }
+    fn index_damaged(&self) -> bool {
+        index_damaged(self.tx.core, self.ino)
+    }
+    fn note_index_damaged(&mut self, why: &Error) {
+        note_index_damaged(self.tx.core, self.ino, why)
     }
 }
 

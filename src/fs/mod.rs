@@ -244,6 +244,11 @@ pub(crate) struct Core {
     pub windows: prealloc::Windows,
     /// File data held by delayed allocation (a leaf lock).
     pub delayed: delalloc::Delayed,
+    /// Directories whose htree index this mount found damaged: their
+    /// lookups and listings read the leaves linearly, as the kernel does
+    /// once dx_probe fails (`ERR_BAD_DX_DIR`), and names are not added
+    /// through the index (a leaf lock).
+    pub damaged_indexes: Mutex<NumberSet<u32>>,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -310,6 +315,7 @@ impl Core {
                 delalloc_limit(&options),
             ),
             orphans: Orphans::new(),
+            damaged_indexes: Mutex::new(NumberSet::default()),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
             fast_commit: fast_commit::Tracker::attach(&geo, &journal, options.fast_commit_global),

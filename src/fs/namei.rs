@@ -93,8 +93,11 @@ impl Tx<'_, '_> {
     }
 
     /// Charge adding entry `name` to directory `dir` (the bound while far
-    /// from full, the exact cost near it).
+    /// from full, the exact cost near it). Refuses first what
+    /// `dir::add_entry` would refuse on disk grounds, before anything
+    /// changes.
     fn charge_entry(&mut self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<()> {
+        dir::check_addable(&DirReader::new(self.core, dir, dir_inode))?;
         let bound = entry_cost_bound(&self.core.geo, dir_inode);
         self.charge_bounded(bound, |tx| tx.entry_cost(dir, dir_inode, name))
     }
@@ -210,6 +213,7 @@ impl Tx<'_, '_> {
         )?;
         // The whole cost first: a full volume fails the create before
         // anything is allocated (and so freed again).
+        dir::check_addable(&DirReader::new(self.core, parent, &parent_inode))?;
         let content = new_node_blocks(&self.core.geo, &node) + parent_default.is_some() as u64;
         let bound = content + entry_cost_bound(&self.core.geo, &parent_inode);
         self.charge_bounded(bound, |tx| {

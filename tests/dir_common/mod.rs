@@ -30,6 +30,9 @@ pub struct TestDir {
     pub map: Vec<u64>,
     pub indexed: bool,
     pub alloc: Box<dyn FnMut() -> Option<u64>>,
+    /// Where the htree code first found the index damaged (the engine
+    /// keeps this per mount).
+    pub index_damaged: Option<jext4::error::Location>,
 }
 
 impl DirBlocks for TestDir {
@@ -73,6 +76,14 @@ impl DirBlocks for TestDir {
     }
     fn set_indexed(&mut self, indexed: bool) {
         self.indexed = indexed;
+    }
+    fn index_damaged(&self) -> bool {
+        self.index_damaged.is_some()
+    }
+    fn note_index_damaged(&mut self, why: &Error) {
+        if let Error::Corrupt { location, .. } = why {
+            self.index_damaged.get_or_insert(*location);
+        }
     }
 }
 
@@ -253,6 +264,7 @@ pub fn image_dir(image: &Path, ino: u32) -> TestDir {
         ino,
         map,
         alloc: Box::new(|| None),
+        index_damaged: None,
     }
 }
 
@@ -357,6 +369,7 @@ impl MemEnv {
                     next - 1
                 })
             }),
+            index_damaged: None,
         }
     }
 }
