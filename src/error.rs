@@ -50,8 +50,11 @@ impl fmt::Display for Location {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The device failed a read, write or flush.
-    #[error("I/O error: {0}")]
+    /// The device failed a read, write or flush — or an open was refused
+    /// (in use, permission, no such device): the Display says "I/O error"
+    /// only for the failures (`io_error_is_failure`), since a refusal
+    /// already says what refused.
+    #[error("{prefix}{0}", prefix = if io_error_is_failure(.0) { "I/O error: " } else { "" })]
     Io(#[from] std::io::Error),
     /// An on-disk structure is inconsistent (bad magic, bad checksum,
     /// out-of-range pointer). The filesystem turns read-only when this is seen.
@@ -107,6 +110,28 @@ pub enum Error {
     InvalidMove,
     #[error("device or resource busy")]
     Busy,
+}
+
+/// Whether an `io::Error` is a failure of the device (EIO, a short read
+/// or write, a dropped connection) rather than a refusal that names its
+/// reason (in use, permission denied, not found, read-only, bad input).
+pub fn io_error_is_failure(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    !matches!(
+        error.kind(),
+        PermissionDenied
+            | ResourceBusy
+            | NotFound
+            | AlreadyExists
+            | InvalidInput
+            | ReadOnlyFilesystem
+            | Unsupported
+            | IsADirectory
+            | NotADirectory
+            | ConnectionRefused
+            | AddrInUse
+            | WouldBlock
+    )
 }
 
 impl Error {
@@ -175,5 +200,29 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         text.clone()
     } else {
         "(no message)".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    #[test]
+    fn io_display_names_failures_and_leaves_refusals_alone() {
+        let failed = Error::Io(io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(
+            failed.to_string(),
+            "I/O error: Input/output error (os error 5)"
+        );
+        let busy = Error::Io(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            "in use by pid 7",
+        ));
+        assert_eq!(busy.to_string(), "in use by pid 7");
+        let denied = Error::Io(io::Error::from_raw_os_error(libc::EACCES));
+        assert_eq!(denied.to_string(), "Permission denied (os error 13)");
+        let short = Error::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "short read"));
+        assert_eq!(short.to_string(), "I/O error: short read");
     }
 }

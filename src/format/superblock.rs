@@ -382,6 +382,16 @@ impl Superblock {
             "bad magic {magic:#06x} (not an ext2/3/4 filesystem)"
         );
         let incompat = get_u32(&raw[..], S_FEATURE_INCOMPAT);
+        if incompat & incompat::JOURNAL_DEV != 0 {
+            // mke2fs -O journal_dev: an ext4 superblock that only names the
+            // journal (its JBD2 superblock follows in the next block); every
+            // filesystem field is zero.
+            return Err(Error::Unsupported(
+                "this is an ext4 external journal device (journal_dev), not a filesystem: \
+                 mount the filesystem whose journal it holds"
+                    .into(),
+            ));
+        }
         let ro_compat = get_u32(&raw[..], S_FEATURE_RO_COMPAT);
         let bit64 = incompat & incompat::BIT64 != 0;
         let hi = |offset: usize| {
@@ -729,7 +739,49 @@ pub fn read_from(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
     }
     let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    Superblock::decode(&bytes)
+    Superblock::decode(&bytes).map_err(|error| match error {
+        Error::Corrupt { location, detail } => Error::Corrupt {
+            location,
+            detail: detail + &backup_hint(dev),
+        },
+        error => error,
+    })
+}
+
+/// For a primary superblock that does not decode: where a backup is, and
+/// how to use it (e2fsck's "try running e2fsck with an alternate
+/// superblock"). Nothing of the primary can be trusted, so each block
+/// size is tried with mke2fs's geometry (8 × block size blocks per group;
+/// the backups of groups 1, 3 and 5 exist with and without sparse_super).
+fn backup_hint(dev: &dyn crate::dev::BlockDevice) -> String {
+    const GROUPS_TRIED: [u64; 3] = [1, 3, 5];
+    for log_block_size in 0..=6u32 {
+        let block_size = 1024u64 << log_block_size;
+        let first_data_block = u64::from(block_size == 1024);
+        for group in GROUPS_TRIED {
+            let block = first_data_block + group * 8 * block_size;
+            let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+            let offset = block * block_size;
+            if offset + SUPERBLOCK_SIZE as u64 > dev.size_bytes()
+                || dev.read_at(offset, &mut bytes).is_err()
+            {
+                continue;
+            }
+            let found = Superblock::decode(&bytes).is_ok_and(|backup| {
+                backup.block_size() as u64 == block_size
+                    && backup.blocks_per_group as u64 == 8 * block_size
+            });
+            if found {
+                let in_kibibytes = offset / 1024;
+                return format!(
+                    "; a backup superblock is at block {block} ({block_size}-byte blocks): \
+                     `e2fsck -b {block} -B {block_size} IMAGE` repairs the primary from it \
+                     (the kernel mounts from it with `-o sb={in_kibibytes}`)"
+                );
+            }
+        }
+    }
+    String::new()
 }
 
 /// Encode `sb` and write it straight to its place on `dev`, then flush:

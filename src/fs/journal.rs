@@ -23,7 +23,11 @@
 //!    replayed, or were never there: the image is plain ext4 again).
 //!
 //! When recovery stops short, e2fsck still resets the journal and clears
-//! needs_recovery, but leaves the filesystem not clean; so does this.
+//! needs_recovery, but leaves the filesystem not clean; so does `jext4
+//! recover`. A mount does what the kernel's does instead
+//! (`replay_for_mount`): it writes the valid log home, then refuses,
+//! leaving the journal and needs_recovery for e2fsck, so that no later
+//! mount skips the check.
 
 use super::group::Groups;
 use super::inode::read_inode_with;
@@ -76,6 +80,28 @@ pub(crate) fn journal_blocks(geo: &Geometry, cache: &BufferCache) -> Result<Vec<
     Ok(blocks)
 }
 
+/// The journal of a filesystem about to be mounted, its superblock
+/// checked: the kernel refuses a mount (read-only too, unless `noload`)
+/// whose journal inode or journal superblock does not load ("no valid
+/// journal superblock found", "journal checksum error"), and e2fsck -fy
+/// repairs it (it clears the journal and makes a new one).
+pub(crate) fn checked_journal_area(
+    geo: &Geometry,
+    dev: &Arc<dyn BlockDevice>,
+) -> Result<JournalArea> {
+    let area = journal_area(geo, dev).and_then(|area| area.load_superblock().map(|_| area));
+    area.map_err(|error| match error {
+        Error::Corrupt { location, detail } => Error::Corrupt {
+            location,
+            detail: format!(
+                "{detail}: `e2fsck -fy IMAGE` repairs the journal (it makes a new one); \
+                 `-o ro,noload` reads the filesystem without it"
+            ),
+        },
+        error => error,
+    })
+}
+
 /// The journal as a `JournalArea` on `dev` (a short-lived cache reads the
 /// journal inode and its mapping).
 pub(crate) fn journal_area(geo: &Geometry, dev: &Arc<dyn BlockDevice>) -> Result<JournalArea> {
@@ -107,7 +133,8 @@ pub(crate) fn recover_if_needed(
         return Err(Error::corrupt(
             Location::Journal { block: 0 },
             format!(
-                "journal recovery stopped short ({problem}); the filesystem needs a full e2fsck -f"
+                "journal recovery stopped short ({problem}); the journal was reset and the \
+                 filesystem marked for a full check: `e2fsck -fy IMAGE` repairs it"
             ),
         ));
     }
@@ -117,6 +144,58 @@ pub(crate) fn recover_if_needed(
         "journal replayed"
     );
     Ok(Some(report))
+}
+
+/// A mount's replay, as the kernel's (`jbd2_journal_recover`, then
+/// `jbd2_journal_load`): the valid log is written home; then a log that
+/// recovery could not finish — a recovery problem, or a transaction whose
+/// commit block fails its checksum — refuses the mount and is left as it
+/// is, needs_recovery included, so that every mount refuses it until
+/// e2fsck has replayed it and checked the filesystem. (`jext4 recover`,
+/// like `e2fsck -E journal_only`, resets such a log instead and marks the
+/// filesystem for a full check.) Returns the report when something was
+/// replayed.
+pub(crate) fn replay_for_mount(
+    geo: &Geometry,
+    sb: &Superblock,
+    dev: &Arc<dyn BlockDevice>,
+) -> Result<Option<RecoveryReport>> {
+    let area = checked_journal_area(geo, dev)?;
+    if !sb.has_incompat(incompat::RECOVER) {
+        if sb.has_incompat(incompat::BYTELOG) {
+            tracing::info!("clearing a stale BYTELOG flag");
+            clear_needs_recovery(&**dev)?;
+        }
+        return Ok(None);
+    }
+    refuse_external_journal(sb)?;
+    let replayed = recovery::replay(&area, super::fast_commit::replay)?;
+    if let Some(why) = unfinished(&replayed.report) {
+        return Err(Error::corrupt(
+            Location::Journal { block: 0 },
+            format!(
+                "{why}; the journal is kept as it is and no mount can use it: \
+                 `e2fsck -fy IMAGE` replays what is valid and repairs the filesystem"
+            ),
+        ));
+    }
+    let report = finish_recovery(&area, replayed)?;
+    tracing::info!(
+        transactions = report.transactions_replayed,
+        blocks = report.blocks_replayed,
+        "journal replayed"
+    );
+    Ok(Some(report))
+}
+
+/// Why the kernel would not finish this replay, if it would not.
+fn unfinished(report: &RecoveryReport) -> Option<String> {
+    if let Some(problem) = &report.problem {
+        return Some(format!("journal recovery failed: {problem}"));
+    }
+    report.failed_commit.map(|tid| {
+        format!("journal transaction {tid} is corrupt (its commit block fails its checksum)")
+    })
 }
 
 /// Whether the filesystem on `dev` says its journal must be replayed
@@ -147,6 +226,13 @@ where
         return recovery::check_log_empty(area);
     }
     let replayed = recovery::replay(area, replay_fast_commits)?;
+    finish_recovery(area, replayed)
+}
+
+/// After the replay: the error state it found, the journal reset,
+/// needs_recovery cleared — in the order the module's preamble explains.
+fn finish_recovery(area: &JournalArea, replayed: recovery::Replayed) -> Result<RecoveryReport> {
+    let dev = &*area.dev;
     let (errors, stopped_short) = (replayed.found_errors(), replayed.report.problem.is_some());
     if errors || stopped_short {
         update_superblock(dev, |sb| {
@@ -207,10 +293,7 @@ fn open_journaled(
     read_only: bool,
 ) -> Result<(Arc<dyn BlockDevice>, Superblock, Geometry)> {
     let dev = crate::dev::open_image(path, read_only)?;
-    let (sb, geo) = journaled_superblock(&dev).map_err(|error| match error {
-        Error::Invalid(detail) => Error::Invalid(format!("{}: {detail}", path.display())),
-        error => error,
-    })?;
+    let (sb, geo) = journaled_superblock(&dev)?;
     Ok((dev, sb, geo))
 }
 
@@ -304,8 +387,7 @@ fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
 /// mount, which is when one wants to know.
 pub fn image_stats(path: &std::path::Path) -> Result<String> {
     let dev = crate::dev::open_image(path, true)?;
-    let sb = crate::format::superblock::read_from(&*dev)
-        .map_err(|error| Error::Invalid(format!("{}: {error}", path.display())))?;
+    let sb = crate::format::superblock::read_from(&*dev)?;
     let geo = Geometry::from_superblock(&sb);
     use crate::format::superblock::{STATE_ERROR, STATE_VALID, compat, incompat};
     let mut lines = vec![

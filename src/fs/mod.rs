@@ -1345,6 +1345,7 @@ fn recover_for_mount(
 ) -> Result<Option<journal::JournalArea>> {
     let geo = Geometry::from_superblock(sb);
     if options.read_only {
+        journal::checked_journal_area(&geo, dev)?;
         if sb.has_incompat(superblock::incompat::RECOVER) {
             return Err(Error::Unsupported(
                 "the journal needs recovery, which a read-only mount cannot write: mount \
@@ -1354,7 +1355,7 @@ fn recover_for_mount(
         }
         return Ok(None);
     }
-    if journal::recover_if_needed(&geo, sb, dev)?.is_some() {
+    if journal::replay_for_mount(&geo, sb, dev)?.is_some() {
         *sb = superblock::read_from(&**dev)?;
     }
     Ok(Some(journal::journal_area(&geo, dev)?))

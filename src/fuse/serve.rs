@@ -222,12 +222,7 @@ pub fn serve(
         Arc::clone(&syncs),
         Arc::clone(&turns),
     );
-    let session = fuser::Session::new(session, mountpoint, &config).map_err(|error| {
-        Error::Io(std::io::Error::new(
-            error.kind(),
-            format!("cannot mount on {}: {error}", mountpoint.display()),
-        ))
-    })?;
+    let session = open_session(session, mountpoint, &config).map_err(Error::Io)?;
     let _ = notifier.set(session.notifier());
     turns.set_fd(session.as_fd().as_raw_fd());
     let uring_taken = uring_taken.get().copied().unwrap_or(false);
@@ -249,6 +244,63 @@ pub fn serve(
     reporter.stop(&fs, &metrics);
     served.map_err(Error::Io)?;
     unmounted
+}
+
+/// Mount and open the session. fuser opens `/dev/fuse` itself, and falls
+/// back to the setuid `fusermount3` when mount(2) is refused (not root).
+/// Where the user may not open `/dev/fuse` at all (mode 0600, or 0660 with
+/// a group the user is not in), FUSE is closed to that user: `fusermount3`
+/// opens the device with the caller's own rights too (libfuse's
+/// `try_open_fuse_device` drops privileges around the open), and so does
+/// libfuse's own mount. That refusal is said as such, not as a failure of
+/// the mount point.
+fn open_session(
+    session: DevSession,
+    mountpoint: &Path,
+    config: &Config,
+) -> std::io::Result<fuser::Session<DevSession>> {
+    if let Some(refusal) = dev_fuse_refusal() {
+        return Err(refusal);
+    }
+    fuser::Session::new(session, mountpoint, config).map_err(|error| {
+        std::io::Error::new(
+            error.kind(),
+            format!("cannot mount on {}: {error}", mountpoint.display()),
+        )
+    })
+}
+
+/// Why this process may not open `/dev/fuse`, if it may not.
+fn dev_fuse_refusal() -> Option<std::io::Error> {
+    use std::os::unix::fs::MetadataExt;
+    const DEV_FUSE: &str = "/dev/fuse";
+    let error = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(DEV_FUSE)
+        .err()?;
+    if error.kind() != std::io::ErrorKind::PermissionDenied {
+        return None; // missing device, ENODEV: fuser's own message says it
+    }
+    let shape = std::fs::metadata(DEV_FUSE).map_or_else(
+        |_| String::new(),
+        |meta| {
+            format!(
+                " (mode {:04o}, owner {}, group {})",
+                meta.mode() & 0o7777,
+                meta.uid(),
+                meta.gid()
+            )
+        },
+    );
+    Some(std::io::Error::new(
+        error.kind(),
+        format!(
+            "cannot mount: this user may not open {DEV_FUSE}{shape}, so FUSE is closed to it \
+             (fusermount3 opens the device with the user's own rights too); make {DEV_FUSE} \
+             readable and writable for the user (mode 0666 is the usual setting) or mount as root"
+        ),
+    ))
 }
 
 /// Whether to ask the kernel for FUSE over io_uring: `auto` where the
