@@ -14,7 +14,8 @@
 //! - no panic, no hang (every step has a time limit), the read-only copy
 //!   unchanged, the data written read back as written;
 //! - every error jext4 returns for what it found on disk is in its log,
-//!   with a location, once.
+//!   with a location, once (the same location and detail on two lines
+//!   fails "log once").
 
 use super::damage::{self, Damage, Kind};
 use super::fsck;
@@ -308,13 +309,18 @@ fn compare(run: &mut Run) {
             ("read-only", &run.jext4_read_only),
         ] {
             if let Some(walk) = side.walk() {
-                compare_walks(label, kernel_walk, walk, &mut findings, &mut notes);
+                let views = Views {
+                    kernel: kernel_walk,
+                    ours: walk,
+                    debugfs: &run.debugfs,
+                };
+                compare_walks(label, &views, &mut findings, &mut notes);
             }
         }
     }
     compare_debugfs(run, &mut findings, &mut notes);
     compare_fsck(run, &mut findings, &mut notes);
-    check_log(run, &mut findings, &mut notes);
+    check_log(run, &mut findings);
     if run.damaged_fsck.exit_code == 0 {
         compare_clean_image(run, &mut findings);
     }
@@ -401,13 +407,15 @@ fn few<T: std::fmt::Display>(items: &[T]) -> String {
     }
 }
 
-fn compare_walks(
-    label: &str,
-    kernel: &Walk,
-    ours: &Walk,
-    findings: &mut Vec<Finding>,
-    notes: &mut Vec<String>,
-) {
+/// What the kernel's walk, jext4's walk and debugfs saw.
+struct Views<'a> {
+    kernel: &'a Walk,
+    ours: &'a Walk,
+    debugfs: &'a BTreeMap<String, Vec<Vec<u8>>>,
+}
+
+fn compare_walks(label: &str, views: &Views, findings: &mut Vec<Finding>, notes: &mut Vec<String>) {
+    let (kernel, ours) = (views.kernel, views.ours);
     for (dir, theirs) in &kernel.dirs {
         let Some(listing) = ours.dirs.get(dir) else {
             continue; // not reached: the entry's own error was reported
@@ -439,10 +447,11 @@ fn compare_walks(
                     findings,
                     "readdir",
                     format!(
-                        "{label}: readdir {dir} fails with {} after {} names; the kernel lists all {}",
+                        "{label}: readdir {dir} fails with {} after {} names; the kernel lists {} without an error (debugfs {})",
                         errno_name(errno),
                         listing.names.len(),
-                        theirs.names.len()
+                        theirs.names.len(),
+                        views.debugfs.get(dir).map_or(0, Vec::len)
                     ),
                 );
             }
@@ -515,6 +524,21 @@ fn compare_walks(
 /// Names debugfs lists that a mount's error-free listing lacks.
 fn compare_debugfs(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>) {
     for (dir, names) in &run.debugfs {
+        let kernel_listing = run
+            .kernel
+            .walk()
+            .and_then(|walk| walk.dirs.get(dir))
+            .filter(|listing| listing.error.is_none());
+        if let Some(listing) = kernel_listing {
+            let listed: BTreeSet<&Vec<u8>> = listing.names.iter().collect();
+            let lost = names.iter().filter(|name| !listed.contains(name)).count();
+            if lost > 0 {
+                notes.push(format!(
+                    "the kernel lists {dir} without an error but misses {lost} of the {} names debugfs lists",
+                    names.len()
+                ));
+            }
+        }
         let listed = |side: &Side| {
             side.walk()
                 .and_then(|walk| walk.dirs.get(dir))
@@ -581,7 +605,7 @@ fn compare_fsck(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>)
 
 /// Corruption errors jext4 returned must be in its log with a location;
 /// the same error logged more than once is a finding too.
-fn check_log(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>) {
+fn check_log(run: &Run, findings: &mut Vec<Finding>) {
     for (label, side) in [
         ("read-write", &run.jext4),
         ("read-only", &run.jext4_read_only),
@@ -620,7 +644,11 @@ fn check_log(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>) {
             .map(|(key, count)| format!("{count}x {key}"))
             .collect();
         if !repeated.is_empty() {
-            notes.push(format!("{label}: the log repeats {}", few(&repeated)));
+            finding(
+                findings,
+                "log once",
+                format!("{label}: the log repeats {}", few(&repeated)),
+            );
         }
     }
 }
