@@ -465,15 +465,41 @@ fn bitmap_frees_in_use(editor: &mut Editor, rng: &mut Rng) -> (String, Plan) {
             )
         }
     };
-    let commands: String = blocks
+    let counts = free_blocks(editor, &blocks, rng);
+    (
+        format!("block bitmap frees {what}: blocks {blocks:?} ({counts})"),
+        plan(target_dir, "/tree/medium"),
+    )
+}
+
+/// `freeb` each block; mostly with the free counts of their groups and
+/// of the superblock raised to match (debugfs's `freeb` changes only the
+/// bitmap, and a count that disagrees with its bitmap is a damage the
+/// kernel catches by itself when it builds the group's buddy), sometimes
+/// with the counts left stale.
+fn free_blocks(editor: &mut Editor, blocks: &[u64], rng: &mut Rng) -> &'static str {
+    let mut commands: String = blocks
         .iter()
         .map(|block| format!("freeb {block}\n"))
         .collect();
+    if !rng.chance(3, 4) {
+        editor.debugfs(&commands);
+        return "group free counts left stale";
+    }
+    let geo = &editor.map.geo;
+    let mut per_group = std::collections::BTreeMap::<u32, u32>::new();
+    for &block in blocks {
+        *per_group.entry(geo.group_of_block(block)).or_default() += 1;
+    }
+    for (group, freed) in per_group {
+        let free = editor.map.descs[group as usize].free_blocks + freed;
+        commands += &format!("set_bg {group} free_blocks_count {free}\n");
+    }
+    let total =
+        common::journal::fs_superblock(&editor.path).free_blocks_count + blocks.len() as u64;
+    commands += &format!("ssv free_blocks_count {total}\n");
     editor.debugfs(&commands);
-    (
-        format!("block bitmap frees {what}: blocks {blocks:?}"),
-        plan(target_dir, "/tree/medium"),
-    )
+    "group free counts raised to match"
 }
 
 fn bitmap_frees_metadata(editor: &mut Editor, rng: &mut Rng) -> String {
@@ -489,9 +515,10 @@ fn bitmap_frees_metadata(editor: &mut Editor, rng: &mut Rng) -> String {
             2,
         ),
     };
-    editor.debugfs(&format!("freeb {first} {count}\n"));
+    let blocks: Vec<u64> = (first..first + count).collect();
+    let counts = free_blocks(editor, &blocks, rng);
     format!(
-        "block bitmap of group {group} (that of /tree) frees {what}: {count} block(s) from {first}"
+        "block bitmap of group {group} (that of /tree) frees {what}: {count} block(s) from {first} ({counts})"
     )
 }
 
@@ -501,13 +528,34 @@ fn inode_bitmap_frees(editor: &mut Editor, rng: &mut Rng) -> (String, Plan) {
         _ => &["/tree/small", "/tree/medium", "/tree/sub"],
     };
     let inodes: Vec<u32> = victims.iter().map(|path| editor.ino(path)).collect();
-    let commands: String = victims
+    let mut commands: String = victims
         .iter()
         .map(|path| format!("freei {path}\n"))
         .collect();
+    // As for blocks: mostly with the free counts raised to match.
+    let consistent = rng.chance(3, 4);
+    if consistent {
+        let geo = &editor.map.geo;
+        let mut per_group = std::collections::BTreeMap::<u32, u32>::new();
+        for &ino in &inodes {
+            *per_group.entry(geo.group_of_inode(ino)).or_default() += 1;
+        }
+        for (group, freed) in per_group {
+            let free = editor.map.descs[group as usize].free_inodes + freed;
+            commands += &format!("set_bg {group} free_inodes_count {free}\n");
+        }
+        let total =
+            common::journal::fs_superblock(&editor.path).free_inodes_count + inodes.len() as u32;
+        commands += &format!("ssv free_inodes_count {total}\n");
+    }
     editor.debugfs(&commands);
+    let counts = if consistent {
+        "group free counts raised to match"
+    } else {
+        "group free counts left stale"
+    };
     (
-        format!("inode bitmap frees in-use inodes {inodes:?} ({victims:?})"),
+        format!("inode bitmap frees in-use inodes {inodes:?} ({victims:?}; {counts})"),
         plan("/tree", "/tree/small"),
     )
 }

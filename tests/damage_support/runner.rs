@@ -3,7 +3,8 @@
 //! each on its own copy, then `e2fsck -fn` on both results; a read-only
 //! jext4 mount walks a third copy, which must stay byte-identical. The
 //! kernel, debugfs and e2fsck are the oracles:
-//! - e2fsck: jext4 must leave no problem kind the kernel's run does not;
+//! - e2fsck: jext4 must leave no problem kind the kernel's run does not
+//!   (see `compare_fsck` for damage the kernel's run repairs);
 //! - listings: every name the kernel lists, jext4 lists, or it reports an
 //!   error for that directory; a directory the kernel lists without an
 //!   error, jext4 lists without one too (one bad entry fails its own
@@ -578,10 +579,19 @@ fn compare_debugfs(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<Strin
     }
 }
 
+/// Problem kinds, three ways: D on the damaged image, K after the
+/// kernel's run, J after jext4's.
+/// - A kind jext4's run brings (in J, not in D) must be in K too.
+/// - A kind of the damage that the kernel's run repaired (in D and J, not
+///   in K) is a finding when the kernel's run brought no kind of its own
+///   (K within D: its image is plainly better); when the kernel brought
+///   new problems (say, handing out a block the bitmap wrongly frees), the
+///   two images are not ordered and it is a note.
 fn compare_fsck(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>) {
+    let damaged = &run.damaged_fsck.kinds;
     let theirs = &run.kernel.fsck.kinds;
     for (kind, line) in &run.jext4.fsck.kinds {
-        if !theirs.contains_key(kind) {
+        if !theirs.contains_key(kind) && !damaged.contains_key(kind) {
             finding(
                 findings,
                 "e2fsck",
@@ -589,16 +599,41 @@ fn compare_fsck(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>)
             );
         }
     }
-    let fixed_by_kernel_only: Vec<&String> = run
-        .damaged_fsck
+    let repaired_by_kernel_only: Vec<&String> = run
+        .jext4
+        .fsck
         .kinds
-        .keys()
-        .filter(|kind| !theirs.contains_key(*kind) && run.jext4.fsck.kinds.contains_key(*kind))
+        .iter()
+        .filter(|(kind, _)| damaged.contains_key(*kind) && !theirs.contains_key(*kind))
+        .map(|(_, line)| line)
         .collect();
-    if !fixed_by_kernel_only.is_empty() {
+    if repaired_by_kernel_only.is_empty() {
+        return;
+    }
+    let kernel_brought: Vec<&String> = theirs
+        .iter()
+        .filter(|(kind, _)| !damaged.contains_key(*kind))
+        .map(|(_, line)| line)
+        .collect();
+    let lines: Vec<String> = repaired_by_kernel_only
+        .iter()
+        .map(|line| format!("\"{line}\""))
+        .collect();
+    if kernel_brought.is_empty() {
+        finding(
+            findings,
+            "e2fsck",
+            format!(
+                "the kernel's run repairs what jext4's leaves: {}",
+                few(&lines)
+            ),
+        );
+    } else {
         notes.push(format!(
-            "the kernel's run repaired {} problem kind(s) of the damage that jext4's leaves",
-            fixed_by_kernel_only.len()
+            "the kernel's run repairs {} but brings {} problem kind(s) of its own, e.g. \"{}\"",
+            few(&lines),
+            kernel_brought.len(),
+            kernel_brought[0]
         ));
     }
 }
