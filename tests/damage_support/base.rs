@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 /// Bump when the recipe changes, so that cached images are rebuilt.
-const RECIPE_VERSION: u32 = 1;
+const RECIPE_VERSION: u32 = 2;
 
 pub const BIG_ENTRIES: usize = 5000;
 pub const IMAGE_MIB: u64 = 32;
@@ -124,7 +124,15 @@ pub fn big_name(index: usize) -> String {
 
 fn build(variant: Variant, dir: &Path, path: &Path) {
     let work = tempfile::tempdir_in(dir).unwrap();
-    let source = work.path().join("source");
+    // mke2fs -d adds names in readdir order: on tmpfs that is the order
+    // of creation, the same on every machine (ext4's hash order is not).
+    let shm = Path::new("/dev/shm");
+    let source_dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir_in(dir).unwrap()
+    };
+    let source = source_dir.path().join("source");
     write_source_tree(&source);
     let mut args: Vec<&str> = variant.mkfs_args().to_vec();
     let source_str = source.to_str().unwrap();
