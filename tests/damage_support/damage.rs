@@ -354,13 +354,22 @@ fn dx_base(target: &Target) -> usize {
 
 fn htree(kind: Kind, editor: &mut Editor, rng: &mut Rng) -> String {
     let root = editor.target(MapKind::DxRoot, "/big");
-    let nodes = editor.targets(MapKind::DxNode, "/big");
     let levels = editor.get(root.offset + 30, 1);
-    let dir_blocks = {
-        let inode = editor.target(MapKind::Inode, "/big");
-        editor.get(inode.offset + 4, 4) as u64 / editor.map.geo.block_size as u64
-    };
+    if kind == Kind::HtreeDepth {
+        let mut choices = vec![levels + 1, 3];
+        if levels > 0 {
+            choices.push(levels - 1);
+        }
+        let value = *rng.pick(&choices);
+        editor.put(root.offset + 30, 1, value);
+        editor.fix_checksum(&root);
+        return format!(
+            "/big htree root (block {}): indirect_levels {levels} set to {value}",
+            root.block
+        );
+    }
     // Interior nodes are chosen as often as the root where there are any.
+    let nodes = editor.targets(MapKind::DxNode, "/big");
     let node = if !nodes.is_empty() && rng.chance(1, 2) {
         rng.pick(&nodes).clone()
     } else {
@@ -369,16 +378,30 @@ fn htree(kind: Kind, editor: &mut Editor, rng: &mut Rng) -> String {
     let base = node.offset + dx_base(&node);
     let (limit, count) = (editor.get(base, 2), editor.get(base + 2, 2));
     let where_ = format!(
-        "/big {} (block {}; limit {limit}, count {count}; {} index levels under the root)",
+        "/big {} (block {}; limit {limit}, count {count}; {levels} index levels under the root)",
         if node.kind == MapKind::DxRoot {
             "htree root"
         } else {
             "htree interior node"
         },
         node.block,
-        levels
     );
-    let description = match kind {
+    let change = htree_node_change(kind, editor, rng, &node, &root);
+    editor.fix_checksum(&node);
+    format!("{where_}: {change}")
+}
+
+/// Change the count/limit header or an entry of one index node.
+fn htree_node_change(
+    kind: Kind,
+    editor: &mut Editor,
+    rng: &mut Rng,
+    node: &Target,
+    root: &Target,
+) -> String {
+    let base = node.offset + dx_base(node);
+    let (limit, count) = (editor.get(base, 2), editor.get(base + 2, 2));
+    match kind {
         Kind::HtreeLimit => {
             let value = if rng.chance(1, 2) {
                 limit - 1
@@ -386,12 +409,12 @@ fn htree(kind: Kind, editor: &mut Editor, rng: &mut Rng) -> String {
                 limit + 1
             };
             editor.put(base, 2, value);
-            format!("{where_}: limit set to {value}")
+            format!("limit set to {value}")
         }
         Kind::HtreeCount => {
             let value = *rng.pick(&[0, limit + 1, count - 1]);
             editor.put(base + 2, 2, value);
-            format!("{where_}: count set to {value}")
+            format!("count set to {value}")
         }
         Kind::HtreeHashOrder => {
             // Entry 0 has no hash; swap the hashes of entries i and i+1.
@@ -401,40 +424,27 @@ fn htree(kind: Kind, editor: &mut Editor, rng: &mut Rng) -> String {
             editor.put(a, 4, hash_b);
             editor.put(b, 4, hash_a);
             format!(
-                "{where_}: hashes of entries {i} and {} swapped ({hash_a:#x}, {hash_b:#x})",
+                "hashes of entries {i} and {} swapped ({hash_a:#x}, {hash_b:#x})",
                 i + 1
             )
         }
-        Kind::HtreeDepth => {
-            let mut choices = vec![levels + 1, 3];
-            if levels > 0 {
-                choices.push(levels - 1);
-            }
-            let value = *rng.pick(&choices);
-            editor.put(root.offset + 30, 1, value);
-            editor.fix_checksum(&root);
-            return format!(
-                "/big htree root (block {}): indirect_levels {levels} set to {value}",
-                root.block
-            );
-        }
         Kind::HtreeBadBlock => {
+            let dir_blocks = {
+                let inode = editor.target(MapKind::Inode, "/big");
+                editor.get(inode.offset + 4, 4) / editor.map.geo.block_size
+            };
             let i = rng.below(count as u64) as usize;
-            let mut choices = vec![dir_blocks as u32 + 3, 0];
+            let mut choices = vec![dir_blocks + 3, 0];
             if node.kind == MapKind::DxNode {
                 // Back up the tree: a cycle through the interior level.
                 choices.push(editor.get(root.offset + 36, 4));
             }
             let value = *rng.pick(&choices);
             editor.put(base + 8 * i + 4, 4, value);
-            format!(
-                "{where_}: entry {i} points to directory block {value} (the directory has {dir_blocks})"
-            )
+            format!("entry {i} points to directory block {value} (the directory has {dir_blocks})")
         }
-        _ => unreachable!("{kind:?} is not an htree damage"),
-    };
-    editor.fix_checksum(&node);
-    description
+        _ => unreachable!("{kind:?} is not a change of an htree node"),
+    }
 }
 
 /// Physical blocks of a file, from `debugfs -R "blocks PATH"`.

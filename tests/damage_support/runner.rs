@@ -416,6 +416,17 @@ struct Views<'a> {
 }
 
 fn compare_walks(label: &str, views: &Views, findings: &mut Vec<Finding>, notes: &mut Vec<String>) {
+    compare_listings(label, views, findings, notes);
+    compare_entries(label, views, findings, notes);
+}
+
+/// Directory by directory: names twice, readdir errors, names missing.
+fn compare_listings(
+    label: &str,
+    views: &Views,
+    findings: &mut Vec<Finding>,
+    notes: &mut Vec<String>,
+) {
     let (kernel, ours) = (views.kernel, views.ours);
     for (dir, theirs) in &kernel.dirs {
         let Some(listing) = ours.dirs.get(dir) else {
@@ -483,6 +494,16 @@ fn compare_walks(label: &str, views: &Views, findings: &mut Vec<Finding>, notes:
             );
         }
     }
+}
+
+/// Entry by entry: lstat and content where both mounts answer.
+fn compare_entries(
+    label: &str,
+    views: &Views,
+    findings: &mut Vec<Finding>,
+    notes: &mut Vec<String>,
+) {
+    let (kernel, ours) = (views.kernel, views.ours);
     let mut unreadable = Vec::new();
     for (path, entry) in &ours.entries {
         let Some(theirs) = kernel.entries.get(path) else {
@@ -587,22 +608,49 @@ fn compare_debugfs(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<Strin
 
 /// Problem kinds, three ways: D on the damaged image, K after the
 /// kernel's run, J after jext4's.
-/// - A kind jext4's run brings (in J, not in D) must be in K too.
+/// - A kind jext4's run brings (in J, not in D) must be in K too. When
+///   the kernel's run brings kinds of its own as well (both hand out a
+///   block the bitmap wrongly frees, and which file gets it decides the
+///   kinds), neither image is plainly worse: then jext4 fails only by
+///   bringing more kinds than the kernel, and the rest is a note.
 /// - A kind of the damage that the kernel's run repaired (in D and J, not
 ///   in K) is a finding when the kernel's run brought no kind of its own
-///   (K within D: its image is plainly better); when the kernel brought
-///   new problems (say, handing out a block the bitmap wrongly frees), the
-///   two images are not ordered and it is a note.
+///   (K within D: its image is plainly better), a note otherwise.
 fn compare_fsck(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>) {
     let damaged = &run.damaged_fsck.kinds;
     let theirs = &run.kernel.fsck.kinds;
-    for (kind, line) in &run.jext4.fsck.kinds {
-        if !theirs.contains_key(kind) && !damaged.contains_key(kind) {
-            finding(
-                findings,
-                "e2fsck",
-                format!("jext4 leaves a problem the kernel's run does not: \"{line}\""),
-            );
+    let brought = |kinds: &BTreeMap<String, String>| -> Vec<String> {
+        kinds
+            .iter()
+            .filter(|(kind, _)| !damaged.contains_key(*kind))
+            .map(|(_, line)| line.clone())
+            .collect()
+    };
+    let (kernel_brought, jext4_brought) = (brought(theirs), brought(&run.jext4.fsck.kinds));
+    let extra: Vec<String> = run
+        .jext4
+        .fsck
+        .kinds
+        .iter()
+        .filter(|(kind, _)| !theirs.contains_key(*kind) && !damaged.contains_key(*kind))
+        .map(|(_, line)| format!("\"{line}\""))
+        .collect();
+    if !extra.is_empty() {
+        if kernel_brought.is_empty() || jext4_brought.len() > kernel_brought.len() {
+            for line in &extra {
+                finding(
+                    findings,
+                    "e2fsck",
+                    format!("jext4 leaves a problem the kernel's run does not: {line}"),
+                );
+            }
+        } else {
+            notes.push(format!(
+                "both runs bring problems ({} kind(s) the kernel's, {} jext4's); jext4's own: {}",
+                kernel_brought.len(),
+                jext4_brought.len(),
+                few(&extra)
+            ));
         }
     }
     let repaired_by_kernel_only: Vec<&String> = run
@@ -616,11 +664,6 @@ fn compare_fsck(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String>)
     if repaired_by_kernel_only.is_empty() {
         return;
     }
-    let kernel_brought: Vec<&String> = theirs
-        .iter()
-        .filter(|(kind, _)| !damaged.contains_key(*kind))
-        .map(|(_, line)| line)
-        .collect();
     let lines: Vec<String> = repaired_by_kernel_only
         .iter()
         .map(|line| format!("\"{line}\""))
@@ -852,31 +895,7 @@ pub fn report(run: &Run) -> String {
             walk_summary(run.jext4_read_only.walk())
         ),
     );
-    let steps: Vec<&String> = run
-        .kernel
-        .record
-        .steps
-        .iter()
-        .chain(&run.jext4.record.steps)
-        .map(|(step, _)| step)
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let ordered: Vec<&String> = run
-        .jext4
-        .record
-        .steps
-        .iter()
-        .chain(&run.kernel.record.steps)
-        .map(|(step, _)| step)
-        .filter(|step| steps.contains(step))
-        .fold(Vec::new(), |mut list, step| {
-            if !list.contains(&step) {
-                list.push(step);
-            }
-            list
-        });
-    for step in ordered {
+    for step in step_names(run) {
         let show = |side: &Side| side.step(step).map_or("-".into(), Outcome::show);
         row(&mut text, step, show(&run.kernel), show(&run.jext4));
     }
@@ -886,24 +905,7 @@ pub fn report(run: &Run) -> String {
         kinds_summary(&run.kernel.fsck),
         kinds_summary(&run.jext4.fsck),
     );
-    for (label, log) in [
-        ("kernel log", &run.kernel.log),
-        ("jext4 log", &run.jext4.log),
-    ] {
-        let lines: Vec<&str> = log
-            .lines()
-            .filter(|line| label == "kernel log" || line.contains("ERROR") || line.contains("WARN"))
-            .collect();
-        if !lines.is_empty() {
-            let _ = writeln!(text, "   {label}:");
-            for line in lines.iter().take(8) {
-                let _ = writeln!(text, "     {}", line.trim());
-            }
-            if lines.len() > 8 {
-                let _ = writeln!(text, "     ... {} more lines", lines.len() - 8);
-            }
-        }
-    }
+    log_lines(&mut text, run);
     for note in &run.notes {
         let _ = writeln!(text, "   note: {note}");
     }
@@ -920,6 +922,46 @@ pub fn report(run: &Run) -> String {
         }
     );
     text
+}
+
+/// The steps either side ran, in the order they ran.
+fn step_names(run: &Run) -> Vec<&String> {
+    let mut names: Vec<&String> = Vec::new();
+    for (step, _) in run
+        .jext4
+        .record
+        .steps
+        .iter()
+        .chain(&run.kernel.record.steps)
+    {
+        if !names.contains(&step) {
+            names.push(step);
+        }
+    }
+    names
+}
+
+/// The kernel's lines about its device; jext4's warnings and errors.
+fn log_lines(text: &mut String, run: &Run) {
+    for (label, log) in [
+        ("kernel log", &run.kernel.log),
+        ("jext4 log", &run.jext4.log),
+    ] {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|line| label == "kernel log" || line.contains("ERROR") || line.contains("WARN"))
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        let _ = writeln!(text, "   {label}:");
+        for line in lines.iter().take(8) {
+            let _ = writeln!(text, "     {}", line.trim());
+        }
+        if lines.len() > 8 {
+            let _ = writeln!(text, "     ... {} more lines", lines.len() - 8);
+        }
+    }
 }
 
 fn kinds_summary(report: &fsck::Report) -> String {
