@@ -66,8 +66,7 @@ pub const ALL: &[Kind] = &[
     Kind::Ext2NoXattrForeignOwner,
 ];
 
-// Seed n damages variant n modulo the list's length; the CI seed (1)
-// takes the second of each list.
+// Seed n damages variant (n + the kind's number) modulo the list's length.
 const HTREE_VARIANTS: &[Variant] = &[
     Variant::Ext2,
     Variant::Ext4K1,
@@ -155,9 +154,11 @@ pub struct Damage {
 /// damage it.
 pub fn make(kind: Kind, seed: u64, dir: &Path) -> Damage {
     let mut rng = Rng::derive(seed, &kind.name());
-    // Consecutive seeds walk through the variants; the rest is drawn.
+    // Consecutive seeds walk through the variants, each kind from its
+    // own starting point (so one seed spreads the kinds over the
+    // variants); the rest is drawn.
     let variants = kind.variants();
-    let variant = variants[seed as usize % variants.len()];
+    let variant = variants[(seed as usize + kind as usize) % variants.len()];
     let image = dir.join(format!("{}-{seed}-{}.img", kind.name(), variant.name()));
     std::fs::copy(base::image(variant), &image).unwrap();
     let mut editor = Editor::new(&image);
