@@ -52,7 +52,7 @@ fn check_seeds(kind: Kind, seeds: &[u64]) {
     if !e2e::require_e2e() {
         return;
     }
-    let scratch = e2e::scratch(&format!("damage-{}", kind.name()));
+    let scratch = scratch(&format!("damage-{}", kind.name()));
     for &seed in seeds {
         let dir = scratch.path().join(seed.to_string());
         std::fs::create_dir_all(&dir).unwrap();
@@ -140,7 +140,7 @@ fn long_run() {
             .collect(),
         Err(_) => damage::ALL.to_vec(),
     };
-    let scratch = e2e::scratch("damage-long");
+    let scratch = scratch("damage-long");
     let mut runs = Vec::new();
     for seed in first..first + seeds {
         for &kind in &kinds {
@@ -163,6 +163,15 @@ fn long_run() {
         "{failed} of {} runs failed (the table above)",
         runs.len()
     );
+}
+
+/// The scratch directory, named on stderr when `JEXT4_E2E_KEEP` keeps it.
+fn scratch(name: &str) -> tempfile::TempDir {
+    let dir = e2e::scratch(name);
+    if std::env::var_os("JEXT4_E2E_KEEP").is_some() {
+        eprintln!("images kept in {}", dir.path().display());
+    }
+    dir
 }
 
 fn names() -> Vec<String> {
