@@ -122,7 +122,8 @@ pub fn run_one(kind: Kind, seed: u64, dir: &Path) -> Run {
 fn kernel_side(image: &Path, damage: &Damage) -> Side {
     let mut side = Side::default();
     let mount_point = workload::mount_point(image.parent().unwrap(), "kernel.mnt");
-    let before = kernel_messages().len();
+    let marker = format!("damage_diff: kernel run of {}", image.display());
+    mark_kernel_log(&marker);
     let attach = run("losetup", &["-f", "--show", path_str(image)]);
     assert!(attach.status.success(), "losetup: {attach:?}");
     let device = String::from_utf8_lossy(&attach.stdout).trim().to_string();
@@ -154,18 +155,32 @@ fn kernel_side(image: &Path, damage: &Damage) -> Side {
     }
     let _ = run("losetup", &["-d", &device]);
     let name = device.trim_start_matches("/dev/");
-    side.log = kernel_messages()
-        .into_iter()
-        .skip(before)
+    let messages = kernel_messages();
+    let start = messages
+        .iter()
+        .rposition(|line| line.contains(&marker))
+        .map_or(0, |at| at + 1);
+    side.log = messages[start..]
+        .iter()
         .filter(|line| {
             [")", "-", ":"]
                 .iter()
                 .any(|end| line.contains(&format!("{name}{end}")))
         })
+        .cloned()
         .collect::<Vec<_>>()
         .join("\n");
     side.fsck = fsck::check(image);
     side
+}
+
+/// A line in the kernel's log, so that what follows it is this run's
+/// (a count of lines would not do: the ring buffer drops old lines).
+fn mark_kernel_log(marker: &str) {
+    use std::io::Write as _;
+    if let Ok(mut kmsg) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") {
+        let _ = writeln!(kmsg, "{marker}");
+    }
 }
 
 /// The kernel's log, without timestamps.
