@@ -740,8 +740,13 @@ pub fn read_from(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
     let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
     Superblock::decode(&bytes).map_err(|error| match error {
-        Error::Corrupt { location, detail } => Error::Corrupt {
+        Error::Corrupt {
             location,
+            detail,
+            origin,
+        } => Error::Corrupt {
+            location,
+            origin,
             detail: detail + &backup_hint(dev),
         },
         error => error,
