@@ -9,7 +9,7 @@
 use std::fmt;
 
 /// Where in the image a corruption was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Location {
     Superblock,
     GroupDescriptor { group: u32 },

@@ -460,12 +460,18 @@ fn emergency_reserve_blocks(blocks_count: u64) -> u64 {
     (blocks_count / 50).min(RESERVE_BLOCKS_MAX)
 }
 
+/// Distinct corruptions remembered so that each is logged once.
+const LOGGED_CORRUPTIONS_MAX: usize = 1024;
+
 pub struct Fs {
     pub(crate) core: Core,
     /// Open counts per inode, so that an unlinked file stays until released.
     pub(crate) open_files: Mutex<NumberMap<u32, u32>>,
     /// Set after a corruption was found at run time (errors=remount-ro).
     errored: AtomicBool,
+    /// The corruptions logged so far (a leaf lock): each is logged once,
+    /// however many operations meet it.
+    logged: Mutex<std::collections::HashSet<(Location, String)>>,
     /// Set after the device failed an I/O (the filesystem is read-only).
     device_failed: AtomicBool,
     unmounted: AtomicBool,
@@ -599,6 +605,7 @@ impl Fs {
             core,
             open_files: Mutex::new(NumberMap::default()),
             errored: AtomicBool::new(false),
+            logged: Mutex::new(std::collections::HashSet::new()),
             device_failed: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
             flusher: Mutex::new(None),
@@ -825,7 +832,8 @@ impl Fs {
                 origin,
             } => {
                 let abort = changed && self.core.journal.is_journaled();
-                if !self.errored.swap(true, Ordering::AcqRel) {
+                self.errored.store(true, Ordering::Release);
+                if self.first_report(location, detail) || abort {
                     tracing::error!(
                         %location,
                         %detail,
@@ -833,8 +841,6 @@ impl Fs {
                         aborted = abort,
                         "corruption detected; filesystem is now read-only"
                     );
-                } else {
-                    tracing::warn!(%location, %detail, found_in = %origin, "corruption detected");
                 }
                 if abort {
                     self.core.journal.abort(&format!(
@@ -858,6 +864,20 @@ impl Fs {
             }
             _ => false,
         }
+    }
+
+    /// Whether the corruption at `location` described by `detail` is seen
+    /// for the first time (then it is logged). A bounded memory: past
+    /// `LOGGED_CORRUPTIONS_MAX` distinct ones, a repeat may be logged again.
+    fn first_report(&self, location: &Location, detail: &str) -> bool {
+        let mut logged = self.logged.lock();
+        if logged.contains(&(*location, detail.to_string())) {
+            return false;
+        }
+        if logged.len() >= LOGGED_CORRUPTIONS_MAX {
+            logged.clear();
+        }
+        logged.insert((*location, detail.to_string()))
     }
 
     /// Record `error` in the superblock's error fields (what `dumpe2fs`
