@@ -2,6 +2,8 @@
 //! print journals; try every crash state of the crash-test workloads.
 
 // The image tools' verbs live beside this file, in jext4/.
+#[path = "jext4/tar.rs"]
+mod tar;
 #[path = "jext4/tools.rs"]
 mod tools;
 #[path = "jext4/verbs.rs"]

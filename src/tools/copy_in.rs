@@ -15,7 +15,10 @@
 //! changes its directory's mtime, and a default ACL set early would be
 //! inherited by children that do not have it in the source).
 
-use super::{CopyOptions, Failure, Notes, Progress, Report, clamp, host, imagepath, is_fatal};
+use super::{
+    CopyOptions, Failure, Notes, Progress, Report, clamp, host, imagepath, is_fatal, privileged,
+    timestamp,
+};
 use crate::api::Image;
 use crate::error::Error;
 use crate::format::inode::Timestamp;
@@ -599,15 +602,6 @@ impl<'a> Copier<'a> {
     }
 }
 
-/// `caller` allowed to keep set-id bits and to set any owner: the image
-/// is the user's own file, as with `mke2fs -d` or `tar --same-owner`.
-fn privileged(caller: Caller) -> Caller {
-    Caller {
-        fsetid: Some(true),
-        ..caller
-    }
-}
-
 fn changes_anything(changes: &SetAttr) -> bool {
     changes.mode.is_some()
         || changes.uid.is_some()
@@ -615,8 +609,4 @@ fn changes_anything(changes: &SetAttr) -> bool {
         || changes.atime.is_some()
         || changes.mtime.is_some()
         || changes.ctime.is_some()
-}
-
-fn timestamp((sec, nsec): (i64, u32)) -> Timestamp {
-    Timestamp { sec, nsec }
 }

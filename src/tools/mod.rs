@@ -14,16 +14,23 @@
 //! or damaged stops the copy with a [`Failure`] naming the entry, and the
 //! image stays consistent (every operation is a journal transaction).
 
+pub mod acl_text;
 pub mod copy_in;
 pub mod copy_out;
 pub mod host;
 pub mod imagepath;
+pub mod tar_in;
+pub mod tar_out;
 
 pub use copy_in::copy_in;
 pub use copy_out::copy_out;
 pub use imagepath::ImagePath;
+pub use tar_in::unpack;
+pub use tar_out::pack;
 
 use crate::error::Error;
+use crate::format::inode::Timestamp;
+use crate::fs::Caller;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -210,4 +217,17 @@ fn clamp(time: (i64, u32), limit: Option<i64>) -> (i64, u32) {
         Some(limit) if time.0 >= limit => (limit, 0),
         _ => time,
     }
+}
+
+/// `caller` allowed to keep set-id bits and to set any owner: the image
+/// is the user's own file, as with `mke2fs -d` or `tar --same-owner`.
+fn privileged(caller: Caller) -> Caller {
+    Caller {
+        fsetid: Some(true),
+        ..caller
+    }
+}
+
+fn timestamp((sec, nsec): (i64, u32)) -> Timestamp {
+    Timestamp { sec, nsec }
 }

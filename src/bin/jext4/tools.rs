@@ -34,6 +34,8 @@ pub enum ToolCommand {
     /// Copy files and trees into an image or out of one, with cp's rules for
     /// where they land (IMAGE:PATH names a path inside an image).
     Cp(CpArgs),
+    /// Extract a tar archive into an image (-x) or create one from it (-c).
+    Tar(super::tar::TarArgs),
     /// List directory contents.
     Ls(verbs::LsArgs),
     /// Print files' contents.
@@ -253,7 +255,7 @@ fn cp(session: &mut Session, args: &CpArgs) -> u8 {
     status
 }
 
-fn source_date_epoch() -> Option<i64> {
+pub fn source_date_epoch() -> Option<i64> {
     std::env::var("SOURCE_DATE_EPOCH").ok()?.trim().parse().ok()
 }
 

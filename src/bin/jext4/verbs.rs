@@ -160,6 +160,7 @@ pub struct ShellArgs {
 pub fn common_of(command: &ToolCommand) -> ImageArgs {
     match command {
         ToolCommand::Cp(args) => args.common.clone(),
+        ToolCommand::Tar(args) => args.common.clone(),
         ToolCommand::Ls(args) => args.common.clone(),
         ToolCommand::Cat(args) | ToolCommand::Stat(args) => args.common.clone(),
         ToolCommand::Mkdir(args) => args.common.clone(),
@@ -220,6 +221,7 @@ pub fn run(session: &mut Session, command: ToolCommand) -> u8 {
         status: 0,
     };
     match command {
+        ToolCommand::Tar(args) => verb.status = super::tar::tar(verb.session, &args),
         ToolCommand::Ls(args) => ls(&mut verb, &args),
         ToolCommand::Cat(args) => cat(&mut verb, &args.paths),
         ToolCommand::Stat(args) => stat(&mut verb, &args.paths),
@@ -241,6 +243,7 @@ pub fn run(session: &mut Session, command: ToolCommand) -> u8 {
 fn verb_name(command: &ToolCommand) -> &'static str {
     match command {
         ToolCommand::Cp(_) => "cp",
+        ToolCommand::Tar(_) => "tar",
         ToolCommand::Ls(_) => "ls",
         ToolCommand::Cat(_) => "cat",
         ToolCommand::Stat(_) => "stat",
