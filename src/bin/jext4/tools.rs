@@ -139,6 +139,12 @@ impl Session {
         })
     }
 
+    /// `arg` as cp reads it: an image path only when written `IMAGE:PATH`
+    /// or `:PATH` (in the shell too, a plain path is on the host).
+    pub fn cp_path(&self, arg: &str) -> Option<ImagePath> {
+        ImagePath::parse(arg, self.default_image.as_deref())
+    }
+
     /// The open image at `path`, opened now if it is not yet.
     pub fn image(&mut self, path: &Path) -> Result<&Image, String> {
         if let Some(at) = self.images.iter().position(|(p, _)| p == path) {
@@ -222,7 +228,7 @@ fn cp(session: &mut Session, args: &CpArgs) -> u8 {
             from => println!("'{from}' -> '{to}'"),
         }));
     }
-    let dest = session.image_path(dest_arg);
+    let dest = session.cp_path(dest_arg);
     let mut status = 0;
     let outcome = match &dest {
         Some(dest) => copy_sources_in(session, sources, dest, recursive, &options, &progress),
@@ -268,7 +274,7 @@ fn copy_sources_in(
     options: &jext4::tools::CopyOptions,
     progress: &Progress,
 ) -> Result<Vec<jext4::tools::Report>, String> {
-    if let Some(source) = sources.iter().find(|s| session.image_path(s).is_some()) {
+    if let Some(source) = sources.iter().find(|s| session.cp_path(s).is_some()) {
         return Err(format!(
             "'{source}': copying from an image into an image is not supported (use mv, or tar -c | tar -x)"
         ));
@@ -450,6 +456,7 @@ mod tests {
     fn every_verb_is_known_not_to_be_a_mount_helper_call() {
         use clap::CommandFactory;
         let command = super::super::Cli::command();
+        command.clone().debug_assert();
         for verb in command.get_subcommands() {
             assert!(
                 jext4::fuse::helper::SUBCOMMANDS.contains(&verb.get_name()),

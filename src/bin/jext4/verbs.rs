@@ -108,7 +108,11 @@ pub struct ChmodArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(disable_help_flag = true)]
 pub struct ChownArgs {
+    /// Print help (-h is chown's --no-dereference).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
     /// Do not follow a final symbolic link.
     #[arg(short = 'h', long = "no-dereference")]
     pub no_dereference: bool,
@@ -152,6 +156,7 @@ pub struct ShellArgs {
     pub keep_going: bool,
     /// The image every line works on (plain paths are inside it; `cp`
     /// takes host paths plainly and image paths as `:PATH`).
+    #[arg(id = "shell_image", value_name = "IMAGE")]
     pub image: std::path::PathBuf,
     #[command(flatten)]
     pub common: ImageArgs,
