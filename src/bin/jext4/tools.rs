@@ -23,6 +23,10 @@ pub struct ImageArgs {
     /// Bound on the engine's metadata cache (the mount's cache_size).
     #[arg(long, value_name = "SIZE", global = true, value_parser = cache_size)]
     pub cache_size: Option<u64>,
+    /// Seconds between journal commits while the verb runs (the mount's
+    /// commit=); the image is committed once more when it is closed.
+    #[arg(long, value_name = "SECONDS", global = true)]
+    pub commit: Option<u64>,
 }
 
 fn cache_size(text: &str) -> Result<u64, String> {
@@ -112,6 +116,7 @@ pub struct Session {
     /// In the shell, a path without `IMAGE:` is in the default image.
     pub plain_paths_in_image: bool,
     pub cache_size: Option<u64>,
+    pub commit: Option<u64>,
     /// What messages start with: "jext4 " (then the verb's name), or in
     /// the shell "jext4 shell: line N: ".
     pub label: String,
@@ -124,6 +129,7 @@ impl Session {
             default_image: common.image.clone(),
             plain_paths_in_image: false,
             cache_size: common.cache_size,
+            commit: common.commit,
             label: "jext4 ".into(),
             images: Vec::new(),
         }
@@ -157,6 +163,9 @@ impl Session {
         };
         if let Some(size) = self.cache_size {
             options.cache_size = size;
+        }
+        if let Some(seconds) = self.commit {
+            options.commit_interval = Duration::from_secs(seconds);
         }
         let image =
             Image::open_with(path, options).map_err(|e| format!("{}: {e}", path.display()))?;
