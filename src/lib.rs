@@ -19,3 +19,4 @@ pub use error::{Error, Result};
 pub mod api;
 pub mod fs;
 pub mod fuse;
+pub mod tools;

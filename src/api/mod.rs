@@ -58,6 +58,23 @@ impl Image {
         &self.fs
     }
 
+    /// Who the image's operations run as: the calling process's user.
+    pub fn caller(&self) -> Caller {
+        self.caller
+    }
+
+    /// The inode `path` names; `follow_last` follows a final symlink
+    /// (`stat` against `lstat`).
+    pub fn inode_of(&self, path: &str, follow_last: bool) -> Result<u32> {
+        self.resolve(path, follow_last)
+    }
+
+    /// The directory that holds `path`'s last component, and that
+    /// component ("/a/b/" gives a's inode and "b").
+    pub fn parent_and_name<'p>(&self, path: &'p str) -> Result<(u32, &'p [u8])> {
+        self.parent_of(path)
+    }
+
     /// Split a path into its parent directory's inode and its last name.
     fn parent_of<'p>(&self, path: &'p str) -> Result<(u32, &'p [u8])> {
         let trimmed = path.trim_end_matches('/');
@@ -282,6 +299,17 @@ impl Image {
     pub fn get_xattr(&self, path: &str, name: &str) -> Result<Vec<u8>> {
         self.fs
             .getxattr(self.resolve(path, false)?, name.as_bytes())
+    }
+
+    /// Names of every extended attribute of `path` (not following a final
+    /// symlink), with their namespace prefixes.
+    pub fn list_xattr(&self, path: &str) -> Result<Vec<Vec<u8>>> {
+        self.fs.listxattr(self.resolve(path, false)?)
+    }
+
+    pub fn remove_xattr(&self, path: &str, name: &str) -> Result<()> {
+        let ino = self.resolve(path, false)?;
+        self.fs.removexattr(ino, name.as_bytes(), self.caller)
     }
 
     /// Make everything written so far durable.

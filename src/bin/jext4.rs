@@ -1,6 +1,14 @@
 //! The `jext4` command: mount and unmount images through FUSE; replay and
 //! print journals; try every crash state of the crash-test workloads.
 
+// The image tools' verbs live beside this file, in jext4/.
+#[path = "jext4/tar.rs"]
+mod tar;
+#[path = "jext4/tools.rs"]
+mod tools;
+#[path = "jext4/verbs.rs"]
+mod verbs;
+
 use clap::{Parser, Subcommand};
 use jext4::fs::Fs;
 use jext4::fuse::{parse_mount_options, serve};
@@ -58,6 +66,8 @@ enum Command {
     /// jext4 mounts, or the ones named). sync(1) cannot: the kernel never
     /// forwards sync(2) to a FUSE server.
     Sync { mountpoints: Vec<PathBuf> },
+    #[command(flatten)]
+    Tools(tools::ToolCommand),
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -136,6 +146,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Crashtest(args) => return crashtest(&args),
+        Command::Tools(command) => return tools::run(command),
         Command::Mount {
             options,
             foreground,

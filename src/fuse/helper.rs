@@ -19,6 +19,21 @@ pub const SUBCOMMANDS: &[&str] = &[
     "logdump",
     "crashtest",
     "help",
+    // The image tools.
+    "cp",
+    "tar",
+    "ls",
+    "cat",
+    "stat",
+    "mkdir",
+    "rm",
+    "mv",
+    "ln",
+    "chmod",
+    "chown",
+    "touch",
+    "xattr",
+    "shell",
 ];
 
 /// What a mount helper call asks for.
