@@ -446,6 +446,20 @@ pub(crate) fn check_live(ino: u32, inode: &Inode) -> Result<()> {
             ),
         ));
     }
+    check_size(ino, inode)
+}
+
+/// An in-use inode's size must be a valid file offset (the kernel's
+/// `__ext4_iget`: "bad i_size value", EFSCORRUPTED); above 2^63 no read
+/// or stat could report it (FUSE's client answers EIO to such an
+/// attribute without a word).
+pub(crate) fn check_size(ino: u32, inode: &Inode) -> Result<()> {
+    if inode.size > i64::MAX as u64 {
+        return Err(Error::corrupt(
+            Location::Inode { ino },
+            format!("bad i_size value {:#x}", inode.size),
+        ));
+    }
     Ok(())
 }
 
@@ -510,7 +524,7 @@ impl Fs {
     pub fn getattr(&self, ino: u32) -> Result<Attr> {
         let result = attr_unlocked(&self.core, ino, |inode| match inode.mode {
             0 => Err(Error::Stale),
-            _ => Ok(()),
+            _ => check_size(ino, inode),
         });
         self.note_error(result)
     }
