@@ -314,7 +314,49 @@ impl Tx<'_, '_> {
     /// Finish what a crash interrupted for one orphan: delete it if it has
     /// no links, else cut its blocks beyond i_size (an interrupted
     /// truncate), and take it off the record.
-    fn resolve_orphan(&mut self, ino: u32) -> Result<()> {
+    /// The inodes on the classic orphan list, in list order, but those in
+    /// `in_file` (the orphan file holds them too); a list that loops is
+    /// cut where it comes back (logged).
+    fn classic_orphans(&mut self, in_file: &[u32]) -> Result<Vec<u32>> {
+        let mut listed = Vec::new();
+        let mut visited = HashSet::new();
+        let mut ino = self.core.sbi.lock().last_orphan;
+        while ino != 0 {
+            if !visited.insert(ino) {
+                tracing::warn!(
+                    inode = ino,
+                    "the orphan list comes back to an inode it passed; it ends there"
+                );
+                break;
+            }
+            if visited.len() as u32 > MAX_ORPHAN_CHAIN {
+                return Err(Error::corrupt(
+                    Location::Superblock,
+                    "orphan list does not end",
+                ));
+            }
+            if !in_file.contains(&ino) {
+                listed.push(ino);
+            }
+            ino = self.read_inode(ino)?.dtime;
+        }
+        Ok(listed)
+    }
+
+    /// `resolve_orphan` for an inode the classic list held, once the list
+    /// is off the superblock: its `i_dtime` was the list's link.
+    fn resolve_listed_orphan(&mut self, ino: u32) -> Result<()> {
+        self.check_orphan_number(ino)?;
+        let mut inode = self.read_live_inode(ino)?;
+        self.handle.note(Change::Ineligible(Ineligible::Orphan));
+        if inode.links_count == 0 {
+            return self.evict_inode(ino, inode);
+        }
+        inode.dtime = 0;
+        self.truncate_orphan(ino, inode)
+    }
+
+    fn check_orphan_number(&self, ino: u32) -> Result<()> {
         let geo = &self.core.geo;
         if ino < geo.first_ino || !geo.is_valid_ino(ino) {
             return Err(Error::corrupt(
@@ -322,60 +364,65 @@ impl Tx<'_, '_> {
                 "orphan record names a reserved inode",
             ));
         }
-        let mut inode = self.read_live_inode(ino)?;
-        if inode.links_count == 0 {
-            return self.evict_inode(ino, inode);
-        }
-        self.orphan_remove(ino, &mut inode)?;
+        Ok(())
+    }
+
+    /// A linked orphan: what lies past its size goes (an interrupted
+    /// truncate or extension).
+    fn truncate_orphan(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
         if inode.has_data_blocks(&self.core.geo) {
             let first_unused = inode.size.div_ceil(self.core.geo.block_size as u64);
             self.punch_mapping(ino, &mut inode, first_unused, None)?;
         }
         self.write_inode(ino, &inode)
     }
+
+    /// An inode the orphan file holds: freed or truncated, and taken off
+    /// the file's slots.
+    fn resolve_orphan(&mut self, ino: u32) -> Result<()> {
+        self.check_orphan_number(ino)?;
+        let mut inode = self.read_live_inode(ino)?;
+        if inode.links_count == 0 {
+            return self.evict_inode(ino, inode);
+        }
+        self.orphan_remove(ino, &mut inode)?;
+        self.truncate_orphan(ino, inode)
+    }
 }
 
 impl Fs {
-    /// At mount: free the orphans a crash left behind.
+    /// At mount: free the orphans a crash left behind (truncate the
+    /// linked ones to their size, free the unlinked ones), as the kernel's
+    /// `ext4_orphan_cleanup` does.
+    ///
+    /// The classic list comes off the superblock whole, in the one
+    /// transaction that resolves every inode on it, so nothing is left
+    /// naming them. A list that comes back to an inode it passed is cut
+    /// there: the kernel's cleanup, which takes each inode off the list as
+    /// it goes, ends such a list the same way.
     pub(crate) fn recover_orphans(&self) -> Result<()> {
         let resolved = self.transact_releasing(Scope::Housekeeping, 64, Caller::ROOT, |tx| {
-            let mut pending = tx.orphan_file_entries()?;
-            let mut ino = tx.core.sbi.lock().last_orphan;
-            let mut steps = 0;
-            let mut visited = HashSet::new();
-            while ino != 0 {
-                if !visited.insert(ino) {
-                    return Err(orphan_cycle(ino));
-                }
-                pending.push(ino);
-                steps += 1;
-                if steps > MAX_ORPHAN_CHAIN {
-                    return Err(Error::corrupt(
-                        Location::Superblock,
-                        "orphan list does not end",
-                    ));
-                }
-                ino = tx.read_inode(ino)?.dtime;
-            }
+            let in_file = tx.orphan_file_entries()?;
+            let listed = tx.classic_orphans(&in_file)?;
             tx.core
                 .orphans
                 .lock()
-                .extend(pending.iter().map(|&ino| (ino, 0)));
-            let mut sb_list = tx.core.sbi.lock().last_orphan;
-            let mut listed = HashSet::new();
-            while sb_list != 0 && listed.insert(sb_list) {
-                tx.core.orphans.set_on_list(sb_list, true);
-                sb_list = tx.read_inode(sb_list)?.dtime;
-            }
-            for &ino in &pending {
-                tx.resolve_orphan(ino)?;
-            }
+                .extend(in_file.iter().map(|&ino| (ino, 0)));
             let mut sb = tx.core.sbi.lock();
-            if sb.has_ro_compat(ro_compat::ORPHAN_PRESENT) {
+            let present = sb.has_ro_compat(ro_compat::ORPHAN_PRESENT);
+            if sb.last_orphan != 0 || present {
+                sb.last_orphan = 0;
                 sb.feature_ro_compat &= !ro_compat::ORPHAN_PRESENT;
                 tx.core.sbi.write(&sb, tx.handle)?;
             }
-            Ok(pending.len())
+            drop(sb);
+            for &ino in &in_file {
+                tx.resolve_orphan(ino)?;
+            }
+            for &ino in &listed {
+                tx.resolve_listed_orphan(ino)?;
+            }
+            Ok(in_file.len() + listed.len())
         })?;
         if resolved > 0 {
             tracing::info!(
