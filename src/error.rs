@@ -186,7 +186,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 macro_rules! ensure_format {
     ($cond:expr, $location:expr, $($arg:tt)+) => {
         if !$cond {
-            return Err($crate::error::Error::corrupt($location, format!($($arg)+)));
+            return Err($crate::error::Error::corrupt($location, format!($($arg)+)).into());
         }
     };
 }

@@ -335,9 +335,11 @@ fn listed(dir: &Path) -> std::io::Result<Vec<String>> {
 /// leaf twice and another not at all — and one whose root fails its
 /// checks: either way every name is listed once and found by lookup (the
 /// leaves are read linearly, as ext4_readdir and ext4_find_entry fall
-/// back to), the damage is logged once, no name is added through the
-/// damaged index (EUCLEAN, as the kernel on a checksummed filesystem),
-/// names can still be removed, and nothing else is left on the image.
+/// back to) and the damage is logged once. Adding a name then does what
+/// the kernel's ext4_add_entry does: on a checksummed filesystem it is
+/// refused (EUCLEAN) and the image keeps exactly its damage; without
+/// checksums the directory gives up its index and takes the name as a
+/// linear directory, which e2fsck then finds clean.
 #[test]
 fn damaged_htree_index_lists_and_finds_every_name() {
     if !fuse_available() {
@@ -358,7 +360,7 @@ fn damaged_htree_index_lists_and_finds_every_name() {
     root[34..36].copy_from_slice(&500u16.to_le_bytes());
     write_block(&bad_count, root_block, &root);
 
-    for image in [&redirected, &bad_count] {
+    for (image, checksummed) in [(&redirected, false), (&bad_count, true)] {
         let before = fsck_problems(image);
         assert!(
             !before.is_empty(),
@@ -375,9 +377,7 @@ fn damaged_htree_index_lists_and_finds_every_name() {
         for name in names.iter().step_by(97) {
             std::fs::metadata(big.join(name)).unwrap_or_else(|e| panic!("stat {name}: {e}"));
         }
-        let refused =
-            std::fs::write(big.join("new-name"), b"").expect_err("add through a damaged index");
-        assert_eq!(refused.raw_os_error(), Some(libc::EUCLEAN), "{refused}");
+        let added = std::fs::write(big.join("new-name"), b"");
         let (_, ending) = server.unmount_reporting();
         let damaged_lines = ending
             .log
@@ -385,10 +385,63 @@ fn damaged_htree_index_lists_and_finds_every_name() {
             .filter(|l| l.contains("ERROR damaged htree index"))
             .count();
         assert_eq!(damaged_lines, 1, "log:\n{}", ending.log);
-        assert_eq!(
-            fsck_problems(image),
-            before,
-            "only the damage that was there"
-        );
+        if checksummed {
+            let refused = added.expect_err("add through a damaged index");
+            assert_eq!(refused.raw_os_error(), Some(libc::EUCLEAN), "{refused}");
+            assert_eq!(
+                fsck_problems(image),
+                before,
+                "only the damage that was there"
+            );
+        } else {
+            added.expect("a linear add into a directory without checksums");
+            assert_fsck_clean(image);
+            let listing = common::journal::debugfs_commands(image, "ls /big");
+            assert!(
+                listing.contains("new-name") && listing.contains(&names[2999]),
+                "{listing}"
+            );
+        }
+    }
+}
+
+/// An orphan list of linked files that comes back on itself (a → b → a):
+/// the kernel's orphan cleanup takes each inode off the list as it goes
+/// and mounts; so does jext4, cutting the list where it loops. Both leave
+/// an image e2fsck finds clean, the files whole.
+#[test]
+fn orphan_list_of_linked_files_that_loops_is_cleaned_up() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = mkfs(dir.path(), "loop", 32, &["-t", "ext4"]);
+    let payload = dir.path().join("payload");
+    std::fs::write(&payload, b"still here\n").unwrap();
+    debugfs_write(
+        &image,
+        &format!(
+            "write {p} a\nwrite {p} b\nsif a dtime @13\nsif b dtime @12\nssv last_orphan 12\n",
+            p = payload.display()
+        ),
+    );
+    assert!(!fsck_problems(&image).is_empty(), "e2fsck sees the loop");
+    let kernel = image.with_extension("kernel.img");
+    std::fs::copy(&image, &kernel).unwrap();
+
+    let server = Server::start(&image, "");
+    for name in ["a", "b"] {
+        assert_eq!(std::fs::read(server.mountpoint.join(name)).unwrap(), b"still here\n");
+    }
+    server.unmount().assert_clean_exit();
+    assert_fsck_clean(&image);
+
+    // The kernel, where it can mount here, does the same.
+    if common::journal::kernel_available() {
+        let _kernel = common::journal::kernel_lock();
+        let mount = common::journal::Mount::new(&kernel, "").expect("kernel mount");
+        assert_eq!(std::fs::read(mount.point.join("a")).unwrap(), b"still here\n");
+        mount.unmount();
+        assert_fsck_clean(&kernel);
     }
 }

@@ -160,6 +160,7 @@ fn write_directory(prep: &Prepared, work: impl FnOnce(&mut TestDir, &Journal) ->
         indexed: inode.has_flag(flags::INDEX),
         alloc: Box::new(move || shared.borrow_mut().alloc()),
         index_damaged: None,
+        bad_entries: Vec::new(),
     };
     let model = work(&mut d, &journal);
     let stats = dir::check(&mut d).unwrap();

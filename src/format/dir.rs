@@ -90,6 +90,24 @@ pub trait DirBlocks {
     /// The index failed a check (`why`): remember it for this mount and
     /// say so once.
     fn note_index_damaged(&mut self, why: &Error);
+    /// A listing left out `bad` and went on (`BadEntry`): the caller
+    /// reports it once the listing is done.
+    fn note_bad_entry(&mut self, bad: BadEntry);
+}
+
+/// What a listing leaves out instead of failing: one bad entry must not
+/// hide the rest of its directory (the kernel's readdir reports it and
+/// goes on with the next block).
+#[derive(Debug)]
+pub enum BadEntry {
+    /// A record or a whole leaf that fails the kernel's checks
+    /// (`__ext4_check_dir_entry`, the leaf checksum): corruption. When the
+    /// record's length cannot be trusted, the rest of its block is left out
+    /// too, as ext4_readdir does.
+    Corrupt(Error),
+    /// A name no listing may carry: one with a '/' (the VFS refuses it,
+    /// `verify_dirent_name`, and so does FUSE's `parse_dirfile`).
+    UnlistableName { location: Location, offset: usize },
 }
 
 /// One directory entry as readdir reports it.
@@ -264,7 +282,7 @@ fn parse_record(
     offset: usize,
     end: usize,
     lblk: u64,
-) -> Result<Record> {
+) -> std::result::Result<Record, RecordError> {
     let location = fmt.location(lblk);
     ensure_format!(
         offset + RECORD_HEADER_LEN <= end,
@@ -291,23 +309,137 @@ fn parse_record(
         location,
         "record at {offset} (rec_len {rec_len}) overruns the block"
     );
-    ensure_format!(
-        ino <= fmt.inodes_count,
-        location,
-        "record at {offset} names inode {ino} beyond the inode count"
-    );
-    ensure_format!(
-        ino == 0 || name_len > 0,
-        location,
-        "record at {offset} has inode {ino} and an empty name"
-    );
-    Ok(Record {
+    let record = Record {
         offset,
         rec_len,
         ino,
         name_len,
         file_type,
-    })
+    };
+    check_record_content(fmt, &record, lblk)
+        .map_err(|error| RecordError::Content(record, error))?;
+    Ok(record)
+}
+
+/// What a record names, once its frame (length, place) is sound.
+fn check_record_content(fmt: &Format, record: &Record, lblk: u64) -> Result<()> {
+    let (offset, ino) = (record.offset, record.ino);
+    ensure_format!(
+        ino <= fmt.inodes_count,
+        fmt.location(lblk),
+        "record at {offset} names inode {ino} beyond the inode count"
+    );
+    ensure_format!(
+        ino == 0 || record.name_len > 0,
+        fmt.location(lblk),
+        "record at {offset} has inode {ino} and an empty name"
+    );
+    Ok(())
+}
+
+/// Why `parse_record` refused a record: its frame (the walk cannot go on
+/// in this block), or only its content (the walk can step over it).
+enum RecordError {
+    Frame(Error),
+    Content(Record, Error),
+}
+
+impl From<Error> for RecordError {
+    fn from(error: Error) -> Self {
+        RecordError::Frame(error)
+    }
+}
+
+impl From<RecordError> for Error {
+    fn from(error: RecordError) -> Self {
+        match error {
+            RecordError::Frame(error) | RecordError::Content(_, error) => error,
+        }
+    }
+}
+
+/// The live records a listing shows from `block[start..end]`: a record
+/// whose content is bad is left out and the walk goes on; one whose frame
+/// is bad ends the block's part. What was left out goes to `bad`.
+pub(crate) fn listed_records(
+    fmt: &Format,
+    block: &[u8],
+    start: usize,
+    end: usize,
+    lblk: u64,
+    bad: &mut Vec<BadEntry>,
+) -> Vec<Record> {
+    let mut records = Vec::new();
+    let mut offset = start;
+    while offset < end {
+        match parse_record(fmt, block, offset, end, lblk) {
+            Ok(record) => {
+                offset += record.rec_len;
+                if !record.is_live() {
+                    continue;
+                }
+                if record.name(block).contains(&b'/') {
+                    bad.push(BadEntry::UnlistableName {
+                        location: fmt.location(lblk),
+                        offset: record.offset,
+                    });
+                    continue;
+                }
+                records.push(record);
+            }
+            Err(RecordError::Content(record, error)) => {
+                bad.push(BadEntry::Corrupt(error));
+                offset += record.rec_len;
+            }
+            Err(RecordError::Frame(error)) => {
+                bad.push(BadEntry::Corrupt(error));
+                break;
+            }
+        }
+    }
+    records
+}
+
+/// A leaf for a listing: one that fails its checksum is left out (and
+/// reported through `d`) rather than failing the listing.
+pub(crate) fn read_listed_leaf(
+    d: &mut dyn DirBlocks,
+    fmt: &Format,
+    lblk: u64,
+) -> Result<Option<Arc<Buffer>>> {
+    match read_leaf(d, fmt, lblk) {
+        Ok(buffer) => Ok(Some(buffer)),
+        Err(error) if error.is_corruption() => {
+            d.note_bad_entry(BadEntry::Corrupt(error));
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// The live entries of leaf `lblk` for a listing (see `listed_records`),
+/// with the byte offset just past each record.
+pub(crate) fn listed_leaf(
+    d: &mut dyn DirBlocks,
+    fmt: &Format,
+    lblk: u64,
+    start: usize,
+) -> Result<Vec<(DirEntry, usize)>> {
+    let Some(buffer) = read_listed_leaf(d, fmt, lblk)? else {
+        return Ok(Vec::new());
+    };
+    let mut bad = Vec::new();
+    let entries = {
+        let block = buffer.read();
+        listed_records(fmt, &block, start, fmt.leaf_space(), lblk, &mut bad)
+            .into_iter()
+            .map(|record| (record.to_entry(&block), record.offset + record.rec_len))
+            .collect()
+    };
+    for bad in bad {
+        d.note_bad_entry(bad);
+    }
+    Ok(entries)
 }
 
 /// The records of `block[start..end]`, each validated; stops after the
@@ -356,7 +488,7 @@ impl Iterator for Records<'_> {
             }
             Err(error) => {
                 self.failed = true;
-                Some(Err(error))
+                Some(Err(error.into()))
             }
         }
     }
@@ -747,7 +879,15 @@ fn insert_entry(
 ) -> Result<()> {
     if uses_htree(d, fmt) {
         refuse_damaged_index(d, fmt)?;
-        return htree::add(d, handle, fmt, entry);
+        if !d.index_damaged() {
+            return htree::add(d, handle, fmt, entry);
+        }
+        // Without checksums the kernel gives up a damaged index and goes
+        // on with the directory as a linear one (ext4_add_entry's
+        // dx_fallback): the root's ".." and the interior nodes read as
+        // records with free space, which is what a linear directory is.
+        d.set_indexed(false);
+        handle.note(Change::Ineligible(Ineligible::DirAttributes));
     }
     let blocks = d.block_count();
     for lblk in 0..blocks {
@@ -794,8 +934,7 @@ pub fn add_entry_max_new_blocks(geo: &Geometry) -> u32 {
 pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
     check_name(name)?;
     let fmt = Format::of(d);
-    let blocks = if uses_htree(d, &fmt) {
-        refuse_damaged_index(d, &fmt)?;
+    let blocks = if uses_htree(d, &fmt) && !d.index_damaged() {
         htree::add_new_blocks(d, &fmt, name)?
     } else {
         linear_add_new_blocks(d, &fmt, name)?
@@ -809,10 +948,11 @@ pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
 
 /// A name goes into an htree through its index: into a damaged one it
 /// could land in a leaf no lookup reaches. The kernel refuses then too
-/// ("Directory has corrupted htree index", EFSCORRUPTED, on metadata_csum
-/// filesystems; without checksums it would turn the directory linear).
+/// ("Directory has corrupted htree index", EFSCORRUPTED) on metadata_csum
+/// filesystems, whose index blocks cannot pass for checksummed leaves;
+/// without checksums the directory turns linear (`insert_entry`).
 fn refuse_damaged_index(d: &dyn DirBlocks, fmt: &Format) -> Result<()> {
-    if !uses_htree(d, fmt) {
+    if !uses_htree(d, fmt) || !fmt.csum {
         return Ok(());
     }
     if d.index_damaged() {
@@ -1053,21 +1193,9 @@ pub fn read_entries(
     let mut lblk = cookie / block_size;
     let mut start = (cookie % block_size) as usize;
     while lblk < d.block_count() {
-        let buffer = read_leaf(d, &fmt, lblk)?;
-        // Copy out first: `emit` runs without the buffer lock.
-        let mut entries = Vec::new();
-        {
-            let block = buffer.read();
-            for record in Records::leaf(&fmt, &block, lblk) {
-                let record = record?;
-                if record.is_live() && record.offset >= start {
-                    let next = lblk * block_size + (record.offset + record.rec_len) as u64;
-                    entries.push((record.to_entry(&block), next));
-                }
-            }
-        }
-        for (entry, next) in &entries {
-            if !emit(entry, *next) {
+        // Copied out first: `emit` runs without the buffer lock.
+        for (entry, end) in listed_leaf(d, &fmt, lblk, start)? {
+            if !emit(&entry, lblk * block_size + end as u64) {
                 return Ok(());
             }
         }

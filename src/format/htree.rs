@@ -1108,20 +1108,34 @@ pub(crate) fn read_entries(
     if indexed {
         return read_indexed_or_leaves(d, fmt, target, emit);
     }
-    {
-        let hasher = Hasher::new(fmt, default_root_version(fmt));
-        let mut listed = Vec::new();
+    let hasher = Hasher::new(fmt, default_root_version(fmt));
+    let mut bad = Vec::new();
+    let listed: Vec<Listed> = {
         let block = block0.read();
-        for record in Records::range(fmt, &block, rest, fmt.leaf_space(), 0) {
-            let record = record?;
-            if record.is_live() {
-                listed.push(Listed::new(&hasher, record.to_entry(&block)));
-            }
-        }
-        drop(block);
-        emit_in_order(listed, target, emit);
-        Ok(())
+        dir::listed_records(fmt, &block, rest, fmt.leaf_space(), 0, &mut bad)
+            .into_iter()
+            .map(|record| Listed::new(&hasher, record.to_entry(&block)))
+            .collect()
+    };
+    for bad in bad {
+        d.note_bad_entry(bad);
     }
+    emit_in_order(listed, target, emit);
+    Ok(())
+}
+
+/// The entries of leaf `lblk` for a listing, with their hashes (see
+/// `dir::listed_leaf`: what is bad is left out and reported).
+fn listed_leaf(
+    d: &mut dyn DirBlocks,
+    fmt: &Format,
+    hasher: &Hasher,
+    lblk: u64,
+) -> Result<Vec<Listed>> {
+    Ok(dir::listed_leaf(d, fmt, lblk, 0)?
+        .into_iter()
+        .map(|(entry, _)| Listed::new(hasher, entry))
+        .collect())
 }
 
 /// List an htree directory from `target` in hash order: through its index
@@ -1160,14 +1174,7 @@ fn read_indexed_or_leaves(
     let hasher = Hasher::new(fmt, root_version_or_default(d, fmt));
     let mut listed = Vec::new();
     for lblk in leaf_blocks(d, fmt)? {
-        let buffer = read_leaf(d, fmt, lblk)?;
-        let block = buffer.read();
-        for record in Records::leaf(fmt, &block, lblk) {
-            let record = record?;
-            if record.is_live() {
-                listed.push(Listed::new(&hasher, record.to_entry(&block)));
-            }
-        }
+        listed.extend(listed_leaf(d, fmt, &hasher, lblk)?);
     }
     emit_in_order(listed, resume, emit);
     Ok(())
@@ -1215,16 +1222,7 @@ fn read_indexed(
                 "htree walk longer than the directory"
             );
             leaves_left -= 1;
-            let buffer = read_leaf(d, fmt, path.leaf)?;
-            {
-                let block = buffer.read();
-                for record in Records::leaf(fmt, &block, path.leaf) {
-                    let record = record?;
-                    if record.is_live() {
-                        listed.push(Listed::new(&hasher, record.to_entry(&block)));
-                    }
-                }
-            }
+            listed.extend(listed_leaf(d, fmt, &hasher, path.leaf)?);
             match next_leaf(d, fmt, &mut path, None)? {
                 None => break false,
                 Some(hash) if hash & 1 == 1 => continue,

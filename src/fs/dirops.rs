@@ -7,7 +7,7 @@ use super::inode::{FileKind, check_live, read_inode};
 use super::{Core, Fs, Tx};
 use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Location, Result};
-use crate::format::dir::{self, DirBlocks, DirEntry};
+use crate::format::dir::{self, BadEntry, DirBlocks, DirEntry};
 use crate::format::inode::{Inode, flags};
 use crate::format::mapping::{self, Lookup};
 use crate::format::superblock::Geometry;
@@ -65,7 +65,15 @@ pub(crate) struct DirReader<'a> {
     ino: u32,
     inode: &'a Inode,
     seed: u32,
+    /// What a listing left out, for the caller to report (at most
+    /// `BAD_ENTRIES_KEPT`; the rest are counted in `bad_entries_more`).
+    bad_entries: Vec<BadEntry>,
+    bad_entries_more: usize,
 }
+
+/// Bad entries one listing keeps for its report: each is logged, and a
+/// directory of garbage must not make that unbounded.
+const BAD_ENTRIES_KEPT: usize = 16;
 
 impl<'a> DirReader<'a> {
     pub fn new(core: &'a Core, ino: u32, inode: &'a Inode) -> Self {
@@ -74,6 +82,8 @@ impl<'a> DirReader<'a> {
             ino,
             inode,
             seed: inode.csum_seed(&core.geo, ino),
+            bad_entries: Vec::new(),
+            bad_entries_more: 0,
         }
     }
 }
@@ -115,6 +125,13 @@ impl DirBlocks for DirReader<'_> {
     }
     fn note_index_damaged(&mut self, why: &Error) {
         note_index_damaged(self.core, self.ino, why)
+    }
+    fn note_bad_entry(&mut self, bad: BadEntry) {
+        if self.bad_entries.len() < BAD_ENTRIES_KEPT {
+            self.bad_entries.push(bad);
+        } else {
+            self.bad_entries_more += 1;
+        }
     }
 }
 
@@ -196,6 +213,10 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
     fn note_index_damaged(&mut self, why: &Error) {
         note_index_damaged(self.tx.core, self.ino, why)
     }
+    fn note_bad_entry(&mut self, bad: BadEntry) {
+        debug_assert!(false, "listings read through a DirReader: {bad:?}");
+        tracing::warn!(?bad, directory = self.ino, "bad directory entry");
+    }
 }
 
 /// One entry of a directory listing.
@@ -222,6 +243,18 @@ fn kind_of_file_type(file_type: u8) -> Option<FileKind> {
     })
 }
 
+/// What one readdir call met besides the names it emitted.
+struct Listing {
+    inode: Inode,
+    /// Entries left out, for `report_bad_entries`.
+    bad: Vec<BadEntry>,
+    bad_more: usize,
+    /// Entries whose inode could not say their kind.
+    unknown: Vec<Error>,
+    /// The call found the end with nothing left to emit.
+    ended: bool,
+}
+
 impl Fs {
     /// List directory `ino` from `cookie` (0 = start), calling `emit` for
     /// each entry until it returns false.
@@ -232,52 +265,122 @@ impl Fs {
         emit: &mut dyn FnMut(Dentry) -> bool,
     ) -> Result<()> {
         let dir = self.core.inodes.read(ino, crate::lock::Rank::Directory);
-        let result = (|| {
-            let inode = read_inode(&self.core, ino)?;
-            check_live(ino, &inode)?;
-            if !inode.is_dir() {
-                return Err(Error::NotDirectory);
-            }
-            if inode.links_count == 0 {
-                return Ok(None); // removed while open: empty
-            }
-            let mut reader = DirReader::new(&self.core, ino, &inode);
-            let mut failure = None;
-            dir::read_entries(&mut reader, cookie, &mut |entry: &DirEntry, next: u64| {
-                let kind = match kind_of_file_type(entry.file_type) {
-                    Some(kind) => kind,
-                    None => match read_inode(&self.core, entry.ino).and_then(|child| {
-                        FileKind::from_mode(child.mode).ok_or_else(|| {
-                            Error::corrupt(
-                                Location::Inode { ino: entry.ino },
-                                "entry names an unused inode",
-                            )
-                        })
-                    }) {
-                        Ok(kind) => kind,
-                        Err(error) => {
-                            failure = Some(error);
-                            return false;
-                        }
-                    },
-                };
-                emit(Dentry {
-                    ino: entry.ino,
-                    name: entry.name.clone(),
-                    kind,
-                    next,
-                })
-            })?;
-            failure.map_or(Ok(Some(inode)), Err)
-        })();
+        let result = self.list_locked(ino, cookie, emit);
         drop(dir);
+        let listing = self.note_error(result)?;
+        self.report_bad_entries(ino, listing.bad, listing.bad_more, listing.unknown);
         // A listing is an access, as the kernel's iterate_dir counts it
         // (file_accessed), under the same atime policy as a file read.
-        if let Some(inode) = self.note_error(result)? {
-            if !self.core.options.nodiratime {
-                self.touch_atime(ino, &inode);
-            }
+        if listing.inode.links_count > 0 && !self.core.options.nodiratime {
+            self.touch_atime(ino, &listing.inode);
+        }
+        // A directory holding a name no listing can carry ends its listing
+        // with an error (after every other name: the call that finds the
+        // end empty), so that a walk that returns no error lists every
+        // name on disk. The kernel's readdir stops at such a name with
+        // EUCLEAN; the filesystem is not turned read-only for it.
+        if listing.ended && self.core.unlistable_dirs.lock().contains(&ino) {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "directory holds a name with '/', which no listing can carry",
+            ));
         }
         Ok(())
     }
+
+    /// `readdir`'s work under the directory's shared lock.
+    fn list_locked(
+        &self,
+        ino: u32,
+        cookie: u64,
+        emit: &mut dyn FnMut(Dentry) -> bool,
+    ) -> Result<Listing> {
+        let inode = read_inode(&self.core, ino)?;
+        check_live(ino, &inode)?;
+        if !inode.is_dir() {
+            return Err(Error::NotDirectory);
+        }
+        if inode.links_count == 0 {
+            // Removed while open: empty.
+            return Ok(Listing {
+                inode,
+                bad: Vec::new(),
+                bad_more: 0,
+                unknown: Vec::new(),
+                ended: true,
+            });
+        }
+        let mut reader = DirReader::new(&self.core, ino, &inode);
+        let mut unknown = Vec::new();
+        let (mut emitted, mut stopped) = (false, false);
+        dir::read_entries(&mut reader, cookie, &mut |entry: &DirEntry, next: u64| {
+            let kind = match kind_of_file_type(entry.file_type) {
+                Some(kind) => kind,
+                // No file type in the entry (ext2 without `filetype`, or an
+                // entry made without one): the inode says. One that cannot
+                // is listed all the same, as the kernel lists it
+                // (DT_UNKNOWN): FUSE has no unknown type, so it goes as a
+                // regular file, the failure is reported, and a stat of the
+                // name gets the error.
+                None => kind_from_inode(&self.core, entry.ino).unwrap_or_else(|error| {
+                    unknown.push(error);
+                    FileKind::Regular
+                }),
+            };
+            emitted = true;
+            let taken = emit(Dentry {
+                ino: entry.ino,
+                name: entry.name.clone(),
+                kind,
+                next,
+            });
+            stopped |= !taken;
+            taken
+        })?;
+        Ok(Listing {
+            bad: std::mem::take(&mut reader.bad_entries),
+            bad_more: reader.bad_entries_more,
+            inode,
+            unknown,
+            ended: !stopped && !emitted,
+        })
+    }
+
+    /// Say what a listing of directory `dir` left out: a corrupt entry as
+    /// any corruption (logged once, read-only, recorded), a name no
+    /// listing may carry as an error line of its own (the filesystem is
+    /// not damaged by it as far as the kernel is concerned).
+    fn report_bad_entries(&self, dir: u32, bad: Vec<BadEntry>, more: usize, unknown: Vec<Error>) {
+        for bad in bad {
+            match bad {
+                BadEntry::Corrupt(error) => {
+                    self.note_failure(&error, false);
+                }
+                BadEntry::UnlistableName { location, offset } => {
+                    self.core.unlistable_dirs.lock().insert(dir);
+                    let detail = format!("entry at {offset} has a name with '/'; it is not listed");
+                    if self.first_report(&location, &detail) {
+                        tracing::error!(%location, %detail, "corrupt directory entry left out of a listing");
+                    }
+                }
+            }
+        }
+        for error in unknown {
+            self.note_failure(&error, false);
+        }
+        if more > 0 {
+            tracing::error!(
+                directory = dir,
+                more,
+                "more bad entries left out of a listing"
+            );
+        }
+    }
+}
+
+/// The kind of inode `ino`, for an entry that does not say.
+fn kind_from_inode(core: &Core, ino: u32) -> Result<FileKind> {
+    let inode = read_inode(core, ino)?;
+    FileKind::from_mode(inode.mode)
+        .ok_or_else(|| Error::corrupt(Location::Inode { ino }, "entry names an unused inode"))
 }

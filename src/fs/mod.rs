@@ -249,6 +249,9 @@ pub(crate) struct Core {
     /// once dx_probe fails (`ERR_BAD_DX_DIR`), and names are not added
     /// through the index (a leaf lock).
     pub damaged_indexes: Mutex<NumberSet<u32>>,
+    /// Directories found to hold a name with '/': their listings end with
+    /// an error (a leaf lock).
+    pub unlistable_dirs: Mutex<NumberSet<u32>>,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -316,6 +319,7 @@ impl Core {
             ),
             orphans: Orphans::new(),
             damaged_indexes: Mutex::new(NumberSet::default()),
+            unlistable_dirs: Mutex::new(NumberSet::default()),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
             fast_commit: fast_commit::Tracker::attach(&geo, &journal, options.fast_commit_global),
@@ -869,7 +873,7 @@ impl Fs {
     /// Whether the corruption at `location` described by `detail` is seen
     /// for the first time (then it is logged). A bounded memory: past
     /// `LOGGED_CORRUPTIONS_MAX` distinct ones, a repeat may be logged again.
-    fn first_report(&self, location: &Location, detail: &str) -> bool {
+    pub(crate) fn first_report(&self, location: &Location, detail: &str) -> bool {
         let mut logged = self.logged.lock();
         if logged.contains(&(*location, detail.to_string())) {
             return false;

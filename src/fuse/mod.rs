@@ -490,6 +490,30 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
+/// What readdirplus says of an entry whose inode could not be read: its
+/// number and kind, nothing else.
+fn unreadable_attr(entry: &crate::fs::Dentry) -> Attr {
+    let zero = crate::format::inode::Timestamp::default();
+    Attr {
+        ino: entry.ino,
+        kind: entry.kind,
+        perm: 0,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        blocks: 0,
+        atime: zero,
+        mtime: zero,
+        ctime: zero,
+        crtime: zero,
+        rdev: 0,
+        blksize: 4096,
+        generation: 0,
+        flags: 0,
+    }
+}
+
 fn reply_empty(reply: impl EmptyAnswer, result: crate::Result<()>) {
     match result {
         Ok(()) => reply.ok(),
@@ -916,9 +940,14 @@ impl FuseAdapter {
                 return reply.error(errno(&error));
             }
             for entry in entries {
-                let attr = match clock.engine(|| self.fs.getattr(entry.ino)) {
-                    Ok(attr) => attr,
-                    Err(error) => return reply.error(errno(&error)),
+                // An entry whose inode cannot be read (damaged, or past the
+                // initialised inodes) is still listed, as the kernel's
+                // readdir lists it: with the kind its entry gives and
+                // nothing cached, so that a stat of it asks again and gets
+                // the error alone. The engine has logged the damage.
+                let (attr, ttl) = match clock.engine(|| self.fs.getattr(entry.ino)) {
+                    Ok(attr) => (attr, *self.tuning.ttl()),
+                    Err(_) => (unreadable_attr(&entry), Duration::ZERO),
                 };
                 // The kernel counts a lookup for every entry but "." and "..";
                 // an entry that does not fit is not sent, so counted after.
@@ -926,7 +955,7 @@ impl FuseAdapter {
                 let full = reply.add(
                     entry.next,
                     OsStr::from_bytes(&entry.name),
-                    self.tuning.ttl(),
+                    &ttl,
                     &file_attr(&attr),
                     Generation(attr.generation as u64),
                 );

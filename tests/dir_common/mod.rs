@@ -33,6 +33,9 @@ pub struct TestDir {
     /// Where the htree code first found the index damaged (the engine
     /// keeps this per mount).
     pub index_damaged: Option<jext4::error::Location>,
+    /// What listings left out (the engine reports these once a listing
+    /// is done).
+    pub bad_entries: Vec<jext4::format::dir::BadEntry>,
 }
 
 impl DirBlocks for TestDir {
@@ -84,6 +87,9 @@ impl DirBlocks for TestDir {
         if let Error::Corrupt { location, .. } = why {
             self.index_damaged.get_or_insert(*location);
         }
+    }
+    fn note_bad_entry(&mut self, bad: jext4::format::dir::BadEntry) {
+        self.bad_entries.push(bad);
     }
 }
 
@@ -265,6 +271,7 @@ pub fn image_dir(image: &Path, ino: u32) -> TestDir {
         map,
         alloc: Box::new(|| None),
         index_damaged: None,
+        bad_entries: Vec::new(),
     }
 }
 
@@ -370,6 +377,7 @@ impl MemEnv {
                 })
             }),
             index_damaged: None,
+            bad_entries: Vec::new(),
         }
     }
 }
