@@ -29,7 +29,7 @@
 # notrun (the test said why: kept in the table's notes), timeout, fsck.
 set -euo pipefail
 
-# The fstests commit the figures in README were measured with.
+# The fstests commit the figures in docs/testing.md were measured with.
 FSTESTS_REPO=${FSTESTS_REPO:-https://git.kernel.org/pub/scm/fs/xfs/xfstests-dev.git}
 FSTESTS_COMMIT=${FSTESTS_COMMIT:-63a29724a85f1999e49bf0a9bf0d22643b6116e5}
 

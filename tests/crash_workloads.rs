@@ -8,8 +8,8 @@
 //! in all), `FAST_COMMIT_STATES` on fast_commit images but for the
 //! per-directory workloads (multi-threaded, across directories), which get
 //! `STATES` there too; `jext4 crashtest
-//! --workload all --states 10000 [--fast-commit]` is the long run (README,
-//! "Crash states").
+//! --workload all --states 10000 [--fast-commit]` is the long run (docs/
+//! testing.md, "Crash states").
 
 mod common;
 

@@ -8,8 +8,8 @@
 //!   returned, with its content, and leaves `e2fsck -fn` clean;
 //! - `jext4 recover` leaves `e2fsck -fn` clean and the same tree as the
 //!   kernel's replay;
-//! - e2fsck 1.47's own replay is reported, not judged (README: it cannot
-//!   replay fast commits).
+//! - e2fsck 1.47's own replay is reported, not judged (docs/durability.md:
+//!   it cannot replay fast commits).
 //!
 //! Seeded: `JEXT4_FC_KILL_SEED` replays a run.
 

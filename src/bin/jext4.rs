@@ -50,7 +50,7 @@ enum Command {
     /// Print the journal's transactions, descriptor tags, revokes and commits.
     Logdump { image: PathBuf },
     /// Try the crash states of workloads: each must recover clean and lose
-    /// nothing acknowledged (see README "Crash states").
+    /// nothing acknowledged (see docs/testing.md, "Crash states").
     Crashtest(CrashtestArgs),
     /// Print a mounted filesystem's statistics (state, cache, journal,
     /// write-ahead guard) — or, given an image file, block device or NBD

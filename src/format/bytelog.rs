@@ -2,7 +2,7 @@
 //! fast-commit RFC, "ext4: Byte-granular ByteLog optimizes DAX fast
 //! commits", Feb 2026). Its on-media layout is not in any kernel or
 //! e2fsprogs release; what the RFC leaves open is decided here and written
-//! down once (README, "ByteLog").
+//! down once (docs/durability.md, "ByteLog").
 //!
 //! The fast-commit area is split in two: the ordinary fast-commit stream
 //! (HEAD, records, TAIL, as `format::fast_commit` lays them out and scans

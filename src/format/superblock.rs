@@ -80,7 +80,7 @@ pub mod incompat {
     pub const INLINE_DATA: u32 = 0x8000;
     pub const ENCRYPT: u32 = 0x10000;
     pub const CASEFOLD: u32 = 0x20000;
-    /// jext4's ByteLog (README, "ByteLog"): set while a `-o bytelog` mount
+    /// jext4's ByteLog (docs/durability.md, "ByteLog"): set while a `-o bytelog` mount
     /// is live or its fast commits await replay, cleared by a clean
     /// unmount and by recovery. The kernel and e2fsck know no such bit and
     /// refuse the image meanwhile — as they must: they cannot replay the

@@ -76,7 +76,7 @@ const SHORT_TTL: Duration = Duration::from_secs(1);
 
 /// The round-trip savers the adapter asks of the kernel. Each can be
 /// switched off for a measurement with `JEXT4_FUSE_OFF=NAME,...` in the
-/// server's environment (README, "FUSE requests").
+/// server's environment (docs/performance.md, "Where the time goes").
 #[derive(Debug, Clone, Copy)]
 struct Tuning {
     /// FUSE_HANDLE_KILLPRIV_V2: the engine drops setuid, setgid and file

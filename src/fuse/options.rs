@@ -158,7 +158,7 @@ fn physical_memory() -> Option<u64> {
 /// Parse the comma-separated lists given with `-o` (possibly several).
 pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOptions)> {
     let mut engine = MountOptions {
-        // A measurement switch, not a mount option: README, "Out of space".
+        // A measurement switch, not a mount option: docs/out-of-space.md.
         space_budget: std::env::var_os("JEXT4_SPACE_BUDGET").is_none_or(|value| value != "off"),
         ..MountOptions::default()
     };

@@ -29,7 +29,7 @@
 //! with no wake-up to send across CPUs; the answer's wake-up of the caller
 //! still crosses. Measured: untar of drivers/net a median 1.48 s against
 //! 1.57 s sleeping (4 interleaved rounds, ranges overlapping); see
-//! README, *FUSE requests*.
+//! docs/performance.md, *Transports and polling*.
 //!
 //! A CPU that other work keeps busy needs no poller (the caller will not
 //! move to it), and there a poller only hurts: it stays runnable, so a

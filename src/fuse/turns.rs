@@ -10,8 +10,8 @@
 //! in turn, and each lands on a thread that last ran somewhere else: its
 //! wake-up crosses CPUs, and the caller's answer crosses back. Measured on
 //! the 2-vCPU test machine, untar of `drivers/net` + sync, interleaved
-//! runs under load: 0.9–1.2 s with these turns, 3.3–7.3 s without (README,
-//! "One reader at a time"). One worker for good (`threads=1`) is no
+//! runs under load: 0.9–1.2 s with these turns, 3.3–7.3 s without (docs/
+//! performance.md, "Transports and polling"). One worker for good (`threads=1`) is no
 //! answer: on the idle machine it settles on the CPU the caller does not
 //! run on (4.0 s), and it cannot serve parallel callers or go on while it
 //! blocks.

@@ -494,8 +494,8 @@ fn fsck_clean(image: &Path) -> Result<(), String> {
 /// Replay copies of `crash` with the kernel (a loop mount), jext4
 /// (`jext4 recover`) and e2fsck: the kernel's replay keeps every file of
 /// `expected` and is e2fsck-clean; jext4's is e2fsck-clean and gives the
-/// kernel's tree; e2fsck's is reported, not judged (README: e2fsck 1.47
-/// cannot replay fast commits). `label` prefixes every message.
+/// kernel's tree; e2fsck's is reported, not judged (docs/durability.md:
+/// e2fsck 1.47 cannot replay fast commits). `label` prefixes every message.
 pub fn replays_agree(crash: &Path, expected: &Durable, label: &str) {
     let kernel = copy_image(crash, "kernel");
     let kernel_tree = mounted_tree(&kernel, "rw").expect("the kernel mounts the crash");
