@@ -431,7 +431,10 @@ fn orphan_list_of_linked_files_that_loops_is_cleaned_up() {
 
     let server = Server::start(&image, "");
     for name in ["a", "b"] {
-        assert_eq!(std::fs::read(server.mountpoint.join(name)).unwrap(), b"still here\n");
+        assert_eq!(
+            std::fs::read(server.mountpoint.join(name)).unwrap(),
+            b"still here\n"
+        );
     }
     server.unmount().assert_clean_exit();
     assert_fsck_clean(&image);
@@ -440,7 +443,10 @@ fn orphan_list_of_linked_files_that_loops_is_cleaned_up() {
     if common::journal::kernel_available() {
         let _kernel = common::journal::kernel_lock();
         let mount = common::journal::Mount::new(&kernel, "").expect("kernel mount");
-        assert_eq!(std::fs::read(mount.point.join("a")).unwrap(), b"still here\n");
+        assert_eq!(
+            std::fs::read(mount.point.join("a")).unwrap(),
+            b"still here\n"
+        );
         mount.unmount();
         assert_fsck_clean(&kernel);
     }

@@ -527,11 +527,13 @@ fn orphan_chain(seed: &Seed) -> Vec<u32> {
 }
 
 #[test]
-fn orphan_list_cycles_are_reported_at_once() {
+fn orphan_list_cycles_are_cut_at_once() {
     // Found while hunting unbounded loops for this fuzz: an orphan list
     // that came back to an inode it had passed was walked to the
     // million-step bound at mount, one inode read per step, before being
-    // reported (0.2 s in release builds, seconds in debug builds).
+    // reported (0.2 s in release builds, seconds in debug builds). Now
+    // the list is cut where it comes back, as the kernel's orphan cleanup
+    // ends it, and every orphan on it is released: the mount goes on.
     let Some(seed) = seed_named("ext4-1k-orphans-jext4") else {
         return;
     };
@@ -554,13 +556,7 @@ fn orphan_list_cycles_are_reported_at_once() {
             true,
         )
         .expect("the seed was found above");
-        assert!(
-            outcome
-                .mount_error
-                .as_ref()
-                .is_some_and(|e| e.is_corruption()),
-            "{outcome:?}"
-        );
+        assert!(outcome.mount_error.is_none(), "{outcome:?}");
         let limit = seed.pristine_cpu * 3 + Duration::from_millis(30);
         assert!(
             outcome.cpu < limit,

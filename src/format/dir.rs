@@ -93,6 +93,12 @@ pub trait DirBlocks {
     /// A listing left out `bad` and went on (`BadEntry`): the caller
     /// reports it once the listing is done.
     fn note_bad_entry(&mut self, bad: BadEntry);
+    /// Where the names of this directory with a damaged index lie, if
+    /// this mount has worked it out (`htree::find_in_leaves`).
+    fn leaf_ranges(&self) -> Option<Arc<htree::LeafRanges>>;
+    /// Keep `ranges` for the directory's later lookups (within the
+    /// mount's bound).
+    fn keep_leaf_ranges(&mut self, ranges: Arc<htree::LeafRanges>);
 }
 
 /// What a listing leaves out instead of failing: one bad entry must not
@@ -795,23 +801,21 @@ pub fn lookup(d: &mut dyn DirBlocks, name: &[u8]) -> Result<Option<EntryLocation
         if is_dot_or_dotdot(name) {
             return lookup_dots(d, &fmt, name);
         }
-        if !d.index_damaged() {
-            match htree::lookup(d, &fmt, name) {
-                Err(error) if error.is_corruption() => d.note_index_damaged(&error),
-                found => return found,
-            }
+        // Through the index first, even a damaged one: a name it leads to
+        // is a name on disk, and most paths of a damaged index are still
+        // good (a search of every leaf per lookup would make a walk of the
+        // directory quadratic). A trusted index that does not find the
+        // name is believed, as the kernel believes it.
+        match htree::lookup(d, &fmt, name) {
+            Ok(Some(found)) => return Ok(Some(found)),
+            Ok(None) if !d.index_damaged() => return Ok(None),
+            Ok(None) => {}
+            Err(error) if error.is_corruption() => d.note_index_damaged(&error),
+            Err(error) => return Err(error),
         }
         // ext4_find_entry: a bad index (ERR_BAD_DX_DIR) falls back to a
         // linear search of the leaves.
-        return htree::leaf_blocks(d, &fmt)?
-            .into_iter()
-            .find_map(|lblk| {
-                read_leaf(d, &fmt, lblk)
-                    .and_then(|buffer| find_name(&fmt, &buffer.read(), lblk, name))
-                    .map(|found| found.map(|record| location_of(&record, lblk)))
-                    .transpose()
-            })
-            .transpose();
+        return htree::find_in_leaves(d, &fmt, name);
     }
     for lblk in 0..d.block_count() {
         let buffer = read_leaf(d, &fmt, lblk)?;

@@ -1062,6 +1062,13 @@ pub(crate) fn set_root_parent(
 const POSITION_END: u64 = 1 << 62;
 const COOKIE_DOTDOT: u64 = 1;
 const COOKIE_ENTRIES: u64 = 2;
+/// Cookies from here on are byte positions in block order (block ×
+/// block size + offset), for a listing that started on a directory whose
+/// index is damaged: such a listing reads its leaves in order, as the
+/// kernel's linear readdir does, instead of sorting every name again at
+/// each call. Below 2^63 whatever the directory's size (i_size < 2^32
+/// blocks of at most 64 KiB).
+const COOKIE_LEAVES: u64 = POSITION_END + 4;
 
 struct Listed {
     major: u32,
@@ -1101,6 +1108,9 @@ pub(crate) fn read_entries(
     if cookie <= COOKIE_DOTDOT && !emit(&dotdot, COOKIE_ENTRIES) {
         return Ok(());
     }
+    if cookie >= COOKIE_LEAVES {
+        return read_leaves_in_order(d, fmt, cookie - COOKIE_LEAVES, emit);
+    }
     let target = cookie.max(COOKIE_ENTRIES) - COOKIE_ENTRIES;
     if target >= POSITION_END {
         return Ok(());
@@ -1138,14 +1148,15 @@ fn listed_leaf(
         .collect())
 }
 
-/// List an htree directory from `target` in hash order: through its index
-/// when it is sound, else from every leaf read in block order and sorted
-/// (ext4_readdir's fallback after ERR_BAD_DX_DIR) — the same positions
-/// either way, so a listing that meets the damage half way goes on where
-/// it was. A listing that starts checks the whole index first (the walk
-/// reads every leaf anyway): an index that passes each node's own checks
-/// can still send two entries to one leaf and none to another, and a walk
-/// through it would list names twice and lose others without an error.
+/// List an htree directory from `target` in hash order through its index
+/// when it is sound. A listing that starts checks the whole index first
+/// (the walk reads every leaf anyway): an index that passes each node's
+/// own checks can still send two entries to one leaf and none to another,
+/// and a walk through it would list names twice and lose others without
+/// an error. On a damaged index (ext4_readdir's fallback after
+/// ERR_BAD_DX_DIR) a listing that starts reads the leaves in block order
+/// (`COOKIE_LEAVES`); one that meets the damage half way reads every leaf
+/// and goes on in hash order from where it was.
 fn read_indexed_or_leaves(
     d: &mut dyn DirBlocks,
     fmt: &Format,
@@ -1171,12 +1182,41 @@ fn read_indexed_or_leaves(
             walked => return walked,
         }
     }
+    if resume == 0 {
+        return read_leaves_in_order(d, fmt, 0, emit);
+    }
     let hasher = Hasher::new(fmt, root_version_or_default(d, fmt));
     let mut listed = Vec::new();
     for lblk in leaf_blocks(d, fmt)? {
         listed.extend(listed_leaf(d, fmt, &hasher, lblk)?);
     }
     emit_in_order(listed, resume, emit);
+    Ok(())
+}
+
+/// The leaves of a directory with a damaged index in block order from
+/// byte `position` (block × block size + offset), with `COOKIE_LEAVES`
+/// cookies; records never move while the index is damaged (no name is
+/// added through it), so positions stay valid.
+fn read_leaves_in_order(
+    d: &mut dyn DirBlocks,
+    fmt: &Format,
+    position: u64,
+    emit: &mut dyn FnMut(&DirEntry, u64) -> bool,
+) -> Result<()> {
+    let block_size = fmt.block_size as u64;
+    let (first, start) = (position / block_size, (position % block_size) as usize);
+    for lblk in leaf_blocks(d, fmt)? {
+        if lblk < first {
+            continue;
+        }
+        let from = if lblk == first { start } else { 0 };
+        for (entry, end) in dir::listed_leaf(d, fmt, lblk, from)? {
+            if !emit(&entry, COOKIE_LEAVES + lblk * block_size + end as u64) {
+                return Ok(());
+            }
+        }
+    }
     Ok(())
 }
 
@@ -1187,6 +1227,88 @@ fn root_version_or_default(d: &mut dyn DirBlocks, fmt: &Format) -> u8 {
         .ok()
         .and_then(|root| decode_root(fmt, &root.read()).ok())
         .map_or_else(|| default_root_version(fmt), |info| info.version)
+}
+
+/// Where the names of a directory with a damaged index lie: each leaf
+/// with the lowest and highest hash of the names it holds. Leaves of an
+/// htree hold disjoint hash ranges, so a lookup reads one or two of them
+/// instead of every leaf; a leaf that could not be read whole is given
+/// every hash, so that a lookup still reads it (and meets its error).
+#[derive(Debug, Default)]
+pub struct LeafRanges {
+    leaves: Vec<(u64, u32, u32)>,
+}
+
+impl LeafRanges {
+    pub fn len(&self) -> usize {
+        self.leaves.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leaves.is_empty()
+    }
+}
+
+/// Read every leaf once for `LeafRanges`.
+fn leaf_ranges(d: &mut dyn DirBlocks, fmt: &Format, hasher: &Hasher) -> Result<LeafRanges> {
+    let mut ranges = LeafRanges::default();
+    for lblk in leaf_blocks(d, fmt)? {
+        let range = read_leaf(d, fmt, lblk).ok().and_then(|buffer| {
+            let block = buffer.read();
+            let mut range: Option<(u32, u32)> = None;
+            for record in Records::leaf(fmt, &block, lblk) {
+                let record = record.ok()?;
+                if record.is_live() {
+                    let hash = hasher.major(record.name(&block));
+                    range = Some(
+                        range.map_or((hash, hash), |(low, high)| (low.min(hash), high.max(hash))),
+                    );
+                }
+            }
+            Some(range)
+        });
+        match range {
+            Some(Some((low, high))) => ranges.leaves.push((lblk, low, high)),
+            Some(None) => {} // no names
+            None => ranges.leaves.push((lblk, 0, u32::MAX)),
+        }
+    }
+    Ok(ranges)
+}
+
+/// ext4_find_entry's linear search of a directory whose index is damaged,
+/// read only where the name's hash can lie (`LeafRanges`, built once per
+/// directory and mount).
+pub(crate) fn find_in_leaves(
+    d: &mut dyn DirBlocks,
+    fmt: &Format,
+    name: &[u8],
+) -> Result<Option<EntryLocation>> {
+    let hasher = Hasher::new(fmt, root_version_or_default(d, fmt));
+    let ranges = match d.leaf_ranges() {
+        Some(ranges) => ranges,
+        None => {
+            let ranges = Arc::new(leaf_ranges(d, fmt, &hasher)?);
+            d.keep_leaf_ranges(Arc::clone(&ranges));
+            ranges
+        }
+    };
+    let hash = hasher.major(name);
+    for &(lblk, low, high) in &ranges.leaves {
+        if hash < low || hash > high {
+            continue;
+        }
+        let buffer = read_leaf(d, fmt, lblk)?;
+        if let Some(record) = find_name(fmt, &buffer.read(), lblk, name)? {
+            return Ok(Some(EntryLocation {
+                ino: record.ino,
+                file_type: record.file_type,
+                lblk,
+                offset: record.offset,
+            }));
+        }
+    }
+    Ok(None)
 }
 
 /// The blocks of an htree directory that may hold names: all but the root

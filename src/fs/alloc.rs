@@ -728,6 +728,12 @@ impl Tx<'_, '_> {
                 "freeing a reserved or invalid inode",
             ));
         }
+        if is_dir {
+            // What this mount learnt of the directory's damage dies with
+            // it: the number may name a new, sound directory next.
+            core.damaged_indexes.lock().remove(&ino);
+            core.incomplete_listings.lock().remove(&ino);
+        }
         // Data held by delayed allocation dies with the file, and its
         // reservation goes back.
         let reserved = core.delayed.discard(ino);

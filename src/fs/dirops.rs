@@ -8,6 +8,7 @@ use super::{Core, Fs, Tx};
 use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Location, Result};
 use crate::format::dir::{self, BadEntry, DirBlocks, DirEntry};
+use crate::format::htree::LeafRanges;
 use crate::format::inode::{Inode, flags};
 use crate::format::mapping::{self, Lookup};
 use crate::format::superblock::Geometry;
@@ -38,14 +39,35 @@ fn append_cost(core: &Core, ino: u32, inode: &Inode, blocks: u32) -> Result<u64>
 }
 
 fn index_damaged(core: &Core, ino: u32) -> bool {
-    core.damaged_indexes.lock().contains(&ino)
+    core.damaged_indexes.lock().contains_key(&ino)
+}
+
+fn leaf_ranges(core: &Core, ino: u32) -> Option<Arc<LeafRanges>> {
+    core.damaged_indexes.lock().get(&ino).cloned().flatten()
+}
+
+/// Keep `ranges` for directory `ino` while the mount's bound allows.
+fn keep_leaf_ranges(core: &Core, ino: u32, ranges: Arc<LeafRanges>) {
+    let mut damaged = core.damaged_indexes.lock();
+    let kept: usize = damaged.values().flatten().map(|kept| kept.len()).sum();
+    if kept + ranges.len() <= super::LEAF_RANGES_KEPT_MAX
+        && let Some(slot) = damaged.get_mut(&ino)
+    {
+        *slot = Some(ranges);
+    }
 }
 
 /// Remember that directory `ino`'s htree index is damaged and log it the
 /// first time (the kernel warns from dx_probe and falls back to a linear
 /// scan; e2fsck -fD rebuilds the index).
 fn note_index_damaged(core: &Core, ino: u32, why: &Error) {
-    if core.damaged_indexes.lock().insert(ino) {
+    let first = {
+        let mut damaged = core.damaged_indexes.lock();
+        let first = !damaged.contains_key(&ino);
+        damaged.entry(ino).or_insert(None);
+        first
+    };
+    if first {
         let found_in = match why {
             Error::Corrupt { origin, .. } => origin.to_string(),
             _ => String::new(),
@@ -125,6 +147,12 @@ impl DirBlocks for DirReader<'_> {
     }
     fn note_index_damaged(&mut self, why: &Error) {
         note_index_damaged(self.core, self.ino, why)
+    }
+    fn leaf_ranges(&self) -> Option<Arc<LeafRanges>> {
+        leaf_ranges(self.core, self.ino)
+    }
+    fn keep_leaf_ranges(&mut self, ranges: Arc<LeafRanges>) {
+        keep_leaf_ranges(self.core, self.ino, ranges)
     }
     fn note_bad_entry(&mut self, bad: BadEntry) {
         if self.bad_entries.len() < BAD_ENTRIES_KEPT {
@@ -213,6 +241,12 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
     fn note_index_damaged(&mut self, why: &Error) {
         note_index_damaged(self.tx.core, self.ino, why)
     }
+    fn leaf_ranges(&self) -> Option<Arc<LeafRanges>> {
+        leaf_ranges(self.tx.core, self.ino)
+    }
+    fn keep_leaf_ranges(&mut self, ranges: Arc<LeafRanges>) {
+        keep_leaf_ranges(self.tx.core, self.ino, ranges)
+    }
     fn note_bad_entry(&mut self, bad: BadEntry) {
         debug_assert!(false, "listings read through a DirReader: {bad:?}");
         tracing::warn!(?bad, directory = self.ino, "bad directory entry");
@@ -274,16 +308,18 @@ impl Fs {
         if listing.inode.links_count > 0 && !self.core.options.nodiratime {
             self.touch_atime(ino, &listing.inode);
         }
-        // A directory holding a name no listing can carry ends its listing
-        // with an error (after every other name: the call that finds the
-        // end empty), so that a walk that returns no error lists every
-        // name on disk. The kernel's readdir stops at such a name with
-        // EUCLEAN; the filesystem is not turned read-only for it.
-        if listing.ended && self.core.unlistable_dirs.lock().contains(&ino) {
-            return Err(Error::corrupt(
+        // A directory whose listing left something out (a name with '/',
+        // which no listing can carry, or an entry or leaf that is damaged)
+        // ends its listing with an error, after every other name (the call
+        // that finds the end empty), so that a walk that returns no error
+        // lists every name on disk. The kernel's readdir stops at a name
+        // with '/' (EUCLEAN) and skips a damaged block. Like any
+        // corruption, it leaves the filesystem read-only.
+        if listing.ended && self.core.incomplete_listings.lock().contains(&ino) {
+            return self.note_error(Err(Error::corrupt(
                 Location::Inode { ino },
-                "directory holds a name with '/', which no listing can carry",
-            ));
+                "the directory's listing left out damaged entries or names with '/'",
+            )));
         }
         Ok(())
     }
@@ -348,16 +384,18 @@ impl Fs {
 
     /// Say what a listing of directory `dir` left out: a corrupt entry as
     /// any corruption (logged once, read-only, recorded), a name no
-    /// listing may carry as an error line of its own (the filesystem is
-    /// not damaged by it as far as the kernel is concerned).
+    /// listing may carry as an error line of its own (the listing's end
+    /// reports it as corruption).
     fn report_bad_entries(&self, dir: u32, bad: Vec<BadEntry>, more: usize, unknown: Vec<Error>) {
+        if !bad.is_empty() {
+            self.core.incomplete_listings.lock().insert(dir);
+        }
         for bad in bad {
             match bad {
                 BadEntry::Corrupt(error) => {
                     self.note_failure(&error, false);
                 }
                 BadEntry::UnlistableName { location, offset } => {
-                    self.core.unlistable_dirs.lock().insert(dir);
                     let detail = format!("entry at {offset} has a name with '/'; it is not listed");
                     if self.first_report(&location, &detail) {
                         tracing::error!(%location, %detail, "corrupt directory entry left out of a listing");

@@ -248,10 +248,13 @@ pub(crate) struct Core {
     /// lookups and listings read the leaves linearly, as the kernel does
     /// once dx_probe fails (`ERR_BAD_DX_DIR`), and names are not added
     /// through the index (a leaf lock).
-    pub damaged_indexes: Mutex<NumberSet<u32>>,
-    /// Directories found to hold a name with '/': their listings end with
-    /// an error (a leaf lock).
-    pub unlistable_dirs: Mutex<NumberSet<u32>>,
+    /// With each, where its names lie once a lookup worked it out
+    /// (`htree::LeafRanges`, at most `LEAF_RANGES_KEPT_MAX` leaves in all).
+    pub damaged_indexes: Mutex<NumberMap<u32, Option<Arc<crate::format::htree::LeafRanges>>>>,
+    /// Directories whose listings left something out (a damaged entry or
+    /// leaf, a name with '/'): their listings end with an error (a leaf
+    /// lock).
+    pub incomplete_listings: Mutex<NumberSet<u32>>,
 }
 
 /// The newest transaction that changed an inode at all (`sync`, for
@@ -318,8 +321,8 @@ impl Core {
                 delalloc_limit(&options),
             ),
             orphans: Orphans::new(),
-            damaged_indexes: Mutex::new(NumberSet::default()),
-            unlistable_dirs: Mutex::new(NumberSet::default()),
+            damaged_indexes: Mutex::new(NumberMap::default()),
+            incomplete_listings: Mutex::new(NumberSet::default()),
             inodes: InodeLocks::new(),
             rename_lock: crate::lock::Mutex::new(Rank::Rename, ()),
             fast_commit: fast_commit::Tracker::attach(&geo, &journal, options.fast_commit_global),
@@ -463,6 +466,10 @@ fn emergency_reserve_blocks(blocks_count: u64) -> u64 {
     const RESERVE_BLOCKS_MAX: u64 = 4096;
     (blocks_count / 50).min(RESERVE_BLOCKS_MAX)
 }
+
+/// Leaves of damaged directories whose hash ranges a mount keeps (16
+/// bytes each): 4 MiB at most, whatever the image.
+pub(crate) const LEAF_RANGES_KEPT_MAX: usize = 1 << 18;
 
 /// Distinct corruptions remembered so that each is logged once.
 const LOGGED_CORRUPTIONS_MAX: usize = 1024;

@@ -91,6 +91,10 @@ impl DirBlocks for TestDir {
     fn note_bad_entry(&mut self, bad: jext4::format::dir::BadEntry) {
         self.bad_entries.push(bad);
     }
+    fn leaf_ranges(&self) -> Option<Arc<jext4::format::htree::LeafRanges>> {
+        None // built again for every lookup: tests see the slow path too
+    }
+    fn keep_leaf_ranges(&mut self, _ranges: Arc<jext4::format::htree::LeafRanges>) {}
 }
 
 /// Superblock and geometry of an image file.
