@@ -10,42 +10,21 @@
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount, Params};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 const TREE_ENTRIES: usize = 1500;
 const TREE_BYTES: u64 = 30 << 20;
-
-/// statvfs as the caller sees it: (f_bsize, f_blocks, f_bfree, f_bavail,
-/// f_files, f_ffree).
-fn statfs(path: &Path) -> [u64; 6] {
-    let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: zeroed is a valid statvfs; the call fills it.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid path and out pointer.
-    let result = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
-    assert_eq!(result, 0, "statvfs: {}", std::io::Error::last_os_error());
-    [
-        stat.f_frsize as u64,
-        stat.f_blocks as u64,
-        stat.f_bfree as u64,
-        stat.f_bavail as u64,
-        stat.f_files as u64,
-        stat.f_ffree as u64,
-    ]
-}
 
 /// The kernel's tree and statfs of `image` (a read-only loop mount), then
 /// jext4's (`-o ro`): both must agree.
 fn jext4_reads_as_the_kernel(image: &Path, mnt: &Path) -> usize {
     let kernel = KernelMount::mount(image, mnt, true);
     let by_kernel = e2e::snapshot(mnt);
-    let kernel_statfs = statfs(mnt);
+    let kernel_statfs = e2e::statfs_counts(mnt);
     kernel.unmount();
     let mount = JextMount::mount(image, mnt, "ro");
     let by_jext4 = e2e::snapshot(mnt);
-    let jext4_statfs = statfs(mnt);
+    let jext4_statfs = e2e::statfs_counts(mnt);
     mount.unmount();
     e2e::assert_same(&by_kernel, &by_jext4, ("kernel", "jext4"));
     assert_eq!(

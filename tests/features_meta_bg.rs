@@ -117,11 +117,20 @@ fn jext4_writes(name: &str, args: &[&str]) {
         "the workload changed no group outside meta group 0: the test shows nothing"
     );
 
+    let mount = JextMount::mount(&image, &mnt, "ro");
+    let jext4_statfs = e2e::statfs_counts(&mnt);
+    mount.unmount();
     let kernel = KernelMount::mount(&image, &mnt, true);
     let seen_by_kernel = e2e::snapshot(&kernel.mountpoint);
     e2e::verify(&kernel.mountpoint, &outcome.expect);
+    let kernel_statfs = e2e::statfs_counts(&kernel.mountpoint);
     kernel.unmount();
     e2e::assert_same(&written, &seen_by_kernel, ("jext4", "kernel"));
+    // The meta groups' descriptor blocks are overhead to both.
+    assert_eq!(
+        jext4_statfs, kernel_statfs,
+        "statfs [bsize, blocks, bfree, bavail, files, ffree]: jext4 vs the kernel"
+    );
     eprintln!(
         "{name}: {} names, {} groups past meta group 0 changed",
         written.len(),
