@@ -407,8 +407,8 @@ fn announce_journal(
     if options.bytelog {
         sb.feature_incompat |= superblock::incompat::BYTELOG;
     }
-    let (free_blocks, free_inodes) = groups.free_totals();
-    sb.free_blocks_count = free_blocks;
+    let (free_clusters, free_inodes) = groups.free_totals();
+    sb.free_blocks_count = free_clusters * sb.cluster_ratio() as u64;
     sb.free_inodes_count = free_inodes as u32;
     superblock::write_to(&**dev, sb)
 }
