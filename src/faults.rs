@@ -70,6 +70,11 @@
 //!   every name created, linked or removed in its transaction; broken, it
 //!   leaves the last one out, so a name the fsync acknowledged is missing
 //!   (or an unlinked one back) after replay.
+//! - [`Fault::MetaBgFlatDescriptor`]: with meta_bg, the descriptor of a
+//!   group in meta group `M` is written to that meta group's descriptor
+//!   block (in its first group); broken, it goes where the table would be
+//!   without meta_bg — block `M` after the primary superblock, over what
+//!   lies there — and its real block keeps the old counts.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -93,10 +98,11 @@ pub enum Fault {
     FastCommitAckEarly = 1 << 12,
     DelallocFsyncSkipsWriteOut = 1 << 13,
     DirSyncDropsDentry = 1 << 14,
+    MetaBgFlatDescriptor = 1 << 15,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 16] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -112,6 +118,7 @@ impl Fault {
         Fault::FastCommitAckEarly,
         Fault::DelallocFsyncSkipsWriteOut,
         Fault::DirSyncDropsDentry,
+        Fault::MetaBgFlatDescriptor,
     ];
 }
 

@@ -23,6 +23,8 @@ enum Mode {
     ByteLog,
     /// Full commits, with delayed allocation (`-o delalloc`).
     Delalloc,
+    /// Full commits on meta_bg images with several meta groups.
+    MetaBg,
 }
 
 /// Run `workloads` with `fault` on in `mode`; return the first failure's
@@ -44,6 +46,7 @@ fn first_failure(
     config.fast_commit = mode == Mode::FastCommits;
     config.bytelog = mode == Mode::ByteLog;
     config.delalloc = mode == Mode::Delalloc;
+    config.meta_bg = mode == Mode::MetaBg;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -227,6 +230,18 @@ fn an_fsync_that_leaves_held_data_in_memory_is_caught() {
     );
 }
 
+/// meta_bg: a descriptor written where the table would be without meta_bg
+/// overwrites another block and leaves its own meta group's counts stale.
+#[test]
+fn a_descriptor_written_outside_its_meta_group_is_caught() {
+    assert_caught_on(
+        Fault::MetaBgFlatDescriptor,
+        &["untar", "mailspool"],
+        200,
+        Mode::MetaBg,
+    );
+}
+
 /// Without a fault the same runs pass: what the tests above catch is the
 /// fault, not the harness.
 #[test]
@@ -243,6 +258,7 @@ fn the_same_runs_pass_without_faults() {
         Mode::FastCommits,
         Mode::ByteLog,
         Mode::Delalloc,
+        Mode::MetaBg,
     ] {
         let chosen: Vec<&'static Workload> = names.iter().map(|name| find(name).unwrap()).collect();
         // Fewer on fast_commit images: crash_workloads.rs covers them too.
@@ -252,6 +268,7 @@ fn the_same_runs_pass_without_faults() {
         config.fast_commit = mode == Mode::FastCommits;
         config.bytelog = mode == Mode::ByteLog;
         config.delalloc = mode == Mode::Delalloc;
+        config.meta_bg = mode == Mode::MetaBg;
         let summary = run(&config, &mut |_| {}).unwrap();
         let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));

@@ -1,6 +1,7 @@
 //! Every crash-test workload at 1 KiB and 4 KiB blocks, on plain images,
-//! on fast_commit images (fsync writes fast commits), and on fast_commit
-//! images with delayed allocation (`-o delalloc`): each planned crash
+//! on fast_commit images (fsync writes fast commits), on fast_commit
+//! images with delayed allocation (`-o delalloc`), and on meta_bg images
+//! with several meta groups (`META_BG_STATES`): each planned crash
 //! state recovers (jext4, and e2fsck and the kernel on samples) to a clean
 //! filesystem that keeps everything acknowledged.
 //!
@@ -18,6 +19,8 @@ use jext4::crash::{Config, run};
 
 const STATES: usize = 200;
 const FAST_COMMIT_STATES: usize = 60;
+/// On meta_bg images: the descriptors' other places, not other commits.
+const META_BG_STATES: usize = 60;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
 const PER_DIRECTORY: &[&str] = &[
@@ -34,10 +37,20 @@ fn check(workload: &str, block_size: u32, fast_commit: bool) {
 }
 
 fn check_with(workload: &str, block_size: u32, fast_commit: bool, delalloc: bool) {
+    check_images(workload, block_size, fast_commit, delalloc, false);
+}
+
+fn check_meta_bg(workload: &str, block_size: u32) {
+    check_images(workload, block_size, false, false, true);
+}
+
+fn check_images(workload: &str, block_size: u32, fast_commit: bool, delalloc: bool, meta_bg: bool) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
         return;
     }
-    let states = if fast_commit && !PER_DIRECTORY.contains(&workload) {
+    let states = if meta_bg {
+        META_BG_STATES
+    } else if fast_commit && !PER_DIRECTORY.contains(&workload) {
         FAST_COMMIT_STATES
     } else {
         STATES
@@ -45,6 +58,7 @@ fn check_with(workload: &str, block_size: u32, fast_commit: bool, delalloc: bool
     let mut config = Config::new(vec![find(workload).unwrap()], block_size, states, 1);
     config.fast_commit = fast_commit;
     config.delalloc = delalloc;
+    config.meta_bg = meta_bg;
     let summary = run(&config, &mut |_| {}).unwrap();
     let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -60,9 +74,10 @@ fn check_with(workload: &str, block_size: u32, fast_commit: bool, delalloc: bool
         common::skip(&format!("kernel replay: {why}"));
     }
     eprintln!(
-        "{workload} {block_size}{}{}: {} states, {} e2fsck replays ({} left to the kernel), {} kernel replays{} in {:.1?}",
+        "{workload} {block_size}{}{}{}: {} states, {} e2fsck replays ({} left to the kernel), {} kernel replays{} in {:.1?}",
         if fast_commit { " fast commits" } else { "" },
         if delalloc { " delalloc" } else { "" },
+        if meta_bg { " meta_bg" } else { "" },
         summary.states,
         summary.replay_runs,
         summary.replay_skipped,
@@ -96,6 +111,12 @@ macro_rules! workload_tests {
         }
         mod delalloc_plain_at_4k {
             $(#[test] fn $name() { super::check_with($workload, 4096, false, true) })*
+        }
+        mod meta_bg_at_1k {
+            $(#[test] fn $name() { super::check_meta_bg($workload, 1024) })*
+        }
+        mod meta_bg_at_4k {
+            $(#[test] fn $name() { super::check_meta_bg($workload, 4096) })*
         }
     };
 }

@@ -109,6 +109,10 @@ struct CrashtestArgs {
     /// write-out.
     #[arg(long)]
     delalloc: bool,
+    /// Images with meta_bg (no resize_inode), 256-block groups and four
+    /// group descriptors to a block: several meta groups in the image.
+    #[arg(long)]
+    meta_bg: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -214,6 +218,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String
     config.bytelog = args.bytelog;
     config.fast_commit_global = args.fast_commit_global;
     config.delalloc = args.delalloc;
+    config.meta_bg = args.meta_bg;
     Ok(config)
 }
 

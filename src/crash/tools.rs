@@ -89,6 +89,30 @@ pub fn make_template(
     mib: u64,
     fast_commit: bool,
 ) -> Result<Vec<u8>, String> {
+    make_template_with(scratch, block_size, mib, fast_commit, false)
+}
+
+/// Blocks per group of the meta_bg template: 64 groups at 1 KiB blocks,
+/// 16 at 4 KiB in 16 MiB.
+const META_BG_GROUP_BLOCKS: u32 = 256;
+/// Descriptors per block of the meta_bg template (`-E desc_size`): with
+/// 256-block groups, 16 meta groups at 1 KiB blocks and 4 at 4 KiB.
+const META_BG_DESCS_PER_BLOCK: u32 = 4;
+/// Groups per flex group of the meta_bg template: one meta group each, so
+/// that Orlov spreads directories (and their files) over the meta groups.
+const META_BG_FLEX_GROUPS: &str = "4";
+
+/// `make_template`, and with `meta_bg` the feature without resize_inode,
+/// in a geometry that gives the image several meta groups (the groups
+/// and descriptor blocks the kernel's mke2fs default would make appear
+/// only in much larger images).
+pub fn make_template_with(
+    scratch: &Scratch,
+    block_size: u32,
+    mib: u64,
+    fast_commit: bool,
+    meta_bg: bool,
+) -> Result<Vec<u8>, String> {
     let path = scratch.path(&format!("template-{block_size}.img"));
     let stale: Vec<u8> = STALE_PATTERN
         .iter()
@@ -102,30 +126,34 @@ pub fn make_template(
     }
     drop(file);
     let block_size_arg = block_size.to_string();
-    let (code, text) = run(
-        "mke2fs",
-        &[
-            "-q",
-            "-F",
-            "-t",
-            "ext4",
-            "-b",
-            &block_size_arg,
-            "-O",
-            if fast_commit {
-                "fast_commit"
-            } else {
-                "^fast_commit"
-            },
-            "-U",
-            "6a657874-3463-7261-7368-746573740001",
-            "-E",
-            "nodiscard,lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0,\
-             hash_seed=6a657874-3463-7261-7368-746573740002",
-            path_str(&path)?,
-        ],
-        &[("E2FSPROGS_FAKE_TIME", "1700000000")],
-    )?;
+    let mut features = String::from(if fast_commit {
+        "fast_commit"
+    } else {
+        "^fast_commit"
+    });
+    let mut extended = String::from(
+        "nodiscard,lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0,\
+         hash_seed=6a657874-3463-7261-7368-746573740002",
+    );
+    let group_blocks = META_BG_GROUP_BLOCKS.to_string();
+    let mut args = vec!["-q", "-F", "-t", "ext4", "-b", &block_size_arg];
+    if meta_bg {
+        features.push_str(",meta_bg,^resize_inode");
+        let desc_size = block_size / META_BG_DESCS_PER_BLOCK;
+        extended.push_str(&format!(",desc_size={desc_size}"));
+        args.extend(["-g", &group_blocks, "-G", META_BG_FLEX_GROUPS]);
+    }
+    let path_arg = path_str(&path)?;
+    args.extend([
+        "-O",
+        &features,
+        "-U",
+        "6a657874-3463-7261-7368-746573740001",
+        "-E",
+        &extended,
+        path_arg,
+    ]);
+    let (code, text) = run("mke2fs", &args, &[("E2FSPROGS_FAKE_TIME", "1700000000")])?;
     if code != 0 {
         return Err(format!("mke2fs failed: {}", shorten(&text)));
     }

@@ -118,9 +118,10 @@ impl GroupDesc {
     fn validate(&self, geo: &Geometry, group: u32) -> Result<()> {
         let location = Location::GroupDescriptor { group };
         let (first, last) = self.allowed_blocks(geo, group);
-        // The primary superblock and descriptor table (s_first_data_block
-        // holds the superblock, the table follows it).
-        let table_end = geo.first_data_block as u64 + geo.gdt_blocks as u64;
+        // The primary superblock and the descriptor blocks after it (the
+        // whole table, or with meta_bg those of group 0), as
+        // ext4_check_descriptors bounds them with ext4_bg_num_gdb(sb, 0).
+        let table_end = geo.superblock_location().0 + geo.group_gdt_blocks(0) as u64;
         let allowed = |block: u64, count: u64| {
             block > table_end
                 && block >= first
@@ -145,9 +146,9 @@ impl GroupDesc {
             self.inode_table
         );
         ensure_format!(
-            self.free_blocks <= geo.blocks_per_group,
+            self.free_blocks <= geo.clusters_per_group,
             location,
-            "free block count {} exceeds the group size",
+            "free block count {} exceeds the group size (in clusters)",
             self.free_blocks
         );
         ensure_format!(

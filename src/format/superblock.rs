@@ -96,6 +96,7 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::EXTENTS
     | incompat::BIT64
     | incompat::FLEX_BG
+    | incompat::META_BG
     | incompat::MMP
     | incompat::CSUM_SEED
     | incompat::BYTELOG;
@@ -229,6 +230,7 @@ const S_MMP_BLOCK: usize = 0x168;
 const S_LOG_GROUPS_PER_FLEX: usize = 0x174;
 const S_CHECKSUM_TYPE: usize = 0x175;
 const S_KBYTES_WRITTEN: usize = 0x178;
+const S_OVERHEAD_CLUSTERS: usize = 0x248;
 const S_BACKUP_BGS: usize = 0x24C;
 const S_CHECKSUM_SEED: usize = 0x270;
 const S_WTIME_HI: usize = 0x274;
@@ -337,6 +339,9 @@ pub struct Superblock {
     pub checksum_type: u8,
     pub kbytes_written: u64,
     pub backup_bgs: [u32; 2],
+    /// Clusters that never hold file data, when mke2fs recorded them
+    /// (`s_overhead_clusters`; 0: not recorded).
+    pub overhead_clusters: u32,
     pub checksum_seed: u32,
     pub orphan_file_inum: u32,
     /// Seconds between updates of the MMP block (`mmp` feature).
@@ -466,6 +471,7 @@ impl Superblock {
                 get_u32(&raw[..], S_BACKUP_BGS),
                 get_u32(&raw[..], S_BACKUP_BGS + 4),
             ],
+            overhead_clusters: get_u32(&raw[..], S_OVERHEAD_CLUSTERS),
             checksum_seed: get_u32(&raw[..], S_CHECKSUM_SEED),
             orphan_file_inum: get_u32(&raw[..], S_ORPHAN_FILE_INUM),
             mmp_update_interval: get_u16(&raw[..], S_MMP_UPDATE_INTERVAL),
@@ -485,12 +491,7 @@ impl Superblock {
             self.log_block_size
         );
         let block_size = 1024u64 << self.log_block_size;
-        ensure_format!(
-            self.blocks_per_group >= 8 && self.blocks_per_group as u64 <= 8 * block_size,
-            location,
-            "blocks per group {} does not fit one bitmap block",
-            self.blocks_per_group
-        );
+        self.validate_clusters(block_size)?;
         ensure_format!(
             self.inodes_per_group >= 1 && self.inodes_per_group as u64 <= 8 * block_size,
             location,
@@ -511,7 +512,14 @@ impl Superblock {
             "block count {} is too small",
             self.blocks_count
         );
-        let expected_first = if block_size == 1024 { 1 } else { 0 };
+        // mke2fs starts a bigalloc filesystem at block 0 whatever the block
+        // size: cluster 0 holds the boot block and the superblock.
+        let bigalloc = self.has_ro_compat(ro_compat::BIGALLOC);
+        let expected_first = if block_size == 1024 && !bigalloc {
+            1
+        } else {
+            0
+        };
         ensure_format!(
             self.first_data_block == expected_first,
             location,
@@ -549,6 +557,17 @@ impl Superblock {
                 self.desc_size
             );
         }
+        if self.has_incompat(incompat::META_BG) {
+            let descriptor_blocks =
+                (groups as u32).div_ceil((block_size as u32) / self.desc_size());
+            // ext4_fill_super: "first meta block group too large".
+            ensure_format!(
+                self.first_meta_bg <= descriptor_blocks,
+                location,
+                "first meta block group {} is past the {descriptor_blocks} descriptor blocks",
+                self.first_meta_bg
+            );
+        }
         if self.has_ro_compat(ro_compat::METADATA_CSUM) {
             ensure_format!(
                 self.checksum_type == 1,
@@ -565,6 +584,54 @@ impl Superblock {
             );
         }
         Ok(())
+    }
+
+    /// The group sizes in blocks and in clusters, as ext4_fill_super checks
+    /// them: one bitmap block holds a bit per cluster of a group, and with
+    /// bigalloc a group's blocks are its clusters times the cluster ratio.
+    fn validate_clusters(&self, block_size: u64) -> Result<()> {
+        let location = Location::Superblock;
+        let bigalloc = self.has_ro_compat(ro_compat::BIGALLOC);
+        let bitmap_bits = if bigalloc {
+            // EXT4_MAX_CLUSTER_LOG_SIZE: clusters of at most 2^30 bytes.
+            ensure_format!(
+                self.log_cluster_size >= self.log_block_size && self.log_cluster_size <= 20,
+                location,
+                "cluster size 2^(10+{}) is out of range for block size {block_size}",
+                self.log_cluster_size
+            );
+            let ratio = self.cluster_ratio() as u64;
+            ensure_format!(
+                self.clusters_per_group as u64 * ratio == self.blocks_per_group as u64,
+                location,
+                "blocks per group {} and clusters per group {} disagree",
+                self.blocks_per_group,
+                self.clusters_per_group
+            );
+            self.clusters_per_group
+        } else {
+            self.blocks_per_group
+        };
+        ensure_format!(
+            bitmap_bits >= 8 && bitmap_bits as u64 <= 8 * block_size,
+            location,
+            "{} per group {bitmap_bits} does not fit one bitmap block",
+            if bigalloc { "clusters" } else { "blocks" }
+        );
+        Ok(())
+    }
+
+    /// Blocks per cluster: `2^(s_log_cluster_size - s_log_block_size)` with
+    /// bigalloc, else 1.
+    pub fn cluster_ratio(&self) -> u32 {
+        if self.has_ro_compat(ro_compat::BIGALLOC) {
+            1 << self
+                .log_cluster_size
+                .saturating_sub(self.log_block_size)
+                .min(20)
+        } else {
+            1
+        }
     }
 
     /// Refuse features this build cannot handle. Returns `Ok(true)` if the
@@ -813,8 +880,18 @@ pub struct Geometry {
     pub first_ino: u32,
     pub desc_size: u32,
     pub descs_per_block: u32,
-    /// Blocks of the group descriptor table (without reserved GDT blocks).
+    /// Blocks of the group descriptor table (without reserved GDT blocks),
+    /// wherever they lie.
     pub gdt_blocks: u32,
+    /// With meta_bg (`s_first_meta_bg`): descriptor blocks before this one
+    /// follow the superblock as one table; block `M` from here on lies in
+    /// meta group `M` (groups `M*N .. M*N+N-1`, `N = descs_per_block`), at
+    /// the start of its first group. `gdt_blocks` without meta_bg.
+    pub first_meta_bg: u32,
+    /// Blocks per cluster (bigalloc), a power of two; 1 without.
+    pub cluster_ratio: u32,
+    /// Bits of the block bitmap: one per cluster of the group.
+    pub clusters_per_group: u32,
     pub reserved_gdt_blocks: u32,
     pub inode_table_blocks: u32,
     pub groups_per_flex: u32,
@@ -868,6 +945,13 @@ impl Geometry {
             desc_size,
             descs_per_block,
             gdt_blocks: group_count.div_ceil(descs_per_block),
+            first_meta_bg: if sb.has_incompat(incompat::META_BG) {
+                sb.first_meta_bg.min(group_count.div_ceil(descs_per_block))
+            } else {
+                group_count.div_ceil(descs_per_block)
+            },
+            cluster_ratio: sb.cluster_ratio(),
+            clusters_per_group: sb.blocks_per_group / sb.cluster_ratio(),
             reserved_gdt_blocks: if sb.has_compat(compat::RESIZE_INODE) {
                 sb.reserved_gdt_blocks as u32
             } else {
@@ -970,22 +1054,101 @@ impl Geometry {
         is_power_of(group, 3) || is_power_of(group, 5) || is_power_of(group, 7)
     }
 
-    /// Blocks at the start of `group` used by the superblock backup, the
-    /// descriptor table and the reserved descriptor blocks.
-    pub fn group_overhead_blocks(&self, group: u32) -> u32 {
-        if self.group_has_super(group) {
-            1 + self.gdt_blocks + self.reserved_gdt_blocks
+    /// Whether descriptor block `index` lies in its meta group (meta_bg)
+    /// rather than in the table after the superblock.
+    fn in_meta_group(&self, index: u32) -> bool {
+        index >= self.first_meta_bg
+    }
+
+    /// Descriptor blocks at the start of `group`, primary or backup, as the
+    /// kernel's `ext4_bg_num_gdb` counts them: the whole table (the blocks
+    /// before `s_first_meta_bg` with meta_bg) in a group with a superblock
+    /// copy; in the meta_bg layout, one block in the first, second and
+    /// last group of each meta group.
+    pub fn group_gdt_blocks(&self, group: u32) -> u32 {
+        let index = group / self.descs_per_block;
+        if self.in_meta_group(index) {
+            let first = index * self.descs_per_block;
+            let last = first + self.descs_per_block - 1;
+            u32::from(group == first || group == first + 1 || group == last)
+        } else if self.group_has_super(group) {
+            self.first_meta_bg
         } else {
             0
         }
     }
 
-    /// The block holding descriptor `group` in the primary table.
+    /// Blocks at the start of `group` used by the superblock backup, the
+    /// descriptor blocks and the reserved descriptor blocks
+    /// (`ext4_num_base_meta_clusters`, in blocks: reserved GDT blocks
+    /// follow only a table outside the meta_bg layout), and the boot block
+    /// before a 1 KiB filesystem's superblock when group 0 starts at block
+    /// 0 (bigalloc).
+    pub fn group_overhead_blocks(&self, group: u32) -> u32 {
+        let has_super = u32::from(self.group_has_super(group));
+        let descriptors = self.group_gdt_blocks(group);
+        let reserved = if has_super == 1 && !self.in_meta_group(group / self.descs_per_block) {
+            self.reserved_gdt_blocks
+        } else {
+            0
+        };
+        let boot =
+            u32::from(group == 0 && self.superblock_location().0 > self.first_data_block as u64);
+        boot + has_super + descriptors + reserved
+    }
+
+    /// The block and byte offset of descriptor `group` in its primary
+    /// copy (the kernel's `descriptor_loc`, e2fsprogs'
+    /// `ext2fs_descriptor_block_loc2`): in the table after the primary
+    /// superblock, or with meta_bg at the start of the first group of its
+    /// meta group, after that group's superblock copy if it has one.
     pub fn group_desc_location(&self, group: u32) -> (u64, usize) {
-        let table_start = self.first_data_block as u64 + 1;
-        let block = table_start + (group / self.descs_per_block) as u64;
+        let index = group / self.descs_per_block;
         let offset = (group % self.descs_per_block * self.desc_size) as usize;
+        let superblock_block = self.superblock_location().0;
+        if !self.in_meta_group(index) {
+            return (superblock_block + 1 + index as u64, offset);
+        }
+        let first = index * self.descs_per_block;
+        let block = if first == 0 {
+            superblock_block + 1
+        } else {
+            self.group_first_block(first) + u64::from(self.group_has_super(first))
+        };
+        debug_assert!(block < self.blocks_count, "descriptor block past the end");
         (block, offset)
+    }
+
+    /// The backup copies of the meta_bg descriptor blocks: in the second
+    /// and the last group of each meta group, after the group's superblock
+    /// copy if it has one (e2fsprogs' `ext2fs_super_and_bgd_loc2`).
+    pub fn meta_bg_backup_desc_blocks(&self) -> Vec<u64> {
+        let per_block = self.descs_per_block;
+        let mut blocks = Vec::new();
+        if per_block < 2 {
+            // One descriptor a block: each group holds its own, no backups.
+            return blocks;
+        }
+        for index in self.first_meta_bg..self.gdt_blocks {
+            let first = index * per_block;
+            let mut backups = vec![first + 1, first + per_block - 1];
+            backups.dedup();
+            for group in backups {
+                if group != first && group < self.group_count {
+                    let has_super = u64::from(self.group_has_super(group));
+                    blocks.push(self.group_first_block(group) + has_super);
+                }
+            }
+        }
+        blocks
+    }
+
+    /// Where `group_desc_location` would put descriptor `group` without
+    /// meta_bg: the fault `MetaBgFlatDescriptor` writes there.
+    pub fn flat_group_desc_location(&self, group: u32) -> (u64, usize) {
+        let index = group / self.descs_per_block;
+        let offset = (group % self.descs_per_block * self.desc_size) as usize;
+        (self.superblock_location().0 + 1 + index as u64, offset)
     }
 
     /// The block and byte offset holding the primary superblock.
@@ -995,9 +1158,15 @@ impl Geometry {
         (block, offset)
     }
 
-    /// Bytes of the block bitmap that carry bits (and the checksum covers).
+    /// Bytes of the block bitmap that carry bits (and the checksum covers):
+    /// one bit per cluster.
     pub fn block_bitmap_bytes(&self) -> usize {
-        (self.blocks_per_group / 8) as usize
+        (self.clusters_per_group / 8) as usize
+    }
+
+    /// Whether clusters are larger than blocks (bigalloc).
+    pub fn bigalloc(&self) -> bool {
+        self.cluster_ratio > 1
     }
 
     pub fn inode_bitmap_bytes(&self) -> usize {
@@ -1037,6 +1206,108 @@ mod tests {
         let geometry = Geometry::from_superblock(&superblock);
         let with_super: Vec<u32> = (0..100).filter(|g| geometry.group_has_super(*g)).collect();
         assert_eq!(with_super, vec![0, 1, 3, 5, 7, 9, 25, 27, 49, 81]);
+    }
+
+    /// A 1 KiB-block superblock of `groups` groups of 256 blocks, 64-byte
+    /// descriptors (16 to a block), with `incompat` and `ro_compat` set.
+    fn small_groups(groups: u32, incompat_bits: u32, ro_compat_bits: u32) -> Vec<u8> {
+        let mut sb = vec![0u8; 1024];
+        put_u16(&mut sb, S_MAGIC, EXT4_MAGIC);
+        put_u32(&mut sb, S_REV_LEVEL, 1);
+        put_u32(&mut sb, S_FIRST_DATA_BLOCK, 1);
+        put_u32(&mut sb, S_BLOCKS_COUNT_LO, 1 + 256 * groups);
+        put_u32(&mut sb, S_BLOCKS_PER_GROUP, 256);
+        put_u32(&mut sb, S_CLUSTERS_PER_GROUP, 256);
+        put_u32(&mut sb, S_INODES_PER_GROUP, 64);
+        put_u32(&mut sb, S_INODES_COUNT, 64 * groups);
+        put_u32(&mut sb, S_FIRST_INO, 11);
+        put_u16(&mut sb, S_INODE_SIZE, 256);
+        put_u16(&mut sb, S_DESC_SIZE, 64);
+        put_u32(&mut sb, S_FEATURE_INCOMPAT, incompat::BIT64 | incompat_bits);
+        put_u32(
+            &mut sb,
+            S_FEATURE_RO_COMPAT,
+            ro_compat::SPARSE_SUPER | ro_compat_bits,
+        );
+        sb
+    }
+
+    /// Where descriptors are with s_first_meta_bg = 2 of 4 descriptor
+    /// blocks (what the kernel's online resize leaves when it switches to
+    /// meta_bg): blocks 0 and 1 after the superblock, blocks 2 and 3 at the
+    /// start of groups 32 and 48 — as descriptor_loc, ext4_bg_num_gdb and
+    /// ext2fs_super_and_bgd_loc2 place them.
+    #[test]
+    fn meta_bg_descriptors_lie_in_their_meta_groups() {
+        let mut bytes = small_groups(64, incompat::META_BG, 0);
+        put_u32(&mut bytes, S_FIRST_META_BG, 2);
+        let geo = Geometry::from_superblock(&Superblock::decode(&bytes).unwrap());
+        assert_eq!(
+            (geo.descs_per_block, geo.gdt_blocks, geo.first_meta_bg),
+            (16, 4, 2)
+        );
+        assert_eq!(geo.group_desc_location(0), (2, 0));
+        assert_eq!(geo.group_desc_location(17), (3, 64));
+        assert_eq!(geo.group_desc_location(32), (1 + 32 * 256, 0));
+        assert_eq!(geo.group_desc_location(50), (1 + 48 * 256, 128));
+        let gdt: Vec<u32> = [0, 1, 2, 3, 25, 32, 33, 40, 47, 48, 49, 63]
+            .iter()
+            .map(|&group| geo.group_gdt_blocks(group))
+            .collect();
+        assert_eq!(gdt, [2, 2, 0, 2, 2, 1, 1, 0, 1, 1, 1, 1]);
+        // Superblock copy, descriptor block; no reserved GDT blocks.
+        assert_eq!(geo.group_overhead_blocks(25), 3);
+        assert_eq!(geo.group_overhead_blocks(33), 1);
+        assert_eq!(geo.group_overhead_blocks(40), 0);
+        assert_eq!(geo.group_overhead_blocks(49), 2);
+        assert_eq!(
+            geo.meta_bg_backup_desc_blocks(),
+            [1 + 33 * 256, 1 + 47 * 256, 2 + 49 * 256, 1 + 63 * 256]
+        );
+        assert_eq!(geo.flat_group_desc_location(50), (5, 128));
+    }
+
+    /// Without meta_bg the table follows the superblock whole, backed up
+    /// in every group with a superblock copy.
+    #[test]
+    fn without_meta_bg_the_table_follows_each_superblock() {
+        let geo = Geometry::from_superblock(&Superblock::decode(&small_groups(64, 0, 0)).unwrap());
+        assert_eq!(geo.first_meta_bg, geo.gdt_blocks);
+        assert_eq!(geo.group_desc_location(50), (5, 128));
+        assert_eq!(geo.group_gdt_blocks(49), 4);
+        assert_eq!(geo.group_gdt_blocks(48), 0);
+        assert_eq!(geo.group_overhead_blocks(0), 5);
+        assert!(geo.meta_bg_backup_desc_blocks().is_empty());
+    }
+
+    #[test]
+    fn a_first_meta_group_past_the_table_is_corruption() {
+        let mut bytes = small_groups(64, incompat::META_BG, 0);
+        put_u32(&mut bytes, S_FIRST_META_BG, 5);
+        let error = Superblock::decode(&bytes).unwrap_err().to_string();
+        assert!(error.contains("first meta block group 5"), "{error}");
+    }
+
+    /// bigalloc: the bitmap counts clusters, groups are clusters times the
+    /// ratio, and the filesystem starts at block 0 even with 1 KiB blocks
+    /// (the superblock then lies in block 1, the table after it).
+    #[test]
+    fn bigalloc_groups_count_clusters() {
+        let mut bytes = small_groups(4, 0, ro_compat::BIGALLOC);
+        put_u32(&mut bytes, S_FIRST_DATA_BLOCK, 0);
+        put_u32(&mut bytes, S_BLOCKS_COUNT_LO, 4 * 4096);
+        put_u32(&mut bytes, S_BLOCKS_PER_GROUP, 4096);
+        put_u32(&mut bytes, S_CLUSTERS_PER_GROUP, 256);
+        put_u32(&mut bytes, S_LOG_CLUSTER_SIZE, 4);
+        let geo = Geometry::from_superblock(&Superblock::decode(&bytes).unwrap());
+        assert_eq!((geo.cluster_ratio, geo.clusters_per_group), (16, 256));
+        assert_eq!(geo.block_bitmap_bytes(), 32);
+        assert_eq!(geo.group_desc_location(0), (2, 0));
+        // Boot block, superblock, one descriptor block.
+        assert_eq!(geo.group_overhead_blocks(0), 3);
+        put_u32(&mut bytes, S_CLUSTERS_PER_GROUP, 255);
+        let error = Superblock::decode(&bytes).unwrap_err().to_string();
+        assert!(error.contains("disagree"), "{error}");
     }
 
     #[test]

@@ -179,8 +179,12 @@ impl SpareMasks {
 
 pub(crate) struct Groups {
     groups: Vec<Group>,
-    /// The descriptor table's blocks, resident.
+    /// The descriptor table's blocks, resident: block `i` holds the
+    /// descriptors of groups `i*N..i*N+N` wherever it lies (meta_bg).
     table: Vec<Arc<Buffer>>,
+    /// The cache the table was read from (the fault `MetaBgFlatDescriptor`
+    /// reads the block it writes to wrongly).
+    cache: Arc<BufferCache>,
     /// Blocks in preallocation windows, all groups (changed under the
     /// group's lock): none means a search that steps over windows missed
     /// nothing.
@@ -191,7 +195,7 @@ pub(crate) struct Groups {
 
 impl Groups {
     /// Read every descriptor (checked against the geometry on decode).
-    pub fn load(geo: &Geometry, cache: &BufferCache) -> Result<Groups> {
+    pub fn load(geo: &Geometry, cache: &Arc<BufferCache>) -> Result<Groups> {
         let mut groups = Vec::with_capacity(geo.group_count as usize);
         let mut table: Vec<Arc<Buffer>> = Vec::new();
         for group in 0..geo.group_count {
@@ -222,9 +226,11 @@ impl Groups {
                 ),
             });
         }
+        debug_assert_eq!(table.len(), geo.gdt_blocks as usize);
         Ok(Groups {
             groups,
             table,
+            cache: Arc::clone(cache),
             window_blocks: AtomicU64::new(0),
             spare_masks: SpareMasks::new(geo.block_size as usize),
         })
@@ -432,6 +438,8 @@ impl GroupGuard<'_, '_> {
         let (block, offset) = geo.group_desc_location(self.group);
         let buffer = &self.groups.table[(self.group / geo.descs_per_block) as usize];
         debug_assert_eq!(buffer.block(), block);
+        let misplaced = self.misplaced_table_block(block);
+        let buffer = misplaced.as_ref().unwrap_or(buffer);
         // get_write_access cannot fail: the block is resident.
         if let Ok(mut bytes) = self.handle.get_write_access(buffer) {
             let size = geo.desc_size as usize;
@@ -456,6 +464,22 @@ impl GroupGuard<'_, '_> {
         );
         self.before = (desc.free_blocks, desc.free_inodes);
         self.dirty = false;
+    }
+}
+
+impl GroupGuard<'_, '_> {
+    /// Under the fault `MetaBgFlatDescriptor`, the block the descriptor
+    /// goes to instead of `block`, its real one: where the table would be
+    /// without meta_bg, when that is elsewhere.
+    fn misplaced_table_block(&self, block: u64) -> Option<Arc<Buffer>> {
+        if !crate::faults::active(crate::faults::Fault::MetaBgFlatDescriptor) {
+            return None;
+        }
+        let (flat, _) = self.geo.flat_group_desc_location(self.group);
+        if flat == block {
+            return None;
+        }
+        self.groups.cache.read(flat).ok()
     }
 }
 

@@ -45,7 +45,7 @@ use std::sync::Arc;
 const MAX_JOURNAL_BLOCKS: u64 = 10_000_000;
 
 /// The physical block of every journal block, from the journal inode.
-pub(crate) fn journal_blocks(geo: &Geometry, cache: &BufferCache) -> Result<Vec<u64>> {
+pub(crate) fn journal_blocks(geo: &Geometry, cache: &Arc<BufferCache>) -> Result<Vec<u64>> {
     let ino = geo.journal_inum;
     let location = Location::Inode { ino };
     let groups = Groups::load(geo, cache)?;
@@ -110,7 +110,11 @@ pub(crate) fn checked_journal_area(
 /// The journal as a `JournalArea` on `dev` (a short-lived cache reads the
 /// journal inode and its mapping).
 pub(crate) fn journal_area(geo: &Geometry, dev: &Arc<dyn BlockDevice>) -> Result<JournalArea> {
-    let cache = BufferCache::new(Arc::clone(dev), geo.block_size as usize, 8 << 20);
+    let cache = Arc::new(BufferCache::new(
+        Arc::clone(dev),
+        geo.block_size as usize,
+        8 << 20,
+    ));
     let blocks = journal_blocks(geo, &cache)?;
     Ok(JournalArea::new(Arc::clone(dev), geo.block_size, blocks))
 }

@@ -290,7 +290,7 @@ impl Core {
             .unwrap_or_default()
             .subsec_nanos();
         let reserved_blocks = sb.reserved_blocks_count;
-        let emergency_reserve = emergency_reserve_blocks(geo.blocks_count);
+        let emergency_reserve = emergency_reserve_blocks(&geo);
         let mut budget = Budget::new(
             free_blocks,
             journal.is_journaled(),
@@ -301,7 +301,7 @@ impl Core {
             budget = budget.disabled();
         }
         let core = Core {
-            overhead_blocks: overhead_blocks(&geo, &sb),
+            overhead_blocks: overhead_blocks(&geo, &sb, &groups),
             reserved_blocks,
             emergency_reserve,
             resuid: sb.def_resuid as u32,
@@ -414,8 +414,8 @@ fn announce_journal(
     if options.bytelog {
         sb.feature_incompat |= superblock::incompat::BYTELOG;
     }
-    let (free_blocks, free_inodes) = groups.free_totals();
-    sb.free_blocks_count = free_blocks;
+    let (free_clusters, free_inodes) = groups.free_totals();
+    sb.free_blocks_count = free_clusters * sb.cluster_ratio() as u64;
     sb.free_inodes_count = free_inodes as u32;
     superblock::write_to(&**dev, sb)
 }
@@ -461,10 +461,12 @@ fn delalloc_limit(options: &MountOptions) -> u64 {
 }
 
 /// The kernel's reserve for metadata that deletions need
-/// (ext4_calculate_resv_clusters, without bigalloc: one cluster is a block).
-fn emergency_reserve_blocks(blocks_count: u64) -> u64 {
-    const RESERVE_BLOCKS_MAX: u64 = 4096;
-    (blocks_count / 50).min(RESERVE_BLOCKS_MAX)
+/// (ext4_calculate_resv_clusters: 2 % of the clusters, at most 4,096
+/// clusters), in blocks.
+fn emergency_reserve_blocks(geo: &Geometry) -> u64 {
+    const RESERVE_CLUSTERS_MAX: u64 = 4096;
+    let ratio = geo.cluster_ratio as u64;
+    (geo.blocks_count / ratio / 50).min(RESERVE_CLUSTERS_MAX) * ratio
 }
 
 /// Leaves of damaged directories whose hash ranges a mount keeps (16
@@ -1163,10 +1165,9 @@ impl Fs {
     pub fn statfs(&self) -> StatFs {
         let core = &self.core;
         // Blocks held by delayed allocation count as used, as the kernel
-        // takes its dirty delalloc clusters off f_bfree.
-        let free_blocks = core
-            .sbi
-            .free_blocks()
+        // takes its dirty delalloc clusters off f_bfree. With bigalloc the
+        // free counts are clusters; ext4_statfs reports them in blocks.
+        let free_blocks = (core.sbi.free_blocks() * core.geo.cluster_ratio as u64)
             .saturating_sub(core.delayed.held_blocks());
         StatFs {
             block_size: core.geo.block_size,
@@ -1300,20 +1301,72 @@ fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
     Ok(feature && options.fast_commit != Some(false) && !options.read_only)
 }
 
-/// s_overhead_clusters when mke2fs recorded it, else the sum of every
-/// group's fixed metadata plus the journal.
-fn overhead_blocks(geo: &Geometry, sb: &Superblock) -> u64 {
+/// Blocks that never hold file data: without bigalloc, the sum of every
+/// group's fixed metadata plus the journal; with bigalloc, in whole
+/// clusters as the kernel counts them — s_overhead_clusters when mke2fs
+/// recorded a sane one (ext4_fill_super trusts it only with bigalloc),
+/// else `bigalloc_overhead_clusters`.
+fn overhead_blocks(geo: &Geometry, sb: &Superblock, groups: &Groups) -> u64 {
+    if !geo.bigalloc() {
+        return block_overhead(geo, sb);
+    }
+    let ratio = geo.cluster_ratio as u64;
+    let recorded = sb.overhead_clusters as u64;
+    let clusters = if recorded > 0 && recorded * ratio <= geo.blocks_count {
+        recorded
+    } else {
+        bigalloc_overhead_clusters(geo, groups) + journal_blocks(geo, sb).div_ceil(ratio)
+    };
+    clusters * ratio
+}
+
+/// The blocks of the internal journal, from the superblock's backup of
+/// the journal inode: mke2fs keeps i_block in s_jnl_blocks[0..15],
+/// i_size_high in [15], i_size in [16].
+fn journal_blocks(geo: &Geometry, sb: &Superblock) -> u64 {
+    if geo.journal_inum == 0 {
+        return 0;
+    }
+    let journal_bytes = (sb.jnl_blocks[15] as u64) << 32 | sb.jnl_blocks[16] as u64;
+    journal_bytes / geo.block_size as u64
+}
+
+/// The clusters of each group that hold its superblock copy, descriptor
+/// blocks, or any group's bitmaps or inode table, counted once each, as
+/// the kernel's count_overhead does with bigalloc.
+fn bigalloc_overhead_clusters(geo: &Geometry, groups: &Groups) -> u64 {
+    let ratio = geo.cluster_ratio as u64;
+    let mut total = 0;
+    for group in 0..geo.group_count {
+        let first = geo.group_first_block(group);
+        let end = first + geo.blocks_in_group(group) as u64;
+        let mut clusters = std::collections::BTreeSet::new();
+        let mut mark = |block: u64, count: u64| {
+            for block in block.max(first)..(block + count).min(end) {
+                clusters.insert((block - first) / ratio);
+            }
+        };
+        let boot = u64::from(group == 0 && geo.superblock_location().0 > first);
+        let base =
+            boot + u64::from(geo.group_has_super(group)) + geo.group_gdt_blocks(group) as u64;
+        mark(first, base);
+        for at in groups.locations() {
+            mark(at.block_bitmap, 1);
+            mark(at.inode_bitmap, 1);
+            mark(at.inode_table, geo.inode_table_blocks as u64);
+        }
+        total += clusters.len() as u64;
+    }
+    total
+}
+
+/// `overhead_blocks` without bigalloc.
+fn block_overhead(geo: &Geometry, sb: &Superblock) -> u64 {
     let mut overhead = geo.first_data_block as u64;
     for group in 0..geo.group_count {
         overhead += geo.group_overhead_blocks(group) as u64 + 2 + geo.inode_table_blocks as u64;
     }
-    if geo.journal_inum != 0 {
-        // mke2fs backs up the journal inode in s_jnl_blocks: i_block in
-        // [0..15], i_size_high in [15], i_size in [16].
-        let journal_bytes = (sb.jnl_blocks[15] as u64) << 32 | sb.jnl_blocks[16] as u64;
-        overhead += journal_bytes / geo.block_size as u64;
-    }
-    overhead
+    overhead + journal_blocks(geo, sb)
 }
 
 impl Fs {

@@ -28,8 +28,11 @@ pub(crate) struct SbInfo {
     /// The block holding the superblock, kept resident, and where in it.
     buffer: Arc<Buffer>,
     offset: usize,
-    /// `s_free_blocks_count` (the kernel's `s_freeclusters_counter`).
+    /// Free clusters, the sum of the descriptors' counts (the kernel's
+    /// `s_freeclusters_counter`; a cluster is a block without bigalloc).
     free_blocks: AtomicU64,
+    /// Blocks per cluster: `s_free_blocks_count` is in blocks.
+    cluster_ratio: u64,
     /// `s_free_inodes_count` (`s_freeinodes_counter`).
     free_inodes: AtomicU64,
     /// The running transaction's space budget, moved to the next one at
@@ -39,7 +42,7 @@ pub(crate) struct SbInfo {
 
 impl SbInfo {
     /// The superblock `sb`, whose free counts are taken as given (the
-    /// caller sums them from the descriptors).
+    /// caller sums them from the descriptors: clusters).
     pub fn new(
         geo: &Geometry,
         sb: Superblock,
@@ -52,6 +55,7 @@ impl SbInfo {
             budget,
             free_blocks: AtomicU64::new(sb.free_blocks_count),
             free_inodes: AtomicU64::new(sb.free_inodes_count as u64),
+            cluster_ratio: geo.cluster_ratio as u64,
             sb: Mutex::new(Rank::Superblock, sb),
             buffer,
             offset,
@@ -96,10 +100,11 @@ impl SbInfo {
         self.free_inodes.store(inodes, Ordering::Release);
     }
 
-    /// `sb` with the current totals: what is written to disk.
+    /// `sb` with the current totals: what is written to disk (free
+    /// clusters as blocks, as ext4_commit_super writes them).
     pub fn with_counts(&self, sb: &Superblock) -> Superblock {
         let mut sb = sb.clone();
-        sb.free_blocks_count = self.free_blocks();
+        sb.free_blocks_count = self.free_blocks() * self.cluster_ratio;
         sb.free_inodes_count = self.free_inodes().min(u32::MAX as u64) as u32;
         sb
     }

@@ -119,6 +119,25 @@ pub fn statvfs(path: &Path) -> (u64, u64, u64) {
     )
 }
 
+/// statvfs counts to compare with the kernel's: [f_bsize, f_blocks,
+/// f_bfree, f_bavail, f_files, f_ffree].
+pub fn statfs_counts(path: &Path) -> [u64; 6] {
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: zeroed is a valid statvfs; the call fills it.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out pointer.
+    let result = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    assert_eq!(result, 0, "statvfs: {}", std::io::Error::last_os_error());
+    [
+        stat.f_frsize as u64,
+        stat.f_blocks as u64,
+        stat.f_bfree as u64,
+        stat.f_bavail as u64,
+        stat.f_files as u64,
+        stat.f_ffree as u64,
+    ]
+}
+
 /// (extents, tree depth) of each file of `paths` in `image`, from one
 /// `debugfs -f` run of `ex` commands (rows "LEVEL/ DEPTH ...": the leaf
 /// rows, at level == depth, are the extents).
