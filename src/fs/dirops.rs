@@ -8,6 +8,7 @@ use super::{Core, Fs, Tx};
 use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Location, Result};
 use crate::format::dir::{self, DirBlocks, DirEntry};
+use crate::format::inline;
 use crate::format::inode::{Inode, flags};
 use crate::format::mapping::{self, Lookup};
 use crate::format::superblock::Geometry;
@@ -58,6 +59,14 @@ fn note_index_damaged(core: &Core, ino: u32, why: &Error) {
              to it until e2fsck -fD rebuilds it"
         );
     }
+}
+
+/// An inline directory's bytes, `None` for a directory of blocks.
+fn inline_bytes(core: &Core, ino: u32, inode: &Inode) -> Result<Option<Vec<u8>>> {
+    if !inode.has_inline_data() {
+        return Ok(None);
+    }
+    inline::stored_bytes(&core.geo, ino, inode).map(Some)
 }
 
 pub(crate) struct DirReader<'a> {
@@ -115,6 +124,9 @@ impl DirBlocks for DirReader<'_> {
     }
     fn note_index_damaged(&mut self, why: &Error) {
         note_index_damaged(self.core, self.ino, why)
+    }
+    fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
+        inline_bytes(self.core, self.ino, self.inode)
     }
 }
 
@@ -195,6 +207,9 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
     }
     fn note_index_damaged(&mut self, why: &Error) {
         note_index_damaged(self.tx.core, self.ino, why)
+    }
+    fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
+        inline_bytes(self.tx.core, self.ino, self.inode)
     }
 }
 

@@ -423,6 +423,15 @@ fn settle_options(
     options: &mut MountOptions,
 ) -> Result<bool> {
     let read_write_allowed = sb.check_features()?;
+    let read_only_incompat = sb.read_only_incompat_features();
+    if !options.read_only && !read_write_allowed && sb.read_only_features().is_empty() {
+        tracing::warn!(
+            "filesystem uses feature {}, which jext4 reads but does not write yet: \
+             mounted read-only",
+            read_only_incompat.join(", ")
+        );
+        options.read_only = true;
+    }
     if !options.read_only && !read_write_allowed {
         return Err(Error::Unsupported(format!(
             "filesystem uses feature {} that jext4 can only read; mount with -o ro",
