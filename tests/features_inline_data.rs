@@ -73,6 +73,9 @@ fn populate(root: &Path) {
 /// (path, kind, size, st_blocks, nlink, CRC32C of the content or target).
 type Listing = Vec<(String, char, u64, u64, u64, u32)>;
 
+/// (path, the attribute names listxattr gives, NUL-separated).
+type XattrNames = Vec<(String, Vec<u8>)>;
+
 /// (path, offset, whence, the offset answered or -errno).
 type Seeks = Vec<(String, u64, i32, i64)>;
 
@@ -107,6 +110,55 @@ fn tree(root: &Path) -> Listing {
     }
     entries.sort();
     entries
+}
+
+fn xattr_names(root: &Path, listing: &Listing) -> XattrNames {
+    let mut names = Vec::new();
+    for (name, ..) in listing {
+        let path =
+            std::ffi::CString::new(root.join(name).into_os_string().into_encoded_bytes()).unwrap();
+        let mut buffer = vec![0u8; 4096];
+        // SAFETY: the buffer outlives the call and its length is passed.
+        let len =
+            unsafe { libc::llistxattr(path.as_ptr(), buffer.as_mut_ptr().cast(), buffer.len()) };
+        assert!(
+            len >= 0,
+            "llistxattr {name}: {}",
+            std::io::Error::last_os_error()
+        );
+        buffer.truncate(len as usize);
+        names.push((name.clone(), buffer));
+    }
+    names
+}
+
+/// Attributes beside inline data in the inode body: the kernel keeps them
+/// with system.data, which listxattr never shows.
+fn set_xattrs(root: &Path) {
+    for (file, value) in [
+        ("file6", &b"v"[..]),
+        ("file100", b"a longer value"),
+        ("few", b"d"),
+    ] {
+        let path =
+            std::ffi::CString::new(root.join(file).into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings and a value with its length.
+        let set = unsafe {
+            libc::lsetxattr(
+                path.as_ptr(),
+                c"user.note".as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        assert_eq!(
+            set,
+            0,
+            "setxattr {file}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// SEEK_DATA and SEEK_HOLE of every regular file from a few offsets: the
@@ -170,24 +222,26 @@ fn mkfs(dir: &Path, name: &str, args: &[&str]) -> std::path::PathBuf {
 }
 
 /// The kernel's view and its SEEK answers, from a read-only loop mount.
-fn kernel_view(image: &Path) -> (Listing, Seeks) {
+fn kernel_view(image: &Path) -> (Listing, Seeks, XattrNames) {
     let mount = Mount::new(image, "ro").unwrap();
     let listing = tree(&mount.point);
     let answers = seeks(&mount.point, &listing);
+    let names = xattr_names(&mount.point, &listing);
     mount.unmount();
-    (listing, answers)
+    (listing, answers, names)
 }
 
 /// jext4's view through FUSE, with the server's log.
-fn jext4_view(image: &Path) -> (Listing, Seeks, String) {
+fn jext4_view(image: &Path) -> (Listing, Seeks, XattrNames, String) {
     let server = Server::start(image, "");
     let listing = tree(&server.mountpoint);
     let answers = seeks(&server.mountpoint, &listing);
+    let names = xattr_names(&server.mountpoint, &listing);
     let write = std::fs::write(server.mountpoint.join("new-file"), b"x");
     let ending = server.unmount();
     let error = write.expect_err("a write to an inline_data mount");
     assert_eq!(error.raw_os_error(), Some(libc::EROFS), "{error}");
-    (listing, answers, ending.log)
+    (listing, answers, names, ending.log)
 }
 
 #[test]
@@ -202,6 +256,7 @@ fn kernel_written_tree_reads_the_same() {
             let _kernel = kernel_lock();
             let mount = Mount::new(&image, "rw").unwrap();
             populate(&mount.point);
+            set_xattrs(&mount.point);
             mount.unmount();
         }
         common::assert_fsck_clean(&image);
@@ -214,13 +269,18 @@ fn kernel_written_tree_reads_the_same() {
         assert_eq!(inline_size(&image, "/few/sub/deeper"), Some(60), "{name}");
         assert!(inline_size(&image, "/spill").unwrap() > 60, "{name}");
         assert_eq!(inline_size(&image, "/many"), None, "{name}");
-        let (kernel, kernel_seeks) = {
+        let (kernel, kernel_seeks, kernel_names) = {
             let _kernel = kernel_lock();
             kernel_view(&image)
         };
-        let (ours, our_seeks, log) = jext4_view(&image);
+        let (ours, our_seeks, our_names, log) = jext4_view(&image);
         assert_eq!(ours, kernel, "{name}: the tree jext4 shows");
         assert_eq!(our_seeks, kernel_seeks, "{name}: SEEK_DATA / SEEK_HOLE");
+        assert_eq!(our_names, kernel_names, "{name}: listxattr");
+        assert!(
+            kernel_names.iter().any(|(_, names)| !names.is_empty()),
+            "{name}: some attribute is listed"
+        );
         assert!(
             log.contains("inline_data") && log.contains("read-only"),
             "{name}: the mount says it is read-only:\n{log}"
@@ -251,7 +311,7 @@ fn mke2fs_d_tree_reads_the_same() {
         assert_eq!(inline_size(&image, "/file61"), Some(61), "{name}");
         assert!(has_inline_flag(&image, "/link-inline"), "{name}");
         assert_eq!(inline_size(&image, "/empty"), Some(60), "{name}");
-        let (ours, _, _) = jext4_view(&image);
+        let (ours, ..) = jext4_view(&image);
         // Directory sizes and st_blocks are the image's own, not the
         // host's (the kernel-written test compares those): the rest.
         let strip = |listing: &Listing| -> Vec<(String, char, u64, u64, u32)> {
