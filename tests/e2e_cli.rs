@@ -144,15 +144,15 @@ fn e2e_cli_refusals() {
     );
 
     // An INCOMPAT feature outside the supported set is named.
-    let inline = common::mkfs(
+    let encrypt = common::mkfs(
         scratch.path(),
-        "inline",
+        "encrypt",
         32,
-        &["-t", "ext4", "-O", "inline_data"],
+        &["-t", "ext4", "-O", "encrypt"],
     );
     assert_refused(
-        &jext4(&["mount", e2e::path_str(&inline), mnt_arg]),
-        "inline_data",
+        &jext4(&["mount", e2e::path_str(&encrypt), mnt_arg]),
+        "encrypt",
         &mnt,
     );
     // Nothing above touched the good image.

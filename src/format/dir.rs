@@ -32,6 +32,7 @@
 
 use super::csum::crc32c_raw;
 use super::htree;
+use super::inline;
 use super::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
 use super::superblock::{Geometry, compat, incompat};
 use super::{get_u16, get_u32, put_u16, put_u32};
@@ -99,6 +100,11 @@ pub trait DirBlocks {
     /// Keep `ranges` for the directory's later lookups (within the
     /// mount's bound).
     fn keep_leaf_ranges(&mut self, ranges: Arc<htree::LeafRanges>);
+    /// An inline directory's bytes (`format::inline`: i_block, then the
+    /// system.data value); `None` for a directory of blocks.
+    fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
 }
 
 /// What a listing leaves out instead of failing: one bad entry must not
@@ -796,6 +802,9 @@ fn is_dot_or_dotdot(name: &[u8]) -> bool {
 pub fn lookup(d: &mut dyn DirBlocks, name: &[u8]) -> Result<Option<EntryLocation>> {
     check_name(name)?;
     let fmt = Format::of(d);
+    if let Some(bytes) = d.inline_bytes()? {
+        return inline::lookup(&fmt, &bytes, name);
+    }
     if uses_htree(d, &fmt) {
         // "." and ".." live only in the root; the index never leads to them.
         if is_dot_or_dotdot(name) {
@@ -856,6 +865,7 @@ pub fn add_entry(
     file_type: u8,
 ) -> Result<()> {
     check_name(name)?;
+    refuse_inline(d)?;
     let fmt = Format::of(d);
     debug_assert!(ino != 0 && ino <= fmt.inodes_count, "entry for inode {ino}");
     let entry = DirEntry {
@@ -937,6 +947,7 @@ pub fn add_entry_max_new_blocks(geo: &Geometry) -> u32 {
 /// change, so that a full volume fails it whole.
 pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
     check_name(name)?;
+    refuse_inline(d)?;
     let fmt = Format::of(d);
     let blocks = if uses_htree(d, &fmt) && !d.index_damaged() {
         htree::add_new_blocks(d, &fmt, name)?
@@ -972,7 +983,17 @@ fn refuse_damaged_index(d: &dyn DirBlocks, fmt: &Format) -> Result<()> {
 /// knows the directory: callers ask before they change anything, so that
 /// a refusal leaves nothing to undo.
 pub fn check_addable(d: &dyn DirBlocks) -> Result<()> {
+    refuse_inline(d)?;
     refuse_damaged_index(d, &Format::of(d))
+}
+
+/// Inline directories are read, not yet changed: a mount that would change
+/// them is read-only (`Superblock::check_features`).
+fn refuse_inline(d: &dyn DirBlocks) -> Result<()> {
+    match d.inline_bytes()? {
+        Some(_) => Err(Error::NotSupported),
+        None => Ok(()),
+    }
 }
 
 /// `insert_entry`'s choice for a linear directory, without the change.
@@ -1013,6 +1034,7 @@ pub fn remove_entry(
     if is_dot_or_dotdot(name) {
         return Err(Error::Invalid("cannot remove \".\" or \"..\"".into()));
     }
+    refuse_inline(d)?;
     let fmt = Format::of(d);
     let location = lookup(d, name)?.ok_or(Error::NotFound)?;
     let buffer = read_leaf(d, &fmt, location.lblk)?;
@@ -1040,6 +1062,7 @@ pub fn replace_entry(
     if is_dot_or_dotdot(name) {
         return Err(Error::Invalid("replace \"..\" with set_parent".into()));
     }
+    refuse_inline(d)?;
     let fmt = Format::of(d);
     debug_assert!(ino != 0 && ino <= fmt.inodes_count);
     let location = lookup(d, name)?.ok_or(Error::NotFound)?;
@@ -1116,6 +1139,9 @@ pub(crate) fn read_block0(d: &mut dyn DirBlocks, fmt: &Format) -> Result<Arc<Buf
 /// The inode ".." names.
 pub fn parent(d: &mut dyn DirBlocks) -> Result<u32> {
     let fmt = Format::of(d);
+    if let Some(bytes) = d.inline_bytes()? {
+        return inline::parent(&fmt, &bytes);
+    }
     let buffer = read_block0(d, &fmt)?;
     let block = buffer.read();
     let (_, dotdot) = dot_records(&fmt, &block, uses_htree(d, &fmt))?;
@@ -1125,6 +1151,7 @@ pub fn parent(d: &mut dyn DirBlocks) -> Result<u32> {
 /// Point ".." at `parent_ino`: the directory moved to another parent,
 /// which fast commits cannot express (`EXT4_FC_REASON_RENAME_DIR`).
 pub fn set_parent(d: &mut dyn DirBlocks, handle: &Handle<'_>, parent_ino: u32) -> Result<()> {
+    refuse_inline(d)?;
     handle.note(Change::Ineligible(Ineligible::RenameDir));
     let fmt = Format::of(d);
     debug_assert!(parent_ino != 0 && parent_ino <= fmt.inodes_count);
@@ -1143,6 +1170,9 @@ pub fn set_parent(d: &mut dyn DirBlocks, handle: &Handle<'_>, parent_ino: u32) -
 /// Only "." and ".." remain.
 pub fn is_empty(d: &mut dyn DirBlocks) -> Result<bool> {
     let fmt = Format::of(d);
+    if let Some(bytes) = d.inline_bytes()? {
+        return inline::is_empty(&fmt, &bytes);
+    }
     let indexed = uses_htree(d, &fmt);
     let buffer = read_block0(d, &fmt)?;
     if !indexed {
@@ -1190,6 +1220,9 @@ pub fn read_entries(
     emit: &mut dyn FnMut(&DirEntry, u64) -> bool,
 ) -> Result<()> {
     let fmt = Format::of(d);
+    if let Some(bytes) = d.inline_bytes()? {
+        return inline::read_entries(&fmt, &bytes, cookie, emit);
+    }
     if uses_htree(d, &fmt) || (fmt.dir_index && d.block_count() == 1) {
         return htree::read_entries(d, &fmt, cookie, emit);
     }
@@ -1213,6 +1246,9 @@ pub fn read_entries(
 /// recomputed even for cached blocks (what e2fsck pass 2 would object to).
 pub fn check(d: &mut dyn DirBlocks) -> Result<DirStats> {
     let fmt = Format::of(d);
+    if let Some(bytes) = d.inline_bytes()? {
+        return inline::check(&fmt, &bytes);
+    }
     if uses_htree(d, &fmt) {
         return htree::check(d, &fmt);
     }

@@ -1134,6 +1134,35 @@ pub(crate) fn read_entries(
     Ok(())
 }
 
+/// Hash-order readdir of a directory whose names come whole, an inline
+/// directory's (`format::inline`): "." and ".." first, then the names with
+/// the positions `read_entries` gives a single-block directory.
+pub(crate) fn read_given_entries(
+    fmt: &Format,
+    dot: &DirEntry,
+    dotdot: &DirEntry,
+    entries: Vec<DirEntry>,
+    cookie: u64,
+    emit: &mut dyn FnMut(&DirEntry, u64) -> bool,
+) {
+    if cookie == 0 && !emit(dot, COOKIE_DOTDOT) {
+        return;
+    }
+    if cookie <= COOKIE_DOTDOT && !emit(dotdot, COOKIE_ENTRIES) {
+        return;
+    }
+    let target = cookie.max(COOKIE_ENTRIES) - COOKIE_ENTRIES;
+    if target >= POSITION_END {
+        return;
+    }
+    let hasher = Hasher::new(fmt, default_root_version(fmt));
+    let listed = entries
+        .into_iter()
+        .map(|entry| Listed::new(&hasher, entry))
+        .collect();
+    emit_in_order(listed, target, emit);
+}
+
 /// The entries of leaf `lblk` for a listing, with their hashes (see
 /// `dir::listed_leaf`: what is bad is left out and reported).
 fn listed_leaf(

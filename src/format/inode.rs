@@ -418,10 +418,18 @@ impl Inode {
     pub fn has_flag(&self, flag: u32) -> bool {
         self.flags & flag != 0
     }
+    /// Data kept in `i_block` and the `system.data` attribute
+    /// (`format::inline`), not in blocks.
+    pub fn has_inline_data(&self) -> bool {
+        self.has_flag(flags::INLINE_DATA)
+    }
 
-    /// Whether the inode's data lives in blocks (as opposed to a fast
-    /// symlink's target in `i_block`, or a device number).
+    /// Whether the inode's data lives in blocks (as opposed to inline data,
+    /// a fast symlink's target in `i_block`, or a device number).
     pub fn has_data_blocks(&self, geo: &Geometry) -> bool {
+        if self.has_inline_data() {
+            return false;
+        }
         match self.file_type() {
             S_IFREG | S_IFDIR => true,
             S_IFLNK => !self.is_fast_symlink(geo),

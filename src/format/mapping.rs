@@ -6,6 +6,11 @@
 //! direct and indirect pointers (`blockmap.rs`). This module only dispatches
 //! on `Inode::uses_extents` and defines the shared vocabulary.
 //!
+//! An inode with inline data (`inline.rs`) maps no block at all: every
+//! logical block is a hole here, and it occupies none; its bytes are read
+//! through `inline`, never through a mapping. Nothing allocates blocks for
+//! one before it is converted to extents.
+//!
 //! Accounting contract: `inode.blocks` (`i_blocks`, 512-byte units) is
 //! updated here for every data block and every tree or indirect block that
 //! these functions allocate or free, so a caller never counts blocks itself.
@@ -26,7 +31,7 @@ use super::inode::Inode;
 use super::superblock::Geometry;
 use super::{MetaCtx, blockmap, extent};
 use crate::cache::BufferCache;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::journal::change::{Change, Ineligible};
 
 /// A run of logical blocks mapped to consecutive physical blocks.
@@ -90,6 +95,9 @@ pub fn lookup(
     inode: &Inode,
     lblk: u64,
 ) -> Result<Lookup> {
+    if inode.has_inline_data() {
+        return Ok(Lookup::Hole { next: None });
+    }
     if inode.uses_extents() {
         extent::lookup(geo, cache, ino, inode, lblk)
     } else {
@@ -111,6 +119,7 @@ pub fn allocate(
     unwritten: bool,
 ) -> Result<Extent> {
     debug_assert!(len > 0, "allocating nothing");
+    refuse_inline(inode)?;
     let extent = if inode.uses_extents() {
         extent::allocate(ctx, ino, inode, lblk, len, goal, unwritten)?
     } else {
@@ -163,6 +172,7 @@ pub fn mark_written(
     lblk: u64,
     len: u64,
 ) -> Result<()> {
+    refuse_inline(inode)?;
     if inode.uses_extents() {
         extent::mark_written(ctx, ino, inode, lblk, len)?;
         note_range(ctx, ino, inode, lblk, lblk + len, false);
@@ -182,6 +192,7 @@ pub fn punch(
     if end.is_some_and(|end| end <= start) {
         return Ok(());
     }
+    refuse_inline(inode)?;
     // Reported first: a punch that fails part-way has changed the mapping
     // already.
     let limit = max_blocks(ctx.geo, inode);
@@ -198,6 +209,15 @@ pub fn punch(
     } else {
         blockmap::punch(ctx, ino, inode, start, end)
     }
+}
+
+/// Blocks are never mapped for an inode whose data is inline: it is
+/// converted to extents first.
+fn refuse_inline(inode: &Inode) -> Result<()> {
+    if inode.has_inline_data() {
+        return Err(Error::NotSupported);
+    }
+    Ok(())
 }
 
 /// Report that logical blocks `start..end` of `ino` map differently
@@ -242,6 +262,9 @@ pub fn for_each_block(
     inode: &Inode,
     f: &mut dyn FnMut(BlockUse) -> Result<()>,
 ) -> Result<()> {
+    if inode.has_inline_data() {
+        return Ok(());
+    }
     if inode.uses_extents() {
         extent::for_each_block(geo, cache, ino, inode, f)
     } else {

@@ -29,6 +29,7 @@ pub mod extent;
 pub mod fast_commit;
 pub mod group_desc;
 pub mod htree;
+pub mod inline;
 pub mod inode;
 pub mod mapping;
 pub mod mmp;

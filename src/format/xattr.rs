@@ -658,6 +658,27 @@ fn find_stored_value(
     Ok(None)
 }
 
+/// The name of inline data's attribute, `system.data` (inline.c
+/// EXT4_XATTR_SYSTEM_DATA, under EXT4_XATTR_INDEX_SYSTEM).
+pub const INLINE_DATA_NAME: &[u8] = b"data";
+
+/// The value of `system.data`, the part of an inline inode's data past
+/// `i_block`. The kernel looks for it in the inode body only
+/// (ext4_find_inline_data_nolock): one in the block is no inline data.
+pub fn inline_data_value(geo: &Geometry, ino: u32, inode: &Inode) -> Result<Option<Vec<u8>>> {
+    let Some(ibody) = load_ibody(geo, ino, inode)? else {
+        return Ok(None);
+    };
+    let found = ibody
+        .entries
+        .iter()
+        .find(|entry| entry.is(name_index::SYSTEM, INLINE_DATA_NAME));
+    match found {
+        Some(entry) => entry.stored_value().map(|value| Some(value.to_vec())),
+        None => Ok(None),
+    }
+}
+
 /// Full names of the inode's attributes, body entries first, then block
 /// entries, like ext4_listxattr. Names of namespaces the kernel has no
 /// handler for (`system.data`, encryption contexts) are left out. Filtering

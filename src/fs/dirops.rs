@@ -9,6 +9,7 @@ use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Location, Result};
 use crate::format::dir::{self, BadEntry, DirBlocks, DirEntry};
 use crate::format::htree::LeafRanges;
+use crate::format::inline;
 use crate::format::inode::{Inode, flags};
 use crate::format::mapping::{self, Lookup};
 use crate::format::superblock::Geometry;
@@ -80,6 +81,14 @@ fn note_index_damaged(core: &Core, ino: u32, why: &Error) {
              to it until e2fsck -fD rebuilds it"
         );
     }
+}
+
+/// An inline directory's bytes, `None` for a directory of blocks.
+fn inline_bytes(core: &Core, ino: u32, inode: &Inode) -> Result<Option<Vec<u8>>> {
+    if !inode.has_inline_data() {
+        return Ok(None);
+    }
+    inline::stored_bytes(&core.geo, ino, inode).map(Some)
 }
 
 pub(crate) struct DirReader<'a> {
@@ -160,6 +169,9 @@ impl DirBlocks for DirReader<'_> {
         } else {
             self.bad_entries_more += 1;
         }
+    }
+    fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
+        inline_bytes(self.core, self.ino, self.inode)
     }
 }
 
@@ -250,6 +262,9 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
     fn note_bad_entry(&mut self, bad: BadEntry) {
         debug_assert!(false, "listings read through a DirReader: {bad:?}");
         tracing::warn!(?bad, directory = self.ino, "bad directory entry");
+    }
+    fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
+        inline_bytes(self.tx.core, self.ino, self.inode)
     }
 }
 

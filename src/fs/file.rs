@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::format::inode::{Inode, Timestamp};
 use crate::format::mapping::{self, Extent, Lookup};
 use crate::format::superblock::Geometry;
-use crate::format::xattr;
+use crate::format::{inline, xattr};
 use crate::journal::change::Change;
 use crate::lock::Rank;
 use smallvec::SmallVec;
@@ -403,6 +403,9 @@ impl Fs {
 
     fn read_range(&self, ino: u32, inode: &Inode, offset: u64, end: u64) -> Result<Vec<u8>> {
         let geo = &self.core.geo;
+        if inode.has_inline_data() {
+            return inline::read_range(geo, ino, inode, offset, end);
+        }
         let block_size = geo.block_size as u64;
         let first_block = offset / block_size;
         let last_block = (end - 1) / block_size;
@@ -753,6 +756,16 @@ impl Fs {
                 return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO)));
             }
             let geo = &self.core.geo;
+            if inode.has_inline_data() {
+                let data_end = inline::data_end(geo, ino, &inode)?;
+                return match whence {
+                    SeekWhence::Data if offset < data_end => Ok(offset),
+                    SeekWhence::Data => {
+                        Err(Error::Io(std::io::Error::from_raw_os_error(libc::ENXIO)))
+                    }
+                    SeekWhence::Hole => Ok(offset.max(data_end)),
+                };
+            }
             let block_size = geo.block_size as u64;
             let mut lblk = offset / block_size;
             let last = inode.size.div_ceil(block_size);

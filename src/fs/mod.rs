@@ -424,12 +424,27 @@ fn announce_journal(
 /// read-write mount of features jext4 only reads, turn a read-only device
 /// or `noload` of a journal into a read-only mount, delayed allocation
 /// only with the space budget. Returns whether fast commits are written.
+/// A mount asked read-write of a feature jext4 only reads is made
+/// read-only (`options.read_only` set, `forced_read_only` too): it still
+/// replays the journal first, as the read-write mount would have.
 fn settle_options(
     sb: &Superblock,
     dev: &dyn BlockDevice,
     options: &mut MountOptions,
+    forced_read_only: &mut bool,
 ) -> Result<bool> {
     let read_write_allowed = sb.check_features()?;
+    let read_only_incompat = sb.read_only_incompat_features();
+    *forced_read_only = false;
+    if !options.read_only && !read_write_allowed && sb.read_only_features().is_empty() {
+        tracing::warn!(
+            "filesystem uses feature {}, which jext4 reads but does not write yet: \
+             mounted read-only",
+            read_only_incompat.join(", ")
+        );
+        options.read_only = true;
+        *forced_read_only = !dev.is_read_only();
+    }
     if !options.read_only && !read_write_allowed {
         return Err(Error::Unsupported(format!(
             "filesystem uses feature {} that jext4 can only read; mount with -o ro",
@@ -597,15 +612,27 @@ impl Fs {
         let mut sb = superblock::read_from(&*dev)?;
         let (at, uuid) = sb.identity();
         dev.expect_identity(at, &uuid);
-        let fast_commit = settle_options(&sb, &*dev, &mut options)?;
+        let mut forced_read_only = false;
+        let fast_commit = settle_options(&sb, &*dev, &mut options, &mut forced_read_only)?;
         let geo = Geometry::from_superblock(&sb);
         check_device_size(&geo, &*dev)?;
+        let journaled = sb.has_compat(superblock::compat::HAS_JOURNAL);
+        let replay_first = forced_read_only
+            && journaled
+            && !options.noload
+            && sb.has_incompat(superblock::incompat::RECOVER);
         // Before anything is written, journal replay included.
-        let protection = match !options.read_only && sb.has_incompat(superblock::incompat::MMP) {
+        let writes = !options.read_only || replay_first;
+        let protection = match writes && sb.has_incompat(superblock::incompat::MMP) {
             true => Some(mmp::claim(&dev, &sb, &geo, device_name)?),
             false => None,
         };
-        let journaled = sb.has_compat(superblock::compat::HAS_JOURNAL);
+        if replay_first && journal::replay_for_mount(&geo, &sb, &dev)?.is_some() {
+            sb = superblock::read_from(&*dev)?;
+        }
+        // The replay is the only write of a read-only mount: the heartbeat
+        // stops (marking the block clean) once it is done.
+        let protection = protection.filter(|_| !options.read_only);
         let mut plan = None;
         if journaled && !options.noload {
             plan = recover_for_mount(&mut sb, &dev, &options)?

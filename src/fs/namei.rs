@@ -17,7 +17,7 @@ use crate::faults;
 use crate::format::dir::{self, EntryLocation};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
 use crate::format::superblock::{incompat, ro_compat};
-use crate::format::{mapping, xattr};
+use crate::format::{inline, mapping, xattr};
 use crate::journal::change::{Change, Ineligible};
 use crate::lock::Rank;
 
@@ -466,6 +466,9 @@ impl Fs {
             }
             let geo = &self.core.geo;
             let len = inode.size as usize;
+            if inode.has_inline_data() {
+                return inline::symlink_target(geo, ino, &inode);
+            }
             if inode.is_fast_symlink(geo) {
                 if len >= fmt::I_BLOCK_SIZE {
                     return Err(Error::corrupt(
