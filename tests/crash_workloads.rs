@@ -116,4 +116,5 @@ workload_tests! {
     acedirs: "acedirs",
     openunlink: "openunlink",
     dirsync: "dirsync",
+    import: "import",
 }
