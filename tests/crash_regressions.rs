@@ -31,6 +31,7 @@ fn single(name: &str, run: fn(&mut Lane)) -> Vec<Scenario> {
         run: Box::new(move |lanes| run(&mut lanes[0])),
         fill_leaving_bytes: None,
         barrier_latency: std::time::Duration::ZERO,
+        oracle: None,
     }]
 }
 

@@ -137,4 +137,5 @@ workload_tests! {
     acedirs: "acedirs",
     openunlink: "openunlink",
     dirsync: "dirsync",
+    import: "import",
 }

@@ -227,3 +227,83 @@ fn rootless_import_and_export_keep_what_the_host_allows() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(base.to_str().unwrap()));
 }
+
+/// `cp -r` and `cp -a` into a directory with a default ACL: each entry
+/// gets the mode and the access and default ACLs the kernel gives the
+/// same `cp` on the host (`-r`: inherited from the directory, the umask
+/// left out as the kernel leaves it; `-a`: the source's own).
+#[test]
+fn cp_into_a_directory_with_a_default_acl_does_as_the_kernel() {
+    if !common::require_tool("setfacl") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("src");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    std::fs::write(source.join("file"), b"data").unwrap();
+    std::fs::write(source.join("sub/script"), b"#!/bin/sh\n").unwrap();
+    let mode = |path: &Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, PermissionsExt::from_mode(mode)).unwrap();
+    };
+    mode(&source.join("file"), 0o664);
+    mode(&source.join("sub/script"), 0o775);
+    let host_dest = dir.path().join("dest");
+    std::fs::create_dir(&host_dest).unwrap();
+    let status = Command::new("setfacl")
+        .args(["-d", "-m", "u::rwx,u:1234:rwx,g::r-x,m::rwx,o::---"])
+        .arg(&host_dest)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let default_acl = jext4::tools::host::xattr(&host_dest, b"system.posix_acl_default").unwrap();
+    let image = common::mkfs(dir.path(), "acl", 16, &["-t", "ext4"]);
+    {
+        let opened = jext4::api::Image::open(&image).unwrap();
+        opened.create_dir("/dest", 0o755).unwrap();
+        opened
+            .set_xattr("/dest", "system.posix_acl_default", &default_acl)
+            .unwrap();
+        opened.close().unwrap();
+    }
+    for flag in ["-r", "-a"] {
+        let name = format!("copy{flag}");
+        let status = Command::new("cp")
+            .arg(flag)
+            .arg(&source)
+            .arg(host_dest.join(&name))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let (code, _, stderr) = jext4_tool(&[
+            "cp",
+            flag,
+            source.to_str().unwrap(),
+            &arg(&image, &format!("/dest/{name}")),
+        ]);
+        assert_eq!(code, 0, "jext4 cp {flag}: {stderr}");
+    }
+    let opened = jext4::api::Image::open(&image).unwrap();
+    for flag in ["-r", "-a"] {
+        for entry in ["", "/file", "/sub", "/sub/script"] {
+            let path = format!("copy{flag}{entry}");
+            let host = host_dest.join(&path);
+            let inside = format!("/dest/{path}");
+            let host_mode = std::fs::symlink_metadata(&host).unwrap().permissions();
+            let image_mode = opened.symlink_metadata(&inside).unwrap().perm;
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(
+                image_mode as u32,
+                host_mode.mode() & 0o7777,
+                "cp {flag}: mode of {path}"
+            );
+            for acl in ["system.posix_acl_access", "system.posix_acl_default"] {
+                let on_host = jext4::tools::host::xattr(&host, acl.as_bytes()).ok();
+                let in_image = opened.get_xattr(&inside, acl).ok();
+                assert_eq!(in_image, on_host, "cp {flag}: {acl} of {path}");
+            }
+        }
+    }
+    opened.close().unwrap();
+    common::assert_fsck_clean(&image);
+}

@@ -135,3 +135,40 @@ fn an_image_in_use_is_refused_naming_the_holder() {
     assert!(Path::new(&image).exists());
     common::assert_fsck_clean(&image);
 }
+
+/// A kernel loop mount holds the image: every verb refuses it with one
+/// line naming the mount point, and makes nothing.
+#[test]
+fn an_image_the_kernel_mounts_is_refused_naming_the_mount() {
+    if !common::journal::kernel_available() {
+        return;
+    }
+    let _kernel = common::journal::kernel_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::mkfs(dir.path(), "kernel", 16, &["-t", "ext4"]);
+    let mount = common::journal::Mount::new(&image, "rw").unwrap();
+    let source = dir.path().join("source");
+    std::fs::write(&source, b"data").unwrap();
+    let target = format!("{}:/copied", image.display());
+    let attempts: [&[&str]; 3] = [
+        &["ls", &format!("{}:/", image.display())],
+        &["cp", "-a", source.to_str().unwrap(), &target],
+        &["mkdir", &target],
+    ];
+    for args in attempts {
+        let (code, _, stderr) = jext4_tool(args);
+        assert_eq!(code, 1, "jext4 {args:?} did not fail: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "more than one line: {stderr}");
+        assert!(
+            stderr.contains("mounted by the kernel")
+                && stderr.contains(&*mount.point.to_string_lossy()),
+            "jext4 {args:?}: the refusal does not name the mount: {stderr}"
+        );
+    }
+    assert!(
+        !mount.point.join("copied").exists(),
+        "a refused verb wrote the image"
+    );
+    mount.unmount();
+    common::assert_fsck_clean(&image);
+}

@@ -53,6 +53,13 @@ impl Image {
         })
     }
 
+    /// An image over an engine already mounted (on any `BlockDevice`:
+    /// the crash tests' recording device, an NBD export), whose
+    /// operations run as `caller`. `close` unmounts it.
+    pub fn from_fs(fs: Arc<Fs>, caller: Caller) -> Image {
+        Image { fs, caller }
+    }
+
     /// The engine, for callers that need inode-level operations.
     pub fn fs(&self) -> &Arc<Fs> {
         &self.fs

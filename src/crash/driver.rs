@@ -159,6 +159,17 @@ impl Lane {
         &self.fs
     }
 
+    /// The engine, shared: for a workload that drives the library (the
+    /// image tools) rather than single operations.
+    pub fn engine(&self) -> Arc<Fs> {
+        Arc::clone(&self.fs)
+    }
+
+    /// The recording device, for a workload that marks its own events.
+    pub fn device(&self) -> Arc<RecordingDevice> {
+        Arc::clone(&self.device)
+    }
+
     fn abs(&self, rel: &str) -> String {
         join(&self.root, rel)
     }

@@ -6,7 +6,8 @@
 //! - `workloads` + `driver`: application-shaped programs run in-process on
 //!   the engine over a recording device (`dev::recording`), marking each
 //!   operation's start and acknowledgement, with a `model` of what the
-//!   filesystem said after each operation;
+//!   filesystem said after each operation; `import` drives the image tools'
+//!   tree copy instead, with an oracle of its own;
 //! - `states`: the crash-state generator (flush epochs, subsets, torn
 //!   writes), deterministic given a seed;
 //! - `oracle`: the durability and atomicity checks against the model;
@@ -21,6 +22,7 @@
 //! on purpose to show that the oracle notices.
 
 pub mod driver;
+pub mod import;
 pub mod logwrites;
 pub mod model;
 pub mod oracle;

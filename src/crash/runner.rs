@@ -8,6 +8,10 @@
 //!   clean unmount, and no write-ahead guard event;
 //! - **every `fsck_every`-th state** (default: every one): `e2fsck -fn` on
 //!   the image jext4 left;
+//! - **scenarios with an oracle of their own** (the import): that oracle
+//!   judges every tree the lanes' model is checked on, and on every state
+//!   its work is run again on another jext4 recovery, which must complete
+//!   it (and, on `fsck_every`-th states, leave `e2fsck -fn` clean);
 //! - **every `replay_every`-th state**: `e2fsck -p -E journal_only` on
 //!   another copy of the crashed disk, `e2fsck -fn` clean, then the model
 //!   check on that replay (read through jext4); and `jext4 recover` on a
@@ -36,6 +40,7 @@
 //! copy and agree with the model.
 
 use super::driver::{FsSource, Lane};
+use super::import::{IMPORT_DIR, ImportOracle};
 use super::logwrites;
 use super::model::{LaneModel, TreeSource, read_subtree};
 use super::oracle::{Marks, Ordering, check_lane};
@@ -238,6 +243,8 @@ pub struct Recorded {
     pub base: Vec<u8>,
     pub log: Vec<Record>,
     pub lanes: Vec<LaneModel>,
+    /// The scenario's own oracle, if it has one (`workloads::Scenario`).
+    pub oracle: Option<Arc<ImportOracle>>,
 }
 
 /// The options the workloads run with (and, both off, recovery mounts).
@@ -298,6 +305,9 @@ pub fn record(
         fill(&fs, bytes).map_err(|e| format!("filling the filesystem: {e}"))?;
         exclude.push(FILLER.to_string());
     }
+    if scenario.oracle.is_some() {
+        exclude.push(IMPORT_DIR.to_string());
+    }
     (scenario.setup)(&mut lanes);
     fs.sync().map_err(|e| format!("sync after setup: {e}"))?;
     let (_, base) = device.take_log_with(|inner| {
@@ -332,7 +342,12 @@ pub fn record(
         ));
     }
     let lanes = lanes.into_iter().filter_map(Lane::into_model).collect();
-    Ok(Recorded { base, log, lanes })
+    Ok(Recorded {
+        base,
+        log,
+        lanes,
+        oracle: scenario.oracle.clone(),
+    })
 }
 
 /// Name of the file that nearly fills the filesystem (outside every lane's
@@ -369,6 +384,8 @@ struct Files {
     replay: ImageFile,
     recover: ImageFile,
     kernel: ImageFile,
+    /// jext4's recovery with the scenario's oracle's copy run again.
+    resumed: ImageFile,
 }
 
 impl Files {
@@ -380,6 +397,7 @@ impl Files {
             replay: open("e2fsck.img")?,
             recover: open("recover.img")?,
             kernel: open("kernel.img")?,
+            resumed: open("resumed.img")?,
         })
     }
 }
@@ -426,6 +444,9 @@ impl Checker<'_> {
             self.files.jext4.show(base, &recovered).map_err(io_text)?;
             tools::fsck_clean(&self.files.jext4.path, "after jext4 recovery")?;
             ran.fsck = true;
+        }
+        if let Some(oracle) = &self.recorded.oracle {
+            self.check_resume(oracle, base, &raw, every(sampling.fsck_every, state.number))?;
         }
         let kernel_sample = self.kernel && every(sampling.kernel_every, state.number);
         if self.config.bytelog {
@@ -508,6 +529,42 @@ impl Checker<'_> {
             window.sizes_lag = self.config.delalloc;
             check_lane(lane, &window, &actual, self.config.ordering())
                 .map_err(|e| format!("{how}: {e}"))?;
+        }
+        if let Some(oracle) = &self.recorded.oracle {
+            let marks: Vec<&str> = self.recorded.log[..state.acked_before]
+                .iter()
+                .filter_map(|record| match record {
+                    Record::Mark(text) => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            oracle
+                .check(source, &marks)
+                .map_err(|e| format!("{how}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Another jext4 recovery of the crashed disk, on which the oracle's
+    /// work is run again (the import copied again): it must complete, and
+    /// with `fsck`, leave a filesystem `e2fsck -fn` finds clean.
+    fn check_resume(
+        &mut self,
+        oracle: &ImportOracle,
+        base: &Base,
+        raw: &StateDevice,
+        fsck: bool,
+    ) -> Result<(), String> {
+        let resumed = Arc::new(raw.fork());
+        let fs = Fs::mount(resumed.clone(), mount_options(false, false, false))
+            .map_err(|e| format!("resuming: mount: {e}"))?;
+        let result = oracle.resume(&fs);
+        let unmounted = fs.unmount();
+        result?;
+        unmounted.map_err(|e| format!("resuming: unmount: {e}"))?;
+        if fsck {
+            self.files.resumed.show(base, &resumed).map_err(io_text)?;
+            tools::fsck_clean(&self.files.resumed.path, "after copying again")?;
         }
         Ok(())
     }

@@ -9,8 +9,10 @@
 //! ignored: the model records whatever the filesystem did.
 
 use super::driver::Lane;
+use super::import::{ImportOracle, Plan};
 use super::rng::Rng;
 use crate::fs::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+use std::sync::Arc;
 
 type Setup = Box<dyn Fn(&mut [Lane]) + Send + Sync>;
 type Run = Box<dyn Fn(&mut [Lane]) + Send + Sync>;
@@ -30,6 +32,9 @@ pub struct Scenario {
     /// meanwhile queue behind it and share the next fast commit (group
     /// commit). Zero for single-threaded workloads.
     pub barrier_latency: std::time::Duration,
+    /// A workload that judges its own tree (the import): its directory is
+    /// outside lane 0's model, and every state is also checked by it.
+    pub oracle: Option<Arc<ImportOracle>>,
 }
 
 impl Scenario {
@@ -41,6 +46,7 @@ impl Scenario {
             run,
             fill_leaving_bytes: None,
             barrier_latency: std::time::Duration::ZERO,
+            oracle: None,
         }
     }
 }
@@ -91,6 +97,13 @@ pub const WORKLOADS: &[Workload] = &[
         about: "a small source tree unpacked (modes, links, xattrs), then sync",
         tear: true,
         scenarios: untar,
+        states_per_scenario: 0,
+    },
+    Workload {
+        name: "import",
+        about: "jext4 cp -a of a small tree (every kind of entry, holes, hard links, xattrs) with 1 and 4 threads, and again over an older copy; every state also copied again to completion",
+        tear: true,
+        scenarios: import,
         states_per_scenario: 0,
     },
     Workload {
@@ -348,6 +361,7 @@ fn lane_per_directory(
         }),
         fill_leaving_bytes: None,
         barrier_latency: GROUP_COMMIT_LATENCY,
+        oracle: None,
     }]
 }
 
@@ -616,6 +630,29 @@ fn untar_run(lane: &mut Lane, seed: u64) {
     let _ = lane.sync();
 }
 
+fn import(seed: u64, _budget: usize) -> Vec<Scenario> {
+    let plans = [
+        ("import", Plan::Fresh { threads: 1 }),
+        ("import4", Plan::Fresh { threads: 4 }),
+        ("import-again", Plan::Again),
+    ];
+    plans
+        .into_iter()
+        .map(|(name, plan)| {
+            let oracle = Arc::new(ImportOracle::new(plan, seed));
+            let (setup, run) = (Arc::clone(&oracle), Arc::clone(&oracle));
+            Scenario {
+                oracle: Some(oracle),
+                ..Scenario::single(
+                    name,
+                    Box::new(move |lanes| setup.setup(&mut lanes[0])),
+                    Box::new(move |lanes| run.run(&mut lanes[0])),
+                )
+            }
+        })
+        .collect()
+}
+
 const WRITER_TASKS: usize = 1000;
 
 fn smallwriters(seed: u64, _budget: usize) -> Vec<Scenario> {
@@ -630,6 +667,7 @@ fn smallwriters(seed: u64, _budget: usize) -> Vec<Scenario> {
         // first) run out of space.
         fill_leaving_bytes: Some(1_300_000),
         barrier_latency: std::time::Duration::ZERO,
+        oracle: None,
     }]
 }
 

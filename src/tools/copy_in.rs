@@ -64,6 +64,7 @@ pub fn copy_in(
     };
     let top = Entry {
         parent,
+        parent_default_acl: copier.has_default_acl(parent),
         name: name.to_vec(),
         host: source.to_path_buf(),
         image_path: imagepath::trim_slashes(dest).to_string(),
@@ -85,6 +86,10 @@ pub fn copy_in(
 /// One source entry and where it goes.
 struct Entry {
     parent: u32,
+    /// The parent has a default ACL: without `preserve`, new entries get
+    /// the mode asked for, masked by the ACL, not less the umask (as the
+    /// kernel does), and keep it.
+    parent_default_acl: bool,
     name: Vec<u8>,
     host: PathBuf,
     /// For messages.
@@ -95,6 +100,7 @@ struct Entry {
 /// A directory whose entries are still to copy.
 struct DirJob {
     ino: u32,
+    default_acl: bool,
     host: PathBuf,
     image_path: String,
 }
@@ -242,6 +248,7 @@ impl<'a> Copier<'a> {
             let name = dirent.file_name();
             let entry = Entry {
                 parent: job.ino,
+                parent_default_acl: job.default_acl,
                 image_path: imagepath::join(&job.image_path, &name.to_string_lossy()),
                 name: name.as_bytes().to_vec(),
                 host,
@@ -295,11 +302,13 @@ impl<'a> Copier<'a> {
                 self.verbose(entry);
                 let job = DirJob {
                     ino,
+                    default_acl: self.has_default_acl(ino),
                     host: entry.host.clone(),
                     image_path: entry.image_path.clone(),
                 };
                 let kept = Entry {
                     parent: entry.parent,
+                    parent_default_acl: entry.parent_default_acl,
                     name: entry.name.clone(),
                     host: entry.host.clone(),
                     image_path: entry.image_path.clone(),
@@ -315,7 +324,10 @@ impl<'a> Copier<'a> {
     fn make_directory(&self, entry: &Entry) -> Result<u32, Error> {
         // Writable by us until its own mode is set at the end (the
         // library checks no permissions; the mode is only what it shows).
-        let mode = self.new_mode(&entry.meta) | 0o700;
+        let mode = match self.keeps_created_mode(entry) {
+            true => self.new_mode(entry),
+            false => self.new_mode(entry) | 0o700,
+        };
         match self
             .fs
             .mkdir(entry.parent, &entry.name, mode, self.owner_of(&entry.meta))
@@ -364,12 +376,12 @@ impl<'a> Copier<'a> {
                 caller,
             ),
             None if kind.is_file() => {
-                fs.create(entry.parent, &entry.name, self.new_mode(meta), caller)
+                fs.create(entry.parent, &entry.name, self.new_mode(entry), caller)
             }
             None => fs.mknod(
                 entry.parent,
                 &entry.name,
-                (meta.mode() & 0o170000) as u16 | self.new_mode(meta),
+                (meta.mode() & 0o170000) as u16 | self.new_mode(entry),
                 meta.rdev(),
                 caller,
             ),
@@ -439,8 +451,7 @@ impl<'a> Copier<'a> {
 
     /// Owner, mode, times and xattrs of a new entry, as the options say.
     fn finish(&self, ino: u32, kind: FileKind, entry: &Entry) -> Result<(), EntryError> {
-        let meta = &entry.meta;
-        let changes = self.attributes(kind, meta);
+        let changes = self.attributes(kind, entry);
         if changes_anything(&changes) {
             self.fs.setattr(ino, &changes, self.caller)?;
         }
@@ -452,7 +463,8 @@ impl<'a> Copier<'a> {
     }
 
     /// The setattr that gives a new entry its source's attributes.
-    fn attributes(&self, kind: FileKind, meta: &Metadata) -> SetAttr {
+    fn attributes(&self, kind: FileKind, entry: &Entry) -> SetAttr {
+        let meta = &entry.meta;
         let mut changes = SetAttr::default();
         let limit = self.options.clamp_time;
         if self.options.preserve {
@@ -476,8 +488,9 @@ impl<'a> Copier<'a> {
             let now = Timestamp::now();
             changes.ctime = Some(timestamp(clamp((now.sec, now.nsec), Some(limit))));
         }
-        if !self.options.preserve && kind == FileKind::Directory {
-            changes.mode = Some(self.new_mode(meta));
+        if kind == FileKind::Directory && !self.options.preserve && !self.keeps_created_mode(entry)
+        {
+            changes.mode = Some(self.new_mode(entry));
         }
         changes
     }
@@ -488,6 +501,9 @@ impl<'a> Copier<'a> {
     fn copy_xattrs(&self, ino: u32, entry: &Entry) -> Result<(), EntryError> {
         let attributes = host::xattrs(&entry.host)
             .map_err(|error| EntryError::Source("cannot read attributes of", error))?;
+        if entry.parent_default_acl {
+            self.drop_inherited_acls(ino, &attributes)?;
+        }
         for (name, value) in attributes {
             match self
                 .fs
@@ -502,6 +518,26 @@ impl<'a> Copier<'a> {
                     String::from_utf8_lossy(&name),
                     super::describe(&error)
                 )),
+            }
+        }
+        Ok(())
+    }
+
+    /// ACLs the new inode inherited from its directory's default ACL and
+    /// the source has not: `cp -a` gives the copy the source's ACLs, so
+    /// none where the source has none.
+    fn drop_inherited_acls(
+        &self,
+        ino: u32,
+        source: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<(), EntryError> {
+        for acl in [&b"system.posix_acl_access"[..], b"system.posix_acl_default"] {
+            if source.iter().any(|(name, _)| name == acl) {
+                continue;
+            }
+            match self.fs.removexattr(ino, acl, self.caller) {
+                Ok(()) | Err(Error::NoAttribute) => {}
+                Err(error) => return Err(error.into()),
             }
         }
         Ok(())
@@ -560,7 +596,7 @@ impl<'a> Copier<'a> {
             if self.options.preserve {
                 result = self.copy_xattrs(*ino, entry);
             }
-            let changes = self.attributes(FileKind::Directory, &entry.meta);
+            let changes = self.attributes(FileKind::Directory, entry);
             let result = result.and_then(|()| {
                 self.fs
                     .setattr(*ino, &changes, self.caller)
@@ -573,12 +609,28 @@ impl<'a> Copier<'a> {
     }
 
     /// The mode a new entry is created with: the source's, or without
-    /// preserving, its permission bits less the umask.
-    fn new_mode(&self, meta: &Metadata) -> u16 {
-        match self.options.preserve {
-            true => (meta.mode() & 0o7777) as u16,
-            false => (meta.mode() & 0o777) as u16 & !self.options.umask,
+    /// preserving, its permission bits less the umask — or, under a
+    /// default ACL, as they are: the engine masks them with the ACL, as
+    /// the kernel does instead of applying the umask.
+    fn new_mode(&self, entry: &Entry) -> u16 {
+        let mode = entry.meta.mode();
+        match (self.options.preserve, entry.parent_default_acl) {
+            (true, _) => (mode & 0o7777) as u16,
+            (false, true) => (mode & 0o777) as u16,
+            (false, false) => (mode & 0o777) as u16 & !self.options.umask,
         }
+    }
+
+    /// Without `preserve`, a directory made under a default ACL keeps the
+    /// mode the engine gave it (masked by the ACL, which the ACL it
+    /// inherits records): made as asked, not writable-first.
+    fn keeps_created_mode(&self, entry: &Entry) -> bool {
+        !self.options.preserve && entry.parent_default_acl
+    }
+
+    /// Whether the image directory `ino` has a default ACL.
+    fn has_default_acl(&self, ino: u32) -> bool {
+        self.fs.getxattr(ino, b"system.posix_acl_default").is_ok()
     }
 
     /// The caller whose ids a new entry gets.

@@ -29,6 +29,11 @@ use std::path::{Component, Path};
 /// The data moved at a time.
 const CHUNK_BYTES: usize = 1 << 20;
 
+/// Chunks of the plain tar stream decompressed ahead of the extraction
+/// (each `CHUNK_BYTES`): enough to ride over a large member's writes,
+/// few enough that memory stays small.
+const READ_AHEAD_CHUNKS: usize = 4;
+
 /// The archive's compression, from its first bytes (gzip 1f 8b; xz
 /// FD '7zXZ' 00; zstd 28 B5 2F FD): a reader of the plain tar stream.
 pub fn decompressed<'r>(input: impl Read + 'r) -> io::Result<Box<dyn Read + 'r>> {
@@ -49,9 +54,89 @@ pub fn decompressed<'r>(input: impl Read + 'r) -> io::Result<Box<dyn Read + 'r>>
 /// existing directory of `image`. Options as `copy_in`'s (`preserve`
 /// keeps owners, as `tar --same-owner`; modes and times are always kept,
 /// as tar does; `threads` is unused: an archive is one stream).
+///
+/// The archive is read and decompressed by a thread of its own, a few
+/// chunks ahead of the extraction — as GNU tar runs `xz -d` in another
+/// process — so that decompressing and writing the image overlap.
 pub fn unpack(
     image: &Image,
-    input: impl Read,
+    input: impl Read + Send,
+    dest: &str,
+    options: &CopyOptions,
+    progress: &Progress,
+) -> Result<Report, Failure> {
+    let root = image.inode_of(dest, true).map_err(|error| Failure {
+        path: dest.to_string(),
+        error,
+    })?;
+    let (sender, receiver) = std::sync::mpsc::sync_channel(READ_AHEAD_CHUNKS);
+    std::thread::scope(|scope| {
+        scope.spawn(move || read_ahead(input, sender));
+        let reader = ChunkReader {
+            chunks: receiver,
+            chunk: Vec::new(),
+            at: 0,
+        };
+        extract_all(image, reader, root, dest, options, progress)
+    })
+}
+
+/// The plain tar stream of `input`, chunk by chunk, until its end, an
+/// error, or the extraction stops taking chunks.
+fn read_ahead(input: impl Read, chunks: std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>) {
+    let mut reader = match decompressed(input) {
+        Ok(reader) => reader,
+        Err(error) => {
+            let _ = chunks.send(Err(error));
+            return;
+        }
+    };
+    loop {
+        let mut chunk = vec![0; CHUNK_BYTES];
+        let read = match read_full(&mut reader, &mut chunk) {
+            Ok(read) => read,
+            Err(error) => {
+                let _ = chunks.send(Err(error));
+                return;
+            }
+        };
+        chunk.truncate(read);
+        if read == 0 || chunks.send(Ok(chunk)).is_err() {
+            return;
+        }
+    }
+}
+
+/// The reading end of `read_ahead`: an empty chunk, or none, is the end.
+struct ChunkReader {
+    chunks: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl Read for ChunkReader {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        if self.at == self.chunk.len() {
+            match self.chunks.recv() {
+                Ok(chunk) => {
+                    self.chunk = chunk?;
+                    self.at = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let count = buffer.len().min(self.chunk.len() - self.at);
+        buffer[..count].copy_from_slice(&self.chunk[self.at..self.at + count]);
+        self.at += count;
+        Ok(count)
+    }
+}
+
+/// Every member of the plain tar stream `reader` under `root` (`dest`).
+fn extract_all(
+    image: &Image,
+    reader: ChunkReader,
+    root: u32,
     dest: &str,
     options: &CopyOptions,
     progress: &Progress,
@@ -60,8 +145,6 @@ pub fn unpack(
         path: path.to_string(),
         error,
     };
-    let root = image.inode_of(dest, true).map_err(|e| failure(dest, e))?;
-    let reader = decompressed(input).map_err(|e| failure("archive", e.into()))?;
     let mut archive = tar::Archive::new(reader);
     let mut unpacker = Unpacker {
         image,

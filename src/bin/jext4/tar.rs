@@ -87,8 +87,9 @@ pub fn tar(session: &mut Session, args: &TarArgs) -> u8 {
                 clamp_time: args.mtime.or_else(super::tools::source_date_epoch),
                 ..CopyOptions::default()
             };
-            let input: Box<dyn std::io::Read> = match args.file.as_str() {
-                "-" => Box::new(std::io::stdin().lock()),
+            // Read by a thread of its own (`unpack`).
+            let input: Box<dyn std::io::Read + Send> = match args.file.as_str() {
+                "-" => Box::new(std::io::stdin()),
                 file => match std::fs::File::open(file) {
                     Ok(file) => Box::new(file),
                     Err(error) => {
