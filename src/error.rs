@@ -146,6 +146,23 @@ impl Error {
         }
     }
 
+    /// A corruption's detail rewritten by `extend` (a hint at what repairs
+    /// it, say), its place and origin kept; any other error unchanged.
+    pub fn map_corrupt_detail(self, extend: impl FnOnce(String) -> String) -> Self {
+        match self {
+            Error::Corrupt {
+                location,
+                detail,
+                origin,
+            } => Error::Corrupt {
+                location,
+                detail: extend(detail),
+                origin,
+            },
+            error => error,
+        }
+    }
+
     /// The errno a FUSE reply or a library caller sees.
     pub fn errno(&self) -> i32 {
         match self {

@@ -816,18 +816,8 @@ pub fn read_from(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
     }
     let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    Superblock::decode(&bytes).map_err(|error| match error {
-        Error::Corrupt {
-            location,
-            detail,
-            origin,
-        } => Error::Corrupt {
-            location,
-            origin,
-            detail: detail + &backup_hint(dev),
-        },
-        error => error,
-    })
+    Superblock::decode(&bytes)
+        .map_err(|error| error.map_corrupt_detail(|detail| detail + &backup_hint(dev)))
 }
 
 /// For a primary superblock that does not decode: where a backup is, and

@@ -90,20 +90,13 @@ pub(crate) fn checked_journal_area(
     dev: &Arc<dyn BlockDevice>,
 ) -> Result<JournalArea> {
     let area = journal_area(geo, dev).and_then(|area| area.load_superblock().map(|_| area));
-    area.map_err(|error| match error {
-        Error::Corrupt {
-            location,
-            detail,
-            origin,
-        } => Error::Corrupt {
-            location,
-            origin,
-            detail: format!(
+    area.map_err(|error| {
+        error.map_corrupt_detail(|detail| {
+            format!(
                 "{detail}: `e2fsck -fy IMAGE` repairs the journal (it makes a new one); \
                  `-o ro,noload` reads the filesystem without it"
-            ),
-        },
-        error => error,
+            )
+        })
     })
 }
 
