@@ -109,11 +109,13 @@ fn file_data_written_after_its_commit_is_caught() {
 
 /// The import workload judges entries with its own oracle (per entry, not
 /// per operation): file data behind its commit shows bytes the source
-/// never had, metadata written home early shows a half-made tree.
+/// never had. (Metadata written home early is not among what it catches:
+/// at 1 KiB blocks not one of 600 states shows it, as for most workloads —
+/// the blocks it writes home early still have an older committed copy in
+/// the log, which replay puts back; `untar` and `smallwriters` catch it.)
 #[test]
 fn the_import_oracle_catches_broken_ordering() {
     assert_caught(Fault::DeferOrderedData, &["import"], 150);
-    assert_caught(Fault::WriteHomeBeforeCommit, &["import"], 150);
 }
 
 /// Fast commits: a TAIL made durable before the records and the data it
