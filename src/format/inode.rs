@@ -266,8 +266,11 @@ impl Inode {
         if geo.metadata_csum && verify {
             verify_checksum(geo, ino, &raw, extra_isize)?;
         } else if geo.metadata_csum {
+            // An injected fault may write a block where the engine never
+            // would (MetaBgFlatDescriptor over an inode table): the crash
+            // checker, not this assertion, is to find what that breaks.
             debug_assert!(
-                verify_checksum(geo, ino, &raw, extra_isize).is_ok(),
+                crate::faults::any_active() || verify_checksum(geo, ino, &raw, extra_isize).is_ok(),
                 "inode {ino}: a slot remembered as verified no longer matches its checksum"
             );
         }

@@ -150,13 +150,20 @@ pub(crate) fn recover_if_needed(
 
 /// A mount's replay, as the kernel's (`jbd2_journal_recover`, then
 /// `jbd2_journal_load`): the valid log is written home; then a log that
-/// recovery could not finish — a recovery problem, or a transaction whose
-/// commit block fails its checksum — refuses the mount and is left as it
-/// is, needs_recovery included, so that every mount refuses it until
-/// e2fsck has replayed it and checked the filesystem. (`jext4 recover`,
-/// like `e2fsck -E journal_only`, resets such a log instead and marks the
-/// filesystem for a full check.) Returns the report when something was
-/// replayed.
+/// recovery could not finish (a logged block failing its checksum or past
+/// the device) refuses the mount and is left as it is, needs_recovery
+/// included, so that every mount refuses it until e2fsck has replayed it
+/// and checked the filesystem. (`jext4 recover`, like `e2fsck -E
+/// journal_only`, resets such a log instead and marks the filesystem for
+/// a full check.) Returns the report when something was replayed.
+///
+/// A commit block that fails its checksum ends the log instead, its
+/// transaction not replayed and the filesystem marked with errors: a
+/// power cut while the commit block was written leaves exactly that (a
+/// torn block: a new header over old sectors), and after a power cut the
+/// image must mount. The kernel's `jbd2_journal_load` refuses such a log
+/// ("journal transaction N is corrupt") and leaves it to e2fsck, whose
+/// replay also stops there.
 pub(crate) fn replay_for_mount(
     geo: &Geometry,
     sb: &Superblock,
@@ -190,14 +197,12 @@ pub(crate) fn replay_for_mount(
     Ok(Some(report))
 }
 
-/// Why the kernel would not finish this replay, if it would not.
+/// Why this replay could not finish, if it could not.
 fn unfinished(report: &RecoveryReport) -> Option<String> {
-    if let Some(problem) = &report.problem {
-        return Some(format!("journal recovery failed: {problem}"));
-    }
-    report.failed_commit.map(|tid| {
-        format!("journal transaction {tid} is corrupt (its commit block fails its checksum)")
-    })
+    report
+        .problem
+        .as_ref()
+        .map(|problem| format!("journal recovery failed: {problem}"))
 }
 
 /// Whether the filesystem on `dev` says its journal must be replayed
