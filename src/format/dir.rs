@@ -112,11 +112,15 @@ pub trait DirBlocks {
 /// goes on with the next block).
 #[derive(Debug)]
 pub enum BadEntry {
-    /// A record or a whole leaf that fails the kernel's checks
-    /// (`__ext4_check_dir_entry`, the leaf checksum): corruption. When the
-    /// record's length cannot be trusted, the rest of its block is left out
-    /// too, as ext4_readdir does.
+    /// A record that fails the kernel's checks (`__ext4_check_dir_entry`:
+    /// an inode past the inode count, a live record without a name):
+    /// corruption, but no name is lost with it (e2fsck and debugfs do not
+    /// list it either).
     Corrupt(Error),
+    /// Names that could not be read: a leaf that fails its checksum, or
+    /// the rest of a block after a record whose length cannot be trusted
+    /// (ext4_readdir skips the same): corruption, and the listing is short.
+    Lost(Error),
     /// A name no listing may carry: one with a '/' (the VFS refuses it,
     /// `verify_dirent_name`, and so does FUSE's `parse_dirfile`).
     UnlistableName { location: Location, offset: usize },
@@ -404,7 +408,7 @@ pub(crate) fn listed_records(
                 offset += record.rec_len;
             }
             Err(RecordError::Frame(error)) => {
-                bad.push(BadEntry::Corrupt(error));
+                bad.push(BadEntry::Lost(error));
                 break;
             }
         }
@@ -422,7 +426,7 @@ pub(crate) fn read_listed_leaf(
     match read_leaf(d, fmt, lblk) {
         Ok(buffer) => Ok(Some(buffer)),
         Err(error) if error.is_corruption() => {
-            d.note_bad_entry(BadEntry::Corrupt(error));
+            d.note_bad_entry(BadEntry::Lost(error));
             Ok(None)
         }
         Err(error) => Err(error),

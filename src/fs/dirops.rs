@@ -323,8 +323,8 @@ impl Fs {
         if listing.inode.links_count > 0 && !self.core.options.nodiratime {
             self.touch_atime(ino, &listing.inode);
         }
-        // A directory whose listing left something out (a name with '/',
-        // which no listing can carry, or an entry or leaf that is damaged)
+        // A directory whose listing left names out (a name with '/',
+        // which no listing can carry, or a leaf that could not be read)
         // ends its listing with an error, after every other name (the call
         // that finds the end empty), so that a walk that returns no error
         // lists every name on disk. The kernel's readdir stops at a name
@@ -333,7 +333,7 @@ impl Fs {
         if listing.ended && self.core.incomplete_listings.lock().contains(&ino) {
             return self.note_error(Err(Error::corrupt(
                 Location::Inode { ino },
-                "the directory's listing left out damaged entries or names with '/'",
+                "the directory's listing left out names it could not read or carry",
             )));
         }
         Ok(())
@@ -402,12 +402,13 @@ impl Fs {
     /// listing may carry as an error line of its own (the listing's end
     /// reports it as corruption).
     fn report_bad_entries(&self, dir: u32, bad: Vec<BadEntry>, more: usize, unknown: Vec<Error>) {
-        if !bad.is_empty() {
+        let short = more > 0 || bad.iter().any(|bad| !matches!(bad, BadEntry::Corrupt(_)));
+        if short {
             self.core.incomplete_listings.lock().insert(dir);
         }
         for bad in bad {
             match bad {
-                BadEntry::Corrupt(error) => {
+                BadEntry::Corrupt(error) | BadEntry::Lost(error) => {
                     self.note_failure(&error, false);
                 }
                 BadEntry::UnlistableName { location, offset } => {
