@@ -60,23 +60,36 @@ pub fn flock_holders(path: &Path) -> Vec<Holder> {
     let Ok(metadata) = std::fs::metadata(path) else {
         return Vec::new();
     };
-    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
-        return Vec::new();
-    };
     let wanted = (
         libc::major(metadata.dev()) as u64,
         libc::minor(metadata.dev()) as u64,
         metadata.ino(),
     );
-    let mut holders: Vec<Holder> = locks
-        .lines()
-        .filter_map(parse_lock_line)
-        .filter(|(_, id)| *id == wanted)
-        .map(|(pid, _)| Holder::of(pid))
-        .collect();
-    holders.dedup();
-    holders
+    // `/proc/locks` is a seq_file read a page at a time, each page a fresh
+    // walk of the lock list from its index: a lock released between two
+    // pages shifts the rest, and one line is skipped. A holder that is
+    // there is found by one of a few reads.
+    for _ in 0..LOCKS_READS {
+        let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+            return Vec::new();
+        };
+        let mut holders: Vec<Holder> = locks
+            .lines()
+            .filter_map(parse_lock_line)
+            .filter(|(_, id)| *id == wanted)
+            .map(|(pid, _)| Holder::of(pid))
+            .collect();
+        holders.dedup();
+        if !holders.is_empty() {
+            return holders;
+        }
+    }
+    Vec::new()
 }
+
+/// How many times `/proc/locks` is read before a lock is taken to have no
+/// holder listed (see `flock_holders`).
+const LOCKS_READS: usize = 4;
 
 /// `1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF` → (1234, (8, 1, 5678)).
 /// Blocked waiters (`1: -> FLOCK ...`) are not holders.
@@ -291,8 +304,17 @@ mod tests {
         assert!(child >= 0, "fork: {}", io::Error::last_os_error());
         if child == 0 {
             // SAFETY: as above; _exit skips the parent's atexit handlers.
+            // Every descriptor but the pipe's read end and the lock's is
+            // closed: the tests around this one run in threads of the same
+            // process, and a copy of their images' descriptors kept here
+            // would keep their locks too.
             unsafe {
-                libc::close(ends[1]);
+                let keep = [ends[0], first.as_raw_fd()];
+                for fd in 3..1024 {
+                    if !keep.contains(&fd) {
+                        libc::close(fd);
+                    }
+                }
                 let mut byte = 0u8;
                 libc::read(ends[0], (&mut byte as *mut u8).cast(), 1);
                 libc::_exit(0);
