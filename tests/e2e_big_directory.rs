@@ -1,4 +1,4 @@
-//! Issue 2, point 3: one directory of 100,000 entries made by jext4 (most
+//! One directory of 100,000 entries made by jext4 (most
 //! through the library, the rest through FUSE) is e2fsck-clean and the
 //! kernel lists every name; a lookup in it costs about what it costs in a
 //! 100-entry directory. The lookup times are printed, not asserted: they

@@ -1,4 +1,4 @@
-//! Issue 12, "cycle mounts just work": `fusermount3 -u` returns as soon as
+//! Cycle mounts just work: `fusermount3 -u` returns as soon as
 //! the kernel has unmounted, while the server still writes its last commit
 //! and holds the image; a `jext4 mount` of the same image right away waits
 //! for it (saying so when that takes over a second) instead of refusing

@@ -1,4 +1,4 @@
-//! Issue 2, point 4: filling a filesystem through the FUSE mount ends in
+//! Filling a filesystem through the FUSE mount ends in
 //! ENOSPC (never EIO), with big files, with many small files and with
 //! inodes; the image stays e2fsck-clean; deleting frees space and writing
 //! works again; an unprivileged user cannot eat the blocks reserved for

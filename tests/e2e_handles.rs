@@ -1,4 +1,4 @@
-//! Issue 12, stable file handles: `name_to_handle_at` / `open_by_handle_at`
+//! Stable file handles: `name_to_handle_at` / `open_by_handle_at`
 //! across dropped caches (`echo 2 > /proc/sys/vm/drop_caches` makes the
 //! kernel forget the inodes, so decoding a handle reaches the server with
 //! a lookup of "." by node id, and of ".." to reconnect a directory).

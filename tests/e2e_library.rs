@@ -1,4 +1,4 @@
-//! Issue 2, library API: the `build_image` example, run as an unprivileged
+//! Library API: the `build_image` example, run as an unprivileged
 //! user on a fresh image (no FUSE, no root), leaves an image that e2fsck
 //! finds clean and that a kernel loop mount shows with the expected files
 //! and contents.

@@ -1,4 +1,4 @@
-//! Issue 12, "mount like any filesystem": `mount -t fuse.jext4 IMAGE DIR
+//! Mount like any filesystem: `mount -t fuse.jext4 IMAGE DIR
 //! -o OPTIONS` and an fstab line (`mount -T FSTAB DIR`) go through mount(8)
 //! and libfuse's `mount.fuse3` helper, which runs `jext4 IMAGE DIR -o ...`
 //! from the standard PATH. So that nothing is installed on the machine, the

@@ -1,4 +1,4 @@
-//! Issue 12, "one owner per image", with the kernel as the other party:
+//! One owner per image, with the kernel as the other party:
 //! jext4 refuses an image that a loop device exposes or that the kernel
 //! has mounted, and a loop device whose backing file jext4 already serves;
 //! every refusal names the holder. Nothing is written by the refused mount.

@@ -1,4 +1,4 @@
-//! Issue 11, "see the requests": `jext4 stats` counts the FUSE requests the
+//! See the requests: `jext4 stats` counts the FUSE requests the
 //! server answered, by operation, with their errors, the time spent in the
 //! engine and in the transport, and the requests in flight; the counts
 //! match what a known workload must have asked, and they survive the

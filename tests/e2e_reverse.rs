@@ -1,4 +1,4 @@
-//! Issue 2, point 2: a tree the kernel wrote through a loop mount reads back
+//! A tree the kernel wrote through a loop mount reads back
 //! identically through jext4; jext4 then changes it (renames, deletions,
 //! appends, writes into preallocated space, new files, changes to shared
 //! xattr blocks), the image stays e2fsck-clean, and the kernel reads back

@@ -1,4 +1,4 @@
-//! Issue 12, "nothing can hang the server": numeric mount options bounded
+//! Nothing can hang the server: numeric mount options bounded
 //! as the kernel bounds them and refused by name; a panic in a server
 //! thread logged and turned into an aborted journal (read-only, EIO for
 //! what it interrupted, exit once unmounted, an image that replays clean);

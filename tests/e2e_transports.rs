@@ -1,4 +1,4 @@
-//! Issue 11, point 3: the FUSE mount behaves the same over both transports,
+//! The FUSE mount behaves the same over both transports,
 //! `/dev/fuse` and FUSE over io_uring: the mixed workload and a real tree
 //! read back the same after a remount and through a kernel loop mount with
 //! `e2fsck -fn` clean; fsync'd data survives a kill -9; unmounting an idle

@@ -1,4 +1,4 @@
-//! Issue 2, point 1: for every image variant, a real tree and every kind of
+//! For every image variant, a real tree and every kind of
 //! change written through a jext4 FUSE mount reads back the same after a
 //! remount and through a kernel loop mount, and `e2fsck -fn` is clean.
 

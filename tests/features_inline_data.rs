@@ -1,4 +1,4 @@
-//! Issue 28, inline_data: images whose small files, directories and
+//! inline_data: images whose small files, directories and
 //! symlinks live in their inodes (`i_block` and the `system.data` xattr),
 //! read by jext4 exactly as a kernel loop mount reads them.
 //!

@@ -1,4 +1,4 @@
-//! Issue 28, item 2: meta_bg images (`mke2fs -O meta_bg,^resize_inode`),
+//! meta_bg images (`mke2fs -O meta_bg,^resize_inode`),
 //! whose descriptor blocks lie in their meta groups (groups `M*N`, `M*N+1`
 //! and `M*N+N-1` for block `M`, `N` descriptors to a block) instead of
 //! after the superblock. jext4 writes a workload on them, `e2fsck -fn` is

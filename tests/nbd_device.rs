@@ -1,4 +1,4 @@
-//! Issue 13, the NBD client as a block device, against real servers on
+//! The NBD client as a block device, against real servers on
 //! loopback (nbdkit): reads, writes, flushes, FUA, TRIM; the server's
 //! block-size constraints (read-modify-write below its minimum block) and
 //! its CAN_MULTI_CONN and read-only flags; export names; and one clear

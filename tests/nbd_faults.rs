@@ -1,4 +1,4 @@
-//! Issue 13, faults over NBD: a server that fails writes (nbdkit's `error`
+//! Faults over NBD: a server that fails writes (nbdkit's `error`
 //! filter: EIO, ENOSPC, at a chosen rate) or flushes (a script plugin)
 //! turns the filesystem read-only with one clear line, and nothing
 //! acknowledged is lost; a slow server (`delay` filter) changes nothing

@@ -1,4 +1,4 @@
-//! Issue 13, the core workloads over NBD: every mkfs flavour (ext2, ext3,
+//! The core workloads over NBD: every mkfs flavour (ext2, ext3,
 //! ext4 at 1 KiB and 4 KiB blocks) through the library, and a FUSE mount,
 //! over nbdkit's `memory` plugin, its `file` plugin (TCP) and `qemu-nbd`
 //! serving a qcow2 image. After each: `e2fsck -fn` clean, and a kernel

@@ -1,4 +1,4 @@
-//! Issue 10: the Tux3 post's five out-of-space quality metrics, as tests
+//! The Tux3 post's five out-of-space quality metrics, as tests
 //! that can fail, at 1 KiB and 4 KiB blocks, through the FUSE mount:
 //!
 //! 1. never an error inside a commit: writers and mkdir/xattr/htree-split
