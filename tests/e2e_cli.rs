@@ -334,3 +334,94 @@ fn e2e_cli_fusermount_unmount() {
     );
     assert_eq!(fs::read(&dumped).unwrap(), data);
 }
+
+/// The manual pages and shell completions come from the same definitions
+/// as the parser: every command has a page that names its options, and
+/// the completion scripts parse in their shells and offer the commands.
+#[test]
+fn e2e_cli_man_pages_and_completions() {
+    let dir = tempfile::tempdir().unwrap();
+    let man1 = dir.path().join("man1");
+    let made = jext4(&["man", man1.to_str().unwrap()]);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let page = |name: &str| {
+        fs::read_to_string(man1.join(format!("{name}.1")))
+            .unwrap_or_else(|e| panic!("{name}.1: {e}"))
+    };
+    let main = page("jext4");
+    assert!(
+        main.starts_with(".ie") || main.contains(".TH jext4 1"),
+        "{main}"
+    );
+    for command in [
+        "mount",
+        "umount",
+        "cp",
+        "tar",
+        "ls",
+        "crashtest",
+        "completions",
+    ] {
+        assert!(main.contains(command), "jext4.1 does not list {command}");
+    }
+    let mount = page("jext4-mount");
+    assert!(mount.contains(".TH jext4-mount 1"), "{mount}");
+    assert!(
+        mount.contains("foreground") && mount.contains("OPTIONS"),
+        "{mount}"
+    );
+    assert!(page("jext4-cp").contains("archive"));
+    if Path::new("/usr/bin/man").exists() {
+        let shown = Command::new("man")
+            .args(["-l", "-P", "cat"])
+            .arg(man1.join("jext4-tar.1"))
+            .env("MANWIDTH", "80")
+            .output()
+            .unwrap();
+        assert!(
+            shown.status.success(),
+            "{}",
+            String::from_utf8_lossy(&shown.stderr)
+        );
+    }
+
+    let bash = jext4(&["completions", "bash"]);
+    assert!(bash.status.success());
+    let script = dir.path().join("jext4.bash");
+    fs::write(&script, &bash.stdout).unwrap();
+    let parsed = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        parsed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    // Completing `jext4 cra` in bash offers crashtest.
+    let completed = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; COMP_WORDS=(jext4 cra); COMP_CWORD=1; COMP_LINE='jext4 cra'; \
+             COMP_POINT=${{#COMP_LINE}}; _jext4 jext4 cra jext4; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display()
+        ))
+        .output()
+        .unwrap();
+    let offered = String::from_utf8_lossy(&completed.stdout);
+    assert!(
+        offered.lines().any(|l| l == "crashtest"),
+        "offered: {offered:?}"
+    );
+    for shell in ["zsh", "fish"] {
+        let out = jext4(&["completions", shell]);
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("crashtest"));
+    }
+    let bad = jext4(&["completions", "tcsh"]);
+    assert!(!bad.status.success());
+}

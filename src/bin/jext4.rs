@@ -68,6 +68,18 @@ enum Command {
     Sync { mountpoints: Vec<PathBuf> },
     #[command(flatten)]
     Tools(tools::ToolCommand),
+    /// Print the shell completion script for bash, zsh, fish, elvish or
+    /// powershell (see docs/install.md).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages, jext4(1) and one per command
+    /// (jext4-mount(1), ...), into DIR.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
     /// Unmount; returns after the server has written everything and exited.
     Umount {
         mountpoint: PathBuf,
@@ -165,6 +177,12 @@ fn main() -> ExitCode {
         Command::Recover { image } => recover(&image),
         Command::Stats { mountpoint, json } => stats(&mountpoint, json),
         Command::Sync { mountpoints } => sync(&mountpoints),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "jext4", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { dir } => man_pages(&dir),
         Command::Logdump { image } => {
             let stdout = std::io::stdout();
             match jext4::fs::logdump_image(&image, &mut stdout.lock()) {
@@ -183,6 +201,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `jext4 man DIR`: jext4.1 and a page per command, as `man` finds them
+/// under `DIR` when it is a `man1` directory.
+fn man_pages(dir: &Path) -> Result<(), String> {
+    let command = <Cli as clap::CommandFactory>::command();
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    clap_mangen::generate_to(command, dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
 fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String> {

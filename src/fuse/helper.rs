@@ -18,6 +18,8 @@ pub const SUBCOMMANDS: &[&str] = &[
     "recover",
     "logdump",
     "crashtest",
+    "completions",
+    "man",
     "help",
     // The image tools.
     "cp",
