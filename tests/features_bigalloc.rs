@@ -1,7 +1,8 @@
-//! Issue 28, item 4: bigalloc images (clusters of 16 blocks by mke2fs's
+//! bigalloc images (clusters of 16 blocks by mke2fs's
 //! default: the block bitmap counts clusters, free counts are clusters,
 //! extents stay in blocks). jext4 mounts them read-only — read-write is
-//! refused in one line that says so — reads every file exactly as the
+//! refused in one line that says so, the image tools open them read-only
+//! — reads every file exactly as the
 //! kernel reads it, and answers statfs as the kernel does (in blocks,
 //! from cluster counts). Images written by the kernel and made by
 //! `mke2fs -d`, at 1 KiB blocks (16 KiB clusters, the filesystem starting
@@ -88,8 +89,10 @@ fn a_bigalloc_image_made_by_mke2fs_d_reads_as_the_kernel_reads_it() {
     jext4_reads_as_the_kernel(&image, &mnt);
 }
 
-/// Read-write is refused in one line that names the feature and says
-/// what works (`-o ro`), through the library and the image tools alike.
+/// A read-write open through the library is refused in one line that
+/// names the feature and says what works (`-o ro`). The image tools open
+/// such an image read-only instead, saying so once: a verb that reads
+/// works, one that writes fails with EROFS and leaves the image as it was.
 #[test]
 fn a_read_write_open_of_bigalloc_is_refused_in_one_line() {
     if !common::require_tool("mke2fs") {
@@ -102,17 +105,39 @@ fn a_read_write_open_of_bigalloc_is_refused_in_one_line() {
         64,
         &["-t", "ext4", "-O", "bigalloc"],
     );
-    let listed = e2e::run(e2e::JEXT4, &["ls", &format!("{}:/", e2e::path_str(&image))]);
-    let stderr = String::from_utf8_lossy(&listed.stderr);
-    assert!(!listed.status.success(), "jext4 opened bigalloc read-write");
+    let refused = jext4::fs::Fs::open(&image, jext4::fs::MountOptions::default())
+        .err()
+        .expect("jext4 opened bigalloc read-write")
+        .to_string();
     assert!(
-        stderr.contains("bigalloc") && stderr.contains("-o ro"),
-        "unclear refusal: {stderr}"
+        refused.contains("bigalloc") && refused.contains("-o ro") && !refused.contains('\n'),
+        "unclear refusal: {refused}"
+    );
+    let before = std::fs::read(&image).unwrap();
+    let root = format!("{}:/", e2e::path_str(&image));
+    let listed = e2e::run(e2e::JEXT4, &["ls", &root]);
+    let stderr = String::from_utf8_lossy(&listed.stderr);
+    assert!(listed.status.success(), "jext4 ls of bigalloc: {stderr}");
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "lost+found");
+    assert!(
+        stderr.contains("bigalloc") && stderr.contains("read-only"),
+        "the read-only open is not said: {stderr}"
     );
     assert_eq!(
         stderr.trim().lines().count(),
         1,
         "more than one line: {stderr}"
+    );
+    let made = e2e::run(e2e::JEXT4, &["mkdir", &format!("{root}new")]);
+    let stderr = String::from_utf8_lossy(&made.stderr);
+    assert!(
+        !made.status.success(),
+        "mkdir on a read-only bigalloc image"
+    );
+    assert!(stderr.to_lowercase().contains("read-only file system"), "{stderr}");
+    assert!(
+        std::fs::read(&image).unwrap() == before,
+        "the image changed"
     );
     let options = jext4::fs::MountOptions {
         read_only: true,

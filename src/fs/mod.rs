@@ -125,6 +125,12 @@ pub struct MountOptions {
     /// holes and past the end are held in memory and given blocks when
     /// written out. Off by default; it needs the space budget.
     pub delalloc: bool,
+    /// A read-write open of an image with a feature jext4 only reads
+    /// (bigalloc, quota, verity: read-only compatible) is made read-only
+    /// with a warning instead of refused. The image tools set it: `ls` or
+    /// `cp` out of such an image need no `-o ro`, and a verb that writes
+    /// gets EROFS. A mount keeps the kernel's refusal.
+    pub read_only_fallback: bool,
 }
 
 /// The longest commit interval: the kernel refuses `commit=` above
@@ -181,6 +187,7 @@ impl Default for MountOptions {
             bytelog: false,
             space_budget: true,
             delalloc: false,
+            read_only_fallback: false,
         }
     }
 }
@@ -431,19 +438,17 @@ fn settle_options(
     sb: &Superblock,
     dev: &dyn BlockDevice,
     options: &mut MountOptions,
-    forced_read_only: &mut bool,
+    forced_read_only: &mut Option<String>,
 ) -> Result<bool> {
     let read_write_allowed = sb.check_features()?;
     let read_only_incompat = sb.read_only_incompat_features();
-    *forced_read_only = false;
-    if !options.read_only && !read_write_allowed && sb.read_only_features().is_empty() {
-        tracing::warn!(
-            "filesystem uses feature {}, which jext4 reads but does not write yet: \
-             mounted read-only",
-            read_only_incompat.join(", ")
-        );
+    *forced_read_only = None;
+    let fall_back = sb.read_only_features().is_empty() || options.read_only_fallback;
+    if !options.read_only && !read_write_allowed && fall_back {
+        let mut features = read_only_incompat;
+        features.extend(sb.read_only_features());
         options.read_only = true;
-        *forced_read_only = !dev.is_read_only();
+        *forced_read_only = Some(features.join(", "));
     }
     if !options.read_only && !read_write_allowed {
         return Err(Error::Unsupported(format!(
@@ -612,12 +617,13 @@ impl Fs {
         let mut sb = superblock::read_from(&*dev)?;
         let (at, uuid) = sb.identity();
         dev.expect_identity(at, &uuid);
-        let mut forced_read_only = false;
+        let mut forced_read_only = None;
         let fast_commit = settle_options(&sb, &*dev, &mut options, &mut forced_read_only)?;
         let geo = Geometry::from_superblock(&sb);
         check_device_size(&geo, &*dev)?;
         let journaled = sb.has_compat(superblock::compat::HAS_JOURNAL);
-        let replay_first = forced_read_only
+        let replay_first = forced_read_only.is_some()
+            && !dev.is_read_only()
             && journaled
             && !options.noload
             && sb.has_incompat(superblock::incompat::RECOVER);
@@ -668,6 +674,14 @@ impl Fs {
         }
         if fs.core.delayed.enabled() {
             fs.start_flusher();
+        }
+        // Said once the mount stands: a refusal after this point would
+        // otherwise follow a line announcing a mount that never was.
+        if let Some(features) = forced_read_only {
+            tracing::warn!(
+                "filesystem uses feature {features}, which jext4 reads but does not write \
+                 yet: mounted read-only"
+            );
         }
         Ok(fs)
     }

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 use jext4::api::Image;
 use jext4::fs::{AtimePolicy, MountOptions};
 use jext4::tools::{ImagePath, Progress};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -159,6 +160,8 @@ impl Session {
         let mut options = MountOptions {
             // The tools read without changing what they read.
             atime: AtimePolicy::Never,
+            // A verb that only reads works on an image jext4 only reads.
+            read_only_fallback: true,
             ..MountOptions::default()
         };
         if let Some(size) = self.cache_size {
@@ -185,8 +188,46 @@ impl Session {
     }
 }
 
+/// The engine's warnings and errors (a corruption found, an image opened
+/// read-only because of a feature) reach the verb's stderr, a line each,
+/// as `jext4: MESSAGE`; `JEXT4_LOG` chooses other levels.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("JEXT4_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Another subscriber already set (a test harness) keeps its own.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .event_format(ToolLine)
+        .try_init();
+}
+
+/// `jext4: MESSAGE` (the engine's fields after it), the way the verbs'
+/// own messages read.
+struct ToolLine;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for ToolLine
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        context: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        write!(writer, "jext4: ")?;
+        context
+            .field_format()
+            .format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
 /// Run one verb as a command of its own; its exit status.
 pub fn run(command: ToolCommand) -> std::process::ExitCode {
+    init_logging();
     let common = match &command {
         ToolCommand::Cp(args) => args.common.clone(),
         other => verbs::common_of(other),
