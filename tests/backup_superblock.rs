@@ -372,3 +372,57 @@ fn a_read_write_mount_from_a_backup_writes_the_backup_as_the_kernel_does() {
         assert_eq!(cat.stdout, b"written from the backup\n", "{}", layout.name);
     }
 }
+
+/// A crash of a mount from a backup leaves needs_recovery in that backup,
+/// and the next mount with the same `sb=` replays the journal there (and
+/// clears it there), as the kernel's would from the same image.
+#[test]
+fn a_crash_while_mounted_from_a_backup_is_recovered_from_it() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("backup-sb-crash");
+    let layout = &LAYOUTS[1];
+    let image = damaged_image(scratch.path(), layout);
+    let sb = layout.sb();
+    let sb_option = format!("sb={sb}");
+    let mnt = scratch.path().join("crash.mnt");
+    let mount = JextMount::mount(&image, &mnt, &sb_option);
+    let path = mount.path("fsynced");
+    std::fs::write(&path, b"durable before the crash\n").unwrap();
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let pid = mount.server_pid();
+    // SAFETY: kill(2) on the pid of the server this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    run("fusermount3", &["-u", "-z", path_str(&mnt)]);
+    mount.forget();
+    let needs_recovery = |image: &Path| {
+        let file = std::fs::File::open(image).unwrap();
+        let mut incompat = [0u8; 4];
+        file.read_exact_at(&mut incompat, sb * 1024 + 0x60).unwrap();
+        u32::from_le_bytes(incompat) & 0x4 != 0
+    };
+    e2e::wait_for(std::time::Duration::from_secs(10), || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    assert!(
+        needs_recovery(&image),
+        "the crashed mount's backup lacks needs_recovery"
+    );
+    assert!(primary_is_zero(&image));
+    let copy = image.with_extension("kernel.img");
+    std::fs::copy(&image, &copy).unwrap();
+
+    let mount = JextMount::mount(&image, &mnt, &sb_option);
+    let read = std::fs::read(mount.path("fsynced")).unwrap();
+    mount.unmount();
+    assert_eq!(read, b"durable before the crash\n");
+    assert!(!needs_recovery(&image), "needs_recovery left in the backup");
+    assert!(primary_is_zero(&image));
+
+    let kernel_mnt = scratch.path().join("crash.kmnt");
+    let kernel = KernelMount::mount_with(&copy, &kernel_mnt, &sb_option);
+    let theirs = std::fs::read(kernel.path("fsynced")).unwrap();
+    kernel.unmount();
+    assert_eq!(theirs, b"durable before the crash\n", "the kernel's replay");
+}
