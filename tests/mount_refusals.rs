@@ -227,7 +227,8 @@ fn an_external_journal_device_is_called_one() {
 }
 
 /// A zeroed primary superblock: the refusal says where the backup is, and
-/// the e2fsck command and kernel option it names work.
+/// the e2fsck command and the `-o sb=` it names work, for the kernel and
+/// for jext4.
 #[test]
 fn a_zeroed_primary_superblock_names_its_backup() {
     if !e2e::require_e2e() {
@@ -268,6 +269,12 @@ fn a_zeroed_primary_superblock_names_its_backup() {
             kernel_mounts(&image, &format!("ro,{sb_option}")),
             "the kernel refused -o {sb_option}"
         );
+        // And so does jext4 with the option it names.
+        let mnt = image.with_extension("mnt");
+        let ro_sb = format!("ro,{sb_option}");
+        let (code, stderr) = jext4(&["mount", "-o", &ro_sb, path_str(&image), path_str(&mnt)]);
+        assert_eq!(code, 0, "jext4 -o {ro_sb}: {stderr}");
+        jext4(&["umount", path_str(&mnt)]);
         let (code, text) = run(
             "e2fsck",
             &[
@@ -280,7 +287,6 @@ fn a_zeroed_primary_superblock_names_its_backup() {
             ],
         );
         assert!(code <= 1, "e2fsck -b exited {code}: {text}");
-        let mnt = image.with_extension("mnt");
         let (code, stderr) = jext4(&["mount", path_str(&image), path_str(&mnt)]);
         assert_eq!(code, 0, "after e2fsck -b: {stderr}");
         jext4(&["umount", path_str(&mnt)]);

@@ -33,7 +33,8 @@ struct Cli {
 enum Command {
     /// Mount an image file or block device; returns once the mount is ready.
     Mount {
-        /// Mount options, comma-separated (ro, rw, allow_other, cache_size=256M, commit=5, sync, ...).
+        /// Mount options, comma-separated (ro, rw, allow_other, cache_size=256M, commit=5, sync,
+        /// sb=131072 to mount from a backup superblock, ...).
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
         /// Stay attached to the terminal instead of running in the background.

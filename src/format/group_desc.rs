@@ -121,7 +121,7 @@ impl GroupDesc {
         // The primary superblock and the descriptor blocks after it (the
         // whole table, or with meta_bg those of group 0), as
         // ext4_check_descriptors bounds them with ext4_bg_num_gdb(sb, 0).
-        let table_end = geo.superblock_location().0 + geo.group_gdt_blocks(0) as u64;
+        let table_end = geo.primary_superblock_location().0 + geo.group_gdt_blocks(0) as u64;
         let allowed = |block: u64, count: u64| {
             block > table_end
                 && block >= first

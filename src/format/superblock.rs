@@ -12,6 +12,12 @@ use crate::ensure_format;
 use crate::error::{Error, Location, Result};
 
 pub const SUPERBLOCK_OFFSET: u64 = 1024;
+/// The unit of the kernel's `sb=` mount option and of `s_sb_block`: a
+/// superblock's byte offset over 1 KiB, whatever the filesystem's block size
+/// (fs/ext4/super.c, `ext4_load_super`: `s_sb_block * EXT4_MIN_BLOCK_SIZE`).
+pub const SB_OPTION_UNIT: u64 = 1024;
+/// `sb=1`, the kernel's default: the primary superblock.
+pub const PRIMARY_SB_OPTION: u64 = SUPERBLOCK_OFFSET / SB_OPTION_UNIT;
 pub const SUPERBLOCK_SIZE: usize = 1024;
 pub const EXT4_MAGIC: u16 = 0xEF53;
 
@@ -298,6 +304,10 @@ const S_CHECKSUM: usize = 0x3FC;
 #[derive(Clone)]
 pub struct Superblock {
     raw: Box<[u8; SUPERBLOCK_SIZE]>,
+    /// The byte offset this copy was read from, where `write_to` puts it
+    /// back: the primary's, or a backup's when mounted with `sb=` (the
+    /// kernel writes its superblock to the buffer it read, `s_sbh`).
+    origin: u64,
     pub inodes_count: u32,
     pub blocks_count: u64,
     pub reserved_blocks_count: u64,
@@ -372,7 +382,13 @@ impl Superblock {
     /// Where the UUID lies on the device, and its bytes: what tells this
     /// filesystem's medium from another (`BlockDevice::expect_identity`).
     pub fn identity(&self) -> (u64, [u8; 16]) {
-        (SUPERBLOCK_OFFSET + S_UUID as u64, self.uuid)
+        (self.origin + S_UUID as u64, self.uuid)
+    }
+
+    /// The byte offset of the copy this was read from (`SUPERBLOCK_OFFSET`
+    /// for the primary).
+    pub fn origin(&self) -> u64 {
+        self.origin
     }
 
     /// Decode and validate the 1024 superblock bytes. Checks what must hold
@@ -413,6 +429,7 @@ impl Superblock {
         let rev_level = get_u32(&raw[..], S_REV_LEVEL);
         let dynamic = rev_level >= 1;
         let sb = Superblock {
+            origin: SUPERBLOCK_OFFSET,
             inodes_count: get_u32(&raw[..], S_INODES_COUNT),
             blocks_count: get_u32(&raw[..], S_BLOCKS_COUNT_LO) as u64 | hi(S_BLOCKS_COUNT_HI) << 32,
             reserved_blocks_count: get_u32(&raw[..], S_R_BLOCKS_COUNT_LO) as u64
@@ -806,49 +823,75 @@ pub fn error_code(errno: i32) -> u8 {
 
 /// Read and decode the primary superblock of the filesystem on `dev`: the
 /// one way any layer reads it from a device (a mount, recovery, the
-/// journal commands, fast-commit replay).
+/// journal commands, fast-commit replay), with `read_at`.
 pub fn read_from(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
-    if dev.size_bytes() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
-        return Err(Error::corrupt(
-            Location::Superblock,
-            "device too small to hold a superblock",
-        ));
-    }
-    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
-    dev.read_at(SUPERBLOCK_OFFSET, &mut bytes)?;
-    Superblock::decode(&bytes)
-        .map_err(|error| error.map_corrupt_detail(|detail| detail + &backup_hint(dev)))
+    read_at(dev, SUPERBLOCK_OFFSET)
 }
 
-/// For a primary superblock that does not decode: where a backup is, and
-/// how to use it (e2fsck's "try running e2fsck with an alternate
-/// superblock"). Nothing of the primary can be trusted, so each block
-/// size is tried with mke2fs's geometry (8 × block size blocks per group;
-/// the backups of groups 1, 3 and 5 exist with and without sparse_super).
-fn backup_hint(dev: &dyn crate::dev::BlockDevice) -> String {
-    const GROUPS_TRIED: [u64; 3] = [1, 3, 5];
+/// Read and decode the superblock copy at byte `offset` of `dev`: the
+/// primary at `SUPERBLOCK_OFFSET`, or the backup a mount names with `sb=`
+/// (`offset = sb × SB_OPTION_UNIT`). Like the kernel's `ext4_load_super`,
+/// any offset holding a superblock is taken; the copy remembers where it
+/// came from, and `write_to` puts it back there.
+pub fn read_at(dev: &dyn crate::dev::BlockDevice, offset: u64) -> Result<Superblock> {
+    let fits = offset
+        .checked_add(SUPERBLOCK_SIZE as u64)
+        .is_some_and(|end| end <= dev.size_bytes());
+    if !fits {
+        let detail = if offset == SUPERBLOCK_OFFSET {
+            "device too small to hold a superblock".to_string()
+        } else {
+            format!(
+                "sb={} (byte {offset}) lies past the end of the device ({} bytes)",
+                offset / SB_OPTION_UNIT,
+                dev.size_bytes()
+            )
+        };
+        return Err(Error::corrupt(Location::Superblock, detail));
+    }
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(offset, &mut bytes)?;
+    let mut sb = Superblock::decode(&bytes).map_err(|error| {
+        error.map_corrupt_detail(|detail| {
+            let copy = match offset {
+                SUPERBLOCK_OFFSET => String::new(),
+                _ => format!(
+                    "no superblock at sb={} (byte {offset}): ",
+                    offset / SB_OPTION_UNIT
+                ),
+            };
+            copy + &detail + &backup_hint(dev, offset)
+        })
+    })?;
+    sb.origin = offset;
+    Ok(sb)
+}
+
+/// The groups whose backups a hint looks for: the first of the sparse_super
+/// series (1 and the powers of 3, 5 and 7), which every layout but
+/// sparse_super2 keeps, in the order e2fsck would try them.
+const HINT_BACKUP_GROUPS: [u64; 8] = [1, 3, 5, 7, 9, 25, 27, 49];
+
+/// For a superblock copy (at byte `failed`) that does not decode: where a
+/// backup is, and how to use it (e2fsck's "try running e2fsck with an
+/// alternate superblock"). Nothing of the failed copy can be trusted, so
+/// each block size from 1 KiB to 64 KiB is tried with mke2fs's geometry (8
+/// × block size blocks per group; group 0 starts at block 1 with 1 KiB
+/// blocks), and a candidate counts only when it says that geometry itself.
+fn backup_hint(dev: &dyn crate::dev::BlockDevice, failed: u64) -> String {
     for log_block_size in 0..=6u32 {
         let block_size = 1024u64 << log_block_size;
         let first_data_block = u64::from(block_size == 1024);
-        for group in GROUPS_TRIED {
+        for group in HINT_BACKUP_GROUPS {
             let block = first_data_block + group * 8 * block_size;
-            let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
             let offset = block * block_size;
-            if offset + SUPERBLOCK_SIZE as u64 > dev.size_bytes()
-                || dev.read_at(offset, &mut bytes).is_err()
-            {
-                continue;
-            }
-            let found = Superblock::decode(&bytes).is_ok_and(|backup| {
-                backup.block_size() as u64 == block_size
-                    && backup.blocks_per_group as u64 == 8 * block_size
-            });
-            if found {
-                let in_kibibytes = offset / 1024;
+            if offset != failed && backup_at(dev, offset, block_size) {
+                let sb_option = offset / SB_OPTION_UNIT;
                 return format!(
                     "; a backup superblock is at block {block} ({block_size}-byte blocks): \
-                     `e2fsck -b {block} -B {block_size} IMAGE` repairs the primary from it \
-                     (the kernel mounts from it with `-o sb={in_kibibytes}`)"
+                     mount from it with `-o sb={sb_option}` (the kernel's option; `--sb \
+                     {sb_option}` for the image tools), or repair the primary with \
+                     `e2fsck -b {block} -B {block_size} IMAGE`"
                 );
             }
         }
@@ -856,10 +899,26 @@ fn backup_hint(dev: &dyn crate::dev::BlockDevice) -> String {
     String::new()
 }
 
-/// Encode `sb` and write it straight to its place on `dev`, then flush:
-/// for the moments no journal carries it (mount, unmount, recovery).
+/// Whether a superblock of `block_size`-byte blocks with mke2fs's group
+/// size decodes at byte `offset` of `dev`.
+fn backup_at(dev: &dyn crate::dev::BlockDevice, offset: u64, block_size: u64) -> bool {
+    let mut bytes = vec![0u8; SUPERBLOCK_SIZE];
+    if offset + SUPERBLOCK_SIZE as u64 > dev.size_bytes()
+        || dev.read_at(offset, &mut bytes).is_err()
+    {
+        return false;
+    }
+    Superblock::decode(&bytes).is_ok_and(|backup| {
+        backup.block_size() as u64 == block_size && backup.blocks_per_group as u64 == 8 * block_size
+    })
+}
+
+/// Encode `sb` and write it straight back to the copy it was read from on
+/// `dev`, then flush: for the moments no journal carries it (mount,
+/// unmount, recovery).
 pub fn write_to(dev: &dyn crate::dev::BlockDevice, sb: &mut Superblock) -> Result<()> {
-    dev.write_at(SUPERBLOCK_OFFSET, sb.encode())?;
+    let origin = sb.origin;
+    dev.write_at(origin, sb.encode())?;
     dev.flush()?;
     Ok(())
 }
@@ -868,6 +927,9 @@ pub fn write_to(dev: &dyn crate::dev::BlockDevice, sb: &mut Superblock) -> Resul
 /// superblock. Nothing here changes while mounted.
 #[derive(Debug, Clone)]
 pub struct Geometry {
+    /// The byte offset of the superblock copy mounted: the primary's, or
+    /// the backup named by `sb=`, which the descriptor table follows.
+    pub superblock_offset: u64,
     pub block_size: u32,
     pub log_block_size: u32,
     pub blocks_count: u64,
@@ -932,6 +994,7 @@ impl Geometry {
             0
         };
         Geometry {
+            superblock_offset: sb.origin,
             block_size,
             log_block_size: sb.log_block_size,
             blocks_count: sb.blocks_count,
@@ -1092,26 +1155,30 @@ impl Geometry {
         } else {
             0
         };
-        let boot =
-            u32::from(group == 0 && self.superblock_location().0 > self.first_data_block as u64);
+        let boot = u32::from(
+            group == 0 && self.primary_superblock_location().0 > self.first_data_block as u64,
+        );
         boot + has_super + descriptors + reserved
     }
 
-    /// The block and byte offset of descriptor `group` in its primary
-    /// copy (the kernel's `descriptor_loc`, e2fsprogs'
-    /// `ext2fs_descriptor_block_loc2`): in the table after the primary
-    /// superblock, or with meta_bg at the start of the first group of its
-    /// meta group, after that group's superblock copy if it has one.
+    /// The block and byte offset of descriptor `group` in the copy the
+    /// mount uses (the kernel's `descriptor_loc`, e2fsprogs'
+    /// `ext2fs_descriptor_block_loc2`): in the table after the superblock
+    /// mounted (the primary, or the `sb=` backup: `descriptor_loc` counts
+    /// from `logical_sb_block`), or with meta_bg at the start of the first
+    /// group of its meta group, after that group's superblock copy if it
+    /// has one.
     pub fn group_desc_location(&self, group: u32) -> (u64, usize) {
         let index = group / self.descs_per_block;
         let offset = (group % self.descs_per_block * self.desc_size) as usize;
-        let superblock_block = self.superblock_location().0;
         if !self.in_meta_group(index) {
-            return (superblock_block + 1 + index as u64, offset);
+            return (self.superblock_location().0 + 1 + index as u64, offset);
         }
+        // The meta groups' blocks stay where the primary layout has them
+        // when a backup superblock is mounted, as in the kernel.
         let first = index * self.descs_per_block;
         let block = if first == 0 {
-            superblock_block + 1
+            self.primary_superblock_location().0 + 1
         } else {
             self.group_first_block(first) + u64::from(self.group_has_super(first))
         };
@@ -1151,11 +1218,27 @@ impl Geometry {
         (self.superblock_location().0 + 1 + index as u64, offset)
     }
 
-    /// The block and byte offset holding the primary superblock.
+    /// The block and byte offset holding the superblock copy mounted: the
+    /// primary, or with `sb=` the backup, which the kernel reads and writes
+    /// in its place (`ext4_load_super`'s `logical_sb_block`, `s_sbh`) and
+    /// which the descriptor table follows (`descriptor_loc`).
     pub fn superblock_location(&self) -> (u64, usize) {
+        let block = self.superblock_offset / self.block_size as u64;
+        let offset = (self.superblock_offset % self.block_size as u64) as usize;
+        (block, offset)
+    }
+
+    /// The block and byte offset of the primary superblock, which fixes the
+    /// layout of group 0 whichever copy is mounted.
+    pub fn primary_superblock_location(&self) -> (u64, usize) {
         let block = SUPERBLOCK_OFFSET / self.block_size as u64;
         let offset = (SUPERBLOCK_OFFSET % self.block_size as u64) as usize;
         (block, offset)
+    }
+
+    /// Whether the superblock mounted is a backup (`sb=` other than 1).
+    pub fn mounted_from_backup(&self) -> bool {
+        self.superblock_offset != SUPERBLOCK_OFFSET
     }
 
     /// Bytes of the block bitmap that carry bits (and the checksum covers):
@@ -1206,6 +1289,41 @@ mod tests {
         let geometry = Geometry::from_superblock(&superblock);
         let with_super: Vec<u32> = (0..100).filter(|g| geometry.group_has_super(*g)).collect();
         assert_eq!(with_super, vec![0, 1, 3, 5, 7, 9, 25, 27, 49, 81]);
+    }
+
+    /// Mounted from group 1's backup (`sb=257`), the superblock is read
+    /// and written there and the flat descriptor table follows it, while
+    /// the meta groups' blocks and group 0's layout stay where the primary
+    /// has them (the kernel's `descriptor_loc`).
+    #[test]
+    fn a_backup_superblock_moves_the_flat_table_only() {
+        let mut superblock = Superblock::decode(&small_groups(64, 0, 0)).unwrap();
+        let primary = Geometry::from_superblock(&superblock);
+        assert!(!primary.mounted_from_backup());
+        superblock.origin = 257 * SB_OPTION_UNIT;
+        let backup = Geometry::from_superblock(&superblock);
+        assert!(backup.mounted_from_backup());
+        assert_eq!(backup.superblock_location(), (257, 0));
+        assert_eq!(backup.primary_superblock_location(), (1, 0));
+        assert_eq!(primary.group_desc_location(17), (3, 64));
+        assert_eq!(backup.group_desc_location(17), (259, 64));
+        assert_eq!(
+            backup.group_overhead_blocks(0),
+            primary.group_overhead_blocks(0)
+        );
+        assert_eq!(superblock.identity().0, 257 * 1024 + S_UUID as u64);
+
+        let mut meta = Superblock::decode(&small_groups(64, incompat::META_BG, 0)).unwrap();
+        let primary = Geometry::from_superblock(&meta);
+        meta.origin = 257 * SB_OPTION_UNIT;
+        let backup = Geometry::from_superblock(&meta);
+        for group in [0, 17, 40, 63] {
+            assert_eq!(
+                backup.group_desc_location(group),
+                primary.group_desc_location(group),
+                "meta_bg descriptor of group {group}"
+            );
+        }
     }
 
     /// A 1 KiB-block superblock of `groups` groups of 256 blocks, 64-byte

@@ -120,17 +120,20 @@ pub(crate) fn recover_if_needed(
     dev: &Arc<dyn BlockDevice>,
 ) -> Result<Option<RecoveryReport>> {
     let area = journal_area(geo, dev)?;
-    if !needs_recovery(&**dev)? && !sb.has_incompat(incompat::RECOVER) {
+    let at = geo.superblock_offset;
+    if !needs_recovery_at(&**dev, at)? && !sb.has_incompat(incompat::RECOVER) {
         if sb.has_incompat(incompat::BYTELOG) {
             // A ByteLog flag without needs_recovery: no fast commit of
             // that mount can be pending (both are set in one write at
             // mount); the image is plain ext4.
             tracing::info!("clearing a stale BYTELOG flag");
-            clear_needs_recovery(&**dev)?;
+            clear_needs_recovery(&**dev, at)?;
         }
         return Ok(None);
     }
-    let report = recover_journal_with(&area, super::fast_commit::replay)?;
+    let report = recover_journal_at(&area, at, |area, fast_commit| {
+        super::fast_commit::replay(area, fast_commit, at)
+    })?;
     if let Some(problem) = &report.problem {
         return Err(Error::corrupt(
             Location::Journal { block: 0 },
@@ -170,15 +173,18 @@ pub(crate) fn replay_for_mount(
     dev: &Arc<dyn BlockDevice>,
 ) -> Result<Option<RecoveryReport>> {
     let area = checked_journal_area(geo, dev)?;
+    let at = geo.superblock_offset;
     if !sb.has_incompat(incompat::RECOVER) {
         if sb.has_incompat(incompat::BYTELOG) {
             tracing::info!("clearing a stale BYTELOG flag");
-            clear_needs_recovery(&**dev)?;
+            clear_needs_recovery(&**dev, at)?;
         }
         return Ok(None);
     }
     refuse_external_journal(sb)?;
-    let replayed = recovery::replay(&area, super::fast_commit::replay)?;
+    let replayed = recovery::replay(&area, |area, fast_commit| {
+        super::fast_commit::replay(area, fast_commit, at)
+    })?;
     if let Some(why) = unfinished(&replayed.report) {
         return Err(Error::corrupt(
             Location::Journal { block: 0 },
@@ -188,7 +194,7 @@ pub(crate) fn replay_for_mount(
             ),
         ));
     }
-    let report = finish_recovery(&area, replayed)?;
+    let report = finish_recovery(&area, at, replayed)?;
     tracing::info!(
         transactions = report.transactions_replayed,
         blocks = report.blocks_replayed,
@@ -208,7 +214,12 @@ fn unfinished(report: &RecoveryReport) -> Option<String> {
 /// Whether the filesystem on `dev` says its journal must be replayed
 /// (INCOMPAT_RECOVER in the ext4 superblock).
 pub fn needs_recovery(dev: &dyn BlockDevice) -> Result<bool> {
-    Ok(superblock::read_from(dev)?.has_incompat(incompat::RECOVER))
+    needs_recovery_at(dev, superblock::SUPERBLOCK_OFFSET)
+}
+
+/// `needs_recovery`, of the superblock copy at byte `at` (`sb=`).
+fn needs_recovery_at(dev: &dyn BlockDevice, at: u64) -> Result<bool> {
+    Ok(superblock::read_at(dev, at)?.has_incompat(incompat::RECOVER))
 }
 
 /// Replay the journal in `area` if needs_recovery is set, reset it and
@@ -226,23 +237,40 @@ pub fn recover_journal_with<F>(area: &JournalArea, replay_fast_commits: F) -> Re
 where
     F: FnOnce(&JournalArea, &FastCommitArea) -> Result<()>,
 {
+    recover_journal_at(area, superblock::SUPERBLOCK_OFFSET, replay_fast_commits)
+}
+
+/// `recover_journal_with`, for the filesystem whose superblock copy in
+/// use is at byte `at` (`sb=`): its flags are the ones read and changed.
+fn recover_journal_at<F>(
+    area: &JournalArea,
+    at: u64,
+    replay_fast_commits: F,
+) -> Result<RecoveryReport>
+where
+    F: FnOnce(&JournalArea, &FastCommitArea) -> Result<()>,
+{
     let dev = &*area.dev;
-    let sb = superblock::read_from(dev)?;
+    let sb = superblock::read_at(dev, at)?;
     refuse_external_journal(&sb)?;
     if !sb.has_incompat(incompat::RECOVER) {
         return recovery::check_log_empty(area);
     }
     let replayed = recovery::replay(area, replay_fast_commits)?;
-    finish_recovery(area, replayed)
+    finish_recovery(area, at, replayed)
 }
 
 /// After the replay: the error state it found, the journal reset,
 /// needs_recovery cleared — in the order the module's preamble explains.
-fn finish_recovery(area: &JournalArea, replayed: recovery::Replayed) -> Result<RecoveryReport> {
+fn finish_recovery(
+    area: &JournalArea,
+    at: u64,
+    replayed: recovery::Replayed,
+) -> Result<RecoveryReport> {
     let dev = &*area.dev;
     let (errors, stopped_short) = (replayed.found_errors(), replayed.report.problem.is_some());
     if errors || stopped_short {
-        update_superblock(dev, |sb| {
+        update_superblock(dev, at, |sb| {
             if errors {
                 sb.state |= STATE_ERROR;
             }
@@ -252,23 +280,27 @@ fn finish_recovery(area: &JournalArea, replayed: recovery::Replayed) -> Result<R
         })?;
     }
     let report = recovery::reset(area, replayed)?;
-    clear_needs_recovery(dev)?;
-    debug_assert!(!needs_recovery(dev)?);
+    clear_needs_recovery(dev, at)?;
+    debug_assert!(!needs_recovery_at(dev, at)?);
     Ok(report)
 }
 
-/// Turn INCOMPAT_RECOVER and BYTELOG off in the primary superblock and
-/// flush. Recovery runs before any buffer cache exists, so this writes
-/// through the device.
-fn clear_needs_recovery(dev: &dyn BlockDevice) -> Result<()> {
-    update_superblock(dev, |sb| {
+/// Turn INCOMPAT_RECOVER and BYTELOG off in the superblock copy at byte
+/// `at` (the primary, or the `sb=` backup mounted) and flush. Recovery
+/// runs before any buffer cache exists, so this writes through the device.
+fn clear_needs_recovery(dev: &dyn BlockDevice, at: u64) -> Result<()> {
+    update_superblock(dev, at, |sb| {
         sb.feature_incompat &= !(incompat::RECOVER | incompat::BYTELOG);
     })
 }
 
-/// Read, change, write and flush the primary superblock.
-fn update_superblock(dev: &dyn BlockDevice, change: impl FnOnce(&mut Superblock)) -> Result<()> {
-    let mut sb = superblock::read_from(dev)?;
+/// Read, change, write and flush the superblock copy at byte `at`.
+fn update_superblock(
+    dev: &dyn BlockDevice,
+    at: u64,
+    change: impl FnOnce(&mut Superblock),
+) -> Result<()> {
+    let mut sb = superblock::read_at(dev, at)?;
     change(&mut sb);
     superblock::write_to(dev, &mut sb)
 }

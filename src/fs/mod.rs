@@ -131,7 +131,16 @@ pub struct MountOptions {
     /// `cp` out of such an image need no `-o ro`, and a verb that writes
     /// gets EROFS. A mount keeps the kernel's refusal.
     pub read_only_fallback: bool,
+    /// Where the superblock is read from and written to, in 1 KiB units
+    /// whatever the block size (`-o sb=N`, the kernel's `s_sb_block`): 1,
+    /// the primary, by default; a backup's (block × block size / 1024) to
+    /// mount from it, the group descriptors then read from the table after
+    /// it.
+    pub sb: u64,
 }
+
+/// The largest `sb=`: the kernel parses it as a u32 (`fsparam_u32`).
+pub const SB_OPTION_MAX: u64 = u32::MAX as u64;
 
 /// The longest commit interval: the kernel refuses `commit=` above
 /// INT_MAX / HZ seconds (fs/ext4/super.c), with HZ = 250 as Debian builds
@@ -158,7 +167,19 @@ impl MountOptions {
                 self.cache_size
             )));
         }
+        if self.sb == 0 || self.sb > SB_OPTION_MAX {
+            return Err(Error::Invalid(format!(
+                "sb={}: must be between 1 (the primary superblock) and {SB_OPTION_MAX}; the \
+                 unit is 1 KiB (sb=0 is the boot block)",
+                self.sb
+            )));
+        }
         Ok(())
+    }
+
+    /// The byte offset of the superblock copy `sb` names.
+    pub fn superblock_offset(&self) -> u64 {
+        self.sb * superblock::SB_OPTION_UNIT
     }
 }
 
@@ -188,6 +209,7 @@ impl Default for MountOptions {
             space_budget: true,
             delalloc: false,
             read_only_fallback: false,
+            sb: superblock::PRIMARY_SB_OPTION,
         }
     }
 }
@@ -614,7 +636,7 @@ impl Fs {
         device_name: &str,
     ) -> Result<Arc<Fs>> {
         options.validate()?;
-        let mut sb = superblock::read_from(&*dev)?;
+        let mut sb = superblock::read_at(&*dev, options.superblock_offset())?;
         let (at, uuid) = sb.identity();
         dev.expect_identity(at, &uuid);
         let mut forced_read_only = None;
@@ -634,7 +656,7 @@ impl Fs {
             false => None,
         };
         if replay_first && journal::replay_for_mount(&geo, &sb, &dev)?.is_some() {
-            sb = superblock::read_from(&*dev)?;
+            sb = superblock::read_at(&*dev, geo.superblock_offset)?;
         }
         // The replay is the only write of a read-only mount: the heartbeat
         // stops (marking the block clean) once it is done.
@@ -963,7 +985,8 @@ impl Fs {
         if !aborted || self.core.options.read_only {
             return;
         }
-        let written = superblock::read_from(&*self.core.home).and_then(|mut on_disk| {
+        let at = self.core.geo.superblock_offset;
+        let written = superblock::read_at(&*self.core.home, at).and_then(|mut on_disk| {
             on_disk.record_error(&record);
             superblock::write_to(&*self.core.home, &mut on_disk)
         });
@@ -1387,7 +1410,7 @@ fn bigalloc_overhead_clusters(geo: &Geometry, groups: &Groups) -> u64 {
                 clusters.insert((block - first) / ratio);
             }
         };
-        let boot = u64::from(group == 0 && geo.superblock_location().0 > first);
+        let boot = u64::from(group == 0 && geo.primary_superblock_location().0 > first);
         let base =
             boot + u64::from(geo.group_has_super(group)) + geo.group_gdt_blocks(group) as u64;
         mark(first, base);
@@ -1413,16 +1436,17 @@ fn block_overhead(geo: &Geometry, sb: &Superblock) -> u64 {
 impl Fs {
     /// Run `body` in one `Tx` over an engine on `dev` that is not mounted:
     /// for work inside journal recovery, before `Fs::mount` may read the
-    /// filesystem (fast-commit replay). The superblock and descriptors come
-    /// from `dev`; changes go through an unjournaled write-back `Journal`
+    /// filesystem (fast-commit replay). The superblock (the copy at byte
+    /// `superblock_offset`) and descriptors come from `dev`; changes go through an unjournaled write-back `Journal`
     /// and are all written to `dev` and flushed when `body` succeeds. Any
     /// of them may reach `dev` earlier, whatever the outcome (cache
     /// pressure, the flusher): give it a scratch device when that matters.
     pub(crate) fn with_unmounted_tx<R>(
         dev: Arc<dyn BlockDevice>,
+        superblock_offset: u64,
         body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
-        let sb = superblock::read_from(&*dev)?;
+        let sb = superblock::read_at(&*dev, superblock_offset)?;
         let core = Core::open(sb, &dev, MountOptions::default(), None)?;
         let result = (|| {
             // Write-back handles reserve nothing; the bound only tunes the
@@ -1481,7 +1505,7 @@ fn recover_for_mount(
         return Ok(None);
     }
     if journal::replay_for_mount(&geo, sb, dev)?.is_some() {
-        *sb = superblock::read_from(&**dev)?;
+        *sb = superblock::read_at(&**dev, geo.superblock_offset)?;
     }
     Ok(Some(journal::journal_area(&geo, dev)?))
 }

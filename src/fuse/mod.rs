@@ -36,7 +36,7 @@ mod turns;
 mod uring;
 mod wire;
 
-pub use options::{FuseOptions, FuseTransport, parse_mount_options, parse_size};
+pub use options::{FuseOptions, FuseTransport, parse_mount_options, parse_sb, parse_size};
 
 use self::answer::{
     AttrAnswer, CreateAnswer, DataAnswer, DirectoryAnswer, DirectoryPlusAnswer, EmptyAnswer,

@@ -3,7 +3,7 @@
 //! silently mount with defaults.
 
 use crate::error::{Error, Result};
-use crate::fs::{AtimePolicy, CACHE_SIZE_MIN, COMMIT_INTERVAL_MAX, MountOptions};
+use crate::fs::{AtimePolicy, CACHE_SIZE_MIN, COMMIT_INTERVAL_MAX, MountOptions, SB_OPTION_MAX};
 use std::time::Duration;
 
 /// Options that concern the FUSE mount rather than the engine.
@@ -121,6 +121,43 @@ fn parse_commit(value: &str) -> Result<Duration> {
     }
 }
 
+/// `sb=N`, the superblock copy to mount, as the kernel reads it
+/// (fs/ext4/super.c: `fsparam_u32`, so C's base prefixes: `0x` hexadecimal,
+/// a leading `0` octal): in 1 KiB units whatever the block size, a u32.
+/// 0 is refused here, where the kernel would look for a superblock in the
+/// boot block and not find one.
+pub fn parse_sb(value: &str) -> Result<u64> {
+    const UNIT: &str = "the superblock's offset in 1 KiB units: sb=8193 for block 8193 of a \
+                        1 KiB-block filesystem, sb=131072 for block 32768 of a 4 KiB-block one";
+    let (digits, radix) = match value
+        .strip_prefix("0x")
+        .or_else(|| value.strip_prefix("0X"))
+    {
+        Some(hex) => (hex, 16),
+        None if value.len() > 1 && value.starts_with('0') => (&value[1..], 8),
+        None => (value, 10),
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return Err(Error::Invalid(format!(
+            "mount option sb={value}: not a number ({UNIT})"
+        )));
+    }
+    // Only an overflow can fail now: more than u64 is more than u32 too.
+    let number = u64::from_str_radix(digits, radix).unwrap_or(u64::MAX);
+    if number > SB_OPTION_MAX {
+        return Err(Error::Invalid(format!(
+            "mount option sb={value}: at most {SB_OPTION_MAX} (the kernel's sb= is 32 bits)"
+        )));
+    }
+    if number == 0 {
+        return Err(Error::Invalid(format!(
+            "mount option sb={value}: offset 0 is the boot block, not a superblock (sb=1 is \
+             the primary; {UNIT})"
+        )));
+    }
+    Ok(number)
+}
+
 /// `cache_size=SIZE`: at least 1M, and no more than the machine's memory (a
 /// bound on what the cache may pin, so a typo cannot promise more).
 fn parse_cache_size(value: &str) -> Result<u64> {
@@ -198,6 +235,7 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
                 engine.cache_size = parse_cache_size(needs_value(name, value)?)?
             }
             ("commit", value) => engine.commit_interval = parse_commit(needs_value(name, value)?)?,
+            ("sb", value) => engine.sb = parse_sb(needs_value(name, value)?)?,
             ("errors", Some("remount-ro")) => {}
             ("errors", Some(other)) => {
                 return Err(Error::Invalid(format!(
@@ -368,6 +406,15 @@ mod tests {
             "dev_spin",
             "fuse_transport=fast",
             "fuse_transport",
+            "sb",
+            "sb=",
+            "sb=abc",
+            "sb=0",
+            "sb=-1",
+            "sb=0x",
+            "sb=09",
+            "sb=4294967296",
+            "sb=99999999999999999999999",
         ] {
             let error = parse_mount_options(&[bad.into()]).unwrap_err();
             let name = bad.split('=').next().unwrap();
@@ -380,6 +427,30 @@ mod tests {
         let (engine, _) = parse_mount_options(&["noload,journal_async_commit".into()]).unwrap();
         assert!(engine.noload && engine.read_only && engine.journal_async_commit);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+    }
+
+    /// `sb=` in the kernel's unit (1 KiB) with C's base prefixes, as
+    /// `fsparam_u32` reads it.
+    #[test]
+    fn sb_is_read_as_the_kernel_reads_it() {
+        let (engine, _) = parse_mount_options(&[]).unwrap();
+        assert_eq!(engine.sb, 1, "the primary by default");
+        for (text, value) in [
+            ("sb=131072", 131072),
+            ("sb=8193", 8193),
+            ("sb=0x2001", 8193),
+            ("sb=020001", 8193),
+            ("sb=4294967295", 4294967295),
+        ] {
+            let (engine, _) = parse_mount_options(&[text.into()]).unwrap();
+            assert_eq!(engine.sb, value, "{text}");
+            assert_eq!(engine.superblock_offset(), value * 1024, "{text}");
+        }
+        let zero = parse_sb("0").unwrap_err().to_string();
+        assert!(
+            zero.contains("boot block") && zero.contains("sb=1"),
+            "{zero}"
+        );
     }
 
     #[test]

@@ -28,10 +28,19 @@ pub struct ImageArgs {
     /// commit=); the image is committed once more when it is closed.
     #[arg(long, value_name = "SECONDS", global = true)]
     pub commit: Option<u64>,
+    /// Open the image from the superblock copy at N KiB (the mount's sb=,
+    /// the kernel's unit): a backup's block × block size / 1024, e.g.
+    /// 131072 for block 32768 of a 4 KiB-block filesystem.
+    #[arg(long, value_name = "N", global = true, value_parser = sb)]
+    pub sb: Option<u64>,
 }
 
 fn cache_size(text: &str) -> Result<u64, String> {
     jext4::fuse::parse_size(text).map_err(|e| e.to_string())
+}
+
+fn sb(text: &str) -> Result<u64, String> {
+    jext4::fuse::parse_sb(text).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand)]
@@ -118,6 +127,8 @@ pub struct Session {
     pub plain_paths_in_image: bool,
     pub cache_size: Option<u64>,
     pub commit: Option<u64>,
+    /// The superblock copy to open images from (`--sb`).
+    pub sb: Option<u64>,
     /// What messages start with: "jext4 " (then the verb's name), or in
     /// the shell "jext4 shell: line N: ".
     pub label: String,
@@ -131,6 +142,7 @@ impl Session {
             plain_paths_in_image: false,
             cache_size: common.cache_size,
             commit: common.commit,
+            sb: common.sb,
             label: "jext4 ".into(),
             images: Vec::new(),
         }
@@ -169,6 +181,9 @@ impl Session {
         }
         if let Some(seconds) = self.commit {
             options.commit_interval = Duration::from_secs(seconds);
+        }
+        if let Some(sb) = self.sb {
+            options.sb = sb;
         }
         let image =
             Image::open_with(path, options).map_err(|e| format!("{}: {e}", path.display()))?;

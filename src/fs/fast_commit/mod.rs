@@ -90,9 +90,14 @@ struct ReplayStats {
 }
 
 /// Replay the fast commits of `fast_commit` (called by recovery after the
-/// block replay, before the journal reset).
-pub(crate) fn replay(area: &JournalArea, fast_commit: &FastCommitArea) -> Result<()> {
-    let sb = superblock::read_from(&*area.dev)?;
+/// block replay, before the journal reset), on the filesystem whose
+/// superblock copy in use is at byte `superblock_offset` (`sb=`).
+pub(crate) fn replay(
+    area: &JournalArea,
+    fast_commit: &FastCommitArea,
+    superblock_offset: u64,
+) -> Result<()> {
+    let sb = superblock::read_at(&*area.dev, superblock_offset)?;
     let geo = Geometry::from_superblock(&sb);
     let bytelog = sb.has_incompat(crate::format::superblock::incompat::BYTELOG);
     let log = scan(area, fast_commit, geo.inode_size, bytelog)?;
@@ -119,7 +124,8 @@ pub(crate) fn replay(area: &JournalArea, fast_commit: &FastCommitArea) -> Result
     }
     let overlay = Arc::new(OverlayDevice::new(Arc::clone(&area.dev), geo.block_size));
     let journal_blocks = BlockRanges::from_blocks(&area.blocks);
-    let stats = super::Fs::with_unmounted_tx(Arc::clone(&overlay) as Arc<dyn BlockDevice>, |tx| {
+    let overlay_dev = Arc::clone(&overlay) as Arc<dyn BlockDevice>;
+    let stats = super::Fs::with_unmounted_tx(overlay_dev, superblock_offset, |tx| {
         Replayer::new(tx, &journal_blocks).run(&log.records)
     })?;
     let blocks = overlay.take_pages();
