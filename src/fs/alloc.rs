@@ -22,7 +22,7 @@
 //! skips groups by their unlocked counts and rechecks under the lock.
 
 use super::Tx;
-use super::group::GroupGuard;
+use super::group::{BLOCK_BITMAP_CORRUPT, GroupGuard, INODE_BITMAP_CORRUPT};
 use super::prealloc::{Window, WindowAsk};
 use crate::cache::Buffer;
 use crate::error::{Error, Location, Result};
@@ -93,11 +93,22 @@ impl Tx<'_, '_> {
     }
 
     /// The block bitmap of the locked group, initialised (in the
-    /// transaction) if the group was still BLOCK_UNINIT.
+    /// transaction) if the group was still BLOCK_UNINIT, and checked when
+    /// read (`verify_block_bitmap`): one that fails marks the group corrupt
+    /// (`mark_group_corrupt`) and is a corruption error, now and whenever
+    /// it is asked for again, as the kernel's `ext4_read_block_bitmap`.
     pub(crate) fn block_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let group = desc.group();
+        if desc.is_corrupt(BLOCK_BITMAP_CORRUPT) {
+            return Err(Error::corrupt(
+                Location::Block {
+                    block: desc.block_bitmap,
+                },
+                format!("the block bitmap of group {group} is corrupt"),
+            ));
+        }
         if geo.has_group_csum() && desc.flags & BG_BLOCK_UNINIT != 0 {
             let buffer = core.cache.get_for_overwrite(desc.block_bitmap)?;
             {
@@ -110,14 +121,69 @@ impl Tx<'_, '_> {
             return Ok(buffer);
         }
         let buffer = core.cache.read(desc.block_bitmap)?;
-        verify_block_bitmap(self, desc, &buffer)?;
+        if let Err(error) = verify_block_bitmap(self, desc, &buffer) {
+            self.mark_group_corrupt(desc, BLOCK_BITMAP_CORRUPT, &error);
+            return Err(error);
+        }
         Ok(buffer)
     }
 
+    /// `block_bitmap` for allocating in the group or freeing into it:
+    /// None when its bitmap is corrupt, found so now or before — the
+    /// allocator goes elsewhere and a free leaves the blocks marked in use,
+    /// as the kernel's mballoc skips a BBITMAP_CORRUPT group and
+    /// `ext4_free_blocks` gives up on one.
+    fn usable_block_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Option<Arc<Buffer>>> {
+        if desc.is_corrupt(BLOCK_BITMAP_CORRUPT) {
+            return Ok(None);
+        }
+        match self.block_bitmap(desc) {
+            Ok(buffer) => Ok(Some(buffer)),
+            Err(error) if error.is_corruption() && desc.is_corrupt(BLOCK_BITMAP_CORRUPT) => {
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Mark the locked group's block or inode bitmap (`flag`) corrupt
+    /// because of `why`, the first time: logged once, recorded in the
+    /// superblock's error fields as the kernel's `ext4_error` records it,
+    /// and its free blocks or inodes taken off the totals (statfs, the
+    /// space budget from the next transaction on). The filesystem stays
+    /// writable: only this group's bitmap is not trusted.
+    fn mark_group_corrupt(&self, desc: &mut GroupGuard<'_, '_>, flag: u8, why: &Error) {
+        if !desc.mark_corrupt(flag) {
+            return;
+        }
+        let (what, count) = match flag {
+            BLOCK_BITMAP_CORRUPT => ("block", desc.free_blocks),
+            _ => ("inode", desc.free_inodes),
+        };
+        tracing::error!(
+            group = desc.group(),
+            error = %why,
+            "corrupt {what} bitmap: no {what} of this group is allocated or freed \
+             until e2fsck -fy repairs it, and its {count} free {what}s are not counted"
+        );
+        self.core.record_error(why);
+    }
+
+    /// The inode bitmap of the locked group, initialised if the group was
+    /// still INODE_UNINIT; one whose checksum fails marks the group corrupt
+    /// and is a corruption error, now and later (`ext4_read_inode_bitmap`).
     pub(crate) fn inode_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let group = desc.group();
+        if desc.is_corrupt(INODE_BITMAP_CORRUPT) {
+            return Err(Error::corrupt(
+                Location::Block {
+                    block: desc.inode_bitmap,
+                },
+                format!("the inode bitmap of group {group} is corrupt"),
+            ));
+        }
         if geo.has_group_csum() && desc.flags & BG_INODE_UNINIT != 0 {
             let buffer = core.cache.get_for_overwrite(desc.inode_bitmap)?;
             {
@@ -140,16 +206,34 @@ impl Tx<'_, '_> {
         if !buffer.is_verified() {
             let ok = desc.inode_bitmap_csum_ok(geo, &buffer.read());
             if !ok {
-                return Err(Error::corrupt(
+                let error = Error::corrupt(
                     Location::Block {
                         block: desc.inode_bitmap,
                     },
                     format!("inode bitmap checksum mismatch for group {group}"),
-                ));
+                );
+                self.mark_group_corrupt(desc, INODE_BITMAP_CORRUPT, &error);
+                return Err(error);
             }
             buffer.set_verified();
         }
         Ok(buffer)
+    }
+
+    /// `inode_bitmap` for allocating in the group or freeing into it: None
+    /// when its bitmap is corrupt (`__ext4_new_inode` skips such a group,
+    /// `ext4_free_inode` gives up on it).
+    fn usable_inode_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Option<Arc<Buffer>>> {
+        if desc.is_corrupt(INODE_BITMAP_CORRUPT) {
+            return Ok(None);
+        }
+        match self.inode_bitmap(desc) {
+            Ok(buffer) => Ok(Some(buffer)),
+            Err(error) if error.is_corruption() && desc.is_corrupt(INODE_BITMAP_CORRUPT) => {
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Lock group `group`'s descriptor in this transaction.
@@ -279,7 +363,9 @@ impl Tx<'_, '_> {
         if base + window.start as u64 != goal {
             return Ok(None);
         }
-        let buffer = self.block_bitmap(&mut desc)?;
+        let Some(buffer) = self.usable_block_bitmap(&mut desc)? else {
+            return Ok(None);
+        };
         let range = window.start as usize..window.end() as usize;
         let (found, _) = self.search_group(&mut desc, &buffer, range, count as usize, false);
         let Some((start, length)) = found.filter(|&(start, _)| start == window.start as usize)
@@ -319,7 +405,9 @@ impl Tx<'_, '_> {
         }
         let counters = &core.alloc_counters;
         counters.groups_searched.fetch_add(1, Ordering::Relaxed);
-        let buffer = self.block_bitmap(&mut desc)?;
+        let Some(buffer) = self.usable_block_bitmap(&mut desc)? else {
+            return Ok(None);
+        };
         // The search skips blocks a checkpoint pass is writing home, which
         // may begin or end during it: sampled before and after, as either
         // explains an empty result (and so do the group's pending mask,
@@ -332,7 +420,7 @@ impl Tx<'_, '_> {
         let (found, masked) = self.search_group(&mut desc, &buffer, range, wanted, lay_windows);
         let Some((start, length)) = found else {
             if from == 0 && !masked && !writing_before && !core.journal.has_checkpoint_writing() {
-                return Err(Error::corrupt(
+                let error = Error::corrupt(
                     Location::Block {
                         block: desc.block_bitmap,
                     },
@@ -340,7 +428,8 @@ impl Tx<'_, '_> {
                         "group {group} counts {} free blocks but its bitmap has none",
                         desc.free_blocks
                     ),
-                ));
+                );
+                self.mark_group_corrupt(&mut desc, BLOCK_BITMAP_CORRUPT, &error);
             }
             return Ok(None);
         };
@@ -395,6 +484,21 @@ impl Tx<'_, '_> {
                 ),
             "group {group}: blocks {first}+{length} taken out of a window still masked"
         );
+        // Whatever the bitmap says, metadata is never handed out (the
+        // kernel's ext4_mb_mark_diskspace_used checks the system zone). A
+        // bitmap that let a metadata block through failed its check when
+        // read, so this is a bitmap changed since: its group is marked.
+        if let Some(block) = core
+            .groups
+            .first_metadata_block(geo, first, first + length as u64)
+        {
+            let error = Error::corrupt(
+                Location::Block { block },
+                format!("group {group}'s block bitmap marks metadata block {block} free"),
+            );
+            self.mark_group_corrupt(desc, BLOCK_BITMAP_CORRUPT, &error);
+            return Err(error);
+        }
         let mut bytes = self.handle.get_write_access(buffer)?;
         if desc.free_blocks < length as u32 {
             return Err(Error::corrupt(
@@ -509,18 +613,27 @@ impl Tx<'_, '_> {
         let geo = &core.geo;
         self.check_not_group_metadata(start, end)?;
         let mut desc = self.lock_group(group);
-        let buffer = self.block_bitmap(&mut desc)?;
+        let Some(buffer) = self.usable_block_bitmap(&mut desc)? else {
+            // As the kernel's ext4_free_blocks on a corrupt group: the
+            // blocks stay marked in use (e2fsck gives them back).
+            return Ok(());
+        };
         let base = geo.group_first_block(group);
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            for block in start..end {
-                let bit = (block - base) as usize;
-                if !bitmap::test_bit(&bytes, bit) {
-                    return Err(Error::corrupt(
-                        Location::Block { block },
-                        "freeing a block that is already free",
-                    ));
-                }
+            let already_free =
+                (start..end).find(|&block| !bitmap::test_bit(&bytes, (block - base) as usize));
+            if let Some(block) = already_free {
+                // Two owners of one block, or a bitmap that lost bits: the
+                // kernel's mb_free_blocks marks the group corrupt and frees
+                // nothing more in it.
+                drop(bytes);
+                let error = Error::corrupt(
+                    Location::Block { block },
+                    format!("freeing block {block}, which group {group}'s bitmap has free"),
+                );
+                self.mark_group_corrupt(&mut desc, BLOCK_BITMAP_CORRUPT, &error);
+                return Ok(());
             }
             for block in start..end {
                 bitmap::clear_bit(&mut bytes, (block - base) as usize);
@@ -542,20 +655,9 @@ impl Tx<'_, '_> {
     /// inode tables: an extent pointing there is corruption.
     fn check_not_group_metadata(&self, start: u64, end: u64) -> Result<()> {
         let core = self.core;
-        let geo = &core.geo;
-        let group = geo.group_of_block(start);
-        let base = geo.group_first_block(group);
-        let overhead_end = base + geo.group_overhead_blocks(group) as u64;
-        let overlaps = |first: u64, count: u64| start < first + count && first < end;
-        let bad = overlaps(base, overhead_end - base)
-            || core.groups.locations().any(|at| {
-                overlaps(at.block_bitmap, 1)
-                    || overlaps(at.inode_bitmap, 1)
-                    || overlaps(at.inode_table, geo.inode_table_blocks as u64)
-            });
-        if bad {
+        if let Some(block) = core.groups.first_metadata_block(&core.geo, start, end) {
             return Err(Error::corrupt(
-                Location::Block { block: start },
+                Location::Block { block },
                 "a file claims blocks that hold group metadata",
             ));
         }
@@ -600,7 +702,9 @@ impl Tx<'_, '_> {
         if desc.free_inodes == 0 {
             return Ok(None);
         }
-        let buffer = self.inode_bitmap(&mut desc)?;
+        let Some(buffer) = self.usable_inode_bitmap(&mut desc)? else {
+            return Ok(None);
+        };
         // Reserved inodes (below s_first_ino) live in group 0 and are never
         // handed out even when their bits are clear.
         let first = if group == 0 {
@@ -628,15 +732,22 @@ impl Tx<'_, '_> {
             candidate.or(first_free)
         };
         let Some(index) = found else {
-            return Err(Error::corrupt(
+            let error = Error::corrupt(
                 Location::Block {
                     block: desc.inode_bitmap,
                 },
                 format!("group {group} counts free inodes but its bitmap has none"),
-            ));
+            );
+            self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
+            return Ok(None);
         };
         let ino = group * geo.inodes_per_group + index as u32 + 1;
-        self.check_inode_unused(&desc, index, ino)?;
+        if let Err(error) = self.check_inode_unused(&desc, index, ino) {
+            // The bitmap lost the bit of a live inode: it cannot be trusted
+            // for any other, and the next group is tried.
+            self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
+            return Ok(None);
+        }
         self.claim_inode_locked(&mut desc, &buffer, ino, is_dir)?;
         // The guard drops here: the group's initialised inodes count the
         // new one before anyone is told its number.
@@ -741,14 +852,23 @@ impl Tx<'_, '_> {
         let group = geo.group_of_inode(ino);
         let index = geo.inode_index_in_group(ino) as usize;
         let mut desc = self.lock_group(group);
-        let buffer = self.inode_bitmap(&mut desc)?;
+        let Some(buffer) = self.usable_inode_bitmap(&mut desc)? else {
+            // As ext4_free_inode on a corrupt group: the inode stays marked
+            // in use (e2fsck gives it back).
+            return Ok(());
+        };
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
             if !bitmap::test_bit(&bytes, index) {
-                return Err(Error::corrupt(
+                // The kernel's ext4_free_inode: "bit already cleared", the
+                // group's inode bitmap is marked corrupt.
+                drop(bytes);
+                let error = Error::corrupt(
                     Location::Inode { ino },
                     "freeing an inode that is already free",
-                ));
+                );
+                self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
+                return Ok(());
             }
             bitmap::clear_bit(&mut bytes, index);
             desc.free_inodes += 1;
@@ -823,6 +943,17 @@ impl Tx<'_, '_> {
     }
 }
 
+/// Check a block bitmap read from disk, once per read (the buffer is then
+/// marked verified), as the kernel's `ext4_validate_block_bitmap` and the
+/// buddy build after it do: the checksum matches (metadata_csum); every
+/// metadata block inside the group — its superblock copy and descriptor
+/// blocks, and the bitmaps and inode tables of any group that lie there —
+/// is marked in use (`ext4_valid_block_bitmap` checks only the group's own,
+/// and not at all with flex_bg, where the kernel's allocator meets the
+/// others in the system zone instead; checking them here keeps a bitmap
+/// that frees any of them from being searched at all); and the free bits
+/// agree with the descriptor's free count (`ext4_mb_generate_buddy`: "block
+/// bitmap and bg descriptor inconsistent").
 fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buffer) -> Result<()> {
     if buffer.is_verified() {
         return Ok(());
@@ -839,27 +970,32 @@ fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buff
             format!("block bitmap checksum mismatch for group {group}"),
         ));
     }
-    // ext4_valid_block_bitmap: the bitmap marks the group's own bitmaps and
-    // inode table (those that lie in the group) in use. A descriptor that
-    // points at the wrong block almost never passes this, and without
-    // checksums nothing else would notice before allocations handed out
-    // blocks in use.
     let first = geo.group_first_block(group);
-    let end = first + geo.blocks_in_group(group) as u64;
-    let own = [
-        (desc.block_bitmap, 1),
-        (desc.inode_bitmap, 1),
-        (desc.inode_table, geo.inode_table_blocks as u64),
-    ];
-    let unmarked = own
-        .into_iter()
-        .flat_map(|(start, count)| start..start + count)
-        .filter(|block| (first..end).contains(block))
-        .find(|&block| !bitmap::test_bit(&bytes, (block - first) as usize));
+    let ratio = geo.cluster_ratio.max(1) as u64;
+    let bit_of = |block: u64| ((block - first) / ratio) as usize;
+    let unmarked = tx
+        .core
+        .groups
+        .metadata_in_group(geo, group)
+        .find_map(|(start, end)| {
+            let zero = bitmap::find_zero(&bytes, bit_of(start), bit_of(end - 1) + 1)?;
+            Some((first + zero as u64 * ratio).max(start))
+        });
     if let Some(block) = unmarked {
         return Err(Error::corrupt(
             location,
-            format!("block bitmap of group {group} marks its own metadata block {block} free"),
+            format!("block bitmap of group {group} marks metadata block {block} free"),
+        ));
+    }
+    let bits = geo.clusters_per_group as usize;
+    let free_bits = bits - bitmap::count_set(&bytes, bits);
+    if free_bits != desc.free_blocks as usize {
+        return Err(Error::corrupt(
+            location,
+            format!(
+                "block bitmap of group {group} has {free_bits} free clusters, its descriptor counts {}",
+                desc.free_blocks
+            ),
         ));
     }
     drop(bytes);
