@@ -563,11 +563,11 @@ fn bitmap_frees_inode_table(editor: &mut Editor, rng: &mut Rng) -> String {
     let count = rng.range(1, table.min(8));
     let first = desc.inode_table + rng.below(table - count + 1);
     let blocks: Vec<u64> = (first..first + count).collect();
+    let holder = geo.group_of_block(first);
     let counts = free_blocks(editor, &blocks, rng);
     format!(
-        "the block bitmap of group {} frees blocks {first}..{} of group {group}'s inode table \
+        "the block bitmap of group {holder} frees blocks {first}..{} of group {group}'s inode table \
          (that of /tree, blocks {}..{}; {counts})",
-        geo.group_of_block(first),
         first + count,
         desc.inode_table,
         desc.inode_table + table,
