@@ -128,45 +128,17 @@ impl Tx<'_, '_> {
         Ok(buffer)
     }
 
-    /// `block_bitmap` for allocating in the group or freeing into it:
-    /// None when its bitmap is corrupt, found so now or before — the
-    /// allocator goes elsewhere and a free leaves the blocks marked in use,
-    /// as the kernel's mballoc skips a BBITMAP_CORRUPT group and
-    /// `ext4_free_blocks` gives up on one.
-    fn usable_block_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Option<Arc<Buffer>>> {
-        if desc.is_corrupt(BLOCK_BITMAP_CORRUPT) {
-            return Ok(None);
-        }
-        match self.block_bitmap(desc) {
-            Ok(buffer) => Ok(Some(buffer)),
-            Err(error) if error.is_corruption() && desc.is_corrupt(BLOCK_BITMAP_CORRUPT) => {
-                Ok(None)
-            }
-            Err(error) => Err(error),
-        }
-    }
-
     /// Mark the locked group's block or inode bitmap (`flag`) corrupt
-    /// because of `why`, the first time: logged once, recorded in the
-    /// superblock's error fields as the kernel's `ext4_error` records it,
-    /// and its free blocks or inodes taken off the totals (statfs, the
-    /// space budget from the next transaction on). The filesystem stays
-    /// writable: only this group's bitmap is not trusted.
+    /// because of `why` (`ext4_mark_group_bitmap_corrupted`): nothing is
+    /// allocated from it or freed into it again, and its free blocks or
+    /// inodes leave the totals (statfs). `why` is then returned, and
+    /// `Fs::note_failure` logs it once, records it in the superblock and
+    /// turns the filesystem read-only, as the kernel's `ext4_error` does
+    /// under errors=remount-ro (jext4's only error behaviour).
     fn mark_group_corrupt(&self, desc: &mut GroupGuard<'_, '_>, flag: u8, why: &Error) {
-        if !desc.mark_corrupt(flag) {
-            return;
+        if desc.mark_corrupt(flag) {
+            tracing::debug!(group = desc.group(), error = %why, "group bitmap marked corrupt");
         }
-        let (what, count) = match flag {
-            BLOCK_BITMAP_CORRUPT => ("block", desc.free_blocks),
-            _ => ("inode", desc.free_inodes),
-        };
-        tracing::error!(
-            group = desc.group(),
-            error = %why,
-            "corrupt {what} bitmap: no {what} of this group is allocated or freed \
-             until e2fsck -fy repairs it, and its {count} free {what}s are not counted"
-        );
-        self.core.record_error(why);
     }
 
     /// The inode bitmap of the locked group, initialised if the group was
@@ -218,22 +190,6 @@ impl Tx<'_, '_> {
             buffer.set_verified();
         }
         Ok(buffer)
-    }
-
-    /// `inode_bitmap` for allocating in the group or freeing into it: None
-    /// when its bitmap is corrupt (`__ext4_new_inode` skips such a group,
-    /// `ext4_free_inode` gives up on it).
-    fn usable_inode_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Option<Arc<Buffer>>> {
-        if desc.is_corrupt(INODE_BITMAP_CORRUPT) {
-            return Ok(None);
-        }
-        match self.inode_bitmap(desc) {
-            Ok(buffer) => Ok(Some(buffer)),
-            Err(error) if error.is_corruption() && desc.is_corrupt(INODE_BITMAP_CORRUPT) => {
-                Ok(None)
-            }
-            Err(error) => Err(error),
-        }
     }
 
     /// Lock group `group`'s descriptor in this transaction.
@@ -363,9 +319,7 @@ impl Tx<'_, '_> {
         if base + window.start as u64 != goal {
             return Ok(None);
         }
-        let Some(buffer) = self.usable_block_bitmap(&mut desc)? else {
-            return Ok(None);
-        };
+        let buffer = self.block_bitmap(&mut desc)?;
         let range = window.start as usize..window.end() as usize;
         let (found, _) = self.search_group(&mut desc, &buffer, range, count as usize, false);
         let Some((start, length)) = found.filter(|&(start, _)| start == window.start as usize)
@@ -405,9 +359,7 @@ impl Tx<'_, '_> {
         }
         let counters = &core.alloc_counters;
         counters.groups_searched.fetch_add(1, Ordering::Relaxed);
-        let Some(buffer) = self.usable_block_bitmap(&mut desc)? else {
-            return Ok(None);
-        };
+        let buffer = self.block_bitmap(&mut desc)?;
         // The search skips blocks a checkpoint pass is writing home, which
         // may begin or end during it: sampled before and after, as either
         // explains an empty result (and so do the group's pending mask,
@@ -430,6 +382,7 @@ impl Tx<'_, '_> {
                     ),
                 );
                 self.mark_group_corrupt(&mut desc, BLOCK_BITMAP_CORRUPT, &error);
+                return Err(error);
             }
             return Ok(None);
         };
@@ -613,11 +566,7 @@ impl Tx<'_, '_> {
         let geo = &core.geo;
         self.check_not_group_metadata(start, end)?;
         let mut desc = self.lock_group(group);
-        let Some(buffer) = self.usable_block_bitmap(&mut desc)? else {
-            // As the kernel's ext4_free_blocks on a corrupt group: the
-            // blocks stay marked in use (e2fsck gives them back).
-            return Ok(());
-        };
+        let buffer = self.block_bitmap(&mut desc)?;
         let base = geo.group_first_block(group);
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
@@ -633,7 +582,7 @@ impl Tx<'_, '_> {
                     format!("freeing block {block}, which group {group}'s bitmap has free"),
                 );
                 self.mark_group_corrupt(&mut desc, BLOCK_BITMAP_CORRUPT, &error);
-                return Ok(());
+                return Err(error);
             }
             for block in start..end {
                 bitmap::clear_bit(&mut bytes, (block - base) as usize);
@@ -702,9 +651,7 @@ impl Tx<'_, '_> {
         if desc.free_inodes == 0 {
             return Ok(None);
         }
-        let Some(buffer) = self.usable_inode_bitmap(&mut desc)? else {
-            return Ok(None);
-        };
+        let buffer = self.inode_bitmap(&mut desc)?;
         // Reserved inodes (below s_first_ino) live in group 0 and are never
         // handed out even when their bits are clear.
         let first = if group == 0 {
@@ -739,14 +686,14 @@ impl Tx<'_, '_> {
                 format!("group {group} counts free inodes but its bitmap has none"),
             );
             self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
-            return Ok(None);
+            return Err(error);
         };
         let ino = group * geo.inodes_per_group + index as u32 + 1;
         if let Err(error) = self.check_inode_unused(&desc, index, ino) {
             // The bitmap lost the bit of a live inode: it cannot be trusted
-            // for any other, and the next group is tried.
+            // for any other.
             self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
-            return Ok(None);
+            return Err(error);
         }
         self.claim_inode_locked(&mut desc, &buffer, ino, is_dir)?;
         // The guard drops here: the group's initialised inodes count the
@@ -852,11 +799,7 @@ impl Tx<'_, '_> {
         let group = geo.group_of_inode(ino);
         let index = geo.inode_index_in_group(ino) as usize;
         let mut desc = self.lock_group(group);
-        let Some(buffer) = self.usable_inode_bitmap(&mut desc)? else {
-            // As ext4_free_inode on a corrupt group: the inode stays marked
-            // in use (e2fsck gives it back).
-            return Ok(());
-        };
+        let buffer = self.inode_bitmap(&mut desc)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
             if !bitmap::test_bit(&bytes, index) {
@@ -868,7 +811,7 @@ impl Tx<'_, '_> {
                     "freeing an inode that is already free",
                 );
                 self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
-                return Ok(());
+                return Err(error);
             }
             bitmap::clear_bit(&mut bytes, index);
             desc.free_inodes += 1;
