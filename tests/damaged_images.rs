@@ -451,3 +451,301 @@ fn orphan_list_of_linked_files_that_loops_is_cleaned_up() {
         assert_fsck_clean(&kernel);
     }
 }
+
+/// Where `dumpe2fs` puts every group's bitmaps and inode table, and each
+/// group's superblock copy and descriptor blocks: `(first, last)` blocks.
+fn metadata_ranges(image: &Path) -> Vec<(u64, u64)> {
+    let output = Command::new("dumpe2fs").arg(image).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut ranges = Vec::new();
+    for line in text.lines().map(str::trim) {
+        for prefix in [
+            "Block bitmap at ",
+            "Inode bitmap at ",
+            "Inode table at ",
+            "Primary superblock at ",
+            "Backup superblock at ",
+            "Group descriptors at ",
+            "Reserved GDT blocks at ",
+        ] {
+            // "Backup superblock at 8193, Group descriptors at 8194-8194"
+            for part in line.split(", ") {
+                let Some(rest) = part.strip_prefix(prefix) else {
+                    continue;
+                };
+                let span: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '-')
+                    .collect();
+                let mut ends = span.split('-').map(|n| n.parse::<u64>().unwrap());
+                let first = ends.next().unwrap();
+                ranges.push((first, ends.next().unwrap_or(first)));
+            }
+        }
+    }
+    assert!(ranges.len() > 4, "no layout in dumpe2fs:\n{text}");
+    ranges
+}
+
+/// Blocks of `path` in `image` (`debugfs blocks`).
+fn blocks_of(image: &Path, path: &str) -> Vec<u64> {
+    let output = Command::new("debugfs")
+        .args(["-n", "-R", &format!("blocks {path}")])
+        .arg(image)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .map(|word| word.parse().unwrap())
+        .collect()
+}
+
+/// Create directories and files with data through jext4 on `image`
+/// until an operation meets the damage (if one does), check the server's
+/// log, replay what the journal holds, and return what the objects that
+/// were made own. `expect_log`: the corruption the log must name, once,
+/// where the workload is sure to meet it; then the operation that met it
+/// failed with EUCLEAN and the filesystem turned read-only, as the
+/// kernel's does under errors=remount-ro.
+fn fill_and_collect_blocks(image: &Path, expect_log: Option<&str>) -> Vec<u64> {
+    let server = Server::start(image, "");
+    let root = server.mountpoint.clone();
+    let mut made = 0;
+    let mut refused = None;
+    for index in 0..12 {
+        let dir = root.join(format!("d{index}"));
+        let step = std::fs::create_dir(&dir)
+            .and_then(|()| std::fs::write(dir.join("f"), vec![index as u8; 20 << 10]))
+            .and_then(|()| std::fs::File::open(dir.join("f"))?.sync_all());
+        match step {
+            Ok(()) => made += 1,
+            Err(error) => {
+                refused = Some(error);
+                break;
+            }
+        }
+    }
+    let (_, ending) = server.unmount_reporting();
+    let log = &ending.log;
+    for bad in ["panicked", "write-ahead rule"] {
+        assert!(
+            !log.contains(bad),
+            "the server log contains '{bad}':\n{log}"
+        );
+    }
+    let noted: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("corruption detected"))
+        .collect();
+    match (expect_log, &refused) {
+        (Some(expected), Some(error)) => {
+            assert_eq!(error.raw_os_error(), Some(libc::EUCLEAN), "{error}");
+            assert_eq!(noted.len(), 1, "the corruption is logged once:\n{log}");
+            assert!(noted[0].contains(expected), "{}", noted[0]);
+        }
+        (Some(expected), None) => panic!("nothing met the damage ({expected}):\n{log}"),
+        (None, Some(error)) => assert_eq!(error.raw_os_error(), Some(libc::EUCLEAN), "{error}"),
+        (None, None) => assert!(noted.is_empty(), "{log}"),
+    }
+    replay(image);
+    let mut owned = Vec::new();
+    for index in 0..made {
+        owned.extend(blocks_of(image, &format!("/d{index}")));
+        let file = blocks_of(image, &format!("/d{index}/f"));
+        assert!(!file.is_empty(), "d{index}/f has blocks");
+        owned.extend(file);
+    }
+    owned
+}
+
+/// Free blocks statfs reports at `root`.
+fn nix_statfs(root: &Path) -> u64 {
+    let path = std::ffi::CString::new(root.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs(3) on a NUL-terminated path into a zeroed struct.
+    let mut out: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut out) }, 0);
+    out.f_bfree as u64
+}
+
+/// e2fsck's problem lines after the run that the damaged image did not
+/// already have (the superblock's free totals aside: they follow the
+/// groups jext4 counts, as the kernel's counters).
+fn new_problems(before: &[String], image: &Path) -> Vec<String> {
+    // Compared by kind: the numbers in a line (a group's free count) move
+    // with what the run allocated.
+    let kind = |line: &str| line.replace(|c: char| c.is_ascii_digit(), "#");
+    let before: Vec<String> = before.iter().map(|line| kind(line)).collect();
+    fsck_problems(image)
+        .into_iter()
+        .filter(|line| {
+            !before.contains(&kind(line))
+                && !line.starts_with("Free blocks count wrong (")
+                && !line.ends_with("? no")
+        })
+        .collect()
+}
+
+/// A block bitmap that marks inode-table blocks free (with its group's
+/// free count raised to match, so that nothing but the layout gives it
+/// away): the first allocation that reads it fails with EUCLEAN, the
+/// corruption is logged once and the filesystem turns read-only
+/// (errors=remount-ro); no metadata block is ever handed out, and e2fsck
+/// finds nothing the damage did not already show. With flex_bg the
+/// inode tables of all groups lie in group 0, whose bitmap the kernel
+/// does not check at all (only its allocator's system zone stops it).
+#[test]
+fn a_block_bitmap_that_frees_inode_table_blocks_is_not_allocated_from() {
+    if !fuse_available() {
+        return;
+    }
+    for (name, args) in [
+        ("flex", &["-t", "ext4"][..]),
+        ("noflex", &["-t", "ext4", "-O", "^flex_bg"][..]),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let image = mkfs(dir.path(), name, 32, args);
+        let layout = metadata_ranges(&image);
+        // The last blocks of group 1's inode table: unused inodes, so the
+        // damage is only the bitmap's.
+        let output = Command::new("dumpe2fs").arg(&image).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let group1 = &text[text.find("Group 1:").unwrap()..];
+        let table = group1[group1.find("Inode table at ").unwrap() + 15..]
+            .split(|c: char| !c.is_ascii_digit() && c != '-')
+            .next()
+            .unwrap()
+            .to_string();
+        let last: u64 = table.split('-').nth(1).unwrap().parse().unwrap();
+        let freed: Vec<u64> = (last - 3..=last).collect();
+        let holder = {
+            let output = Command::new("debugfs")
+                .args(["-R", &format!("testb {}", freed[0])])
+                .arg(&image)
+                .output()
+                .unwrap();
+            assert!(String::from_utf8_lossy(&output.stdout).contains("marked in use"));
+            // The group whose bitmap holds those bits (1 KiB blocks: 8192
+            // a group from block 1).
+            (freed[0] - 1) / 8192
+        };
+        let free_now: u64 = {
+            let at = text.find(&format!("Group {holder}:")).unwrap();
+            let line = text[at..]
+                .lines()
+                .find(|line| line.contains(" free blocks, "))
+                .unwrap();
+            line.trim().split(' ').next().unwrap().parse().unwrap()
+        };
+        let mut commands: String = freed.iter().map(|b| format!("freeb {b}\n")).collect();
+        commands += &format!(
+            "set_bg {holder} free_blocks_count {}\nset_bg {holder} checksum calc\n",
+            free_now + freed.len() as u64
+        );
+        debugfs_write(&image, &commands);
+        let before = fsck_problems(&image);
+        assert!(!before.is_empty(), "{name}: e2fsck sees the damage");
+
+        // Without flex_bg the damaged bitmap is group 1's, which the
+        // allocator may not reach on this small a workload.
+        let expect = (name == "flex").then_some("marks metadata block");
+        let owned = fill_and_collect_blocks(&image, expect);
+        for block in owned {
+            assert!(
+                !layout
+                    .iter()
+                    .any(|&(first, last)| (first..=last).contains(&block)),
+                "{name}: block {block} handed out is metadata"
+            );
+        }
+        // e2fsck names the damage itself as a checksum mismatch or as the
+        // freed range, depending on what else it finds: both are the
+        // damage, not jext4's doing.
+        let damage = format!(
+            "Block bitmap differences:  +({}--{})",
+            freed[0],
+            freed[freed.len() - 1]
+        );
+        let new: Vec<String> = new_problems(&before, &image)
+            .into_iter()
+            .filter(|line| *line != damage)
+            .collect();
+        assert!(
+            new.is_empty(),
+            "{name}: e2fsck finds new problems: {new:?} (before: {before:?})"
+        );
+    }
+}
+
+/// A block bitmap whose checksum fails (metadata_csum): the allocation
+/// that reads it fails with EUCLEAN and the filesystem turns read-only, as
+/// the kernel's does under errors=remount-ro; what was made before stands.
+#[test]
+fn a_bad_block_bitmap_checksum_turns_the_filesystem_read_only() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = mkfs(dir.path(), "csum", 32, &["-t", "ext4"]);
+    // Group 0 holds the root directory: its bitmap is the first searched.
+    debugfs_write(
+        &image,
+        "set_bg 0 block_bitmap_csum 0x1\nset_bg 0 checksum calc\n",
+    );
+    let before = fsck_problems(&image);
+    assert!(!before.is_empty(), "e2fsck sees the bad checksum");
+    let layout = metadata_ranges(&image);
+    let owned = fill_and_collect_blocks(&image, Some("block bitmap checksum mismatch"));
+    for block in owned {
+        assert!(
+            !layout
+                .iter()
+                .any(|&(first, last)| (first..=last).contains(&block)),
+            "block {block} handed out is metadata"
+        );
+    }
+    let new = new_problems(&before, &image);
+    assert!(new.is_empty(), "e2fsck finds new problems: {new:?}");
+}
+
+/// A descriptor that points a group's inode bitmap at its block bitmap:
+/// the kernel refuses the mount ("failed to initialize system zone"), and
+/// so does jext4, read-only too, with one line that names both and
+/// e2fsck; the image is left as it was.
+#[test]
+fn bitmaps_sharing_a_block_refuse_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = mkfs(dir.path(), "share", 32, &["-t", "ext4"]);
+    let output = Command::new("dumpe2fs").arg(&image).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let group1 = &text[text.find("Group 1:").unwrap()..];
+    let block_bitmap: u64 = group1[group1.find("Block bitmap at ").unwrap() + 16..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    debugfs_write(
+        &image,
+        &format!("set_bg 1 inode_bitmap {block_bitmap}\nset_bg 1 checksum calc\n"),
+    );
+    let original = std::fs::read(&image).unwrap();
+    // `ls` opens the image read-only, `mkdir` read-write.
+    for (verb, path) in [("ls", "/"), ("mkdir", "/new")] {
+        let spot = format!("{}:{path}", image.display());
+        let output = Command::new(common::server::JEXT4)
+            .arg(verb)
+            .arg(&spot)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{verb} opened the image");
+        assert!(
+            stderr.contains("inode bitmap of group 1")
+                && stderr.contains("block bitmap of group 1")
+                && stderr.contains("e2fsck"),
+            "{verb:?}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    assert_eq!(std::fs::read(&image).unwrap(), original, "image unchanged");
+}

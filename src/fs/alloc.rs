@@ -22,7 +22,7 @@
 //! skips groups by their unlocked counts and rechecks under the lock.
 
 use super::Tx;
-use super::group::GroupGuard;
+use super::group::{BLOCK_BITMAP_CORRUPT, GroupGuard, INODE_BITMAP_CORRUPT};
 use super::prealloc::{Window, WindowAsk};
 use crate::cache::Buffer;
 use crate::error::{Error, Location, Result};
@@ -93,11 +93,22 @@ impl Tx<'_, '_> {
     }
 
     /// The block bitmap of the locked group, initialised (in the
-    /// transaction) if the group was still BLOCK_UNINIT.
+    /// transaction) if the group was still BLOCK_UNINIT, and checked when
+    /// read (`verify_block_bitmap`): one that fails marks the group corrupt
+    /// (`mark_group_corrupt`) and is a corruption error, now and whenever
+    /// it is asked for again, as the kernel's `ext4_read_block_bitmap`.
     pub(crate) fn block_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let group = desc.group();
+        if desc.is_corrupt(BLOCK_BITMAP_CORRUPT) {
+            return Err(Error::corrupt(
+                Location::Block {
+                    block: desc.block_bitmap,
+                },
+                format!("the block bitmap of group {group} is corrupt"),
+            ));
+        }
         if geo.has_group_csum() && desc.flags & BG_BLOCK_UNINIT != 0 {
             let buffer = core.cache.get_for_overwrite(desc.block_bitmap)?;
             {
@@ -110,14 +121,41 @@ impl Tx<'_, '_> {
             return Ok(buffer);
         }
         let buffer = core.cache.read(desc.block_bitmap)?;
-        verify_block_bitmap(self, desc, &buffer)?;
+        if let Err(error) = verify_block_bitmap(self, desc, &buffer) {
+            self.mark_group_corrupt(desc, BLOCK_BITMAP_CORRUPT, &error);
+            return Err(error);
+        }
         Ok(buffer)
     }
 
+    /// Mark the locked group's block or inode bitmap (`flag`) corrupt
+    /// because of `why` (`ext4_mark_group_bitmap_corrupted`): nothing is
+    /// allocated from it or freed into it again, and its free blocks or
+    /// inodes leave the totals (statfs). `why` is then returned, and
+    /// `Fs::note_failure` logs it once, records it in the superblock and
+    /// turns the filesystem read-only, as the kernel's `ext4_error` does
+    /// under errors=remount-ro (jext4's only error behaviour).
+    fn mark_group_corrupt(&self, desc: &mut GroupGuard<'_, '_>, flag: u8, why: &Error) {
+        if desc.mark_corrupt(flag) {
+            tracing::debug!(group = desc.group(), error = %why, "group bitmap marked corrupt");
+        }
+    }
+
+    /// The inode bitmap of the locked group, initialised if the group was
+    /// still INODE_UNINIT; one whose checksum fails marks the group corrupt
+    /// and is a corruption error, now and later (`ext4_read_inode_bitmap`).
     pub(crate) fn inode_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
         let group = desc.group();
+        if desc.is_corrupt(INODE_BITMAP_CORRUPT) {
+            return Err(Error::corrupt(
+                Location::Block {
+                    block: desc.inode_bitmap,
+                },
+                format!("the inode bitmap of group {group} is corrupt"),
+            ));
+        }
         if geo.has_group_csum() && desc.flags & BG_INODE_UNINIT != 0 {
             let buffer = core.cache.get_for_overwrite(desc.inode_bitmap)?;
             {
@@ -140,12 +178,14 @@ impl Tx<'_, '_> {
         if !buffer.is_verified() {
             let ok = desc.inode_bitmap_csum_ok(geo, &buffer.read());
             if !ok {
-                return Err(Error::corrupt(
+                let error = Error::corrupt(
                     Location::Block {
                         block: desc.inode_bitmap,
                     },
                     format!("inode bitmap checksum mismatch for group {group}"),
-                ));
+                );
+                self.mark_group_corrupt(desc, INODE_BITMAP_CORRUPT, &error);
+                return Err(error);
             }
             buffer.set_verified();
         }
@@ -332,7 +372,7 @@ impl Tx<'_, '_> {
         let (found, masked) = self.search_group(&mut desc, &buffer, range, wanted, lay_windows);
         let Some((start, length)) = found else {
             if from == 0 && !masked && !writing_before && !core.journal.has_checkpoint_writing() {
-                return Err(Error::corrupt(
+                let error = Error::corrupt(
                     Location::Block {
                         block: desc.block_bitmap,
                     },
@@ -340,7 +380,9 @@ impl Tx<'_, '_> {
                         "group {group} counts {} free blocks but its bitmap has none",
                         desc.free_blocks
                     ),
-                ));
+                );
+                self.mark_group_corrupt(&mut desc, BLOCK_BITMAP_CORRUPT, &error);
+                return Err(error);
             }
             return Ok(None);
         };
@@ -395,6 +437,21 @@ impl Tx<'_, '_> {
                 ),
             "group {group}: blocks {first}+{length} taken out of a window still masked"
         );
+        // Whatever the bitmap says, metadata is never handed out (the
+        // kernel's ext4_mb_mark_diskspace_used checks the system zone). A
+        // bitmap that let a metadata block through failed its check when
+        // read, so this is a bitmap changed since: its group is marked.
+        if let Some(block) = core
+            .groups
+            .first_metadata_block(geo, first, first + length as u64)
+        {
+            let error = Error::corrupt(
+                Location::Block { block },
+                format!("group {group}'s block bitmap marks metadata block {block} free"),
+            );
+            self.mark_group_corrupt(desc, BLOCK_BITMAP_CORRUPT, &error);
+            return Err(error);
+        }
         let mut bytes = self.handle.get_write_access(buffer)?;
         if desc.free_blocks < length as u32 {
             return Err(Error::corrupt(
@@ -513,14 +570,19 @@ impl Tx<'_, '_> {
         let base = geo.group_first_block(group);
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            for block in start..end {
-                let bit = (block - base) as usize;
-                if !bitmap::test_bit(&bytes, bit) {
-                    return Err(Error::corrupt(
-                        Location::Block { block },
-                        "freeing a block that is already free",
-                    ));
-                }
+            let already_free =
+                (start..end).find(|&block| !bitmap::test_bit(&bytes, (block - base) as usize));
+            if let Some(block) = already_free {
+                // Two owners of one block, or a bitmap that lost bits: the
+                // kernel's mb_free_blocks marks the group corrupt and frees
+                // nothing more in it.
+                drop(bytes);
+                let error = Error::corrupt(
+                    Location::Block { block },
+                    format!("freeing block {block}, which group {group}'s bitmap has free"),
+                );
+                self.mark_group_corrupt(&mut desc, BLOCK_BITMAP_CORRUPT, &error);
+                return Err(error);
             }
             for block in start..end {
                 bitmap::clear_bit(&mut bytes, (block - base) as usize);
@@ -542,20 +604,9 @@ impl Tx<'_, '_> {
     /// inode tables: an extent pointing there is corruption.
     fn check_not_group_metadata(&self, start: u64, end: u64) -> Result<()> {
         let core = self.core;
-        let geo = &core.geo;
-        let group = geo.group_of_block(start);
-        let base = geo.group_first_block(group);
-        let overhead_end = base + geo.group_overhead_blocks(group) as u64;
-        let overlaps = |first: u64, count: u64| start < first + count && first < end;
-        let bad = overlaps(base, overhead_end - base)
-            || core.groups.locations().any(|at| {
-                overlaps(at.block_bitmap, 1)
-                    || overlaps(at.inode_bitmap, 1)
-                    || overlaps(at.inode_table, geo.inode_table_blocks as u64)
-            });
-        if bad {
+        if let Some(block) = core.groups.first_metadata_block(&core.geo, start, end) {
             return Err(Error::corrupt(
-                Location::Block { block: start },
+                Location::Block { block },
                 "a file claims blocks that hold group metadata",
             ));
         }
@@ -628,15 +679,22 @@ impl Tx<'_, '_> {
             candidate.or(first_free)
         };
         let Some(index) = found else {
-            return Err(Error::corrupt(
+            let error = Error::corrupt(
                 Location::Block {
                     block: desc.inode_bitmap,
                 },
                 format!("group {group} counts free inodes but its bitmap has none"),
-            ));
+            );
+            self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
+            return Err(error);
         };
         let ino = group * geo.inodes_per_group + index as u32 + 1;
-        self.check_inode_unused(&desc, index, ino)?;
+        if let Err(error) = self.check_inode_unused(&desc, index, ino) {
+            // The bitmap lost the bit of a live inode: it cannot be trusted
+            // for any other.
+            self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
+            return Err(error);
+        }
         self.claim_inode_locked(&mut desc, &buffer, ino, is_dir)?;
         // The guard drops here: the group's initialised inodes count the
         // new one before anyone is told its number.
@@ -745,10 +803,15 @@ impl Tx<'_, '_> {
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
             if !bitmap::test_bit(&bytes, index) {
-                return Err(Error::corrupt(
+                // The kernel's ext4_free_inode: "bit already cleared", the
+                // group's inode bitmap is marked corrupt.
+                drop(bytes);
+                let error = Error::corrupt(
                     Location::Inode { ino },
                     "freeing an inode that is already free",
-                ));
+                );
+                self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
+                return Err(error);
             }
             bitmap::clear_bit(&mut bytes, index);
             desc.free_inodes += 1;
@@ -823,6 +886,17 @@ impl Tx<'_, '_> {
     }
 }
 
+/// Check a block bitmap read from disk, once per read (the buffer is then
+/// marked verified), as the kernel's `ext4_validate_block_bitmap` and the
+/// buddy build after it do: the checksum matches (metadata_csum); every
+/// metadata block inside the group — its superblock copy and descriptor
+/// blocks, and the bitmaps and inode tables of any group that lie there —
+/// is marked in use (`ext4_valid_block_bitmap` checks only the group's own,
+/// and not at all with flex_bg, where the kernel's allocator meets the
+/// others in the system zone instead; checking them here keeps a bitmap
+/// that frees any of them from being searched at all); and the free bits
+/// agree with the descriptor's free count (`ext4_mb_generate_buddy`: "block
+/// bitmap and bg descriptor inconsistent").
 fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buffer) -> Result<()> {
     if buffer.is_verified() {
         return Ok(());
@@ -839,27 +913,32 @@ fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buff
             format!("block bitmap checksum mismatch for group {group}"),
         ));
     }
-    // ext4_valid_block_bitmap: the bitmap marks the group's own bitmaps and
-    // inode table (those that lie in the group) in use. A descriptor that
-    // points at the wrong block almost never passes this, and without
-    // checksums nothing else would notice before allocations handed out
-    // blocks in use.
     let first = geo.group_first_block(group);
-    let end = first + geo.blocks_in_group(group) as u64;
-    let own = [
-        (desc.block_bitmap, 1),
-        (desc.inode_bitmap, 1),
-        (desc.inode_table, geo.inode_table_blocks as u64),
-    ];
-    let unmarked = own
-        .into_iter()
-        .flat_map(|(start, count)| start..start + count)
-        .filter(|block| (first..end).contains(block))
-        .find(|&block| !bitmap::test_bit(&bytes, (block - first) as usize));
+    let ratio = geo.cluster_ratio.max(1) as u64;
+    let bit_of = |block: u64| ((block - first) / ratio) as usize;
+    let unmarked = tx
+        .core
+        .groups
+        .metadata_in_group(geo, group)
+        .find_map(|(start, end)| {
+            let zero = bitmap::find_zero(&bytes, bit_of(start), bit_of(end - 1) + 1)?;
+            Some((first + zero as u64 * ratio).max(start))
+        });
     if let Some(block) = unmarked {
         return Err(Error::corrupt(
             location,
-            format!("block bitmap of group {group} marks its own metadata block {block} free"),
+            format!("block bitmap of group {group} marks metadata block {block} free"),
+        ));
+    }
+    let bits = geo.clusters_per_group as usize;
+    let free_bits = bits - bitmap::count_set(&bytes, bits);
+    if free_bits != desc.free_blocks as usize {
+        return Err(Error::corrupt(
+            location,
+            format!(
+                "block bitmap of group {group} has {free_bits} free clusters, its descriptor counts {}",
+                desc.free_blocks
+            ),
         ));
     }
     drop(bytes);

@@ -20,6 +20,7 @@
 
 use super::prealloc::{Window, WindowMask};
 use super::sb_info::SbInfo;
+use super::system_zone::SystemZone;
 use crate::cache::{Buffer, BufferCache};
 use crate::error::Result;
 use crate::format::bitmap;
@@ -30,7 +31,15 @@ use crate::journal::format::tid_gt;
 use crate::lock::{Mutex, MutexGuard, Rank};
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+
+/// A group's block bitmap was found corrupt (the kernel's
+/// `EXT4_GROUP_INFO_BBITMAP_CORRUPT`): no block is allocated from or
+/// freed into it, and its free blocks are off the totals.
+pub(crate) const BLOCK_BITMAP_CORRUPT: u8 = 1;
+/// A group's inode bitmap was found corrupt (`IBITMAP_CORRUPT`): no inode
+/// is allocated from or freed into it, its free inodes off the totals.
+pub(crate) const INODE_BITMAP_CORRUPT: u8 = 2;
 
 struct Group {
     at: GroupLocations,
@@ -48,6 +57,9 @@ struct Group {
     pending_hint: AtomicU64,
     /// Mirror of the blocks the group's windows hold (a hint).
     window_hint: AtomicU32,
+    /// `BLOCK_BITMAP_CORRUPT` and `INODE_BITMAP_CORRUPT`, set once (under
+    /// the group's lock) and never cleared while mounted.
+    corrupt: AtomicU8,
 }
 
 struct GroupState {
@@ -191,10 +203,13 @@ pub(crate) struct Groups {
     window_blocks: AtomicU64,
     /// Masks for the groups' pending frees and windows, recycled.
     spare_masks: SpareMasks,
+    /// Where metadata lies, which is never handed out.
+    zone: SystemZone,
 }
 
 impl Groups {
-    /// Read every descriptor (checked against the geometry on decode).
+    /// Read every descriptor (checked against the geometry on decode), and
+    /// refuse descriptors whose metadata overlap (`SystemZone::build`).
     pub fn load(geo: &Geometry, cache: &Arc<BufferCache>) -> Result<Groups> {
         let mut groups = Vec::with_capacity(geo.group_count as usize);
         let mut table: Vec<Arc<Buffer>> = Vec::new();
@@ -216,6 +231,7 @@ impl Groups {
                 initialised_inodes: AtomicU32::new(desc.initialised_inodes(geo)),
                 pending_hint: AtomicU64::new(0),
                 window_hint: AtomicU32::new(0),
+                corrupt: AtomicU8::new(0),
                 desc: Mutex::new(
                     Rank::Group,
                     GroupState {
@@ -227,13 +243,47 @@ impl Groups {
             });
         }
         debug_assert_eq!(table.len(), geo.gdt_blocks as usize);
+        let locations: Vec<GroupLocations> = groups.iter().map(|group| group.at).collect();
+        let zone = SystemZone::build(geo, &locations)?;
         Ok(Groups {
             groups,
             table,
             cache: Arc::clone(cache),
             window_blocks: AtomicU64::new(0),
             spare_masks: SpareMasks::new(geo.block_size as usize),
+            zone,
         })
+    }
+
+    /// The metadata blocks inside `group`'s blocks, as ranges of blocks:
+    /// its superblock copy, descriptor and reserved descriptor blocks, and
+    /// any group's bitmaps and inode table that lie there (flex_bg packs a
+    /// flex group's into its first group).
+    pub fn metadata_in_group(
+        &self,
+        geo: &Geometry,
+        group: u32,
+    ) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let first = geo.group_first_block(group);
+        let end = first + geo.blocks_in_group(group) as u64;
+        let overhead = (first, first + geo.group_overhead_blocks(group) as u64);
+        std::iter::once(overhead)
+            .filter(|&(start, end)| start < end)
+            .chain(self.zone.within(first, end))
+    }
+
+    /// The first block of `start..end` (inside one group) that holds
+    /// metadata, if any: what no file may own and no allocation may take.
+    pub fn first_metadata_block(&self, geo: &Geometry, start: u64, end: u64) -> Option<u64> {
+        let group = geo.group_of_block(start);
+        self.metadata_in_group(geo, group)
+            .find(|&(first, last)| first < end && start < last)
+            .map(|(first, _)| first.max(start))
+    }
+
+    /// `BLOCK_BITMAP_CORRUPT` and `INODE_BITMAP_CORRUPT` of `group`.
+    pub fn corrupt(&self, group: u32) -> u8 {
+        self.groups[group as usize].corrupt.load(Ordering::Acquire)
     }
 
     pub fn count(&self) -> u32 {
@@ -250,11 +300,14 @@ impl Groups {
         self.groups.iter().map(|group| group.at)
     }
 
-    /// Free blocks in `group` when last written (no lock: a hint).
+    /// Free blocks in `group` when last written (no lock: a hint); none in
+    /// a group whose block bitmap is corrupt.
     pub fn free_blocks(&self, group: u32) -> u32 {
-        self.groups[group as usize]
-            .free_blocks
-            .load(Ordering::Acquire)
+        let group = &self.groups[group as usize];
+        if group.corrupt.load(Ordering::Acquire) & BLOCK_BITMAP_CORRUPT != 0 {
+            return 0;
+        }
+        group.free_blocks.load(Ordering::Acquire)
     }
 
     /// Whether `group` may have a block to allocate, from its counts alone
@@ -278,11 +331,14 @@ impl Groups {
         }
     }
 
-    /// Free inodes in `group` when last written (no lock: a hint).
+    /// Free inodes in `group` when last written (no lock: a hint); none in
+    /// a group whose inode bitmap is corrupt.
     pub fn free_inodes(&self, group: u32) -> u32 {
-        self.groups[group as usize]
-            .free_inodes
-            .load(Ordering::Acquire)
+        let group = &self.groups[group as usize];
+        if group.corrupt.load(Ordering::Acquire) & INODE_BITMAP_CORRUPT != 0 {
+            return 0;
+        }
+        group.free_inodes.load(Ordering::Acquire)
     }
 
     /// Inodes of `group`'s table past this index were never initialised
@@ -294,7 +350,8 @@ impl Groups {
             .load(Ordering::Acquire)
     }
 
-    /// The sums of the descriptors' free counts (blocks, inodes).
+    /// The sums of the descriptors' free counts (blocks, inodes), but those
+    /// of groups whose bitmaps are corrupt, as the kernel's counters.
     pub fn free_totals(&self) -> (u64, u64) {
         let blocks = (0..self.count()).map(|g| self.free_blocks(g) as u64).sum();
         let inodes = (0..self.count()).map(|g| self.free_inodes(g) as u64).sum();
@@ -367,6 +424,30 @@ pub(crate) struct GroupGuard<'a, 'j> {
 impl GroupGuard<'_, '_> {
     pub fn group(&self) -> u32 {
         self.group
+    }
+
+    /// Whether the group has `flag` (`BLOCK_BITMAP_CORRUPT`,
+    /// `INODE_BITMAP_CORRUPT`).
+    pub fn is_corrupt(&self, flag: u8) -> bool {
+        self.groups.corrupt(self.group) & flag != 0
+    }
+
+    /// Mark the group `flag` (as `ext4_mark_group_bitmap_corrupted`):
+    /// its free blocks, or inodes, leave the totals, since nothing will
+    /// allocate them. False if it was marked so already.
+    pub fn mark_corrupt(&mut self, flag: u8) -> bool {
+        debug_assert!(flag == BLOCK_BITMAP_CORRUPT || flag == INODE_BITMAP_CORRUPT);
+        let shared = &self.groups.groups[self.group as usize];
+        if shared.corrupt.fetch_or(flag, Ordering::AcqRel) & flag != 0 {
+            return false;
+        }
+        // The totals hold the counts as last written back (`before`); from
+        // now on `write_back` moves them by nothing for this group.
+        match flag {
+            BLOCK_BITMAP_CORRUPT => self.sbi.add_free(-(self.before.0 as i64), 0),
+            _ => self.sbi.add_free(0, -(self.before.1 as i64)),
+        }
+        true
     }
 
     /// Retire the group's pending frees of transactions up to `durable`:
@@ -458,9 +539,15 @@ impl GroupGuard<'_, '_> {
         shared
             .initialised_inodes
             .store(desc.initialised_inodes(geo), Ordering::Release);
+        // A corrupt bitmap's group is off the totals for good.
+        let corrupt = shared.corrupt.load(Ordering::Acquire);
+        let moved = |now: u32, before: u32, flag: u8| match corrupt & flag {
+            0 => now as i64 - before as i64,
+            _ => 0,
+        };
         self.sbi.add_free(
-            desc.free_blocks as i64 - self.before.0 as i64,
-            desc.free_inodes as i64 - self.before.1 as i64,
+            moved(desc.free_blocks, self.before.0, BLOCK_BITMAP_CORRUPT),
+            moved(desc.free_inodes, self.before.1, INODE_BITMAP_CORRUPT),
         );
         self.before = (desc.free_blocks, desc.free_inodes);
         self.dirty = false;

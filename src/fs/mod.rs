@@ -38,6 +38,7 @@ mod namei;
 mod orphan;
 mod prealloc;
 mod sb_info;
+mod system_zone;
 pub mod walk;
 mod xattr;
 
@@ -368,6 +369,30 @@ impl Core {
 
     pub fn dev(&self) -> &Arc<dyn BlockDevice> {
         self.cache.device()
+    }
+
+    /// Record corruption `error` in the superblock's error fields, which
+    /// go to disk with the next commit (what `dumpe2fs` shows; e2fsck then
+    /// checks the filesystem whatever its mount count). Returns the record.
+    pub(crate) fn record_error(&self, error: &Error) -> Option<superblock::ErrorRecord<'static>> {
+        let Error::Corrupt {
+            location, origin, ..
+        } = error
+        else {
+            return None;
+        };
+        let (ino, block) = location.ino_and_block();
+        let function = origin.file().strip_prefix("src/").unwrap_or(origin.file());
+        let record = superblock::ErrorRecord {
+            time: inode::now_seconds(),
+            ino,
+            block,
+            function,
+            line: origin.line(),
+            errcode: superblock::error_code(error.errno()),
+        };
+        self.sbi.lock().record_error(&record);
+        Some(record)
     }
 }
 
@@ -965,23 +990,9 @@ impl Fs {
     /// (a replay of the log may overwrite it; the journal superblock's
     /// `s_errno` then still says that errors were found).
     fn record_error(&self, error: &Error, aborted: bool) {
-        let Error::Corrupt {
-            location, origin, ..
-        } = error
-        else {
+        let Some(record) = self.core.record_error(error) else {
             return;
         };
-        let (ino, block) = location.ino_and_block();
-        let function = origin.file().strip_prefix("src/").unwrap_or(origin.file());
-        let record = superblock::ErrorRecord {
-            time: inode::now_seconds(),
-            ino,
-            block,
-            function,
-            line: origin.line(),
-            errcode: superblock::error_code(error.errno()),
-        };
-        self.core.sbi.lock().record_error(&record);
         if !aborted || self.core.options.read_only {
             return;
         }

@@ -32,6 +32,9 @@ pub enum Kind {
     BitmapFreesInUse,
     BitmapFreesMetadata,
     InodeBitmapFreesInUse,
+    BitmapFreesInodeTable,
+    BitmapsShareBlock,
+    BitmapChecksum,
     EntryPastInitialised,
     EntryPastInodesCount,
     HugeSize,
@@ -54,6 +57,9 @@ pub const ALL: &[Kind] = &[
     Kind::BitmapFreesInUse,
     Kind::BitmapFreesMetadata,
     Kind::InodeBitmapFreesInUse,
+    Kind::BitmapFreesInodeTable,
+    Kind::BitmapsShareBlock,
+    Kind::BitmapChecksum,
     Kind::EntryPastInitialised,
     Kind::EntryPastInodesCount,
     Kind::HugeSize,
@@ -114,9 +120,12 @@ impl Kind {
             | Kind::HtreeHashOrder
             | Kind::HtreeDepth
             | Kind::HtreeBadBlock => HTREE_VARIANTS,
-            Kind::BitmapFreesInUse | Kind::BitmapFreesMetadata | Kind::InodeBitmapFreesInUse => {
-                EVERY_VARIANT
-            }
+            Kind::BitmapFreesInUse
+            | Kind::BitmapFreesMetadata
+            | Kind::InodeBitmapFreesInUse
+            | Kind::BitmapFreesInodeTable
+            | Kind::BitmapsShareBlock => EVERY_VARIANT,
+            Kind::BitmapChecksum => &[Variant::Ext4K4, Variant::Ext4K1],
             Kind::EntryPastInitialised => UNINIT_VARIANTS,
             Kind::EntryPastInodesCount | Kind::HugeSize => EVERY_VARIANT,
             Kind::NameWithSlash | Kind::NameWithNul => EVERY_VARIANT,
@@ -201,6 +210,15 @@ fn apply(kind: Kind, variant: Variant, editor: &mut Editor, rng: &mut Rng) -> (S
             plan("/tree", "/tree/medium"),
         ),
         Kind::InodeBitmapFreesInUse => inode_bitmap_frees(editor, rng),
+        Kind::BitmapFreesInodeTable => (
+            bitmap_frees_inode_table(editor, rng),
+            plan("/tree", "/tree/medium"),
+        ),
+        Kind::BitmapsShareBlock => (
+            bitmaps_share_block(editor, rng),
+            plan("/tree", "/tree/medium"),
+        ),
+        Kind::BitmapChecksum => (bitmap_checksum(editor, rng), plan("/tree", "/tree/medium")),
         Kind::EntryPastInitialised => (
             entry_past_initialised(editor, rng),
             plan("/tree", "/tree/past-init"),
@@ -531,6 +549,74 @@ fn bitmap_frees_metadata(editor: &mut Editor, rng: &mut Rng) -> String {
     format!(
         "block bitmap of group {group} (that of /tree) frees {what}: {count} block(s) from {first} ({counts})"
     )
+}
+
+/// The block bitmap holding /tree's group's inode table (the group's own
+/// without flex_bg, its flex group's first with it) frees a run of that
+/// table: the kernel skips the check with flex_bg and would hand the
+/// blocks out (its system zone stops it at allocation).
+fn bitmap_frees_inode_table(editor: &mut Editor, rng: &mut Rng) -> String {
+    let geo = &editor.map.geo;
+    let group = geo.group_of_inode(editor.ino("/tree"));
+    let desc = editor.map.descs[group as usize].clone();
+    let table = geo.inode_table_blocks as u64;
+    let count = rng.range(1, table.min(8));
+    let first = desc.inode_table + rng.below(table - count + 1);
+    let blocks: Vec<u64> = (first..first + count).collect();
+    let holder = geo.group_of_block(first);
+    let counts = free_blocks(editor, &blocks, rng);
+    format!(
+        "the block bitmap of group {holder} frees blocks {first}..{} of group {group}'s inode table \
+         (that of /tree, blocks {}..{}; {counts})",
+        first + count,
+        desc.inode_table,
+        desc.inode_table + table,
+    )
+}
+
+/// A group descriptor points two of its group's metadata at one block
+/// (the descriptor's checksum recomputed): the kernel refuses the mount
+/// ("failed to initialize system zone").
+fn bitmaps_share_block(editor: &mut Editor, rng: &mut Rng) -> String {
+    let geo = &editor.map.geo;
+    let group = geo.group_of_inode(editor.ino("/tree"));
+    let desc = editor.map.descs[group as usize].clone();
+    let table = geo.inode_table_blocks as u64;
+    let (field, value, what) = match rng.below(4) {
+        0 => ("inode_bitmap", desc.block_bitmap, "its block bitmap"),
+        1 => ("block_bitmap", desc.inode_bitmap, "its inode bitmap"),
+        2 => (
+            "inode_bitmap",
+            desc.inode_table + rng.below(table),
+            "a block of its inode table",
+        ),
+        _ => (
+            "block_bitmap",
+            desc.inode_table + rng.below(table),
+            "a block of its inode table",
+        ),
+    };
+    editor.debugfs(&format!(
+        "set_bg {group} {field} {value}\nset_bg {group} checksum calc\n"
+    ));
+    format!("group {group} (that of /tree): {field} set to block {value}, {what}")
+}
+
+/// A bitmap checksum of /tree's group flipped in its descriptor (the
+/// descriptor's own checksum recomputed): the kernel's
+/// ext4_validate_block_bitmap / ext4_validate_inode_bitmap fail.
+fn bitmap_checksum(editor: &mut Editor, rng: &mut Rng) -> String {
+    let geo = &editor.map.geo;
+    let group = geo.group_of_inode(editor.ino("/tree"));
+    let (field, which) = match rng.below(3) {
+        0 | 1 => ("block_bitmap_csum", "block"),
+        _ => ("inode_bitmap_csum", "inode"),
+    };
+    let flip = 1u32 << rng.below(16);
+    editor.debugfs(&format!(
+        "set_bg {group} {field} {flip:#x}\nset_bg {group} checksum calc\n"
+    ));
+    format!("group {group} (that of /tree): the {which} bitmap checksum set to {flip:#x}")
 }
 
 fn inode_bitmap_frees(editor: &mut Editor, rng: &mut Rng) -> (String, Plan) {

@@ -375,7 +375,18 @@ fn compare_mounts(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String
             }
         }
         if let Some(error) = &side.unmount_error {
-            finding(findings, "unmount", format!("{label}: {error}"));
+            // `jext4 umount` exits 1 to report an aborted journal; the
+            // kernel's umount says nothing, but its log does. An abort the
+            // kernel made too is the same answer.
+            let both_aborted =
+                error.contains("journal aborted") && run.kernel.log.contains("Aborting journal");
+            if both_aborted {
+                notes.push(format!(
+                    "{label}: journal aborted, as the kernel's: {error}"
+                ));
+            } else {
+                finding(findings, "unmount", format!("{label}: {error}"));
+            }
         }
     }
     if let Some(error) = &run.kernel.mount_error {

@@ -1,0 +1,176 @@
+//! The system zone: the blocks that hold the filesystem's own metadata —
+//! superblock copies with their descriptor blocks, and every group's
+//! bitmaps and inode table — which no file may own and the allocator must
+//! never hand out, whatever a block bitmap says (the kernel's
+//! `block_validity.c`, on by default).
+//!
+//! Built once at mount from the descriptors. Two pieces of metadata that
+//! overlap (a block bitmap and an inode bitmap in one block, a bitmap
+//! inside an inode table) refuse the mount, as the kernel's
+//! `ext4_setup_system_zone` does ("failed to initialize system zone"),
+//! read-only too: every allocation in such a group would write one
+//! structure's bits into the other.
+//!
+//! The zone covers what the kernel's does: for groups with a superblock
+//! copy among the first five and the first of each flex group, the copy
+//! and the descriptor blocks after it (`ext4_bg_num_gdb`, no reserved
+//! descriptor blocks), and each group's bitmaps and inode table. Each
+//! group's own superblock copy, descriptor and reserved blocks are checked
+//! apart (`Groups::metadata_in_group`): they always lie at its start.
+
+use crate::error::{Error, Location, Result};
+use crate::format::group_desc::GroupLocations;
+use crate::format::superblock::Geometry;
+
+/// What a range of the zone holds, for the message that refuses a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    Superblock { group: u32 },
+    BlockBitmap { group: u32 },
+    InodeBitmap { group: u32 },
+    InodeTable { group: u32 },
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Holder::Superblock { group } => {
+                write!(f, "the superblock copy and descriptors of group {group}")
+            }
+            Holder::BlockBitmap { group } => write!(f, "the block bitmap of group {group}"),
+            Holder::InodeBitmap { group } => write!(f, "the inode bitmap of group {group}"),
+            Holder::InodeTable { group } => write!(f, "the inode table of group {group}"),
+        }
+    }
+}
+
+impl Holder {
+    fn group(self) -> u32 {
+        match self {
+            Holder::Superblock { group }
+            | Holder::BlockBitmap { group }
+            | Holder::InodeBitmap { group }
+            | Holder::InodeTable { group } => group,
+        }
+    }
+}
+
+/// The zone as sorted, disjoint, merged block ranges `start..end`.
+pub(crate) struct SystemZone {
+    ranges: Vec<(u64, u64)>,
+}
+
+impl SystemZone {
+    /// The zone of the filesystem whose groups lie at `locations` (group
+    /// order), or the corruption that refuses the mount: two ranges that
+    /// overlap.
+    pub fn build(geo: &Geometry, locations: &[GroupLocations]) -> Result<SystemZone> {
+        let mut ranges = Vec::with_capacity(locations.len() * 3 + 8);
+        let flex = geo.groups_per_flex.max(1);
+        for (group, at) in (0u32..).zip(locations) {
+            if geo.group_has_super(group) && (group < 5 || group % flex == 0) {
+                let count = geo.group_gdt_blocks(group) as u64 + 1;
+                let start = geo.group_first_block(group);
+                ranges.push((start, start + count, Holder::Superblock { group }));
+            }
+            let table = geo.inode_table_blocks as u64;
+            ranges.push((
+                at.block_bitmap,
+                at.block_bitmap + 1,
+                Holder::BlockBitmap { group },
+            ));
+            ranges.push((
+                at.inode_bitmap,
+                at.inode_bitmap + 1,
+                Holder::InodeBitmap { group },
+            ));
+            ranges.push((
+                at.inode_table,
+                at.inode_table + table,
+                Holder::InodeTable { group },
+            ));
+        }
+        ranges.sort_unstable_by_key(|&(start, end, _)| (start, end));
+        if let Some(pair) = ranges.windows(2).find(|pair| pair[1].0 < pair[0].1) {
+            return Err(overlap_error(pair[0], pair[1]));
+        }
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (start, end, _) in ranges {
+            match merged.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => merged.push((start, end)),
+            }
+        }
+        debug_assert!(merged.windows(2).all(|pair| pair[0].1 < pair[1].0));
+        Ok(SystemZone { ranges: merged })
+    }
+
+    /// The parts of the zone inside blocks `start..end`, in order.
+    pub fn within(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        // The first range that ends after `start`.
+        let first = self
+            .ranges
+            .partition_point(|&(_, range_end)| range_end <= start);
+        self.ranges[first..]
+            .iter()
+            .take_while(move |&&(range_start, _)| range_start < end)
+            .map(move |&(range_start, range_end)| (range_start.max(start), range_end.min(end)))
+    }
+}
+
+/// The mount refusal for two overlapping ranges (`a` sorts first).
+fn overlap_error(
+    (a_start, a_end, a): (u64, u64, Holder),
+    (b_start, b_end, b): (u64, u64, Holder),
+) -> Error {
+    let blocks = |start: u64, end: u64| match end - start {
+        1 => format!("block {start}"),
+        _ => format!("blocks {start}..={}", end - 1),
+    };
+    Error::corrupt(
+        Location::GroupDescriptor { group: b.group() },
+        format!(
+            "{b} ({}) overlaps {a} ({}): the group descriptors are damaged and the \
+             kernel refuses this filesystem too; run e2fsck -fy on it",
+            blocks(b_start, b_end),
+            blocks(a_start, a_end),
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zone(ranges: &[(u64, u64)]) -> SystemZone {
+        SystemZone {
+            ranges: ranges.to_vec(),
+        }
+    }
+
+    #[test]
+    fn within_clips_to_the_asked_blocks() {
+        let zone = zone(&[(1, 3), (10, 20), (30, 31)]);
+        let parts: Vec<_> = zone.within(2, 15).collect();
+        assert_eq!(parts, vec![(2, 3), (10, 15)]);
+        assert_eq!(zone.within(3, 10).count(), 0, "the gaps are free");
+        assert_eq!(zone.within(20, 40).collect::<Vec<_>>(), vec![(30, 31)]);
+        assert_eq!(zone.within(31, 100).count(), 0);
+        assert_eq!(zone.within(0, 2).collect::<Vec<_>>(), vec![(1, 2)]);
+    }
+
+    #[test]
+    fn an_overlap_names_both_holders_and_e2fsck() {
+        let error = overlap_error(
+            (260, 261, Holder::BlockBitmap { group: 1 }),
+            (260, 261, Holder::InodeBitmap { group: 1 }),
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains("inode bitmap of group 1 (block 260)")
+                && text.contains("block bitmap of group 1")
+                && text.contains("e2fsck"),
+            "{text}"
+        );
+    }
+}
