@@ -558,15 +558,6 @@ fn fill_and_collect_blocks(image: &Path, expect_log: Option<&str>) -> Vec<u64> {
     owned
 }
 
-/// Free blocks statfs reports at `root`.
-fn nix_statfs(root: &Path) -> u64 {
-    let path = std::ffi::CString::new(root.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: statvfs(3) on a NUL-terminated path into a zeroed struct.
-    let mut out: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut out) }, 0);
-    out.f_bfree as u64
-}
-
 /// e2fsck's problem lines after the run that the damaged image did not
 /// already have (the superblock's free totals aside: they follow the
 /// groups jext4 counts, as the kernel's counters).

@@ -134,7 +134,10 @@ fn a_read_write_open_of_bigalloc_is_refused_in_one_line() {
         !made.status.success(),
         "mkdir on a read-only bigalloc image"
     );
-    assert!(stderr.to_lowercase().contains("read-only file system"), "{stderr}");
+    assert!(
+        stderr.to_lowercase().contains("read-only file system"),
+        "{stderr}"
+    );
     assert!(
         std::fs::read(&image).unwrap() == before,
         "the image changed"
