@@ -47,6 +47,10 @@ impl fmt::Display for Location {
     }
 }
 
+/// What went wrong, typed: match on the variant, never on the message.
+/// Every variant has the errno the kernel would give (`errno`,
+/// `raw_os_error`) and std's `io::ErrorKind` for it (`kind`), and the
+/// whole converts into `std::io::Error`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -76,34 +80,50 @@ pub enum Error {
     /// The filesystem is mounted read-only, or turned read-only after an error.
     #[error("read-only filesystem")]
     ReadOnly,
+    /// ENOSPC: no blocks or inodes left (`ErrorKind::StorageFull`).
     #[error("no space left on device")]
     NoSpace,
+    /// ENOENT: a name, or a directory on the way to it, is missing.
     #[error("no such file or directory")]
     NotFound,
+    /// EEXIST: the name is taken.
     #[error("file exists")]
     Exists,
+    /// ENOTDIR: a path goes through something that is not a directory.
     #[error("not a directory")]
     NotDirectory,
+    /// EISDIR: a directory where a file is needed (written, unlinked).
     #[error("is a directory")]
     IsDirectory,
+    /// ENOTEMPTY: a directory to remove or replace still has entries.
     #[error("directory not empty")]
     NotEmpty,
+    /// ENAMETOOLONG: a name over 255 bytes.
     #[error("file name too long")]
     NameTooLong,
+    /// EMLINK: an inode at ext4's link limit.
     #[error("too many links")]
     TooManyLinks,
+    /// EFBIG: past the largest offset the file's mapping can hold.
     #[error("file too large")]
     FileTooBig,
+    /// EACCES.
     #[error("permission denied")]
     PermissionDenied,
+    /// EPERM: not allowed whatever the permissions (a hard link to a
+    /// directory, an immutable inode).
     #[error("operation not permitted")]
     NotPermitted,
+    /// ENODATA: no extended attribute of that name.
     #[error("no such attribute")]
     NoAttribute,
+    /// ERANGE: a result does not fit the buffer, or a value is too big.
     #[error("result does not fit the buffer")]
     Range,
+    /// EOPNOTSUPP: not something this inode or image can do.
     #[error("operation not supported")]
     NotSupported,
+    /// ESTALE: the inode behind a number was freed meanwhile.
     #[error("stale file handle")]
     Stale,
     /// A rename that would move a directory under itself, or `.`/`..`.
@@ -113,6 +133,7 @@ pub enum Error {
     /// resolving one path: ELOOP, as `open(2)` gives.
     #[error("too many levels of symbolic links")]
     TooManySymlinks,
+    /// EBUSY.
     #[error("device or resource busy")]
     Busy,
     /// The image was closed (`Image::close`) while a `File` of it was
@@ -220,6 +241,7 @@ impl Error {
         }
     }
 
+    /// Whether this is damage found on disk (`Corrupt`).
     pub fn is_corruption(&self) -> bool {
         matches!(self, Error::Corrupt { .. })
     }
