@@ -882,7 +882,6 @@ fn apply_std(root: &Path, op: &Op) -> String {
             std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
-                .truncate(false)
                 .open(at(p))
                 .map(drop),
         ),
