@@ -277,7 +277,7 @@ fn ls(verb: &mut Verb<'_>, args: &LsArgs) {
         let Some((path, image)) = verb.open(arg) else {
             continue;
         };
-        match stat_path(image, path.trimmed()) {
+        match image.metadata(path.trimmed()) {
             Ok(attr) if is_dir(&attr) && !args.directory => directories.push((arg.clone(), path)),
             Ok(attr) => files.push((arg.clone(), path, attr)),
             Err(error) => verb.say(2, format!("cannot access '{arg}': {}", describe(&error))),
@@ -346,13 +346,12 @@ fn ls_directory(
     args: &LsArgs,
     path: &ImagePath,
 ) -> Result<(Vec<String>, Vec<String>), Error> {
-    let mut names = Vec::new();
-    for entry in image.read_dir(path.trimmed())? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if args.all || !name.starts_with('.') {
-            names.push(name);
-        }
-    }
+    let mut names: Vec<String> = image
+        .read_dir(path.trimmed())?
+        .into_iter()
+        .map(|entry| String::from_utf8_lossy(&entry.name).into_owned())
+        .filter(|name| args.all || !name.starts_with('.'))
+        .collect();
     if args.all {
         names.push(".".into());
         names.push("..".into());
@@ -363,7 +362,7 @@ fn ls_directory(
     let mut total_blocks = 0;
     for name in &names {
         let child = join(&path.path, name);
-        let attr = lstat_path(image, &child)?;
+        let attr = image.symlink_metadata(&child)?;
         total_blocks += attr.blocks / 2;
         if args.recursive && is_dir(&attr) && name != "." && name != ".." {
             subdirectories.push(name.clone());
@@ -399,7 +398,7 @@ fn ls_line(image: &Image, long: bool, shown: &str, path: &str, attr: &Attr) -> S
     );
     if attr.kind == FileKind::Symlink {
         if let Ok(target) = image.read_link(path) {
-            line.push_str(&format!(" -> {}", target.to_string_lossy()));
+            line.push_str(&format!(" -> {}", String::from_utf8_lossy(&target)));
         }
     }
     line
@@ -476,15 +475,17 @@ fn cat(verb: &mut Verb<'_>, paths: &[String]) {
             continue;
         };
         let copied = (|| -> Result<(), Error> {
-            let mut file = image.open_file(path.trimmed())?;
+            let file = image.open_file(path.trimmed())?;
+            let size = file.metadata()?.size;
             let mut out = std::io::stdout().lock();
-            let mut buffer = vec![0u8; CHUNK_BYTES];
-            loop {
-                let got = std::io::Read::read(&mut file, &mut buffer)?;
-                if got == 0 {
+            let mut offset = 0;
+            while offset < size {
+                let bytes = file.read_at(offset, CHUNK_BYTES.min((size - offset) as usize))?;
+                if bytes.is_empty() {
                     break;
                 }
-                out.write_all(&buffer[..got])?;
+                out.write_all(&bytes)?;
+                offset += bytes.len() as u64;
             }
             out.flush()?;
             Ok(())
@@ -500,12 +501,12 @@ fn stat(verb: &mut Verb<'_>, paths: &[String]) {
         let Some((path, image)) = verb.open(arg) else {
             continue;
         };
-        match lstat_path(image, path.trimmed()) {
+        match image.symlink_metadata(path.trimmed()) {
             Ok(attr) => {
                 let mut shown = arg.clone();
                 if attr.kind == FileKind::Symlink {
                     if let Ok(target) = image.read_link(path.trimmed()) {
-                        shown = format!("{arg} -> {}", target.to_string_lossy());
+                        shown = format!("{arg} -> {}", String::from_utf8_lossy(&target));
                     }
                 }
                 print!("{}", stat_text(&shown, &attr));
@@ -567,25 +568,14 @@ fn mkdir(verb: &mut Verb<'_>, args: &MkdirArgs) {
             continue;
         };
         let made = match args.parents {
-            // Parents 0755, as before the std-shaped API (the CLI's image
-            // has no umask).
-            true => image
-                .create_dir_with(
-                    path.trimmed(),
-                    std::os::unix::fs::DirBuilderExt::mode(
-                        jext4::DirBuilder::new().recursive(true),
-                        0o755,
-                    ),
-                )
-                .and_then(|()| match stat_path(image, path.trimmed()) {
+            true => image.create_dir_all(path.trimmed()).and_then(|()| {
+                match image.metadata(path.trimmed()) {
                     Ok(attr) if is_dir(&attr) => Ok(()),
                     Ok(_) => Err(Error::Exists),
                     Err(error) => Err(error),
-                }),
-            false => image.create_dir_with(
-                path.trimmed(),
-                std::os::unix::fs::DirBuilderExt::mode(&mut jext4::DirBuilder::new(), mode.into()),
-            ),
+                }
+            }),
+            false => image.create_dir(path.trimmed(), mode).map(|_| ()),
         };
         if let Err(error) = made {
             verb.say(
@@ -619,7 +609,7 @@ fn rm(verb: &mut Verb<'_>, args: &RmArgs) {
             );
             continue;
         }
-        let removed = match lstat_path(image, path.trimmed()) {
+        let removed = match image.symlink_metadata(path.trimmed()) {
             Ok(attr) if is_dir(&attr) && args.recursive => image.remove_dir_all(path.trimmed()),
             Ok(attr) if is_dir(&attr) && args.dir => image.remove_dir(path.trimmed()),
             Ok(attr) if is_dir(&attr) => Err(Error::IsDirectory),
@@ -636,7 +626,7 @@ fn rm(verb: &mut Verb<'_>, args: &RmArgs) {
 
 /// Where a source lands given a destination that may be a directory.
 fn into_directory(image: &Image, dest: &ImagePath, source: &ImagePath) -> String {
-    match stat_path(image, dest.trimmed()) {
+    match image.metadata(dest.trimmed()) {
         Ok(attr) if is_dir(&attr) => join(&dest.path, file_name(&source.path)),
         _ => dest.trimmed().to_string(),
     }
@@ -647,7 +637,7 @@ fn mv(verb: &mut Verb<'_>, paths: &[String]) {
     let Some((dest, image)) = verb.open(dest_arg) else {
         return;
     };
-    let dest_is_dir = matches!(stat_path(image, dest.trimmed()), Ok(attr) if is_dir(&attr));
+    let dest_is_dir = matches!(image.metadata(dest.trimmed()), Ok(attr) if is_dir(&attr));
     if sources.len() > 1 && !dest_is_dir {
         return verb.say(1, format!("target '{dest_arg}' is not a directory"));
     }
@@ -662,7 +652,7 @@ fn mv(verb: &mut Verb<'_>, paths: &[String]) {
             );
             continue;
         }
-        if let Err(error) = lstat_path(image, source.trimmed()) {
+        if let Err(error) = image.symlink_metadata(source.trimmed()) {
             verb.say(1, format!("cannot stat '{arg}': {}", describe(&error)));
             continue;
         }
@@ -708,7 +698,7 @@ fn ln(verb: &mut Verb<'_>, args: &LnArgs) {
     }
     let made = match args.symbolic {
         true => image.symlink(&target, &at).map(|_| ()),
-        false => match lstat_path(image, &target) {
+        false => match image.symlink_metadata(&target) {
             Err(error) => {
                 return verb.say(
                     1,
@@ -894,10 +884,7 @@ fn touch(verb: &mut Verb<'_>, args: &TouchArgs) {
             Err(Error::NotFound) if args.no_create => Ok(()),
             Err(Error::NotFound) => {
                 let mode = 0o666 & !jext4::tools::host::umask();
-                let mut options = jext4::OpenOptions::new();
-                options.write(true).create(true);
-                std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode.into());
-                image.open_with(path.trimmed(), &options).and_then(|file| {
+                image.create(path.trimmed(), mode).and_then(|file| {
                     let ino = image.inode_of(path.trimmed(), true)?;
                     drop(file);
                     image
@@ -938,20 +925,18 @@ fn xattr(verb: &mut Verb<'_>, args: &XattrArgs) {
     let at = path.trimmed();
     let name = &args.args[0];
     let done = match args.action.as_str() {
-        "get" => image.xattr(at, name).and_then(|value| {
-            let value = value.ok_or(Error::NoAttribute)?;
+        "get" => image.get_xattr(at, name).map(|value| {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(&value);
             if value.last() != Some(&b'\n') && std::str::from_utf8(&value).is_ok() {
                 let _ = out.write_all(b"\n");
             }
-            Ok(())
         }),
         "set" => image.set_xattr(at, name, args.args[1].as_bytes()),
         "remove" => image.remove_xattr(at, name),
         _ => image.list_xattr(at).map(|names| {
             for name in names {
-                println!("{}", name.to_string_lossy());
+                println!("{}", String::from_utf8_lossy(&name));
             }
         }),
     };
@@ -1135,23 +1120,4 @@ mod tests {
         assert_eq!(civil(0), ("1970-01-01".into(), "00:00:00".into()));
         assert_eq!(civil(951_782_400).0, "2000-02-29");
     }
-}
-
-/// `stat` of an image path, as the engine's attributes (what the listing
-/// and `stat` formats print).
-fn stat_path(
-    image: &Image,
-    path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
-    image.metadata(path).map(|metadata| metadata.attr().clone())
-}
-
-/// `lstat` of an image path, as the engine's attributes.
-fn lstat_path(
-    image: &Image,
-    path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
-    image
-        .symlink_metadata(path)
-        .map(|metadata| metadata.attr().clone())
 }
