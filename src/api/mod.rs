@@ -249,14 +249,7 @@ impl Image {
         let mut pending = vec![(parent, name.to_vec(), top.ino)];
         while let Some((dir_parent, dir_name, dir)) = pending.pop() {
             let mut subdirectories = Vec::new();
-            let mut entries = Vec::new();
-            self.fs.readdir(dir, 0, &mut |entry| {
-                if entry.name != b"." && entry.name != b".." {
-                    entries.push(entry);
-                }
-                true
-            })?;
-            for entry in entries {
+            for entry in self.fs.entries(dir)? {
                 if entry.kind == FileKind::Directory {
                     subdirectories.push((dir, entry.name, entry.ino));
                 } else {
@@ -277,14 +270,7 @@ impl Image {
     /// Names in a directory, without "." and "..".
     pub fn read_dir(&self, path: &str) -> Result<Vec<Dentry>> {
         let ino = self.resolve(path, true)?;
-        let mut entries = Vec::new();
-        self.fs.readdir(ino, 0, &mut |entry| {
-            if entry.name != b"." && entry.name != b".." {
-                entries.push(entry);
-            }
-            true
-        })?;
-        Ok(entries)
+        self.fs.entries(ino)
     }
 
     pub fn set_attr(&self, path: &str, changes: &SetAttr) -> Result<Attr> {

@@ -66,16 +66,11 @@ impl TreeSource for FsSource<'_> {
 
     fn list(&self, path: &str) -> std::result::Result<Vec<String>, String> {
         let ino = self.resolve(path).map_err(text)?;
-        let mut names = Vec::new();
-        self.0
-            .readdir(ino, 0, &mut |entry| {
-                if entry.name != b"." && entry.name != b".." {
-                    names.push(String::from_utf8_lossy(&entry.name).into_owned());
-                }
-                true
-            })
-            .map_err(text)?;
-        Ok(names)
+        let entries = self.0.entries(ino).map_err(text)?;
+        Ok(entries
+            .into_iter()
+            .map(|entry| String::from_utf8_lossy(&entry.name).into_owned())
+            .collect())
     }
 
     fn read(&self, path: &str, size: u64) -> std::result::Result<Vec<u8>, String> {

@@ -339,6 +339,20 @@ impl Fs {
         Ok(())
     }
 
+    /// Every entry of directory `ino` but "." and "..", in directory
+    /// order: `readdir` from the start, collected (the walks of the tools,
+    /// the library and the crash driver).
+    pub fn entries(&self, ino: u32) -> Result<Vec<Dentry>> {
+        let mut entries = Vec::new();
+        self.readdir(ino, 0, &mut |entry| {
+            if entry.name != b"." && entry.name != b".." {
+                entries.push(entry);
+            }
+            true
+        })?;
+        Ok(entries)
+    }
+
     /// `readdir`'s work under the directory's shared lock.
     fn list_locked(
         &self,

@@ -100,14 +100,7 @@ impl Exporter<'_> {
         host_path: &Path,
         pending: &mut Vec<(Attr, String, PathBuf)>,
     ) -> Result<(), Error> {
-        let mut entries = Vec::new();
-        self.fs.readdir(ino, 0, &mut |entry| {
-            if entry.name != b"." && entry.name != b".." {
-                entries.push(entry);
-            }
-            true
-        })?;
-        for entry in entries.into_iter().rev() {
+        for entry in self.fs.entries(ino)?.into_iter().rev() {
             let attr = self.fs.getattr(entry.ino)?;
             let name = std::ffi::OsStr::from_bytes(&entry.name);
             pending.push((

@@ -85,13 +85,7 @@ impl<W: Write> Packer<'_, W> {
         path: &str,
         pending: &mut Vec<(Attr, String, String)>,
     ) -> Result<(), Error> {
-        let mut entries = Vec::new();
-        self.fs.readdir(attr.ino, 0, &mut |entry| {
-            if entry.name != b"." && entry.name != b".." {
-                entries.push(entry);
-            }
-            true
-        })?;
+        let mut entries = self.fs.entries(attr.ino)?;
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         for entry in entries.into_iter().rev() {
             let child = String::from_utf8_lossy(&entry.name).into_owned();
