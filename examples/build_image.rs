@@ -7,7 +7,9 @@
 //! e2fsck -fn disk.img
 //! ```
 
-use jext4::api::Image;
+use jext4::{Image, OpenOptions};
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
@@ -16,40 +18,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let image = Image::open(&path)?;
 
     image.create_dir_all("/etc/app/conf.d")?;
-    image.write_file("/etc/app/app.conf", b"listen = 0.0.0.0:8080\nworkers = 4\n")?;
+    image.write("/etc/app/app.conf", b"listen = 0.0.0.0:8080\nworkers = 4\n")?;
     for n in 0..20 {
         let name = format!("/etc/app/conf.d/{n:02}-module.conf");
-        image.write_file(&name, format!("module = {n}\n").as_bytes())?;
+        image.write(&name, format!("module = {n}\n").as_bytes())?;
     }
 
     // A file written in place and made durable, then renamed over.
     {
-        let file = image.create("/etc/app/state.tmp", 0o600)?;
-        file.write_at(0, b"generation 2\n")?;
+        let mut file = image.open_with(
+            "/etc/app/state.tmp",
+            OpenOptions::new().write(true).create_new(true).mode(0o600),
+        )?;
+        file.write_all(b"generation 2\n")?;
         file.sync_all()?;
     }
-    image.write_file("/etc/app/state", b"generation 1\n")?;
+    image.write("/etc/app/state", b"generation 1\n")?;
     image.rename("/etc/app/state.tmp", "/etc/app/state")?;
 
     // Something bigger than one block, sparse in the middle.
     image.create_dir_all("/var/lib/app")?;
     {
-        let file = image.create("/var/lib/app/data.bin", 0o644)?;
+        let mut file = image.create_file("/var/lib/app/data.bin")?;
         let chunk: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        file.write_at(0, &chunk)?;
-        file.write_at(10 << 20, &chunk)?;
+        file.write_all(&chunk)?;
+        file.seek(SeekFrom::Start(10 << 20))?;
+        file.write_all(&chunk)?;
+        // Positioned I/O leaves the position alone (rewrites the same bytes).
+        file.write_all_at(&chunk[..6], 0)?;
     }
     image.symlink("../../../etc/app/app.conf", "/var/lib/app/config")?;
 
-    let listing: Vec<String> = image
-        .read_dir("/etc/app")?
-        .into_iter()
-        .map(|entry| String::from_utf8_lossy(&entry.name).into_owned())
-        .collect();
+    let mut listing = Vec::new();
+    for entry in image.read_dir("/etc/app")? {
+        listing.push(entry?.file_name().to_string_lossy().into_owned());
+    }
     println!("/etc/app: {}", listing.join(" "));
     println!(
         "/etc/app/state: {}",
-        String::from_utf8_lossy(&image.read_file("/etc/app/state")?).trim_end()
+        image.read_to_string("/etc/app/state")?.trim_end()
     );
     image.close()?;
     println!("{path}: tree written and image closed cleanly");

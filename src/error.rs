@@ -47,6 +47,10 @@ impl fmt::Display for Location {
     }
 }
 
+/// What went wrong, typed: match on the variant, never on the message.
+/// Every variant has the errno the kernel would give (`errno`,
+/// `raw_os_error`) and std's `io::ErrorKind` for it (`kind`), and the
+/// whole converts into `std::io::Error`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -76,40 +80,66 @@ pub enum Error {
     /// The filesystem is mounted read-only, or turned read-only after an error.
     #[error("read-only filesystem")]
     ReadOnly,
+    /// ENOSPC: no blocks or inodes left (`ErrorKind::StorageFull`).
     #[error("no space left on device")]
     NoSpace,
+    /// ENOENT: a name, or a directory on the way to it, is missing.
     #[error("no such file or directory")]
     NotFound,
+    /// EEXIST: the name is taken.
     #[error("file exists")]
     Exists,
+    /// ENOTDIR: a path goes through something that is not a directory.
     #[error("not a directory")]
     NotDirectory,
+    /// EISDIR: a directory where a file is needed (written, unlinked).
     #[error("is a directory")]
     IsDirectory,
+    /// ENOTEMPTY: a directory to remove or replace still has entries.
     #[error("directory not empty")]
     NotEmpty,
+    /// ENAMETOOLONG: a name over 255 bytes.
     #[error("file name too long")]
     NameTooLong,
+    /// EMLINK: an inode at ext4's link limit.
     #[error("too many links")]
     TooManyLinks,
+    /// EFBIG: past the largest offset the file's mapping can hold.
     #[error("file too large")]
     FileTooBig,
+    /// EACCES.
     #[error("permission denied")]
     PermissionDenied,
+    /// EPERM: not allowed whatever the permissions (a hard link to a
+    /// directory, an immutable inode).
     #[error("operation not permitted")]
     NotPermitted,
+    /// ENODATA: no extended attribute of that name.
     #[error("no such attribute")]
     NoAttribute,
+    /// ERANGE: a result does not fit the buffer, or a value is too big.
     #[error("result does not fit the buffer")]
     Range,
+    /// EOPNOTSUPP: not something this inode or image can do.
     #[error("operation not supported")]
     NotSupported,
+    /// ESTALE: the inode behind a number was freed meanwhile.
     #[error("stale file handle")]
     Stale,
-    #[error("too many levels of symbolic links or invalid cross-directory move")]
+    /// A rename that would move a directory under itself, or `.`/`..`.
+    #[error("invalid move: a directory cannot move into itself")]
     InvalidMove,
+    /// More symbolic links than Linux follows (MAXSYMLINKS, 40) while
+    /// resolving one path: ELOOP, as `open(2)` gives.
+    #[error("too many levels of symbolic links")]
+    TooManySymlinks,
+    /// EBUSY.
     #[error("device or resource busy")]
     Busy,
+    /// The image was closed (`Image::close`) while a `File` of it was
+    /// still open: EBADF, as an operation on a closed descriptor.
+    #[error("the image is closed")]
+    Closed,
 }
 
 /// Whether an `io::Error` is a failure of the device (EIO, a short read
@@ -187,16 +217,58 @@ impl Error {
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::Stale => libc::ESTALE,
             Error::InvalidMove => libc::EINVAL,
+            Error::TooManySymlinks => libc::ELOOP,
             Error::Busy => libc::EBUSY,
+            Error::Closed => libc::EBADF,
         }
     }
 
+    /// The errno the kernel would give for this error (`errno`), as
+    /// `std::io::Error::raw_os_error` gives it: always `Some`.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        Some(self.errno())
+    }
+
+    /// The `std::io::ErrorKind` std gives for the same failure:
+    /// `NotFound` for ENOENT, `AlreadyExists` for EEXIST,
+    /// `DirectoryNotEmpty`, `IsADirectory`, `StorageFull`,
+    /// `ReadOnlyFilesystem`, `FilesystemLoop` and so on — std's own
+    /// errno table, applied to `errno`, so that the two never disagree.
+    pub fn kind(&self) -> std::io::ErrorKind {
+        match self {
+            Error::Io(error) => error.kind(),
+            error => std::io::Error::from_raw_os_error(error.errno()).kind(),
+        }
+    }
+
+    /// Whether this is damage found on disk (`Corrupt`).
     pub fn is_corruption(&self) -> bool {
         matches!(self, Error::Corrupt { .. })
     }
 }
 
+/// The result of every jext4 operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `?` on a jext4 result in a function returning `std::io::Result`.
+///
+/// An error that says no more than its errno becomes the OS error itself
+/// (`raw_os_error` and the message are std's: "No such file or directory
+/// (os error 2)"); one that carries a detail (a corruption's location, a
+/// bad argument's reason) keeps it as the inner error, with the same
+/// `kind`, so that `get_ref` can downcast it back to `jext4::Error`.
+/// A device error is handed back as it came.
+impl From<Error> for std::io::Error {
+    fn from(error: Error) -> std::io::Error {
+        match error {
+            Error::Io(error) => error,
+            Error::Corrupt { .. } | Error::Unsupported(_) | Error::Invalid(_) | Error::Closed => {
+                std::io::Error::new(error.kind(), error)
+            }
+            error => std::io::Error::from_raw_os_error(error.errno()),
+        }
+    }
+}
 
 /// Early-return a corruption error unless `cond` holds.
 #[macro_export]
@@ -224,6 +296,43 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 mod tests {
     use super::*;
     use std::io;
+
+    #[test]
+    fn kinds_and_errnos_are_std_s() {
+        use io::ErrorKind::*;
+        let cases = [
+            (Error::NotFound, NotFound, libc::ENOENT),
+            (Error::Exists, AlreadyExists, libc::EEXIST),
+            (Error::NotEmpty, DirectoryNotEmpty, libc::ENOTEMPTY),
+            (Error::IsDirectory, IsADirectory, libc::EISDIR),
+            (Error::NotDirectory, NotADirectory, libc::ENOTDIR),
+            (Error::NoSpace, StorageFull, libc::ENOSPC),
+            (Error::ReadOnly, ReadOnlyFilesystem, libc::EROFS),
+            (Error::PermissionDenied, PermissionDenied, libc::EACCES),
+            (Error::Invalid("x".into()), InvalidInput, libc::EINVAL),
+        ];
+        for (error, kind, errno) in cases {
+            assert_eq!(error.kind(), kind, "{error}");
+            assert_eq!(error.raw_os_error(), Some(errno), "{error}");
+            let converted = io::Error::from(error);
+            assert_eq!(converted.kind(), kind);
+        }
+        // FilesystemLoop is not a stable name yet: compare what it prints.
+        let looped = Error::TooManySymlinks;
+        assert_eq!(format!("{:?}", looped.kind()), "FilesystemLoop");
+        assert_eq!(looped.raw_os_error(), Some(libc::ELOOP));
+        let plain = io::Error::from(Error::NotFound);
+        assert_eq!(plain.raw_os_error(), Some(libc::ENOENT));
+        let detailed = io::Error::from(Error::Invalid("bad flag".into()));
+        assert!(detailed.to_string().contains("bad flag"));
+        assert!(
+            detailed
+                .get_ref()
+                .unwrap()
+                .downcast_ref::<Error>()
+                .is_some()
+        );
+    }
 
     #[test]
     fn io_display_names_failures_and_leaves_refusals_alone() {

@@ -15,6 +15,9 @@ pub mod hash;
 pub mod journal;
 pub mod lock;
 
+pub use api::{
+    DirBuilder, DirEntry, File, FileType, Image, ImageOptions, Metadata, OpenOptions, ReadDir, Walk,
+};
 pub use error::{Error, Result};
 pub mod api;
 pub mod fs;

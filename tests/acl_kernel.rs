@@ -9,6 +9,8 @@
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -143,16 +145,43 @@ fn library_acls_match_kernel() {
     let reference = scratch.path().join("kernel.img");
     std::fs::copy(&image, &reference).unwrap();
 
-    let lib = jext4::api::Image::open(&image).unwrap();
-    lib.create_dir("/top", 0o755).unwrap();
+    let lib = jext4::Image::options().umask(0).open(&image).unwrap();
+    lib.create_dir_with("/top", jext4::DirBuilder::new().mode(0o755))
+        .unwrap();
     lib.set_xattr("/top", "system.posix_acl_default", &default)
         .unwrap();
-    lib.create_dir("/top/mid", 0o777).unwrap();
-    lib.create_dir("/top/mid/low", 0o750).unwrap();
-    lib.create("/top/file", 0o666).unwrap();
-    lib.create("/top/mid/low/file", 0o640).unwrap();
+    lib.create_dir_with("/top/mid", jext4::DirBuilder::new().mode(0o777))
+        .unwrap();
+    lib.create_dir_with("/top/mid/low", jext4::DirBuilder::new().mode(0o750))
+        .unwrap();
+    lib.open_with(
+        "/top/file",
+        jext4::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o666),
+    )
+    .unwrap();
+    lib.open_with(
+        "/top/mid/low/file",
+        jext4::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o640),
+    )
+    .unwrap();
     lib.symlink("file", "/top/mid/link").unwrap();
-    lib.create("/plain", 0o600).unwrap();
+    lib.open_with(
+        "/plain",
+        jext4::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600),
+    )
+    .unwrap();
     lib.set_xattr("/plain", "system.posix_acl_access", &access)
         .unwrap();
     let chmod = jext4::fs::SetAttr {

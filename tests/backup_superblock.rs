@@ -188,9 +188,12 @@ fn a_zeroed_primary_is_read_from_its_backup_as_the_kernel_reads_it() {
             sb,
             ..MountOptions::default()
         };
-        let opened = Image::open_with(&image, options).unwrap();
+        let opened = Image::options()
+            .mount_options(options)
+            .open(&image)
+            .unwrap();
         for (path, content) in tree() {
-            let read = opened.read_file(&format!("/{path}")).unwrap();
+            let read = opened.read(format!("/{path}")).unwrap();
             assert!(
                 read == content,
                 "{}: {path} read wrong by the library",
@@ -200,17 +203,13 @@ fn a_zeroed_primary_is_read_from_its_backup_as_the_kernel_reads_it() {
         let mut names: Vec<Vec<u8>> = opened
             .read_dir("/dir")
             .unwrap()
-            .into_iter()
-            .map(|entry| entry.name)
-            .filter(|name| name != b"." && name != b"..")
+            .map(|entry| entry.unwrap().file_name().into_encoded_bytes())
             .collect();
         names.sort();
         assert_eq!(names, [b"big".to_vec(), b"sub".to_vec()], "{}", layout.name);
         opened.close().unwrap();
         // Without sb= the library is refused, naming this option.
-        let refused = Image::open_with(&image, MountOptions::default())
-            .err()
-            .unwrap();
+        let refused = Image::open(&image).err().unwrap();
         assert!(
             refused.to_string().contains(&format!("-o {sb_option}")),
             "{}: {refused}",

@@ -111,8 +111,10 @@ fn e2e_big_directory() {
 fn build_with_library(image: &std::path::Path, entries: usize) -> (Duration, Duration) {
     let image = Image::open(image).expect("opening the image with the library");
     let fs = image.fs();
-    let big = image.create_dir("/big", 0o755).unwrap().ino;
-    let small = image.create_dir("/small", 0o755).unwrap().ino;
+    image.create_dir("/big").unwrap();
+    image.create_dir("/small").unwrap();
+    let big = image.inode_of("/big", true).unwrap();
+    let small = image.inode_of("/small", true).unwrap();
     for i in 0..entries {
         fs.create(big, name(i).as_bytes(), 0o644, Caller::ROOT)
             .unwrap_or_else(|error| panic!("creating entry {i}: {error}"));

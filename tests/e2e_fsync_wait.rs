@@ -122,6 +122,6 @@ fn a_waiting_fsync_holds_no_worker() {
     drop(server);
     e2e::fsck_clean(&raw, "after the mount");
     let image = jext4::api::Image::open(&raw).unwrap();
-    assert_eq!(image.read_file("/a/f").unwrap(), data);
+    assert_eq!(image.read("/a/f").unwrap(), data);
     image.close().unwrap();
 }

@@ -7,6 +7,7 @@ mod common;
 
 use common::e2e::{self, KernelMount};
 use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -177,19 +178,24 @@ fn remove_dir_all_removes_a_tree_and_gives_the_space_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = common::mkfs(dir.path(), "rmtree", 16, &["-t", "ext4", "-b", "1024"]);
     let image = Image::open(&path).unwrap();
-    image.create_dir("/keep", 0o755).unwrap();
-    image.write_file("/keep/file", b"stays").unwrap();
+    image.create_dir("/keep").unwrap();
+    image.write("/keep/file", b"stays").unwrap();
     let before = image.fs().statfs();
     let mut deep = String::from("/tree");
     for level in 0..40 {
-        image.create_dir(&deep, 0o755).unwrap();
+        image.create_dir(&deep).unwrap();
         image
-            .write_file(&format!("{deep}/f{level}"), &vec![level as u8; 3000])
+            .write(&format!("{deep}/f{level}"), &vec![level as u8; 3000])
             .unwrap();
         image
             .symlink("../somewhere", &format!("{deep}/link"))
             .unwrap();
-        image.create_dir(&format!("{deep}/empty"), 0o700).unwrap();
+        image
+            .create_dir_with(
+                &format!("{deep}/empty"),
+                jext4::DirBuilder::new().mode(0o700),
+            )
+            .unwrap();
         deep.push_str(&format!("/d{level}"));
     }
     assert!(matches!(
@@ -201,7 +207,7 @@ fn remove_dir_all_removes_a_tree_and_gives_the_space_back() {
         image.metadata("/tree"),
         Err(jext4::Error::NotFound)
     ));
-    assert_eq!(image.read_file("/keep/file").unwrap(), b"stays");
+    assert_eq!(image.read("/keep/file").unwrap(), b"stays");
     image.sync().unwrap();
     let after = image.fs().statfs();
     assert_eq!(after.free_files, before.free_files);

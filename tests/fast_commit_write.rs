@@ -13,6 +13,8 @@ use fast_commit_support::*;
 use jext4::api::Image;
 use jext4::fs::MountOptions;
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
@@ -45,13 +47,22 @@ fn options() -> MountOptions {
 /// Name changes, appends, truncates, each made durable by an fsync; the
 /// directories they need are made first (making one needs a full commit).
 fn workload(image: &Image, model: &mut Model) {
-    image.create_dir("/d/sub", 0o755).unwrap();
-    image.create_dir("/d/gone", 0o755).unwrap();
+    image.create_dir("/d/sub").unwrap();
+    image.create_dir("/d/gone").unwrap();
     image.remove_dir("/d/gone").unwrap();
     model.files.insert("d/sub".into(), None);
     let mut write = |path: &str, content: Vec<u8>| {
-        let file = image.create(path, 0o640).unwrap();
-        file.write_at(0, &content).unwrap();
+        let file = image
+            .open_with(
+                path,
+                jext4::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .mode(0o640),
+            )
+            .unwrap();
+        file.write_all_at(&content, 0).unwrap();
         file.sync_all().unwrap();
         model.files.insert(path[1..].to_string(), Some(content));
     };
@@ -61,7 +72,7 @@ fn workload(image: &Image, model: &mut Model) {
         write(&format!("/d/small-{round}"), pattern(round, 100 + round));
     }
     let a = image.open_file("/d/a").unwrap();
-    a.write_at(3000, &pattern(3, 2000)).unwrap();
+    a.write_all_at(&pattern(3, 2000), 3000).unwrap();
     a.sync_all().unwrap();
     drop(a);
     let mut a_content = pattern(1, 3000);
@@ -82,13 +93,22 @@ fn workload(image: &Image, model: &mut Model) {
     model.files.insert("d/b2".into(), Some(pattern(2, 1000)));
 
     let big: Vec<u8> = (0..300_000).map(|i| (i % 253) as u8).collect();
-    let file = image.create("/d/sub/big", 0o600).unwrap();
-    file.write_at(0, &big).unwrap();
+    let file = image
+        .open_with(
+            "/d/sub/big",
+            jext4::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600),
+        )
+        .unwrap();
+    file.write_all_at(&big, 0).unwrap();
     file.sync_data().unwrap();
     drop(file);
     model.files.insert("d/sub/big".into(), Some(big));
     let keep = image.open_file("/d/keep").unwrap();
-    keep.write_at(1, b"EEP!").unwrap();
+    keep.write_all_at(b"EEP!", 1).unwrap();
     keep.sync_all().unwrap();
     model.files.insert("d/keep".into(), Some(b"kEEP!".to_vec()));
 }
@@ -118,11 +138,14 @@ fn fsync_of_a_directory_is_a_fast_commit_the_kernel_replays() {
     for block_size in ["1024", "4096"] {
         let dir = tempfile::tempdir().unwrap();
         let path = fast_commit_image(dir.path(), "dirsync", block_size);
-        let image = Image::open_with(&path, options()).unwrap();
-        image.create_dir("/d", 0o755).unwrap();
-        image.create_dir("/e", 0o755).unwrap();
-        image.write_file("/d/old", b"old\n").unwrap();
-        image.write_file("/d/moved", b"moved\n").unwrap();
+        let image = Image::options()
+            .mount_options(options())
+            .open(&path)
+            .unwrap();
+        image.create_dir("/d").unwrap();
+        image.create_dir("/e").unwrap();
+        image.write("/d/old", b"old\n").unwrap();
+        image.write("/d/moved", b"moved\n").unwrap();
         image.sync().unwrap();
         let before = image.fs().fast_commit_stats().expect("fast commits on");
         let mut model = Model {
@@ -130,7 +153,7 @@ fn fsync_of_a_directory_is_a_fast_commit_the_kernel_replays() {
         };
         for (name, seed) in [("a", 1), ("b", 2)] {
             let content = pattern(seed, 3000 * seed);
-            image.write_file(&format!("/d/{name}"), &content).unwrap();
+            image.write(&format!("/d/{name}"), &content).unwrap();
             model.files.insert(format!("d/{name}"), Some(content));
         }
         image.rename("/d/moved", "/d/renamed").unwrap();
@@ -141,7 +164,7 @@ fn fsync_of_a_directory_is_a_fast_commit_the_kernel_replays() {
         model.files.insert("d/a2".into(), Some(pattern(1, 3000)));
         image.remove_file("/d/old").unwrap();
         // Another directory's change: not the fsync's to make durable.
-        image.write_file("/e/elsewhere", b"not synced\n").unwrap();
+        image.write("/e/elsewhere", b"not synced\n").unwrap();
         image.sync_dir("/d").unwrap();
         assert!(matches!(
             image.sync_dir("/d/a"),
@@ -177,10 +200,13 @@ fn fsync_writes_fast_commits_that_the_kernel_replays() {
     for block_size in ["1024", "4096"] {
         let dir = tempfile::tempdir().unwrap();
         let path = fast_commit_image(dir.path(), "write", block_size);
-        let image = Image::open_with(&path, options()).unwrap();
-        image.create_dir("/d", 0o755).unwrap();
-        image.write_file("/d/old", b"old\n").unwrap();
-        image.write_file("/d/keep", b"keep\n").unwrap();
+        let image = Image::options()
+            .mount_options(options())
+            .open(&path)
+            .unwrap();
+        image.create_dir("/d").unwrap();
+        image.write("/d/old", b"old\n").unwrap();
+        image.write("/d/keep", b"keep\n").unwrap();
         image.sync().unwrap();
         let mut model = Model {
             files: BTreeMap::from([

@@ -373,7 +373,7 @@ fn readdir_cookies_resume() {
                 );
             }
         }
-        let written = opened.write_file("/few/new", b"x");
+        let written = opened.write("/few/new", b"x");
         assert!(written.is_err(), "{name}: a write on a read-only mount");
         opened.close().unwrap();
     }

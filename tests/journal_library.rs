@@ -7,6 +7,8 @@ mod common;
 
 use jext4::api::Image;
 use jext4::fs::MountOptions;
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 fn journal(image: &Image) -> jext4::journal::Jbd2Stats {
@@ -30,14 +32,14 @@ fn freed_directory_blocks_are_revoked() {
         let dir = tempfile::tempdir().unwrap();
         let path = common::mkfs(dir.path(), name, 16, args);
         let image = Image::open(&path).unwrap();
-        image.create_dir("/d", 0o755).unwrap();
+        image.create_dir("/d").unwrap();
         for index in 0..200 {
             image
-                .write_file(&format!("/d/an-entry-with-a-long-name-{index:04}"), b"x")
+                .write(&format!("/d/an-entry-with-a-long-name-{index:04}"), b"x")
                 .unwrap();
         }
         image.sync().unwrap();
-        let dir_blocks = image.metadata("/d").unwrap().size / 1024;
+        let dir_blocks = image.metadata("/d").unwrap().len() / 1024;
         assert!(dir_blocks >= 4, "the directory has {dir_blocks} blocks");
         for index in 0..200 {
             image
@@ -78,18 +80,27 @@ fn concurrent_library_workload_never_trips_the_guard() {
         cache_size: 1 << 20,
         ..MountOptions::default()
     };
-    let image = Image::open_with(&path, options).unwrap();
+    let image = Image::options().mount_options(options).open(&path).unwrap();
     std::thread::scope(|scope| {
         for thread in 0..4 {
             let image = &image;
             scope.spawn(move || {
                 let top = format!("/w{thread}");
-                image.create_dir(&top, 0o755).unwrap();
+                image.create_dir(&top).unwrap();
                 for round in 0..150 {
                     let name = format!("{top}/f{round}");
-                    let file = image.create(&name, 0o644).unwrap();
+                    let file = image
+                        .open_with(
+                            &name,
+                            jext4::OpenOptions::new()
+                                .read(true)
+                                .write(true)
+                                .create(true)
+                                .mode(0o644),
+                        )
+                        .unwrap();
                     let data = vec![(round + thread) as u8; 100 + (round * 37) % 5000];
-                    file.write_at(0, &data).unwrap();
+                    file.write_all_at(&data, 0).unwrap();
                     if round % 5 == 0 {
                         file.sync_all().unwrap();
                     }
@@ -101,10 +112,10 @@ fn concurrent_library_workload_never_trips_the_guard() {
                         // A directory of several blocks, then its removal
                         // (revokes of directory blocks).
                         let sub = format!("{top}/sub{round}");
-                        image.create_dir(&sub, 0o755).unwrap();
+                        image.create_dir(&sub).unwrap();
                         for entry in 0..60 {
                             image
-                                .write_file(&format!("{sub}/a-long-entry-name-{entry:03}"), b"y")
+                                .write(&format!("{sub}/a-long-entry-name-{entry:03}"), b"y")
                                 .unwrap();
                         }
                         for entry in 0..60 {
@@ -514,8 +525,8 @@ fn an_idle_commit_thread_sleeps() {
         commit_interval: Duration::from_millis(50),
         ..MountOptions::default()
     };
-    let image = Image::open_with(&path, options).unwrap();
-    image.write_file("/a", b"one").unwrap();
+    let image = Image::options().mount_options(options).open(&path).unwrap();
+    image.write("/a", b"one").unwrap();
     image.sync().unwrap();
     let before = journal(&image).thread_rounds;
     std::thread::sleep(Duration::from_millis(600));

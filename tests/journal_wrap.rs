@@ -15,6 +15,7 @@ use common::server::{KeepOnPanic, Server, fuse_available, replay_both};
 use common::workload::{self, Rng};
 use jext4::journal::format::JournalSuperblock;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -250,13 +251,22 @@ fn library_workload_wraps_the_smallest_journal() {
     let path = common::mkfs(dir.path(), "libwrap", 32, SMALLEST_JOURNAL);
     let image = Image::open(&path).unwrap();
     let mut rng = Rng::new(7);
-    image.create_dir("/d", 0o755).unwrap();
+    image.create_dir("/d").unwrap();
     for round in 0..3000u32 {
         let name = format!("/d/f{}", round % 400);
-        let file = image.create(&name, 0o644).unwrap();
+        let file = image
+            .open_with(
+                &name,
+                jext4::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .mode(0o644),
+            )
+            .unwrap();
         file.set_len(0).unwrap();
         let len = rng.below(6000) as usize;
-        file.write_at(0, &rng.bytes(len)).unwrap();
+        file.write_all_at(&rng.bytes(len), 0).unwrap();
         file.sync_all().unwrap();
         drop(file);
         if round % 7 == 0 {

@@ -16,6 +16,8 @@ use common::e2e;
 use common::nbd::{Listen, NbdServer, servers_available};
 use jext4::api::Image;
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,10 +46,19 @@ fn fsync_until_error(
         }
         let name = format!("/f{n}");
         let data = content(n);
-        let result = image.create(&name, 0o644).and_then(|file| {
-            file.write_at(0, &data)?;
-            file.sync_all()
-        });
+        let result = image
+            .open_with(
+                &name,
+                jext4::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .mode(0o644),
+            )
+            .and_then(|file| {
+                file.write_all_at(&data, 0)?;
+                file.sync_all()
+            });
         match result {
             Ok(()) => {
                 durable.insert(name, data);
@@ -64,7 +75,7 @@ fn assert_read_only(image: &Image) {
         image.fs().is_read_only(),
         "the filesystem is still writable"
     );
-    let error = image.create_dir("/after", 0o755).unwrap_err();
+    let error = image.create_dir("/after").unwrap_err();
     assert_eq!(error.errno(), libc::EROFS, "{error}");
 }
 
@@ -75,10 +86,10 @@ fn assert_recovered_with(raw: &Path, durable: &Durable) {
         read_only: true,
         ..Default::default()
     };
-    let image = Image::open_with(raw, options).unwrap();
+    let image = Image::options().mount_options(options).open(raw).unwrap();
     for (name, data) in durable {
         let read = image
-            .read_file(name)
+            .read(name)
             .unwrap_or_else(|error| panic!("{name}, fsync'd before the fault: {error}"));
         assert!(&read == data, "{name}: content differs");
     }
@@ -223,7 +234,7 @@ fn delayed_server() {
     let mut durable = Durable::new();
     for n in 0..10 {
         let name = format!("/f{n}");
-        image.write_file(&name, &content(n)).unwrap();
+        image.write(&name, &content(n)).unwrap();
         image.open_file(&name).unwrap().sync_all().unwrap();
         durable.insert(name, content(n));
     }
@@ -431,10 +442,25 @@ fn restart_after_writes(read_back: bool) {
     );
     let image = Image::open(server.uri_with("", "x-reconnect-timeout=10")).unwrap();
     let big = e2e::pattern(99, 10 << 20);
-    let file = image.create("/big", 0o644).unwrap();
-    file.write_at(0, &big).unwrap();
+    let file = image
+        .open_with(
+            "/big",
+            jext4::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o644),
+        )
+        .unwrap();
+    file.write_all_at(&big, 0).unwrap();
     if read_back {
-        assert!(file.read_at(0, big.len()).unwrap() == big);
+        assert!(
+            {
+                let mut back = vec![0; big.len()];
+                file.read_exact_at(&mut back, 0).unwrap();
+                back
+            } == big
+        );
     }
     server.kill9();
     server.start();
@@ -484,11 +510,11 @@ fn a_server_restarted_on_another_image_is_never_written_to() {
     let mut durable = Durable::new();
     for n in 0..20 {
         let name = format!("/f{n}");
-        image.write_file(&name, &content(n)).unwrap();
+        image.write(&name, &content(n)).unwrap();
         image.open_file(&name).unwrap().sync_all().unwrap();
         durable.insert(name, content(n));
     }
-    image.write_file("/unsynced", &content(99)).unwrap();
+    image.write("/unsynced", &content(99)).unwrap();
     server.kill9();
     drop(server);
     let swapped = serve(&other);

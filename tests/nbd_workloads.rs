@@ -12,6 +12,8 @@ use common::e2e::{self, KernelMount};
 use common::nbd::{Listen, NbdServer, download, servers_available, upload};
 use jext4::api::Image;
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 const FLAVOURS: &[&str] = &["ext2-1k", "ext3-4k", "ext4-1k", "ext4-4k"];
@@ -142,7 +144,7 @@ fn library_workload(image: &Image, seed: u64) -> Tree {
     let mut rng = common::workload::Rng::new(seed);
     let mut tree = Tree::new();
     for dir in ["a", "a/b", "a/b/c", "d"] {
-        image.create_dir(&format!("/{dir}"), 0o755).unwrap();
+        image.create_dir(&format!("/{dir}")).unwrap();
         tree.insert(dir.into(), Entry::Dir);
     }
     for n in 0..120 {
@@ -154,10 +156,19 @@ fn library_workload(image: &Image, seed: u64) -> Tree {
             _ => rng.below(20_000) as usize,
         };
         let data = rng.bytes(len);
-        let file = image.create(&format!("/{path}"), 0o644).unwrap();
+        let file = image
+            .open_with(
+                &format!("/{path}"),
+                jext4::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .mode(0o644),
+            )
+            .unwrap();
         // In pieces, so that files grow over several writes.
         for (index, piece) in data.chunks(256 * 1024).enumerate() {
-            file.write_at(index as u64 * 256 * 1024, piece).unwrap();
+            file.write_all_at(piece, index as u64 * 256 * 1024).unwrap();
         }
         if n % 7 == 0 {
             file.sync_all().unwrap();

@@ -369,7 +369,7 @@ impl Unpacker<'_> {
                 )?;
                 let ino = self
                     .image
-                    .inode_of(&super::imagepath::join(&self.dest, &target), false)?;
+                    .inode_of(super::imagepath::join(&self.dest, &target), false)?;
                 self.replace(parent, &name)?;
                 self.fs.link(ino, parent, &name, self.caller)?;
                 return Ok(());

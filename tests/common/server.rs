@@ -371,30 +371,36 @@ fn compare_journal_only_replays(crash: &Path) {
 /// (path, kind, size, CRC32C of the content or link target).
 pub fn image_tree(image: &Path) -> Vec<(String, String, u64, u32)> {
     use jext4::fs::FileKind;
+    use std::os::unix::ffi::OsStringExt;
     let options = jext4::fs::MountOptions {
         read_only: true,
         ..jext4::fs::MountOptions::default()
     };
-    let fs = jext4::api::Image::open_with(image, options)
+    let fs = jext4::api::Image::options()
+        .mount_options(options)
+        .open(image)
         .unwrap_or_else(|e| panic!("read-only open of {}: {e}", image.display()));
     let mut entries = Vec::new();
     let mut pending = vec![String::new()];
     while let Some(dir) = pending.pop() {
         assert!(entries.len() < 10_000_000, "directory walk does not end");
-        for entry in fs.read_dir(&format!("/{dir}")).unwrap() {
-            let path = format!("{dir}/{}", String::from_utf8_lossy(&entry.name));
+        for entry in fs.read_dir(format!("/{dir}")).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            let path = format!("{dir}/{}", name.to_string_lossy());
             let attr = fs.symlink_metadata(&path).unwrap();
-            let content = match entry.kind {
+            let kind = attr.attr().kind;
+            let content = match kind {
                 FileKind::Directory => {
                     pending.push(path.clone());
                     Vec::new()
                 }
-                FileKind::Regular => fs.read_file(&path).unwrap(),
-                FileKind::Symlink => fs.read_link(&path).unwrap(),
+                FileKind::Regular => fs.read(&path).unwrap(),
+                FileKind::Symlink => fs.read_link(&path).unwrap().into_os_string().into_vec(),
                 _ => Vec::new(),
             };
             let checksum = jext4::format::csum::crc32c_raw(!0, &content);
-            entries.push((path, format!("{:?}", entry.kind), attr.size, checksum));
+            entries.push((path, format!("{kind:?}"), attr.len(), checksum));
         }
     }
     entries.sort();

@@ -520,17 +520,19 @@ pub fn space_report(path: &Path) -> String {
 /// of names checked.
 pub fn verify_model(image: &Path, under: &str, model: &Model) -> usize {
     use jext4::api::Image;
-    use jext4::fs::{FileKind, MountOptions};
+    use jext4::fs::MountOptions;
     let options = MountOptions {
         read_only: true,
         ..MountOptions::default()
     };
-    let fs = Image::open_with(image, options)
+    let fs = Image::options()
+        .mount_options(options)
+        .open(image)
         .unwrap_or_else(|e| panic!("read-only open of {}: {e}", image.display()));
     let mut checked = 0;
     for (name, expect) in model {
         let name = &format!("{under}/{name}");
-        let found = fs.read_file(name);
+        let found = fs.read(name);
         match (expect, found) {
             (Expect::Present(content), Ok(bytes)) => {
                 if bytes != *content {
@@ -569,15 +571,17 @@ pub fn verify_model(image: &Path, under: &str, model: &Model) -> usize {
             .read_dir(&dir)
             .unwrap_or_else(|e| panic!("readdir {dir}: {e}"))
         {
+            let entry = entry.unwrap_or_else(|e| panic!("readdir {dir}: {e}"));
             let path = format!(
                 "{}/{}",
                 dir.trim_end_matches('/'),
-                String::from_utf8_lossy(&entry.name)
+                entry.file_name().to_string_lossy()
             );
-            match entry.kind {
-                FileKind::Directory => pending.push(path),
-                FileKind::Regular => {
-                    fs.read_file(&path)
+            let kind = entry.file_type().unwrap();
+            match () {
+                _ if kind.is_dir() => pending.push(path),
+                _ if kind.is_file() => {
+                    fs.read(&path)
                         .unwrap_or_else(|e| panic!("read {path}: {e}"));
                 }
                 _ => {}

@@ -18,6 +18,7 @@ use jext4::api::Image;
 use jext4::fs::{Caller, FALLOC_FL_KEEP_SIZE, MountOptions};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -499,15 +500,25 @@ impl Filling for JextFill<'_> {
             .has_incompat(jext4::format::superblock::incompat::EXTENTS)
     }
     fn mkdir(&mut self, path: &str) {
-        self.image.create_dir(path, 0o755).unwrap();
+        self.image.create_dir(path).unwrap();
     }
     fn write(&mut self, path: &str, offset: u64, data: &[u8]) {
         let file = match self.image.open_file(path) {
             Ok(file) => file,
-            Err(_) => self.image.create(path, 0o644).unwrap(),
+            Err(_) => self
+                .image
+                .open_with(
+                    path,
+                    jext4::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .mode(0o644),
+                )
+                .unwrap(),
         };
         if !data.is_empty() {
-            assert_eq!(file.write_at(offset, data).unwrap(), data.len());
+            assert_eq!(file.write_at(data, offset).unwrap(), data.len());
         }
     }
     fn symlink(&mut self, target: &str, path: &str) {
@@ -529,7 +540,7 @@ impl Filling for JextFill<'_> {
             .image
             .metadata(if parent.is_empty() { "/" } else { parent });
         fs.mknod(
-            parent.unwrap().ino,
+            parent.unwrap().attr().ino,
             name.as_bytes(),
             0o010644,
             0,
@@ -538,7 +549,7 @@ impl Filling for JextFill<'_> {
         .unwrap();
     }
     fn preallocate(&mut self, path: &str, offset: u64, len: u64) {
-        let ino = self.image.metadata(path).unwrap().ino;
+        let ino = self.image.metadata(path).unwrap().attr().ino;
         self.image
             .fs()
             .fallocate(ino, offset, len, FALLOC_FL_KEEP_SIZE, Caller::ROOT)
@@ -548,7 +559,10 @@ impl Filling for JextFill<'_> {
 
 fn fill_with_jext4(path: &Path, spec: &SeedSpec, orphans: bool) -> bool {
     let options = MountOptions::default();
-    let image = Image::open_with(path, options).expect("mounting a fresh seed with jext4");
+    let image = Image::options()
+        .mount_options(options)
+        .open(path)
+        .expect("mounting a fresh seed with jext4");
     fill(&mut JextFill { image: &image }, spec.two_level_htree);
     if orphans {
         // Open files, unlink them, make everything durable, and keep a copy
@@ -556,8 +570,18 @@ fn fill_with_jext4(path: &Path, spec: &SeedSpec, orphans: bool) -> bool {
         let names = ["/orphan-a", "/orphan-b", "/dir1/orphan-c"];
         let mut open = Vec::new();
         for (i, name) in names.iter().enumerate() {
-            let file = image.create(name, 0o644).unwrap();
-            file.write_at(0, &pattern(5000 * (i + 1), i as u8)).unwrap();
+            let file = image
+                .open_with(
+                    name,
+                    jext4::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .mode(0o644),
+                )
+                .unwrap();
+            file.write_all_at(&pattern(5000 * (i + 1), i as u8), 0)
+                .unwrap();
             open.push(file);
         }
         for name in names {

@@ -185,8 +185,11 @@ impl Session {
         if let Some(sb) = self.sb {
             options.sb = sb;
         }
-        let image =
-            Image::open_with(path, options).map_err(|e| format!("{}: {e}", path.display()))?;
+        let image = Image::options()
+            .mount_options(options)
+            .umask(0)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         self.images.push((path.to_path_buf(), image));
         Ok(&self.images.last().expect("just pushed").1)
     }
@@ -345,7 +348,7 @@ fn copy_sources_in(
         ));
     }
     let image = session.image(&dest.image)?;
-    let dest_attr = image.metadata(dest.trimmed());
+    let dest_attr = stat_path(image, dest.trimmed());
     let dest_is_dir = matches!(&dest_attr, Ok(attr) if attr.kind == jext4::fs::FileKind::Directory);
     if sources.len() > 1 && !dest_is_dir {
         return Err(format!("target '{}' is not a directory", display(dest)));
@@ -430,7 +433,7 @@ fn copy_sources_out(
     let mut failed = Vec::new();
     for source in &parsed {
         let image = session.image(&source.image)?;
-        let attr = match image.symlink_metadata(source.trimmed()) {
+        let attr = match lstat_path(image, source.trimmed()) {
             Ok(attr) => attr,
             Err(error) => {
                 failed.push(format!(
@@ -530,4 +533,23 @@ mod tests {
             );
         }
     }
+}
+
+/// `stat` of an image path, as the engine's attributes (what the listing
+/// and `stat` formats print).
+fn stat_path(
+    image: &Image,
+    path: impl AsRef<std::path::Path>,
+) -> Result<jext4::fs::Attr, jext4::Error> {
+    image.metadata(path).map(|metadata| metadata.attr().clone())
+}
+
+/// `lstat` of an image path, as the engine's attributes.
+fn lstat_path(
+    image: &Image,
+    path: impl AsRef<std::path::Path>,
+) -> Result<jext4::fs::Attr, jext4::Error> {
+    image
+        .symlink_metadata(path)
+        .map(|metadata| metadata.attr().clone())
 }

@@ -277,7 +277,7 @@ fn ls(verb: &mut Verb<'_>, args: &LsArgs) {
         let Some((path, image)) = verb.open(arg) else {
             continue;
         };
-        match image.metadata(path.trimmed()) {
+        match stat_path(image, path.trimmed()) {
             Ok(attr) if is_dir(&attr) && !args.directory => directories.push((arg.clone(), path)),
             Ok(attr) => files.push((arg.clone(), path, attr)),
             Err(error) => verb.say(2, format!("cannot access '{arg}': {}", describe(&error))),
@@ -346,12 +346,13 @@ fn ls_directory(
     args: &LsArgs,
     path: &ImagePath,
 ) -> Result<(Vec<String>, Vec<String>), Error> {
-    let mut names: Vec<String> = image
-        .read_dir(path.trimmed())?
-        .into_iter()
-        .map(|entry| String::from_utf8_lossy(&entry.name).into_owned())
-        .filter(|name| args.all || !name.starts_with('.'))
-        .collect();
+    let mut names = Vec::new();
+    for entry in image.read_dir(path.trimmed())? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if args.all || !name.starts_with('.') {
+            names.push(name);
+        }
+    }
     if args.all {
         names.push(".".into());
         names.push("..".into());
@@ -362,7 +363,7 @@ fn ls_directory(
     let mut total_blocks = 0;
     for name in &names {
         let child = join(&path.path, name);
-        let attr = image.symlink_metadata(&child)?;
+        let attr = lstat_path(image, &child)?;
         total_blocks += attr.blocks / 2;
         if args.recursive && is_dir(&attr) && name != "." && name != ".." {
             subdirectories.push(name.clone());
@@ -398,7 +399,7 @@ fn ls_line(image: &Image, long: bool, shown: &str, path: &str, attr: &Attr) -> S
     );
     if attr.kind == FileKind::Symlink {
         if let Ok(target) = image.read_link(path) {
-            line.push_str(&format!(" -> {}", String::from_utf8_lossy(&target)));
+            line.push_str(&format!(" -> {}", target.to_string_lossy()));
         }
     }
     line
@@ -475,17 +476,15 @@ fn cat(verb: &mut Verb<'_>, paths: &[String]) {
             continue;
         };
         let copied = (|| -> Result<(), Error> {
-            let file = image.open_file(path.trimmed())?;
-            let size = file.metadata()?.size;
+            let mut file = image.open_file(path.trimmed())?;
             let mut out = std::io::stdout().lock();
-            let mut offset = 0;
-            while offset < size {
-                let bytes = file.read_at(offset, CHUNK_BYTES.min((size - offset) as usize))?;
-                if bytes.is_empty() {
+            let mut buffer = vec![0u8; CHUNK_BYTES];
+            loop {
+                let got = std::io::Read::read(&mut file, &mut buffer)?;
+                if got == 0 {
                     break;
                 }
-                out.write_all(&bytes)?;
-                offset += bytes.len() as u64;
+                out.write_all(&buffer[..got])?;
             }
             out.flush()?;
             Ok(())
@@ -501,12 +500,12 @@ fn stat(verb: &mut Verb<'_>, paths: &[String]) {
         let Some((path, image)) = verb.open(arg) else {
             continue;
         };
-        match image.symlink_metadata(path.trimmed()) {
+        match lstat_path(image, path.trimmed()) {
             Ok(attr) => {
                 let mut shown = arg.clone();
                 if attr.kind == FileKind::Symlink {
                     if let Ok(target) = image.read_link(path.trimmed()) {
-                        shown = format!("{arg} -> {}", String::from_utf8_lossy(&target));
+                        shown = format!("{arg} -> {}", target.to_string_lossy());
                     }
                 }
                 print!("{}", stat_text(&shown, &attr));
@@ -568,14 +567,25 @@ fn mkdir(verb: &mut Verb<'_>, args: &MkdirArgs) {
             continue;
         };
         let made = match args.parents {
-            true => image.create_dir_all(path.trimmed()).and_then(|()| {
-                match image.metadata(path.trimmed()) {
+            // Parents 0755, as before the std-shaped API (the CLI's image
+            // has no umask).
+            true => image
+                .create_dir_with(
+                    path.trimmed(),
+                    std::os::unix::fs::DirBuilderExt::mode(
+                        jext4::DirBuilder::new().recursive(true),
+                        0o755,
+                    ),
+                )
+                .and_then(|()| match stat_path(image, path.trimmed()) {
                     Ok(attr) if is_dir(&attr) => Ok(()),
                     Ok(_) => Err(Error::Exists),
                     Err(error) => Err(error),
-                }
-            }),
-            false => image.create_dir(path.trimmed(), mode).map(|_| ()),
+                }),
+            false => image.create_dir_with(
+                path.trimmed(),
+                std::os::unix::fs::DirBuilderExt::mode(&mut jext4::DirBuilder::new(), mode.into()),
+            ),
         };
         if let Err(error) = made {
             verb.say(
@@ -609,7 +619,7 @@ fn rm(verb: &mut Verb<'_>, args: &RmArgs) {
             );
             continue;
         }
-        let removed = match image.symlink_metadata(path.trimmed()) {
+        let removed = match lstat_path(image, path.trimmed()) {
             Ok(attr) if is_dir(&attr) && args.recursive => image.remove_dir_all(path.trimmed()),
             Ok(attr) if is_dir(&attr) && args.dir => image.remove_dir(path.trimmed()),
             Ok(attr) if is_dir(&attr) => Err(Error::IsDirectory),
@@ -626,7 +636,7 @@ fn rm(verb: &mut Verb<'_>, args: &RmArgs) {
 
 /// Where a source lands given a destination that may be a directory.
 fn into_directory(image: &Image, dest: &ImagePath, source: &ImagePath) -> String {
-    match image.metadata(dest.trimmed()) {
+    match stat_path(image, dest.trimmed()) {
         Ok(attr) if is_dir(&attr) => join(&dest.path, file_name(&source.path)),
         _ => dest.trimmed().to_string(),
     }
@@ -637,7 +647,7 @@ fn mv(verb: &mut Verb<'_>, paths: &[String]) {
     let Some((dest, image)) = verb.open(dest_arg) else {
         return;
     };
-    let dest_is_dir = matches!(image.metadata(dest.trimmed()), Ok(attr) if is_dir(&attr));
+    let dest_is_dir = matches!(stat_path(image, dest.trimmed()), Ok(attr) if is_dir(&attr));
     if sources.len() > 1 && !dest_is_dir {
         return verb.say(1, format!("target '{dest_arg}' is not a directory"));
     }
@@ -652,7 +662,7 @@ fn mv(verb: &mut Verb<'_>, paths: &[String]) {
             );
             continue;
         }
-        if let Err(error) = image.symlink_metadata(source.trimmed()) {
+        if let Err(error) = lstat_path(image, source.trimmed()) {
             verb.say(1, format!("cannot stat '{arg}': {}", describe(&error)));
             continue;
         }
@@ -698,7 +708,7 @@ fn ln(verb: &mut Verb<'_>, args: &LnArgs) {
     }
     let made = match args.symbolic {
         true => image.symlink(&target, &at).map(|_| ()),
-        false => match image.symlink_metadata(&target) {
+        false => match lstat_path(image, &target) {
             Err(error) => {
                 return verb.say(
                     1,
@@ -884,7 +894,10 @@ fn touch(verb: &mut Verb<'_>, args: &TouchArgs) {
             Err(Error::NotFound) if args.no_create => Ok(()),
             Err(Error::NotFound) => {
                 let mode = 0o666 & !jext4::tools::host::umask();
-                image.create(path.trimmed(), mode).and_then(|file| {
+                let mut options = jext4::OpenOptions::new();
+                options.write(true).create(true);
+                std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode.into());
+                image.open_with(path.trimmed(), &options).and_then(|file| {
                     let ino = image.inode_of(path.trimmed(), true)?;
                     drop(file);
                     image
@@ -925,18 +938,20 @@ fn xattr(verb: &mut Verb<'_>, args: &XattrArgs) {
     let at = path.trimmed();
     let name = &args.args[0];
     let done = match args.action.as_str() {
-        "get" => image.get_xattr(at, name).map(|value| {
+        "get" => image.xattr(at, name).and_then(|value| {
+            let value = value.ok_or(Error::NoAttribute)?;
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(&value);
             if value.last() != Some(&b'\n') && std::str::from_utf8(&value).is_ok() {
                 let _ = out.write_all(b"\n");
             }
+            Ok(())
         }),
         "set" => image.set_xattr(at, name, args.args[1].as_bytes()),
         "remove" => image.remove_xattr(at, name),
         _ => image.list_xattr(at).map(|names| {
             for name in names {
-                println!("{}", String::from_utf8_lossy(&name));
+                println!("{}", name.to_string_lossy());
             }
         }),
     };
@@ -1120,4 +1135,23 @@ mod tests {
         assert_eq!(civil(0), ("1970-01-01".into(), "00:00:00".into()));
         assert_eq!(civil(951_782_400).0, "2000-02-29");
     }
+}
+
+/// `stat` of an image path, as the engine's attributes (what the listing
+/// and `stat` formats print).
+fn stat_path(
+    image: &Image,
+    path: impl AsRef<std::path::Path>,
+) -> Result<jext4::fs::Attr, jext4::Error> {
+    image.metadata(path).map(|metadata| metadata.attr().clone())
+}
+
+/// `lstat` of an image path, as the engine's attributes.
+fn lstat_path(
+    image: &Image,
+    path: impl AsRef<std::path::Path>,
+) -> Result<jext4::fs::Attr, jext4::Error> {
+    image
+        .symlink_metadata(path)
+        .map(|metadata| metadata.attr().clone())
 }
