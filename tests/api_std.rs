@@ -882,6 +882,7 @@ fn apply_std(root: &Path, op: &Op) -> String {
             std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
+                .truncate(false)
                 .open(at(p))
                 .map(drop),
         ),

@@ -185,14 +185,14 @@ fn remove_dir_all_removes_a_tree_and_gives_the_space_back() {
     for level in 0..40 {
         image.create_dir(&deep).unwrap();
         image
-            .write(&format!("{deep}/f{level}"), &vec![level as u8; 3000])
+            .write(format!("{deep}/f{level}"), vec![level as u8; 3000])
             .unwrap();
         image
-            .symlink("../somewhere", &format!("{deep}/link"))
+            .symlink("../somewhere", format!("{deep}/link"))
             .unwrap();
         image
             .create_dir_with(
-                &format!("{deep}/empty"),
+                format!("{deep}/empty"),
                 jext4::DirBuilder::new().mode(0o700),
             )
             .unwrap();

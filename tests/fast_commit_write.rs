@@ -153,7 +153,7 @@ fn fsync_of_a_directory_is_a_fast_commit_the_kernel_replays() {
         };
         for (name, seed) in [("a", 1), ("b", 2)] {
             let content = pattern(seed, 3000 * seed);
-            image.write(&format!("/d/{name}"), &content).unwrap();
+            image.write(format!("/d/{name}"), &content).unwrap();
             model.files.insert(format!("d/{name}"), Some(content));
         }
         image.rename("/d/moved", "/d/renamed").unwrap();

@@ -92,7 +92,7 @@ fn a_damaged_inode_is_refused_beside_a_verified_one() {
         .expect("two of the files share a table block");
     damage_inode(&path, locations[pair + 1], 1024);
     let image = Image::open(&path).unwrap();
-    let good = image.metadata(&format!("/{}", names[pair])).unwrap();
+    let good = image.metadata(format!("/{}", names[pair])).unwrap();
     assert_eq!(good.len(), 0);
     assert_checksum_error(
         image
@@ -134,7 +134,7 @@ fn an_inode_damaged_behind_the_mount_is_refused_after_eviction() {
     assert_eq!(image.metadata("/victim").unwrap().len(), 0);
     let evictions = image.fs().cache_stats().evictions;
     for name in &names[..FILLERS] {
-        image.metadata(&format!("/{name}")).unwrap();
+        image.metadata(format!("/{name}")).unwrap();
     }
     assert!(image.fs().cache_stats().evictions >= evictions + capacity);
     assert_checksum_error(

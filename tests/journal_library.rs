@@ -35,7 +35,7 @@ fn freed_directory_blocks_are_revoked() {
         image.create_dir("/d").unwrap();
         for index in 0..200 {
             image
-                .write(&format!("/d/an-entry-with-a-long-name-{index:04}"), b"x")
+                .write(format!("/d/an-entry-with-a-long-name-{index:04}"), b"x")
                 .unwrap();
         }
         image.sync().unwrap();
@@ -43,7 +43,7 @@ fn freed_directory_blocks_are_revoked() {
         assert!(dir_blocks >= 4, "the directory has {dir_blocks} blocks");
         for index in 0..200 {
             image
-                .remove_file(&format!("/d/an-entry-with-a-long-name-{index:04}"))
+                .remove_file(format!("/d/an-entry-with-a-long-name-{index:04}"))
                 .unwrap();
         }
         image.sync().unwrap();
@@ -106,7 +106,7 @@ fn concurrent_library_workload_never_trips_the_guard() {
                     }
                     drop(file);
                     if round % 3 == 0 {
-                        image.rename(&name, &format!("{top}/r{round}")).unwrap();
+                        image.rename(&name, format!("{top}/r{round}")).unwrap();
                     }
                     if round % 30 == 29 {
                         // A directory of several blocks, then its removal
@@ -115,12 +115,12 @@ fn concurrent_library_workload_never_trips_the_guard() {
                         image.create_dir(&sub).unwrap();
                         for entry in 0..60 {
                             image
-                                .write(&format!("{sub}/a-long-entry-name-{entry:03}"), b"y")
+                                .write(format!("{sub}/a-long-entry-name-{entry:03}"), b"y")
                                 .unwrap();
                         }
                         for entry in 0..60 {
                             image
-                                .remove_file(&format!("{sub}/a-long-entry-name-{entry:03}"))
+                                .remove_file(format!("{sub}/a-long-entry-name-{entry:03}"))
                                 .unwrap();
                         }
                         image.remove_dir(&sub).unwrap();

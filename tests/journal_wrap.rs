@@ -271,7 +271,7 @@ fn library_workload_wraps_the_smallest_journal() {
         drop(file);
         if round % 7 == 0 {
             image
-                .remove_file(&format!("/d/f{}", rng.below(400)))
+                .remove_file(format!("/d/f{}", rng.below(400)))
                 .or_else(|e| match e {
                     jext4::Error::NotFound => Ok(()),
                     e => Err(e),

@@ -234,7 +234,7 @@ fn delayed_server() {
     let mut durable = Durable::new();
     for n in 0..10 {
         let name = format!("/f{n}");
-        image.write(&name, &content(n)).unwrap();
+        image.write(&name, content(n)).unwrap();
         image.open_file(&name).unwrap().sync_all().unwrap();
         durable.insert(name, content(n));
     }
@@ -510,11 +510,11 @@ fn a_server_restarted_on_another_image_is_never_written_to() {
     let mut durable = Durable::new();
     for n in 0..20 {
         let name = format!("/f{n}");
-        image.write(&name, &content(n)).unwrap();
+        image.write(&name, content(n)).unwrap();
         image.open_file(&name).unwrap().sync_all().unwrap();
         durable.insert(name, content(n));
     }
-    image.write("/unsynced", &content(99)).unwrap();
+    image.write("/unsynced", content(99)).unwrap();
     server.kill9();
     drop(server);
     let swapped = serve(&other);

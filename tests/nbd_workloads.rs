@@ -144,7 +144,7 @@ fn library_workload(image: &Image, seed: u64) -> Tree {
     let mut rng = common::workload::Rng::new(seed);
     let mut tree = Tree::new();
     for dir in ["a", "a/b", "a/b/c", "d"] {
-        image.create_dir(&format!("/{dir}")).unwrap();
+        image.create_dir(format!("/{dir}")).unwrap();
         tree.insert(dir.into(), Entry::Dir);
     }
     for n in 0..120 {
@@ -158,7 +158,7 @@ fn library_workload(image: &Image, seed: u64) -> Tree {
         let data = rng.bytes(len);
         let file = image
             .open_with(
-                &format!("/{path}"),
+                format!("/{path}"),
                 jext4::OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -179,7 +179,7 @@ fn library_workload(image: &Image, seed: u64) -> Tree {
         let path = format!("{}/f{n}", ["a", "a/b", "a/b/c", "d"][n % 4]);
         let renamed = format!("d/r{n}");
         image
-            .rename(&format!("/{path}"), &format!("/{renamed}"))
+            .rename(format!("/{path}"), format!("/{renamed}"))
             .unwrap();
         let entry = tree.remove(&path).unwrap();
         tree.insert(renamed, entry);
@@ -187,12 +187,12 @@ fn library_workload(image: &Image, seed: u64) -> Tree {
     for n in (3..120).step_by(11) {
         let path = format!("{}/f{n}", ["a", "a/b", "a/b/c", "d"][n % 4]);
         if tree.remove(&path).is_some() {
-            image.remove_file(&format!("/{path}")).unwrap();
+            image.remove_file(format!("/{path}")).unwrap();
         }
     }
     let long_target = "t/".repeat(40);
     for (name, target) in [("a/short", "b/c"), ("d/long", long_target.as_str())] {
-        image.symlink(target, &format!("/{name}")).unwrap();
+        image.symlink(target, format!("/{name}")).unwrap();
         tree.insert(name.into(), Entry::Symlink(target.as_bytes().to_vec()));
     }
     image.sync().unwrap();

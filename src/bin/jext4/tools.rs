@@ -518,23 +518,6 @@ pub fn with_progress<R>(progress: &Progress, work: impl FnOnce() -> R) -> R {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_verb_is_known_not_to_be_a_mount_helper_call() {
-        use clap::CommandFactory;
-        let command = super::super::Cli::command();
-        command.clone().debug_assert();
-        for verb in command.get_subcommands() {
-            assert!(
-                jext4::fuse::helper::SUBCOMMANDS.contains(&verb.get_name()),
-                "jext4 {} would be taken for a mount helper call",
-                verb.get_name()
-            );
-        }
-    }
-}
-
 /// `stat` of an image path, as the engine's attributes (what the listing
 /// and `stat` formats print).
 fn stat_path(
@@ -552,4 +535,21 @@ fn lstat_path(
     image
         .symlink_metadata(path)
         .map(|metadata| metadata.attr().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_verb_is_known_not_to_be_a_mount_helper_call() {
+        use clap::CommandFactory;
+        let command = super::super::Cli::command();
+        command.clone().debug_assert();
+        for verb in command.get_subcommands() {
+            assert!(
+                jext4::fuse::helper::SUBCOMMANDS.contains(&verb.get_name()),
+                "jext4 {} would be taken for a mount helper call",
+                verb.get_name()
+            );
+        }
+    }
 }

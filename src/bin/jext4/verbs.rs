@@ -1109,6 +1109,25 @@ fn split_words(line: &str) -> Result<Vec<String>, String> {
     Ok(words)
 }
 
+/// `stat` of an image path, as the engine's attributes (what the listing
+/// and `stat` formats print).
+fn stat_path(
+    image: &Image,
+    path: impl AsRef<std::path::Path>,
+) -> Result<jext4::fs::Attr, jext4::Error> {
+    image.metadata(path).map(|metadata| metadata.attr().clone())
+}
+
+/// `lstat` of an image path, as the engine's attributes.
+fn lstat_path(
+    image: &Image,
+    path: impl AsRef<std::path::Path>,
+) -> Result<jext4::fs::Attr, jext4::Error> {
+    image
+        .symlink_metadata(path)
+        .map(|metadata| metadata.attr().clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1135,23 +1154,4 @@ mod tests {
         assert_eq!(civil(0), ("1970-01-01".into(), "00:00:00".into()));
         assert_eq!(civil(951_782_400).0, "2000-02-29");
     }
-}
-
-/// `stat` of an image path, as the engine's attributes (what the listing
-/// and `stat` formats print).
-fn stat_path(
-    image: &Image,
-    path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
-    image.metadata(path).map(|metadata| metadata.attr().clone())
-}
-
-/// `lstat` of an image path, as the engine's attributes.
-fn lstat_path(
-    image: &Image,
-    path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
-    image
-        .symlink_metadata(path)
-        .map(|metadata| metadata.attr().clone())
 }
