@@ -71,7 +71,9 @@ fn workload(image: &Image, model: &mut Model) {
     for round in 0..6 {
         write(&format!("/d/small-{round}"), pattern(round, 100 + round));
     }
-    let a = image.open_file("/d/a").unwrap();
+    let a = image
+        .open_with("/d/a", jext4::OpenOptions::new().read(true).write(true))
+        .unwrap();
     a.write_all_at(&pattern(3, 2000), 3000).unwrap();
     a.sync_all().unwrap();
     drop(a);
@@ -83,7 +85,9 @@ fn workload(image: &Image, model: &mut Model) {
     image.remove_file("/d/old").unwrap();
     model.files.remove("d/old");
     image.rename("/d/a", "/d/a-renamed").unwrap();
-    let b = image.open_file("/d/b").unwrap();
+    let b = image
+        .open_with("/d/b", jext4::OpenOptions::new().read(true).write(true))
+        .unwrap();
     b.set_len(1000).unwrap();
     b.sync_all().unwrap();
     drop(b);
@@ -107,7 +111,9 @@ fn workload(image: &Image, model: &mut Model) {
     file.sync_data().unwrap();
     drop(file);
     model.files.insert("d/sub/big".into(), Some(big));
-    let keep = image.open_file("/d/keep").unwrap();
+    let keep = image
+        .open_with("/d/keep", jext4::OpenOptions::new().read(true).write(true))
+        .unwrap();
     keep.write_all_at(b"EEP!", 1).unwrap();
     keep.sync_all().unwrap();
     model.files.insert("d/keep".into(), Some(b"kEEP!".to_vec()));

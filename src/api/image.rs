@@ -63,6 +63,10 @@ pub(super) struct Shared {
     /// Held by an append from its look at the size to the end of its
     /// write, so that two appends through this image never overlap.
     pub(super) append: parking_lot::Mutex<()>,
+    /// Whether dropping the last owner unmounts the engine: not for an
+    /// image made over an engine someone else mounted (`from_fs`), whose
+    /// mounter still uses it after the image is gone.
+    unmount_on_drop: bool,
 }
 
 impl Shared {
@@ -98,7 +102,7 @@ impl Drop for Shared {
     /// The last owner gone: unmount, logging a failure (a destructor has
     /// no one to return it to, and must not panic).
     fn drop(&mut self) {
-        if *self.closed.get_mut() {
+        if *self.closed.get_mut() || !self.unmount_on_drop {
             return;
         }
         let fs = &self.fs;
@@ -159,10 +163,16 @@ impl Image {
 
     /// An image over an engine already mounted (on the crash tests'
     /// recording device, say), whose operations run as `caller`
-    /// (`caller.umask` becomes the image's umask). Dropping or closing
-    /// the image unmounts the engine.
+    /// (`caller.umask` becomes the image's umask). `close` unmounts the
+    /// engine; dropping the image leaves it mounted for whoever mounted
+    /// it (the crash driver goes on with the same engine).
     pub fn from_fs(fs: Arc<Fs>, caller: Caller) -> Image {
-        Image::from_parts(fs, Caller { umask: 0, ..caller }, u32::from(caller.umask))
+        let mut image =
+            Image::from_parts(fs, Caller { umask: 0, ..caller }, u32::from(caller.umask));
+        Arc::get_mut(&mut image.shared)
+            .expect("a new image has one owner")
+            .unmount_on_drop = false;
+        image
     }
 
     pub(super) fn from_parts(fs: Arc<Fs>, caller: Caller, umask: u32) -> Image {
@@ -174,6 +184,7 @@ impl Image {
                 umask: (umask & 0o777) as u16,
                 closed: RwLock::new(false),
                 append: parking_lot::Mutex::new(()),
+                unmount_on_drop: true,
             }),
         }
     }

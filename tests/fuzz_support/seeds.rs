@@ -503,20 +503,17 @@ impl Filling for JextFill<'_> {
         self.image.create_dir(path).unwrap();
     }
     fn write(&mut self, path: &str, offset: u64, data: &[u8]) {
-        let file = match self.image.open_file(path) {
-            Ok(file) => file,
-            Err(_) => self
-                .image
-                .open_with(
-                    path,
-                    jext4::OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .create(true)
-                        .mode(0o644),
-                )
-                .unwrap(),
-        };
+        let file = self
+            .image
+            .open_with(
+                path,
+                jext4::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .mode(0o644),
+            )
+            .unwrap();
         if !data.is_empty() {
             assert_eq!(file.write_at(data, offset).unwrap(), data.len());
         }
