@@ -549,6 +549,12 @@ pub struct Fs {
     pub(crate) open_files: Mutex<NumberMap<u32, u32>>,
     /// Set after a corruption was found at run time (errors=remount-ro).
     errored: AtomicBool,
+    /// The superblock's state as the mount found it (after any journal
+    /// replay), which unmount writes back, as the kernel's
+    /// `s_mount_state`: a filesystem that was not clean — an ext2 image
+    /// after a crash, a backup superblock, which e2fsprogs writes with
+    /// VALID_FS off — stays so until e2fsck has checked it.
+    mount_state: std::sync::atomic::AtomicU16,
     /// The corruptions logged so far (a leaf lock): each is logged once,
     /// however many operations meet it.
     logged: Mutex<std::collections::HashSet<(Location, String)>>,
@@ -698,6 +704,7 @@ impl Fs {
             core,
             open_files: Mutex::new(NumberMap::default()),
             errored: AtomicBool::new(false),
+            mount_state: std::sync::atomic::AtomicU16::new(STATE_VALID),
             logged: Mutex::new(std::collections::HashSet::new()),
             device_failed: AtomicBool::new(false),
             unmounted: AtomicBool::new(false),
@@ -762,6 +769,7 @@ impl Fs {
             if sb.state & STATE_ERROR != 0 {
                 tracing::warn!("filesystem has errors recorded; running e2fsck is recommended");
             }
+            self.mount_state.store(sb.state, Ordering::Release);
             if !journaled {
                 sb.state &= !STATE_VALID;
             }
@@ -1087,7 +1095,8 @@ impl Fs {
             }
             self.transact(Scope::Housekeeping, 1, Caller::ROOT, |tx| {
                 let mut sb = tx.core.sbi.lock();
-                sb.state |= STATE_VALID;
+                // The state the mount found, with any error since.
+                sb.state = self.mount_state.load(Ordering::Acquire) | (sb.state & STATE_ERROR);
                 // Every orphan was just released.
                 sb.feature_ro_compat &= !superblock::ro_compat::ORPHAN_PRESENT;
                 sb.write_time = inode::now_seconds();
