@@ -122,6 +122,7 @@ kind_tests! {
     orphan_loop => OrphanLoop,
     xattr_shared_beyond_refcount => XattrSharedBeyondRefcount,
     ext2_no_xattr_foreign_owner => Ext2NoXattrForeignOwner,
+    blocks_in_journal => BlocksInJournal,
 }
 
 /// Every kind on many seeds, a table at the end (see the module comment).

@@ -601,13 +601,13 @@ impl Tx<'_, '_> {
     }
 
     /// Refuse to free superblock copies, descriptor tables, bitmaps and
-    /// inode tables: an extent pointing there is corruption.
+    /// inode tables and the journal: an extent pointing there is corruption.
     fn check_not_group_metadata(&self, start: u64, end: u64) -> Result<()> {
         let core = self.core;
         if let Some(block) = core.groups.first_metadata_block(&core.geo, start, end) {
             return Err(Error::corrupt(
                 Location::Block { block },
-                "a file claims blocks that hold group metadata",
+                "a file claims blocks that hold filesystem metadata (group metadata or the journal)",
             ));
         }
         Ok(())

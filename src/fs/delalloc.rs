@@ -512,7 +512,7 @@ impl Tx<'_, '_> {
                 lblk += 1;
                 continue;
             }
-            match mapping::lookup(&self.core.geo, &self.core.cache, ino, inode, lblk)? {
+            match self.core.lookup(ino, inode, lblk)? {
                 Lookup::Mapped(_) => return Ok(None),
                 Lookup::Hole { next } => {
                     let hole_end = next.unwrap_or(u64::MAX).min(last + 1);

@@ -23,7 +23,7 @@ fn dir_block(core: &Core, ino: u32, inode: &Inode, lblk: u64) -> Result<Arc<Buff
             format!("directory block {lblk} beyond the directory's size"),
         ));
     }
-    match mapping::lookup(&core.geo, &core.cache, ino, inode, lblk)? {
+    match core.lookup(ino, inode, lblk)? {
         Lookup::Mapped(extent) if !extent.unwritten => core.cache.read(extent.physical),
         _ => Err(Error::corrupt(
             Location::Inode { ino },

@@ -91,7 +91,7 @@ impl Tx<'_, '_> {
         while position < end {
             let lblk = position / block_size;
             let last_lblk = (end - 1) / block_size;
-            let extent = match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
+            let extent = match self.core.lookup(ino, inode, lblk)? {
                 Lookup::Mapped(extent) => extent,
                 Lookup::Hole { next } => {
                     let hole_end = next.unwrap_or(u64::MAX).min(last_lblk + 1);
@@ -171,8 +171,7 @@ impl Tx<'_, '_> {
         while position < to {
             let lblk = position / block_size;
             let block_end = ((lblk + 1) * block_size).min(to);
-            if let Lookup::Mapped(extent) =
-                mapping::lookup(geo, &self.core.cache, ino, inode, lblk)?
+            if let Lookup::Mapped(extent) = self.core.lookup(ino, inode, lblk)?
                 && !extent.unwritten
             {
                 let mut block = vec![0u8; block_size as usize];
@@ -412,7 +411,7 @@ impl Fs {
         let mut buffer = vec![0u8; ((last_block - first_block + 1) * block_size) as usize];
         let mut lblk = first_block;
         while lblk <= last_block {
-            match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
+            match self.core.lookup(ino, inode, lblk)? {
                 Lookup::Mapped(extent) => {
                     let count = (extent.len as u64).min(last_block + 1 - lblk);
                     if !extent.unwritten {
@@ -770,7 +769,7 @@ impl Fs {
             let mut lblk = offset / block_size;
             let last = inode.size.div_ceil(block_size);
             while lblk < last {
-                match mapping::lookup(geo, &self.core.cache, ino, &inode, lblk)? {
+                match self.core.lookup(ino, &inode, lblk)? {
                     // Unwritten extents read as zeros: they count as holes.
                     Lookup::Mapped(extent) if !extent.unwritten => {
                         if whence == SeekWhence::Data {
@@ -878,7 +877,7 @@ impl Tx<'_, '_> {
         let mut lblk = from / block_size;
         let end = to.div_ceil(block_size);
         while lblk < end {
-            match mapping::lookup(geo, &self.core.cache, ino, inode, lblk)? {
+            match self.core.lookup(ino, inode, lblk)? {
                 Lookup::Mapped(extent) => lblk += extent.len as u64,
                 Lookup::Hole { next } => {
                     let hole_end = next.unwrap_or(u64::MAX).min(end);

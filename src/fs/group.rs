@@ -209,8 +209,10 @@ pub(crate) struct Groups {
 
 impl Groups {
     /// Read every descriptor (checked against the geometry on decode), and
-    /// refuse descriptors whose metadata overlap (`SystemZone::build`).
-    pub fn load(geo: &Geometry, cache: &Arc<BufferCache>) -> Result<Groups> {
+    /// refuse descriptors whose metadata overlap each other or the
+    /// internal journal's blocks `journal` (`SystemZone::build`; empty
+    /// when there is none, or while the journal is being found).
+    pub fn load(geo: &Geometry, cache: &Arc<BufferCache>, journal: &[u64]) -> Result<Groups> {
         let mut groups = Vec::with_capacity(geo.group_count as usize);
         let mut table: Vec<Arc<Buffer>> = Vec::new();
         for group in 0..geo.group_count {
@@ -244,7 +246,7 @@ impl Groups {
         }
         debug_assert_eq!(table.len(), geo.gdt_blocks as usize);
         let locations: Vec<GroupLocations> = groups.iter().map(|group| group.at).collect();
-        let zone = SystemZone::build(geo, &locations)?;
+        let zone = SystemZone::build(geo, &locations, journal)?;
         Ok(Groups {
             groups,
             table,
@@ -279,6 +281,13 @@ impl Groups {
         self.metadata_in_group(geo, group)
             .find(|&(first, last)| first < end && start < last)
             .map(|(first, _)| first.max(start))
+    }
+
+    /// The first block of `start..end` (any groups) in the system zone —
+    /// group metadata or the journal — if any: what only the journal
+    /// inode may map.
+    pub fn first_system_block(&self, start: u64, end: u64) -> Option<u64> {
+        self.zone.first_within(start, end)
     }
 
     /// `BLOCK_BITMAP_CORRUPT` and `INODE_BITMAP_CORRUPT` of `group`.

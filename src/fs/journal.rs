@@ -48,7 +48,8 @@ const MAX_JOURNAL_BLOCKS: u64 = 10_000_000;
 pub(crate) fn journal_blocks(geo: &Geometry, cache: &Arc<BufferCache>) -> Result<Vec<u64>> {
     let ino = geo.journal_inum;
     let location = Location::Inode { ino };
-    let groups = Groups::load(geo, cache)?;
+    // The journal is what is being found: the zone without it.
+    let groups = Groups::load(geo, cache, &[])?;
     let inode = read_inode_with(geo, cache, &groups, ino)?;
     if inode.mode == 0 {
         return Err(Error::corrupt(location, "the journal inode is not in use"));

@@ -297,6 +297,38 @@ pub(crate) struct InodeTids {
 }
 
 impl Core {
+    /// Map logical block `lblk` of inode `ino` (`mapping::lookup`), and
+    /// refuse a mapping into the system zone — group metadata or the
+    /// journal, which only the journal inode maps — as the kernel's
+    /// `check_block_validity` does: reading, writing or freeing such a
+    /// block would read or overwrite the filesystem's own structures.
+    pub fn lookup(
+        &self,
+        ino: u32,
+        inode: &format::inode::Inode,
+        lblk: u64,
+    ) -> Result<format::mapping::Lookup> {
+        let found = format::mapping::lookup(&self.geo, &self.cache, ino, inode, lblk)?;
+        if let format::mapping::Lookup::Mapped(extent) = &found {
+            let end = extent.physical.saturating_add(extent.len as u64);
+            if ino != self.geo.journal_inum
+                && let Some(block) = self.groups.first_system_block(extent.physical, end)
+            {
+                return Err(Error::corrupt(
+                    Location::Inode { ino },
+                    format!(
+                        "lblock {lblk} mapped to illegal pblock {} (length {}): block {block} \
+                         holds filesystem metadata",
+                        extent.physical, extent.len
+                    ),
+                ));
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl Core {
     /// The engine's shared state for the filesystem whose superblock is
     /// `sb` and whose descriptors are `groups`, over `cache` and
     /// `journal` (`Core::open` has built them). The free totals start as the
@@ -409,12 +441,14 @@ impl Core {
     /// engine of fast-commit replay: the one path both take. With `plan`
     /// the changes go through a JBD2 journal in its area; without, straight
     /// to `dev` (write-back: an unjournaled image, `noload`, read-only, or
-    /// work inside recovery).
+    /// work inside recovery). `journal_zone` lists the internal journal's
+    /// blocks, which join the system zone (empty: none, or unknown).
     fn open(
         mut sb: Superblock,
         dev: &Arc<dyn BlockDevice>,
         options: MountOptions,
         plan: Option<JournalPlan>,
+        journal_zone: &[u64],
     ) -> Result<Core> {
         let geo = Geometry::from_superblock(&sb);
         let guard = plan
@@ -429,7 +463,7 @@ impl Core {
             geo.block_size as usize,
             options.cache_size - delalloc_limit(&options),
         ));
-        let groups = Groups::load(&geo, &cache)?;
+        let groups = Groups::load(&geo, &cache, journal_zone)?;
         let config = JournalConfig {
             commit_interval: options.commit_interval,
             sync_all: options.sync,
@@ -693,13 +727,27 @@ impl Fs {
         // stops (marking the block clean) once it is done.
         let protection = protection.filter(|_| !options.read_only);
         let mut plan = None;
+        let mut journal_zone = Vec::new();
         if journaled && !options.noload {
-            plan = recover_for_mount(&mut sb, &dev, &options)?
-                .map(|area| JournalPlan { area, fast_commit });
-        } else if sb.has_incompat(superblock::incompat::RECOVER) {
+            let area = recover_for_mount(&mut sb, &dev, &options)?;
+            journal_zone = area.blocks.clone();
+            if !options.read_only {
+                plan = Some(JournalPlan { area, fast_commit });
+            }
+        } else if journaled {
+            // Not loaded, still protected (the kernel's system zone takes
+            // the journal inode's blocks whatever noload says); a journal
+            // inode that cannot be read only loses that protection here.
+            match journal::journal_area(&geo, &dev) {
+                Ok(area) => journal_zone = area.blocks,
+                Err(error) => tracing::warn!(%error, "noload: the journal's blocks are unknown"),
+            }
+        }
+        if !(journaled && !options.noload) && sb.has_incompat(superblock::incompat::RECOVER) {
             tracing::warn!("journal recovery skipped (noload): the filesystem may be inconsistent");
         }
-        let core = Core::open(sb, &dev, options, plan)?;
+        let core = Core::open(sb, &dev, options, plan, &journal_zone)?;
+        drop(journal_zone);
         let fs = Arc::new(Fs {
             core,
             open_files: Mutex::new(NumberMap::default()),
@@ -1467,7 +1515,9 @@ impl Fs {
         body: impl FnOnce(&mut Tx<'_, '_>) -> Result<R>,
     ) -> Result<R> {
         let sb = superblock::read_at(&*dev, superblock_offset)?;
-        let core = Core::open(sb, &dev, MountOptions::default(), None)?;
+        // Replay's own records are checked against the journal's blocks
+        // (`fast_commit::Replayer`); the zone here is the groups'.
+        let core = Core::open(sb, &dev, MountOptions::default(), None, &[])?;
         let result = (|| {
             // Write-back handles reserve nothing; the bound only tunes the
             // overrun warning.
@@ -1505,16 +1555,17 @@ fn check_device_size(geo: &Geometry, dev: &dyn BlockDevice) -> Result<()> {
 
 /// Replay the journal of a journaled filesystem about to be mounted (a
 /// read-write mount replays; a read-only one refuses a journal that needs
-/// it) and find the journal's blocks: the area the mount writes to, None
-/// for a read-only mount. `sb` is read again after a replay.
+/// it) and find the journal's blocks: the area a read-write mount writes
+/// to, and the system zone's journal part either way. `sb` is read again
+/// after a replay.
 fn recover_for_mount(
     sb: &mut Superblock,
     dev: &Arc<dyn BlockDevice>,
     options: &MountOptions,
-) -> Result<Option<journal::JournalArea>> {
+) -> Result<journal::JournalArea> {
     let geo = Geometry::from_superblock(sb);
     if options.read_only {
-        journal::checked_journal_area(&geo, dev)?;
+        let area = journal::checked_journal_area(&geo, dev)?;
         if sb.has_incompat(superblock::incompat::RECOVER) {
             return Err(Error::Unsupported(
                 "the journal needs recovery, which a read-only mount cannot write: mount \
@@ -1522,10 +1573,10 @@ fn recover_for_mount(
                     .into(),
             ));
         }
-        return Ok(None);
+        return Ok(area);
     }
     if journal::replay_for_mount(&geo, sb, dev)?.is_some() {
         *sb = superblock::read_at(&**dev, geo.superblock_offset)?;
     }
-    Ok(Some(journal::journal_area(&geo, dev)?))
+    journal::journal_area(&geo, dev)
 }

@@ -485,7 +485,7 @@ impl Fs {
                 ));
             }
             let mut block = vec![0u8; geo.block_size as usize];
-            match mapping::lookup(geo, &self.core.cache, ino, &inode, 0)? {
+            match self.core.lookup(ino, &inode, 0)? {
                 mapping::Lookup::Mapped(extent) if !extent.unwritten => {
                     self.core
                         .dev()

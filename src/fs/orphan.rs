@@ -239,7 +239,7 @@ impl Tx<'_, '_> {
         }
         let mut blocks = Vec::with_capacity(count as usize);
         for lblk in 0..count {
-            match mapping::lookup(geo, &self.core.cache, ino, &inode, lblk)? {
+            match self.core.lookup(ino, &inode, lblk)? {
                 Lookup::Mapped(extent) => blocks.push(extent.physical),
                 Lookup::Hole { .. } => {
                     return Err(Error::corrupt(
@@ -489,7 +489,7 @@ impl Fs {
                 if position >= mapping::max_blocks(geo, &inode) {
                     return Ok(None);
                 }
-                let start = match mapping::lookup(geo, &tx.core.cache, ino, &inode, position)? {
+                let start = match tx.core.lookup(ino, &inode, position)? {
                     Lookup::Mapped(_) => position,
                     Lookup::Hole { next: Some(next) } => next,
                     Lookup::Hole { next: None } => return Ok(None),

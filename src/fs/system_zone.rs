@@ -1,8 +1,10 @@
 //! The system zone: the blocks that hold the filesystem's own metadata —
-//! superblock copies with their descriptor blocks, and every group's
-//! bitmaps and inode table — which no file may own and the allocator must
+//! superblock copies with their descriptor blocks, every group's bitmaps
+//! and inode table, and the internal journal's blocks — which no file may
+//! own (the journal inode its own blocks excepted) and the allocator must
 //! never hand out, whatever a block bitmap says (the kernel's
-//! `block_validity.c`, on by default).
+//! `block_validity.c`, on by default, which protects the journal inode's
+//! blocks with `ext4_protect_reserved_inode`).
 //!
 //! Built once at mount from the descriptors. Two pieces of metadata that
 //! overlap (a block bitmap and an inode bitmap in one block, a bitmap
@@ -25,10 +27,23 @@ use crate::format::superblock::Geometry;
 /// What a range of the zone holds, for the message that refuses a mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Holder {
-    Superblock { group: u32 },
-    BlockBitmap { group: u32 },
-    InodeBitmap { group: u32 },
-    InodeTable { group: u32 },
+    Superblock {
+        group: u32,
+    },
+    BlockBitmap {
+        group: u32,
+    },
+    InodeBitmap {
+        group: u32,
+    },
+    InodeTable {
+        group: u32,
+    },
+    /// The internal journal (no group of its own: a message about it
+    /// names the group its first block lies in).
+    Journal {
+        group: u32,
+    },
 }
 
 impl std::fmt::Display for Holder {
@@ -40,6 +55,7 @@ impl std::fmt::Display for Holder {
             Holder::BlockBitmap { group } => write!(f, "the block bitmap of group {group}"),
             Holder::InodeBitmap { group } => write!(f, "the inode bitmap of group {group}"),
             Holder::InodeTable { group } => write!(f, "the inode table of group {group}"),
+            Holder::Journal { .. } => write!(f, "the journal"),
         }
     }
 }
@@ -50,7 +66,8 @@ impl Holder {
             Holder::Superblock { group }
             | Holder::BlockBitmap { group }
             | Holder::InodeBitmap { group }
-            | Holder::InodeTable { group } => group,
+            | Holder::InodeTable { group }
+            | Holder::Journal { group } => group,
         }
     }
 }
@@ -62,10 +79,19 @@ pub(crate) struct SystemZone {
 
 impl SystemZone {
     /// The zone of the filesystem whose groups lie at `locations` (group
-    /// order), or the corruption that refuses the mount: two ranges that
-    /// overlap.
-    pub fn build(geo: &Geometry, locations: &[GroupLocations]) -> Result<SystemZone> {
+    /// order) and whose internal journal is at `journal` (its blocks in
+    /// journal order; empty without one), or the corruption that refuses
+    /// the mount: two ranges that overlap.
+    pub fn build(
+        geo: &Geometry,
+        locations: &[GroupLocations],
+        journal: &[u64],
+    ) -> Result<SystemZone> {
         let mut ranges = Vec::with_capacity(locations.len() * 3 + 8);
+        for (start, end) in runs(journal) {
+            let group = geo.group_of_block(start);
+            ranges.push((start, end, Holder::Journal { group }));
+        }
         let flex = geo.groups_per_flex.max(1);
         for (group, at) in (0u32..).zip(locations) {
             if geo.group_has_super(group) && (group < 5 || group % flex == 0) {
@@ -105,6 +131,11 @@ impl SystemZone {
         Ok(SystemZone { ranges: merged })
     }
 
+    /// The first block of `start..end` in the zone, if any.
+    pub fn first_within(&self, start: u64, end: u64) -> Option<u64> {
+        self.within(start, end).next().map(|(first, _)| first)
+    }
+
     /// The parts of the zone inside blocks `start..end`, in order.
     pub fn within(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         // The first range that ends after `start`.
@@ -118,6 +149,19 @@ impl SystemZone {
     }
 }
 
+/// `blocks` as runs of consecutive blocks `start..end`, in their order
+/// (a journal's blocks are mostly one or a few runs).
+fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &block in blocks {
+        match runs.last_mut() {
+            Some(last) if last.1 == block => last.1 += 1,
+            _ => runs.push((block, block + 1)),
+        }
+    }
+    runs
+}
+
 /// The mount refusal for two overlapping ranges (`a` sorts first).
 fn overlap_error(
     (a_start, a_end, a): (u64, u64, Holder),
@@ -127,11 +171,23 @@ fn overlap_error(
         1 => format!("block {start}"),
         _ => format!("blocks {start}..={}", end - 1),
     };
+    let (location, damaged) = match (a, b) {
+        (Holder::Journal { .. }, _) | (_, Holder::Journal { .. }) => (
+            Location::Inode {
+                ino: crate::format::superblock::JOURNAL_INO,
+            },
+            "the journal inode is damaged",
+        ),
+        _ => (
+            Location::GroupDescriptor { group: b.group() },
+            "the group descriptors are damaged",
+        ),
+    };
     Error::corrupt(
-        Location::GroupDescriptor { group: b.group() },
+        location,
         format!(
-            "{b} ({}) overlaps {a} ({}): the group descriptors are damaged and the \
-             kernel refuses this filesystem too; run e2fsck -fy on it",
+            "{b} ({}) overlaps {a} ({}): {damaged} and the kernel refuses this \
+             filesystem too; run e2fsck -fy on it",
             blocks(b_start, b_end),
             blocks(a_start, a_end),
         ),
@@ -157,6 +213,12 @@ mod tests {
         assert_eq!(zone.within(20, 40).collect::<Vec<_>>(), vec![(30, 31)]);
         assert_eq!(zone.within(31, 100).count(), 0);
         assert_eq!(zone.within(0, 2).collect::<Vec<_>>(), vec![(1, 2)]);
+    }
+
+    #[test]
+    fn journal_blocks_become_runs() {
+        assert_eq!(runs(&[5, 6, 7, 20, 21, 8]), vec![(5, 8), (20, 22), (8, 9)]);
+        assert!(runs(&[]).is_empty());
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub enum Kind {
     OrphanLoop,
     XattrSharedBeyondRefcount,
     Ext2NoXattrForeignOwner,
+    BlocksInJournal,
 }
 
 pub const ALL: &[Kind] = &[
@@ -70,6 +71,7 @@ pub const ALL: &[Kind] = &[
     Kind::OrphanLoop,
     Kind::XattrSharedBeyondRefcount,
     Kind::Ext2NoXattrForeignOwner,
+    Kind::BlocksInJournal,
 ];
 
 // Seed n damages variant (n + the kind's number) modulo the list's length.
@@ -134,6 +136,7 @@ impl Kind {
             Kind::OrphanLoop => JOURNAL_VARIANTS,
             Kind::XattrSharedBeyondRefcount => EVERY_VARIANT,
             Kind::Ext2NoXattrForeignOwner => &[Variant::Ext2NoXattr],
+            Kind::BlocksInJournal => JOURNAL_VARIANTS,
         }
     }
 }
@@ -240,6 +243,10 @@ fn apply(kind: Kind, variant: Variant, editor: &mut Editor, rng: &mut Rng) -> (S
         Kind::XattrSharedBeyondRefcount => (
             xattr_shared(editor, variant),
             plan("/tree", "/tree/xattr-a"),
+        ),
+        Kind::BlocksInJournal => (
+            blocks_in_journal(variant, editor, rng),
+            plan("/tree", "/tree/medium"),
         ),
     }
 }
@@ -740,6 +747,31 @@ fn extent_leaf(kind: Kind, variant: Variant, editor: &mut Editor, rng: &mut Rng)
         "extent leaf of /tree/fragmented (block {}): eh_magic set to {value:#x}",
         leaf.block
     )
+}
+
+/// /tree/medium's first block (its in-inode extent's start, or its
+/// first direct block without extents) moved into the journal's blocks:
+/// the kernel refuses the mapping (`ext4_inode_block_valid`, the journal
+/// being in its system zone), and removing the file must not free
+/// journal blocks.
+fn blocks_in_journal(variant: Variant, editor: &mut Editor, rng: &mut Rng) -> String {
+    // Far enough from the journal's end for the extent's whole run.
+    let lblk = rng.range(0, 512);
+    let said = editor.debugfs(&format!("bmap <8> {lblk}\n"));
+    let journal_block: u64 = said
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .next()
+        .unwrap_or_else(|| panic!("debugfs bmap <8> {lblk}: {said}"));
+    // i_block[5] is the first extent's ee_start_lo after the 12-byte
+    // header and ee_block, ee_len/ee_start_hi (a depth-0 tree: 50,000
+    // bytes in one run).
+    let field = match variant.has_extents() {
+        true => "block[5]",
+        false => "block[0]",
+    };
+    editor.debugfs(&format!("sif /tree/medium {field} {journal_block}\n"));
+    format!("/tree/medium's {field} set to block {journal_block}, journal block {lblk}")
 }
 
 fn orphan_loop(editor: &mut Editor, rng: &mut Rng) -> String {

@@ -44,7 +44,7 @@ use crate::error::Result;
 use crate::faults::{self, Fault};
 use crate::format::fast_commit::{Dentry, Record, max_range_len};
 use crate::format::inode::Inode;
-use crate::format::mapping::{self, Extent, Lookup};
+use crate::format::mapping::{Extent, Lookup};
 use crate::format::superblock::GOOD_OLD_INODE_SIZE;
 use crate::fs::inode::{inode_location, read_inode};
 use crate::fs::{Core, Fs};
@@ -476,7 +476,7 @@ impl RecordWriter<'_> {
             let mut lblk = start;
             // Each step covers at least one block.
             while lblk < end {
-                lblk = match mapping::lookup(&self.core.geo, &self.core.cache, ino, inode, lblk)? {
+                lblk = match self.core.lookup(ino, inode, lblk)? {
                     Lookup::Mapped(extent) => self.add_range(ino, &extent, end),
                     Lookup::Hole { next } => {
                         let hole_end = next.unwrap_or(end).min(end);
