@@ -373,6 +373,59 @@ fn a_read_write_mount_from_a_backup_writes_the_backup_as_the_kernel_does() {
     }
 }
 
+/// `jext4 stats`, `logdump` and `recover` of a crashed image whose
+/// primary is zeroed: refused without `--sb` (naming it), and with it they
+/// read the backup, replay the journal there and leave the primary alone,
+/// so that the kernel then reads the file from the backup.
+fn the_journal_verbs_read_the_backup(crashed: &Path, sb: u64, verbs: &Path) {
+    std::fs::copy(crashed, verbs).unwrap();
+    let image = path_str(verbs);
+    let sb_arg = sb.to_string();
+    for verb in ["stats", "logdump", "recover"] {
+        let refused = jext4(&[verb, image]);
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && said.contains("sb=") && said.lines().count() == 1,
+            "jext4 {verb} of a zeroed primary: {refused:?}"
+        );
+    }
+    let stats = |expected: &str| {
+        let out = jext4(&["stats", "--sb", &sb_arg, image]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "jext4 stats --sb: {out:?}");
+        assert!(
+            text.lines().any(|line| line == expected),
+            "{expected}:\n{text}"
+        );
+    };
+    stats("needs_recovery true");
+    let dump = jext4(&["logdump", "--sb", &sb_arg, image]);
+    let text = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.status.success() && text.contains(": descriptor, transaction"),
+        "jext4 logdump --sb lists no transaction: {dump:?}"
+    );
+    let recovered = jext4(&["recover", "--sb", &sb_arg, image]);
+    let text = String::from_utf8_lossy(&recovered.stdout);
+    assert!(
+        recovered.status.success() && text.contains("replayed"),
+        "jext4 recover --sb: {recovered:?}"
+    );
+    stats("needs_recovery false");
+    assert!(
+        primary_is_zero(verbs),
+        "jext4 recover --sb wrote the primary"
+    );
+    let mnt = verbs.with_extension("mnt");
+    let kernel = KernelMount::mount_with(verbs, &mnt, &format!("ro,noload,sb={sb}"));
+    let read = std::fs::read(kernel.path("fsynced")).unwrap();
+    kernel.unmount();
+    assert_eq!(
+        read, b"durable before the crash\n",
+        "after jext4 recover --sb"
+    );
+}
+
 /// A crash of a mount from a backup leaves needs_recovery in that backup,
 /// and the next mount with the same `sb=` replays the journal there (and
 /// clears it there), as the kernel's would from the same image.
@@ -412,6 +465,7 @@ fn a_crash_while_mounted_from_a_backup_is_recovered_from_it() {
     assert!(primary_is_zero(&image));
     let copy = image.with_extension("kernel.img");
     std::fs::copy(&image, &copy).unwrap();
+    the_journal_verbs_read_the_backup(&image, sb, &scratch.path().join("verbs.img"));
 
     let mount = JextMount::mount(&image, &mnt, &sb_option);
     let read = std::fs::read(mount.path("fsynced")).unwrap();

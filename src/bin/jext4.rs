@@ -47,9 +47,21 @@ enum Command {
         mountpoint: PathBuf,
     },
     /// Replay the journal of an unmounted image in place (like `e2fsck -E journal_only`).
-    Recover { image: PathBuf },
+    Recover {
+        image: PathBuf,
+        /// Work from the superblock copy at N KiB (the mount's sb=), e.g.
+        /// when the primary is damaged.
+        #[arg(long, value_name = "N", value_parser = tools::sb)]
+        sb: Option<u64>,
+    },
     /// Print the journal's transactions, descriptor tags, revokes and commits.
-    Logdump { image: PathBuf },
+    Logdump {
+        image: PathBuf,
+        /// Find the journal through the superblock copy at N KiB (the
+        /// mount's sb=).
+        #[arg(long, value_name = "N", value_parser = tools::sb)]
+        sb: Option<u64>,
+    },
     /// Try the crash states of workloads: each must recover clean and lose
     /// nothing acknowledged (see docs/testing.md, "Crash states").
     Crashtest(CrashtestArgs),
@@ -62,6 +74,9 @@ enum Command {
         /// One JSON object instead of `name value` lines.
         #[arg(long)]
         json: bool,
+        /// Of an image: read the superblock copy at N KiB (the mount's sb=).
+        #[arg(long, value_name = "N", value_parser = tools::sb)]
+        sb: Option<u64>,
     },
     /// Commit everything written so far and wait until it is durable (all
     /// jext4 mounts, or the ones named). sync(1) cannot: the kernel never
@@ -175,8 +190,12 @@ fn main() -> ExitCode {
             mountpoint,
             timeout,
         } => umount(&mountpoint, Duration::from_secs(timeout)),
-        Command::Recover { image } => recover(&image),
-        Command::Stats { mountpoint, json } => stats(&mountpoint, json),
+        Command::Recover { image, sb } => recover(&image, sb),
+        Command::Stats {
+            mountpoint,
+            json,
+            sb,
+        } => stats(&mountpoint, json, sb),
         Command::Sync { mountpoints } => sync(&mountpoints),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
@@ -184,9 +203,10 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Man { dir } => man_pages(&dir),
-        Command::Logdump { image } => {
+        Command::Logdump { image, sb } => {
             let stdout = std::io::stdout();
-            match jext4::fs::logdump_image(&image, &mut stdout.lock()) {
+            let sb = sb.unwrap_or(jext4::format::superblock::PRIMARY_SB_OPTION);
+            match jext4::fs::logdump_image_from(&image, sb, &mut stdout.lock()) {
                 // The reader stopped early (| head): not an error.
                 Err(jext4::Error::Io(error)) if error.kind() == std::io::ErrorKind::BrokenPipe => {
                     Ok(())
@@ -491,8 +511,8 @@ fn json_string(text: &str) -> String {
     out
 }
 
-fn stats(mountpoint: &Path, json: bool) -> Result<(), String> {
-    let report = stats_report(mountpoint)?;
+fn stats(mountpoint: &Path, json: bool, sb: Option<u64>) -> Result<(), String> {
+    let report = stats_report(mountpoint, sb)?;
     if json {
         println!("{}", stats_json(&report));
     } else {
@@ -502,7 +522,7 @@ fn stats(mountpoint: &Path, json: bool) -> Result<(), String> {
 }
 
 /// The report of `jext4 stats`, `mounted` first.
-fn stats_report(mountpoint: &Path) -> Result<String, String> {
+fn stats_report(mountpoint: &Path, sb: Option<u64>) -> Result<String, String> {
     let is_image = jext4::dev::is_nbd_uri(&mountpoint.to_string_lossy())
         || std::fs::metadata(mountpoint).is_ok_and(|m| !m.is_dir());
     if is_image {
@@ -515,13 +535,20 @@ fn stats_report(mountpoint: &Path) -> Result<String, String> {
                 mountpoint.display()
             ));
         }
-        let report = jext4::fs::image_stats(mountpoint)
+        let sb = sb.unwrap_or(jext4::format::superblock::PRIMARY_SB_OPTION);
+        let report = jext4::fs::image_stats_from(mountpoint, sb)
             .map_err(|error| format!("{}: {error}", mountpoint.display()))?;
         return Ok(format!("mounted false\n{report}"));
     }
     let mountpoint = canonical_mountpoint(mountpoint)?;
     // After an unmount the server's last report stays readable, marked as
     // such; a dead server's report is stale, and is refused.
+    if sb.is_some() {
+        return Err(format!(
+            "{}: --sb reads a superblock copy of an image, not of a mount",
+            mountpoint.display()
+        ));
+    }
     let mounted = serve::is_mount_point(&mountpoint);
     if mounted && mount_is_dead(&mountpoint) {
         return Err(dead_mount_message(&mountpoint));
@@ -576,8 +603,11 @@ fn sync(mountpoints: &[PathBuf]) -> Result<(), String> {
     }
 }
 
-fn recover(image: &Path) -> Result<(), String> {
-    match jext4::fs::recover_image(image).map_err(|e| format!("{}: {e}", image.display()))? {
+fn recover(image: &Path, sb: Option<u64>) -> Result<(), String> {
+    let sb = sb.unwrap_or(jext4::format::superblock::PRIMARY_SB_OPTION);
+    match jext4::fs::recover_image_from(image, sb)
+        .map_err(|e| format!("{}: {e}", image.display()))?
+    {
         None => println!("{}: the journal needs no recovery", image.display()),
         Some(recovered) => {
             let report = &recovered.journal;

@@ -331,16 +331,36 @@ fn refuse_external_journal(sb: &Superblock) -> Result<()> {
 fn open_journaled(
     path: &std::path::Path,
     read_only: bool,
+    sb: u64,
 ) -> Result<(Arc<dyn BlockDevice>, Superblock, Geometry)> {
     let dev = crate::dev::open_image(path, read_only)?;
-    let (sb, geo) = journaled_superblock(&dev)?;
+    let (sb, geo) = journaled_superblock_at(&dev, superblock_offset(sb)?)?;
     Ok((dev, sb, geo))
+}
+
+/// The byte offset of the superblock copy `sb` names (1 KiB units, as the
+/// mount option), checked as the mount checks it.
+fn superblock_offset(sb: u64) -> Result<u64> {
+    let options = super::MountOptions {
+        sb,
+        ..super::MountOptions::default()
+    };
+    options.validate()?;
+    Ok(options.superblock_offset())
 }
 
 /// The superblock of the filesystem on `dev` and its geometry, refusing
 /// features jext4 does not know and filesystems without a journal.
 fn journaled_superblock(dev: &Arc<dyn BlockDevice>) -> Result<(Superblock, Geometry)> {
-    let sb = superblock::read_from(&**dev)?;
+    journaled_superblock_at(dev, superblock::SUPERBLOCK_OFFSET)
+}
+
+/// `journaled_superblock`, of the superblock copy at byte `offset`.
+fn journaled_superblock_at(
+    dev: &Arc<dyn BlockDevice>,
+    offset: u64,
+) -> Result<(Superblock, Geometry)> {
+    let sb = superblock::read_at(&**dev, offset)?;
     let (at, uuid) = sb.identity();
     dev.expect_identity(at, &uuid);
     sb.check_features()?;
@@ -385,7 +405,14 @@ pub struct ImageRecovery {
 /// (journaled, like any change) and unmounts it. Returns None when the
 /// journal needed nothing.
 pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
-    let (dev, sb, geo) = open_journaled(path, false)?;
+    recover_image_from(path, superblock::PRIMARY_SB_OPTION)
+}
+
+/// `recover_image` working from the superblock copy `sb` names, in 1 KiB
+/// units as the mount option `sb=` (`jext4 recover --sb N`).
+pub fn recover_image_from(path: &std::path::Path, sb: u64) -> Result<Option<ImageRecovery>> {
+    let sb_option = sb;
+    let (dev, sb, geo) = open_journaled(path, false, sb_option)?;
     // Replay writes: with `mmp`, only once nobody else uses the filesystem
     // (as e2fsck claims it). Released before the orphans' mount claims it.
     let protection = match sb.has_incompat(incompat::MMP) {
@@ -402,11 +429,16 @@ pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
     let Some(journal) = replayed? else {
         return Ok(None);
     };
-    let orphans_released = has_orphans(&*dev)?;
+    let at = geo.superblock_offset;
+    let orphans_released = has_orphans(&*dev, at)?;
     if orphans_released {
-        let fs = super::Fs::mount(Arc::clone(&dev), super::MountOptions::default())?;
+        let options = super::MountOptions {
+            sb: sb_option,
+            ..super::MountOptions::default()
+        };
+        let fs = super::Fs::mount(Arc::clone(&dev), options)?;
         fs.unmount()?;
-        debug_assert!(!has_orphans(&*dev)?, "orphans left after their release");
+        debug_assert!(!has_orphans(&*dev, at)?, "orphans left after their release");
     }
     Ok(Some(ImageRecovery {
         journal,
@@ -415,8 +447,8 @@ pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
 }
 
 /// The superblock names orphans: the classic list or the orphan file.
-fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
-    let sb = superblock::read_from(dev)?;
+fn has_orphans(dev: &dyn BlockDevice, at: u64) -> Result<bool> {
+    let sb = superblock::read_at(dev, at)?;
     Ok(sb.last_orphan != 0 || sb.has_ro_compat(superblock::ro_compat::ORPHAN_PRESENT))
 }
 
@@ -426,8 +458,13 @@ fn has_orphans(dev: &dyn BlockDevice) -> Result<bool> {
 /// need recovery, have errors recorded or use features jext4 cannot
 /// mount, which is when one wants to know.
 pub fn image_stats(path: &std::path::Path) -> Result<String> {
+    image_stats_from(path, superblock::PRIMARY_SB_OPTION)
+}
+
+/// `image_stats` of the superblock copy `sb` names (`jext4 stats --sb N`).
+pub fn image_stats_from(path: &std::path::Path, sb: u64) -> Result<String> {
     let dev = crate::dev::open_image(path, true)?;
-    let sb = crate::format::superblock::read_from(&*dev)?;
+    let sb = crate::format::superblock::read_at(&*dev, superblock_offset(sb)?)?;
     let geo = Geometry::from_superblock(&sb);
     use crate::format::superblock::{STATE_ERROR, STATE_VALID, compat, incompat};
     let mut lines = vec![
@@ -466,7 +503,17 @@ pub fn image_stats(path: &std::path::Path) -> Result<String> {
 /// `jext4 logdump IMAGE`: print the journal superblock and every
 /// transaction still in the log.
 pub fn logdump_image(path: &std::path::Path, out: &mut dyn std::io::Write) -> Result<()> {
-    let (dev, _, geo) = open_journaled(path, true)?;
+    logdump_image_from(path, superblock::PRIMARY_SB_OPTION, out)
+}
+
+/// `logdump_image` through the superblock copy `sb` names (`jext4
+/// logdump --sb N`).
+pub fn logdump_image_from(
+    path: &std::path::Path,
+    sb: u64,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
+    let (dev, _, geo) = open_journaled(path, true, sb)?;
     let area = journal_area(&geo, &dev)?;
     crate::journal::logdump::logdump(&area, out)
 }

@@ -50,8 +50,9 @@ pub use file::{
 };
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
 pub use journal::{
-    ImageRecovery, image_stats, journal_shape, logdump_image, needs_recovery, recover_device,
-    recover_image, recover_journal, recover_journal_with,
+    ImageRecovery, image_stats, image_stats_from, journal_shape, logdump_image, logdump_image_from,
+    needs_recovery, recover_device, recover_image, recover_image_from, recover_journal,
+    recover_journal_with,
 };
 pub use namei::RenameFlags;
 

@@ -39,7 +39,7 @@ fn cache_size(text: &str) -> Result<u64, String> {
     jext4::fuse::parse_size(text).map_err(|e| e.to_string())
 }
 
-fn sb(text: &str) -> Result<u64, String> {
+pub(crate) fn sb(text: &str) -> Result<u64, String> {
     jext4::fuse::parse_sb(text).map_err(|e| e.to_string())
 }
 
