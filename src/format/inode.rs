@@ -7,7 +7,7 @@
 //! were. `encode` writes the interpreted fields back and sets the checksum.
 
 use super::csum::{crc32c_raw, inode_seed};
-use super::superblock::{GOOD_OLD_INODE_SIZE, Geometry, ro_compat};
+use super::superblock::{GOOD_OLD_INODE_SIZE, Geometry, incompat, ro_compat};
 use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::cache::Buffer;
 use crate::ensure_format;
@@ -291,7 +291,7 @@ impl Inode {
             mode: get_u16(&raw, I_MODE),
             uid: get_u16(&raw, I_UID) as u32 | (get_u16(&raw, I_UID_HIGH) as u32) << 16,
             gid: get_u16(&raw, I_GID) as u32 | (get_u16(&raw, I_GID_HIGH) as u32) << 16,
-            size: get_u32(&raw, I_SIZE_LO) as u64 | (get_u32(&raw, I_SIZE_HIGH) as u64) << 32,
+            size: decode_size(geo, &raw),
             atime: Timestamp::decode(get_u32(&raw, I_ATIME), extra(I_ATIME_EXTRA)),
             ctime: Timestamp::decode(get_u32(&raw, I_CTIME), extra(I_CTIME_EXTRA)),
             mtime: Timestamp::decode(get_u32(&raw, I_MTIME), extra(I_MTIME_EXTRA)),
@@ -520,6 +520,18 @@ impl Inode {
 
 /// ext4_inode_csum_verify: the stored checksum (its low half only when the
 /// extra fields end before the high half) against the computed one.
+/// `i_size`: its high half counts for regular files, and for every inode
+/// with large_dir, as the kernel's `ext4_isize` reads it; elsewhere the
+/// field is old ext2's `i_dir_acl`, which no reader takes for a size.
+fn decode_size(geo: &Geometry, raw: &[u8]) -> u64 {
+    let low = get_u32(raw, I_SIZE_LO) as u64;
+    let regular = get_u16(raw, I_MODE) & S_IFMT == S_IFREG;
+    match regular || geo.has_incompat(incompat::LARGEDIR) {
+        true => low | (get_u32(raw, I_SIZE_HIGH) as u64) << 32,
+        false => low,
+    }
+}
+
 fn verify_checksum(geo: &Geometry, ino: u32, raw: &[u8], extra_isize: u16) -> Result<()> {
     let stored = stored_checksum(raw, extra_isize);
     let computed = checksum(geo.csum_seed, ino, raw, extra_isize);

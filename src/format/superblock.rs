@@ -105,6 +105,7 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::META_BG
     | incompat::MMP
     | incompat::CSUM_SEED
+    | incompat::LARGEDIR
     | incompat::BYTELOG;
 
 /// INCOMPAT features this build reads but does not write yet: a mount of

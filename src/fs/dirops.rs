@@ -217,9 +217,14 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
         let core = self.tx.core;
         let geo = &core.geo;
         let lblk = self.block_count();
-        // Without large_dir, a directory's size must stay below 2 GiB
-        // (i_size_high is not trusted for directories by older readers).
-        if (lblk + 1) * geo.block_size as u64 >= 1 << 31 {
+        // Without large_dir, a directory's size stays below 2 GiB (e2fsck's
+        // limit; the kernel reads only i_size_lo of a directory then); with
+        // it, within the 2^32 logical blocks an extent tree maps.
+        let limit = match geo.has_incompat(crate::format::superblock::incompat::LARGEDIR) {
+            true => (u32::MAX as u64) * geo.block_size as u64,
+            false => 1 << 31,
+        };
+        if (lblk + 1) * geo.block_size as u64 >= limit {
             return Err(Error::NoSpace);
         }
         let goal = geo.group_first_block(geo.group_of_inode(self.ino));
