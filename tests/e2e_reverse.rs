@@ -211,6 +211,16 @@ fn e2e_reverse_ext4_fast_commit() {
     reverse("ext4-fast-commit");
 }
 
+#[test]
+fn e2e_reverse_ext4_inode128() {
+    reverse("ext4-inode128");
+}
+
+#[test]
+fn e2e_reverse_ext4_every_feature() {
+    reverse("ext4-every-feature");
+}
+
 /// One test above per entry of `common::VARIANTS`: a variant added there
 /// must get its test here.
 #[test]

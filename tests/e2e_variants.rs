@@ -117,6 +117,16 @@ fn e2e_variants_ext4_fast_commit() {
     variant("ext4-fast-commit");
 }
 
+#[test]
+fn e2e_variants_ext4_inode128() {
+    variant("ext4-inode128");
+}
+
+#[test]
+fn e2e_variants_ext4_every_feature() {
+    variant("ext4-every-feature");
+}
+
 /// One test above per entry of `common::VARIANTS`: a variant added there
 /// must get its test here.
 #[test]

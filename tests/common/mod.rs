@@ -25,6 +25,22 @@ pub const VARIANTS: &[(&str, &[&str])] = &[
         &["-t", "ext4", "-O", "orphan_file,metadata_csum_seed"],
     ),
     ("ext4-fast-commit", &["-t", "ext4", "-O", "fast_commit"]),
+    // 128-byte inodes: no extra fields, times in whole seconds, no crtime.
+    ("ext4-inode128", &["-t", "ext4", "-I", "128"]),
+    // Every feature jext4 writes that this machine's kernel mounts, at
+    // once (`project` needs a kernel with CONFIG_QUOTA).
+    (
+        "ext4-every-feature",
+        &[
+            "-t",
+            "ext4",
+            "-b",
+            "1024",
+            "-O",
+            "meta_bg,^resize_inode,large_dir,orphan_file,metadata_csum_seed,stable_inodes,mmp,\
+             sparse_super2,fast_commit",
+        ],
+    ),
 ];
 
 /// The mke2fs arguments of the variant called `name` (a test per variant
