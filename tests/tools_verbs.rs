@@ -172,3 +172,46 @@ fn an_image_the_kernel_mounts_is_refused_naming_the_mount() {
     mount.unmount();
     common::assert_fsck_clean(&image);
 }
+
+/// `jext4 stat`'s times read as coreutils' `stat` prints them (TZ=UTC) for
+/// the same file on a kernel loop mount: nanoseconds where the inode keeps
+/// them, and a birth time of "-" where it has no room for one.
+#[test]
+fn stat_times_read_as_the_kernels_stat() {
+    if !common::e2e::require_e2e() {
+        return;
+    }
+    let scratch = common::e2e::scratch("tools-stat-times");
+    for (name, args) in [
+        ("inode256", &["-t", "ext4"][..]),
+        ("inode128", &["-t", "ext4", "-I", "128"][..]),
+    ] {
+        let image = common::mkfs(scratch.path(), name, 16, args);
+        let path = image.to_str().unwrap();
+        let (code, _, stderr) = jext4_tool(&["touch", &format!("{path}:/file")]);
+        assert_eq!(code, 0, "{stderr}");
+        let (code, ours, stderr) = jext4_tool(&["stat", &format!("{path}:/file")]);
+        assert_eq!(code, 0, "{stderr}");
+        let mnt = scratch.path().join(format!("{name}.mnt"));
+        let kernel = common::e2e::KernelMount::mount(&image, &mnt, true);
+        let theirs = Command::new("stat")
+            .env("TZ", "UTC")
+            .arg(kernel.path("file"))
+            .output()
+            .unwrap();
+        kernel.unmount();
+        let times = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|line| {
+                    ["Access: 2", "Access: 1", "Modify:", "Change:", " Birth:"]
+                        .iter()
+                        .any(|start| line.starts_with(start))
+                })
+                .map(str::to_string)
+                .collect()
+        };
+        let theirs = String::from_utf8_lossy(&theirs.stdout).into_owned();
+        assert_eq!(times(&ours), times(&theirs), "{name}:\n{ours}\n{theirs}");
+        assert_eq!(times(&ours).len(), 4, "{name}: {ours}");
+    }
+}

@@ -548,7 +548,12 @@ fn stat_text(shown: &str, attr: &Attr) -> String {
         time(attr.atime),
         time(attr.mtime),
         time(attr.ctime),
-        time(attr.crtime),
+        // stat(1)'s "-" where statx gives no birth time: inodes without
+        // room for crtime (128-byte inodes, ext2 and ext3 images).
+        match attr.crtime == Timestamp::default() {
+            true => "-".to_string(),
+            false => time(attr.crtime),
+        },
     )
 }
 
