@@ -735,17 +735,23 @@ impl Fs {
             if !options.read_only {
                 plan = Some(JournalPlan { area, fast_commit });
             }
-        } else if journaled {
-            // Not loaded, still protected (the kernel's system zone takes
-            // the journal inode's blocks whatever noload says); a journal
-            // inode that cannot be read only loses that protection here.
-            match journal::journal_area(&geo, &dev) {
-                Ok(area) => journal_zone = area.blocks,
-                Err(error) => tracing::warn!(%error, "noload: the journal's blocks are unknown"),
+        } else {
+            if journaled {
+                // Not loaded, still protected (the kernel's system zone
+                // takes the journal inode's blocks whatever noload says); a
+                // journal inode that cannot be read only loses that here.
+                match journal::journal_area(&geo, &dev) {
+                    Ok(area) => journal_zone = area.blocks,
+                    Err(error) => {
+                        tracing::warn!(%error, "noload: the journal's blocks are unknown")
+                    }
+                }
             }
-        }
-        if !(journaled && !options.noload) && sb.has_incompat(superblock::incompat::RECOVER) {
-            tracing::warn!("journal recovery skipped (noload): the filesystem may be inconsistent");
+            if sb.has_incompat(superblock::incompat::RECOVER) {
+                tracing::warn!(
+                    "journal recovery skipped (noload): the filesystem may be inconsistent"
+                );
+            }
         }
         let core = Core::open(sb, &dev, options, plan, &journal_zone)?;
         drop(journal_zone);
