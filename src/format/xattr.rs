@@ -36,9 +36,11 @@
 //! does not check them either (they only steer block sharing); every block we
 //! write gets fresh ones.
 //!
-//! Values kept in EA inodes (ea_inode feature, `e_value_inum != 0`) are out
-//! of scope: such entries are preserved, but reading or changing them answers
-//! `Error::NotSupported`.
+//! Values kept in EA inodes (ea_inode feature, `e_value_inum != 0`) are
+//! read through the filesystem layer, which has the inode's data:
+//! `locate` names the EA inode and `check_ea_inode_value` holds what it
+//! read to the kernel's checks. Such entries are preserved by rewrites;
+//! changing them is not done (ea_inode images mount read-only).
 
 use super::acl;
 use super::csum::crc32c_raw;
@@ -235,6 +237,22 @@ fn entry_hash(name: &[u8], value: &[u8]) -> u32 {
     let mut hash = 0u32;
     for &byte in name {
         hash = hash.rotate_left(5) ^ byte as u32;
+    }
+    for chunk in value.chunks(PAD) {
+        let mut word = [0u8; PAD];
+        word[..chunk.len()].copy_from_slice(chunk);
+        hash = hash.rotate_left(16) ^ u32::from_le_bytes(word);
+    }
+    hash
+}
+
+/// `entry_hash` with the name's bytes taken as signed chars, as x86
+/// kernels before 6.2 hashed them (`ext4_xattr_hash_entry_signed`): a hash
+/// the kernel still accepts where it checks one.
+fn entry_hash_signed(name: &[u8], value: &[u8]) -> u32 {
+    let mut hash = 0u32;
+    for &byte in name {
+        hash = hash.rotate_left(5) ^ (byte as i8 as i32 as u32);
     }
     for chunk in value.chunks(PAD) {
         let mut word = [0u8; PAD];
@@ -617,6 +635,28 @@ fn load_block(
 /// The value of attribute `name` ("user.foo", "system.posix_acl_access", ...)
 /// as userspace sees it, or `None` if the inode has no such attribute. ACLs
 /// come back in the VFS xattr format.
+/// Where an attribute's value is: in the inode body or xattr block (read),
+/// or in an EA inode that the caller reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Located {
+    Value(Vec<u8>),
+    InInode(EaValue),
+}
+
+/// A value kept in an EA inode: the inode, the size the entry records,
+/// and what its checks need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EaValue {
+    pub ino: u32,
+    pub size: u32,
+    index: u8,
+    name: Vec<u8>,
+    entry_hash: u32,
+}
+
+/// The attribute `name` of `inode`, its value read where it is stored
+/// (ACLs in the xattr form), or None. A value in an EA inode answers
+/// `NotSupported` here: `locate` is for callers that can read it.
 pub fn get(
     geo: &Geometry,
     cache: &BufferCache,
@@ -624,38 +664,121 @@ pub fn get(
     inode: &Inode,
     name: &[u8],
 ) -> Result<Option<Vec<u8>>> {
+    match locate(geo, cache, ino, inode, name)? {
+        Some(Located::Value(value)) => Ok(Some(value)),
+        Some(Located::InInode(_)) => Err(Error::NotSupported),
+        None => Ok(None),
+    }
+}
+
+/// `get`, with a value kept in an EA inode named instead of refused.
+pub fn locate(
+    geo: &Geometry,
+    cache: &BufferCache,
+    ino: u32,
+    inode: &Inode,
+    name: &[u8],
+) -> Result<Option<Located>> {
     let (index, suffix) = resolve_name(name)?;
-    let Some(raw) = find_stored_value(geo, cache, ino, inode, index, suffix)? else {
+    let Some(entry) = find_entry(geo, cache, ino, inode, index, suffix)? else {
         return Ok(None);
     };
+    match entry.value {
+        Value::Stored(raw) => {
+            value_as_read(ino, index, raw).map(|value| Some(Located::Value(value)))
+        }
+        Value::InInode { ino: ea, size } => Ok(Some(Located::InInode(EaValue {
+            ino: ea,
+            size,
+            index,
+            name: entry.name,
+            entry_hash: entry.hash,
+        }))),
+    }
+}
+
+/// A stored value as getxattr returns it: ACLs turned into their xattr
+/// form.
+fn value_as_read(ino: u32, index: u8, raw: Vec<u8>) -> Result<Vec<u8>> {
     if !is_acl(index) {
-        return Ok(Some(raw));
+        return Ok(raw);
     }
     acl::acl_to_xattr(&raw)
-        .map(Some)
         .map_err(|error| Error::corrupt(Location::Inode { ino }, format!("{error}")))
 }
 
+/// The value `data` read from the EA inode `ea` (`ea_inode`), held to the
+/// kernel's checks (`ext4_xattr_inode_iget`, `ext4_xattr_inode_get`,
+/// `ext4_xattr_inode_verify_hashes`): the inode is flagged EA_INODE, its
+/// size is the entry's, the CRC32C of the value is the hash the EA inode
+/// keeps in `i_atime`, and the entry's hash covers that hash. Old Lustre
+/// EA inodes, which point back to their owner instead of keeping a hash,
+/// skip the hashes as in the kernel. Returns the value as getxattr gives
+/// it.
+pub fn check_ea_inode_value(
+    geo: &Geometry,
+    owner: u32,
+    owner_generation: u32,
+    value: &EaValue,
+    ea_inode: &Inode,
+    data: Vec<u8>,
+) -> Result<Vec<u8>> {
+    let location = Location::Inode { ino: value.ino };
+    ensure_format!(
+        ea_inode.has_flag(super::inode::flags::EA_INODE),
+        location,
+        "EA inode {} of inode {owner} does not have the EA_INODE flag",
+        value.ino
+    );
+    ensure_format!(
+        ea_inode.size == value.size as u64 && data.len() == value.size as usize,
+        location,
+        "EA inode size {} differs from its entry's value size {}",
+        ea_inode.size,
+        value.size
+    );
+    let lustre = ea_inode.mtime.sec as u32 == owner && ea_inode.generation == owner_generation;
+    if !lustre {
+        let seed = match geo.metadata_csum {
+            true => geo.csum_seed,
+            false => super::csum::fs_seed(&geo.uuid, None),
+        };
+        let hash = crc32c_raw(seed, &data);
+        ensure_format!(
+            hash == ea_inode.atime.sec as u32,
+            location,
+            "EA inode value hash {hash:#x} differs from the one it keeps ({:#x})",
+            ea_inode.atime.sec as u32
+        );
+        let words = hash.to_le_bytes();
+        let signed = entry_hash_signed(&value.name, &words);
+        ensure_format!(
+            entry_hash(&value.name, &words) == value.entry_hash || signed == value.entry_hash,
+            location,
+            "the xattr entry's hash {:#x} does not cover its EA inode's value",
+            value.entry_hash
+        );
+    }
+    value_as_read(owner, value.index, data)
+}
+
 /// The inode body first, then the block, like ext4_xattr_get.
-fn find_stored_value(
+fn find_entry(
     geo: &Geometry,
     cache: &BufferCache,
     ino: u32,
     inode: &Inode,
     index: u8,
     name: &[u8],
-) -> Result<Option<Vec<u8>>> {
+) -> Result<Option<Entry>> {
     let ibody = load_ibody(geo, ino, inode)?;
-    let mut body_entries = ibody.iter().flat_map(|body| &body.entries);
+    let mut body_entries = ibody.into_iter().flat_map(|body| body.entries);
     if let Some(entry) = body_entries.find(|e| e.is(index, name)) {
-        return entry.stored_value().map(|v| Some(v.to_vec()));
+        return Ok(Some(entry));
     }
     let block = load_block(geo, cache, ino, inode)?;
-    let mut block_entries = block.iter().flat_map(|block| &block.entries);
-    if let Some(entry) = block_entries.find(|e| e.is(index, name)) {
-        return entry.stored_value().map(|v| Some(v.to_vec()));
-    }
-    Ok(None)
+    let mut block_entries = block.into_iter().flat_map(|block| block.entries);
+    Ok(block_entries.find(|e| e.is(index, name)))
 }
 
 /// The name of inline data's attribute, `system.data` (inline.c
@@ -1039,6 +1162,16 @@ mod tests {
         assert_eq!(entry_hash(b"\xe9\xe8abc", &[b'v'; 100]), 0xfe55_7893);
         assert_eq!(block_hash([0xfe55_7893].into_iter()), 0xfe55_7893);
         assert_eq!(block_hash([1, 0, 2].into_iter()), 0);
+    }
+
+    #[test]
+    fn signed_name_hashing_differs_only_for_high_bytes() {
+        let value = 0x1234_5678u32.to_le_bytes();
+        assert_eq!(entry_hash(b"big", &value), entry_hash_signed(b"big", &value));
+        assert_ne!(
+            entry_hash(b"\xe9t\xe9", &value),
+            entry_hash_signed(b"\xe9t\xe9", &value)
+        );
     }
 
     #[test]

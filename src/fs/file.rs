@@ -400,7 +400,13 @@ impl Fs {
         Ok(data)
     }
 
-    fn read_range(&self, ino: u32, inode: &Inode, offset: u64, end: u64) -> Result<Vec<u8>> {
+    pub(super) fn read_range(
+        &self,
+        ino: u32,
+        inode: &Inode,
+        offset: u64,
+        end: u64,
+    ) -> Result<Vec<u8>> {
         let geo = &self.core.geo;
         if inode.has_inline_data() {
             return inline::read_range(geo, ino, inode, offset, end);

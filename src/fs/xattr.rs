@@ -5,10 +5,12 @@
 use super::acl::{self, ACL_ACCESS};
 use super::inode::{check_live, read_inode};
 use super::{Caller, Fs, Scope};
+use crate::error::Location;
 use crate::error::{Error, Result};
+use crate::format::inode::Inode;
 use crate::format::inode::Timestamp;
 use crate::format::superblock::compat;
-use crate::format::xattr::{self, SetMode};
+use crate::format::xattr::{self, Located, SetMode};
 use crate::lock::Rank;
 
 /// An xattr change: the format layer's own blocks, the inode's and, for
@@ -25,10 +27,43 @@ impl Fs {
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let result = read_inode(&self.core, ino).and_then(|inode| {
             check_live(ino, &inode)?;
-            xattr::get(&self.core.geo, &self.core.cache, ino, &inode, name)?
-                .ok_or(Error::NoAttribute)
+            match xattr::locate(&self.core.geo, &self.core.cache, ino, &inode, name)? {
+                Some(Located::Value(value)) => Ok(value),
+                Some(Located::InInode(value)) => self.read_ea_inode(ino, &inode, &value),
+                None => Err(Error::NoAttribute),
+            }
         });
         self.note_error(result)
+    }
+
+    /// A value kept in an EA inode (ea_inode), read as a file's data and
+    /// checked as the kernel checks it. The EA inode is not locked: images
+    /// with EA inodes mount read-only, so nothing changes it meanwhile.
+    fn read_ea_inode(&self, owner: u32, inode: &Inode, value: &xattr::EaValue) -> Result<Vec<u8>> {
+        debug_assert!(
+            self.is_read_only(),
+            "EA inodes are read on read-only mounts only"
+        );
+        // The kernel's iget refuses reserved inodes (EXT4_IGET_EA_INODE).
+        if value.ino < self.core.geo.first_ino {
+            return Err(Error::corrupt(
+                Location::Inode { ino: owner },
+                format!("xattr value in reserved inode {}", value.ino),
+            ));
+        }
+        let ea_inode = read_inode(&self.core, value.ino)?;
+        let data = match value.size {
+            0 => Vec::new(),
+            size => self.read_range(value.ino, &ea_inode, 0, size as u64)?,
+        };
+        xattr::check_ea_inode_value(
+            &self.core.geo,
+            owner,
+            inode.generation,
+            value,
+            &ea_inode,
+            data,
+        )
     }
 
     /// Names of all attributes, with their namespace prefixes.
