@@ -1,25 +1,20 @@
 //! jext4: a userspace ext2/ext3/ext4 filesystem with a real JBD2 journal.
-//!
-//! Layers, bottom up (see DESIGN.md): `dev` (block devices) → `cache`
-//! (metadata buffers) → `journal` (transactions) → `format` (on-disk
-//! structures) → `fs` (filesystem operations) → front ends `fuse` and `api`.
 
-pub mod cache;
-pub mod crash;
-pub mod dev;
-pub mod error;
-#[doc(hidden)]
-pub mod faults;
-pub mod format;
-pub mod hash;
-pub mod journal;
-pub mod lock;
+pub mod engine;
+mod error;
+
+mod api;
 
 pub use api::{
     DirBuilder, DirEntry, File, FileType, Image, ImageOptions, Metadata, OpenOptions, ReadDir, Walk,
 };
-pub use error::{Error, Result};
-pub mod api;
-pub mod fs;
-pub mod fuse;
-pub mod tools;
+pub use engine::dev::{BlockDevice, MemoryDevice};
+pub use error::{Error, Location, Result};
+
+// The layers under their old names, so that `crate::fs::…` paths inside
+// the crate read as they did before `engine` gathered them. Some are
+// only named by tests.
+#[allow(unused_imports)]
+use engine::{cache, dev, faults, format, fs, hash, journal, lock, rng, tools};
+#[allow(unused_imports)]
+use engine::{crash, fuse};

@@ -676,7 +676,7 @@ fn close_and_drop_unmount_cleanly() {
     drop(file);
     common::assert_fsck_clean(&path);
     let image = Image::from_device(Box::new(
-        jext4::dev::FileDevice::open(&path, false).unwrap(),
+        jext4::engine::dev::FileDevice::open(&path, false).unwrap(),
     ))
     .unwrap();
     assert_eq!(image.read("/kept").unwrap(), b"after the image was dropped");

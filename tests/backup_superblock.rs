@@ -8,8 +8,8 @@
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount, KernelMount, path_str, run, run_ok};
-use jext4::api::Image;
-use jext4::fs::MountOptions;
+use jext4::Image;
+use jext4::engine::fs::MountOptions;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

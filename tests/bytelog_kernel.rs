@@ -10,7 +10,7 @@ mod common;
 
 use common::journal::{Mount, fs_superblock, kernel_available, kernel_lock, run, tree};
 use common::server::{KeepOnPanic, Server, fuse_available, jext4};
-use jext4::format::superblock::incompat;
+use jext4::engine::format::superblock::incompat;
 use std::io::Write;
 use std::path::Path;
 

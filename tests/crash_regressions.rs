@@ -3,9 +3,9 @@
 
 mod common;
 
-use jext4::crash::driver::Lane;
-use jext4::crash::workloads::{Scenario, Workload};
-use jext4::crash::{Config, Sampling, run};
+use jext4::engine::crash::driver::Lane;
+use jext4::engine::crash::workloads::{Scenario, Workload};
+use jext4::engine::crash::{Config, Sampling, run};
 
 fn check(workload: &'static Workload, block_size: u32, states: usize) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {

@@ -14,8 +14,8 @@
 
 mod common;
 
-use jext4::crash::workloads::find;
-use jext4::crash::{Config, run};
+use jext4::engine::crash::workloads::find;
+use jext4::engine::crash::{Config, run};
 
 const STATES: usize = 200;
 const FAST_COMMIT_STATES: usize = 60;

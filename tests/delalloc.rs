@@ -9,8 +9,8 @@
 mod common;
 
 use common::e2e;
-use jext4::format::superblock::ROOT_INO;
-use jext4::fs::{Caller, Fs, MountOptions, SeekWhence};
+use jext4::engine::format::superblock::ROOT_INO;
+use jext4::engine::fs::{Caller, Fs, MountOptions, SeekWhence};
 use proptest::prelude::*;
 use std::path::Path;
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 
 mod common;
 
-use jext4::crash::rng::Rng;
+use jext4::engine::rng::Rng;
 
 use common::e2e::{self, JextMount, KernelMount};
 use std::fs;

@@ -121,7 +121,7 @@ fn a_waiting_fsync_holds_no_worker() {
     mount.unmount();
     drop(server);
     e2e::fsck_clean(&raw, "after the mount");
-    let image = jext4::api::Image::open(&raw).unwrap();
+    let image = jext4::Image::open(&raw).unwrap();
     assert_eq!(image.read("/a/f").unwrap(), data);
     image.close().unwrap();
 }

@@ -266,7 +266,7 @@ fn fsync_survives_kill_9(transport: &str) {
         // SAFETY: kill with a pid and a signal number.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
         assert!(e2e::wait_for(Duration::from_secs(10), || {
-            !jext4::fuse::serve::process_alive(pid)
+            !jext4::engine::fuse::serve::process_alive(pid)
         }));
         e2e::run_ok(JEXT4, &["umount", e2e::path_str(&mnt)]);
         mount.forget();
@@ -307,7 +307,7 @@ fn unmount_idle_and_busy(transport: &str) {
         let log = mount.log.clone();
         mount.unmount();
         assert!(e2e::wait_for(Duration::from_secs(10), || {
-            !jext4::fuse::serve::process_alive(pid)
+            !jext4::engine::fuse::serve::process_alive(pid)
         }));
         server_log_is_clean(&fs::read_to_string(&log).unwrap(), transport);
 
@@ -318,7 +318,7 @@ fn unmount_idle_and_busy(transport: &str) {
         mount.forget();
         assert!(
             e2e::wait_for(Duration::from_secs(30), || {
-                !jext4::fuse::serve::process_alive(pid)
+                !jext4::engine::fuse::serve::process_alive(pid)
             }),
             "the server did not end after the last descriptor closed:\n{}",
             fs::read_to_string(&log).unwrap_or_default()

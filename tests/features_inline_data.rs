@@ -17,7 +17,7 @@ mod common;
 
 use common::journal::{Mount, kernel_available, kernel_lock};
 use common::server::{Server, fuse_available};
-use jext4::api::Image;
+use jext4::Image;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -103,7 +103,7 @@ fn tree(root: &Path) -> Listing {
             } else {
                 ('f', std::fs::read(&path).unwrap())
             };
-            let checksum = jext4::format::csum::crc32c_raw(!0, &content);
+            let checksum = jext4::engine::format::csum::crc32c_raw(!0, &content);
             let nlink = if meta.is_dir() { 0 } else { meta.nlink() };
             entries.push((name, kind, meta.len(), meta.blocks(), nlink, checksum));
         }

@@ -7,8 +7,8 @@
 mod common;
 
 use common::e2e;
-use jext4::format::superblock::ROOT_INO;
-use jext4::fs::{Caller, Fs, MountOptions};
+use jext4::engine::format::superblock::ROOT_INO;
+use jext4::engine::fs::{Caller, Fs, MountOptions};
 
 /// (offset, length) in turn: a base, then edges at every place a block
 /// can be cut.

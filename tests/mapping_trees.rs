@@ -6,10 +6,10 @@
 mod common;
 mod mapping_support;
 
-use jext4::error::Error;
-use jext4::format::extent;
-use jext4::format::inode::Inode;
-use jext4::format::mapping::{self, Extent, Lookup};
+use jext4::Error;
+use jext4::engine::format::extent;
+use jext4::engine::format::inode::Inode;
+use jext4::engine::format::mapping::{self, Extent, Lookup};
 use mapping_support::{Image, TestAllocator, Walk, check_invariants, image_bytes, with_ctx};
 use proptest::prelude::*;
 

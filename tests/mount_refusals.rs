@@ -11,7 +11,7 @@ use common::journal::{
     Mount, data_file, debugfs_commands, dumpe2fs_needs_recovery, flip_byte, free_blocks,
     journal_block_offset, kernel_lock, log_blocks, run,
 };
-use jext4::journal::format::block_type;
+use jext4::engine::journal::format::block_type;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

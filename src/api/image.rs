@@ -153,7 +153,7 @@ impl Image {
     ///
     /// ```no_run
     /// let bytes = std::fs::read("disk.img")?;
-    /// let device = jext4::dev::MemoryDevice::from_bytes(bytes);
+    /// let device = jext4::MemoryDevice::from_bytes(bytes);
     /// let image = jext4::Image::from_device(Box::new(device))?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -166,6 +166,7 @@ impl Image {
     /// (`caller.umask` becomes the image's umask). `close` unmounts the
     /// engine; dropping the image leaves it mounted for whoever mounted
     /// it (the crash driver goes on with the same engine).
+    #[doc(hidden)]
     pub fn from_fs(fs: Arc<Fs>, caller: Caller) -> Image {
         let mut image =
             Image::from_parts(fs, Caller { umask: 0, ..caller }, u32::from(caller.umask));
@@ -647,28 +648,32 @@ impl Image {
         self.fs().removexattr(ino, name, self.shared.caller)
     }
 
-    // ----- The engine underneath (unstable) -----
+    // ----- The engine underneath (unstable, hidden from the docs) -----
 
     /// The engine, for inode-level work (the image tools, the FUSE
     /// server's tests). Not part of the stable API.
+    #[doc(hidden)]
     pub fn fs(&self) -> &Arc<Fs> {
         &self.shared.fs
     }
 
     /// Who the engine-level operations run as: the process's user and
     /// group, without a umask (modes given are modes used).
+    #[doc(hidden)]
     pub fn caller(&self) -> Caller {
         self.shared.caller
     }
 
     /// The inode `path` names; `follow_last` follows a final symlink
     /// (`stat` against `lstat`).
+    #[doc(hidden)]
     pub fn inode_of(&self, path: impl AsRef<Path>, follow_last: bool) -> Result<u32> {
         self.resolve(bytes(path.as_ref()), follow_last)
     }
 
     /// The directory that holds `path`'s last component, and that
     /// component ("/a/b/" gives a's inode and "b").
+    #[doc(hidden)]
     pub fn parent_and_name<'p, P: AsRef<Path> + ?Sized>(
         &self,
         path: &'p P,
@@ -678,6 +683,7 @@ impl Image {
 
     /// Change attributes of `path` itself (not following a final link)
     /// as the engine's `setattr` does; returns the new attributes.
+    #[doc(hidden)]
     pub fn set_attr(&self, path: impl AsRef<Path>, changes: &SetAttr) -> Result<Attr> {
         let ino = self.resolve(bytes(path.as_ref()), false)?;
         self.fs().setattr(ino, changes, self.shared.caller)

@@ -117,7 +117,9 @@ impl ImageOptions {
     }
 
     /// Every engine option at once (the command line's `-o` parser builds
-    /// these); the setters above change the same fields.
+    /// these); the setters above change the same fields. Unstable: the
+    /// engine's type.
+    #[doc(hidden)]
     pub fn mount_options(&mut self, options: MountOptions) -> &mut Self {
         self.mount = options;
         self

@@ -1145,7 +1145,7 @@ mod tests {
     fn garbage_never_panics() {
         // Bounded loops and checked offsets: arbitrary bytes parse or fail.
         let geo = geometry(false);
-        let mut rng = crate::crash::rng::Rng::new(0x1234_5678);
+        let mut rng = crate::rng::Rng::new(0x1234_5678);
         for round in 0..2000 {
             let mut bytes = vec![0u8; 256];
             for byte in bytes.iter_mut() {
