@@ -6,8 +6,8 @@
 //! Bottom up (see docs/ARCHITECTURE.md): `dev` (block devices) → `cache`
 //! (metadata buffers) → `journal` (JBD2 transactions) → `format` (on-disk
 //! structures) → `fs` (`Fs`, the filesystem operations) → the front ends,
-//! `fuse` and the crate's API; `tools` (tree and tar
-//! copies), `crash` (crash states) and the helpers
+//! `fuse` (feature `fuse`) and the crate's API; `tools` (tree and tar
+//! copies), `crash` (crash states, feature `crashtest`) and the helpers
 //! `lock`, `faults`, `hash` and `rng` beside them.
 //!
 //! Each layer keeps its folder (`src/dev/`, `src/fs/`, …); this file only
@@ -15,6 +15,7 @@
 
 #[path = "cache/mod.rs"]
 pub mod cache;
+#[cfg(feature = "crashtest")]
 #[path = "crash/mod.rs"]
 pub mod crash;
 #[path = "dev/mod.rs"]
@@ -25,6 +26,7 @@ pub mod faults;
 pub mod format;
 #[path = "fs/mod.rs"]
 pub mod fs;
+#[cfg(feature = "fuse")]
 #[path = "fuse/mod.rs"]
 pub mod fuse;
 #[path = "hash.rs"]

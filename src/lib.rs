@@ -13,8 +13,12 @@ pub use error::{Error, Location, Result};
 
 // The layers under their old names, so that `crate::fs::…` paths inside
 // the crate read as they did before `engine` gathered them. Some are
-// only named by tests.
+// only named by tests or by code that a feature set leaves out.
+#[allow(unused_imports)]
+#[cfg(feature = "crashtest")]
+use engine::crash;
+#[allow(unused_imports)]
+#[cfg(feature = "fuse")]
+use engine::fuse;
 #[allow(unused_imports)]
 use engine::{cache, dev, faults, format, fs, hash, journal, lock, rng, tools};
-#[allow(unused_imports)]
-use engine::{crash, fuse};

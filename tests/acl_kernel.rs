@@ -6,6 +6,9 @@
 //! kernel ext4 loop mount of an identical image. Every step's output and
 //! exit status, every resulting mode and every `getfacl` must be the same.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};

@@ -5,6 +5,9 @@
 //! `std::fs` on a kernel loop mount and through jext4 on a copy of the same
 //! image, result for result and tree for tree.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, KernelMount};

@@ -5,6 +5,9 @@
 //! read-write mount from a backup, which writes the backup as the kernel's
 //! does and leaves the primary for `e2fsck -b`.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount, KernelMount, path_str, run, run_ok};

@@ -6,6 +6,9 @@
 //!   ring, and the recovered image is clean and holds every file whose
 //!   fsync returned, read through the kernel.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::journal::{Mount, fs_superblock, kernel_available, kernel_lock, run, tree};

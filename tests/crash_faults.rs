@@ -5,6 +5,8 @@
 //! The switches are process-wide, so these tests run one at a time and
 //! nothing else runs in this test binary.
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
 use jext4::engine::crash::workloads::{Workload, find};

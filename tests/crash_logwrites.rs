@@ -3,6 +3,8 @@
 //! read back, and replayed onto the starting image gives exactly the disk
 //! the engine left.
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
 use jext4::engine::crash::logwrites::{read_log, write_log};

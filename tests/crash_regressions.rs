@@ -1,6 +1,8 @@
 //! Journal bugs the crash-state harness found, each kept as the short
 //! workload that reproduces it, checked in every crash state.
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
 use jext4::engine::crash::driver::Lane;

@@ -12,6 +12,8 @@
 //! --workload all --states 10000 [--fast-commit]` is the long run (docs/
 //! testing.md, "Crash states").
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
 use jext4::engine::crash::workloads::find;

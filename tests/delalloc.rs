@@ -6,6 +6,9 @@
 //! mount and replayed. Crash states: `jext4 crashtest --delalloc`
 //! (tests/crash_workloads.rs, tests/crash_faults.rs).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e;

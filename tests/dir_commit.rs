@@ -14,6 +14,9 @@
 //! The image as it stands when /a's fsync returns is a crash state: the
 //! kernel's replay and jext4's must both hold /a's file and not /b's.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use jext4::engine::dev::{BlockDevice, FileDevice};

@@ -4,6 +4,9 @@
 //! 100-entry directory. The lookup times are printed, not asserted: they
 //! go into the closing note.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};

@@ -4,6 +4,9 @@
 //! mkdir/rmdir, xattrs, while another thread walks the tree. Afterwards
 //! e2fsck is clean and the kernel reads what jext4 showed.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use jext4::engine::rng::Rng;

@@ -6,6 +6,9 @@
 //! stopped (SIGSTOP) while the fsync is under way, so its barrier gets no
 //! reply until the test lets the server run again.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount};

@@ -3,6 +3,9 @@
 //! finds clean and that a kernel loop mount shows with the expected files
 //! and contents.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, KernelMount};

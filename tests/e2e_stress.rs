@@ -13,6 +13,9 @@
 //! a kernel mount. Once on a plain image, once on a fast_commit image
 //! (per-directory fast commits).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};

@@ -14,6 +14,9 @@
 //! reason printed. Where the parameter exists, io_uring must work, under
 //! `JEXT4_NO_SKIP` as everywhere.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount, KernelMount, Params};

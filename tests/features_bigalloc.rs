@@ -8,6 +8,9 @@
 //! `mke2fs -d`, at 1 KiB blocks (16 KiB clusters, the filesystem starting
 //! at block 0) and 4 KiB blocks (64 KiB clusters).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount, Params};

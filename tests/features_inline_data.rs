@@ -13,6 +13,9 @@
 //!   without dir_index.
 //! - Until jext4 writes inline data, a mount is read-only and says so.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::journal::{Mount, kernel_available, kernel_lock};

@@ -4,6 +4,9 @@
 //! plain byte model after every write and after a remount, on 1 KiB and
 //! 4 KiB blocks; e2fsck finds the image clean.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e;

@@ -8,6 +8,9 @@
 //!
 //! `JEXT4_WRAP_SECONDS` lengthens the FUSE workload (default 6 s).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::journal::{fs_superblock, journal_blocks_from_debugfs, log_wraps};

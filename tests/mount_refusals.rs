@@ -4,6 +4,9 @@
 //! a damaged journal superblock, an external journal device, a zeroed
 //! primary superblock, and a user who may not open `/dev/fuse`.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4};

@@ -4,6 +4,9 @@
 //! its CAN_MULTI_CONN and read-only flags; export names; and one clear
 //! line for every URI, server or export that cannot be used.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::nbd::{Listen, NbdServer, device, servers_available};

@@ -10,6 +10,9 @@
 //! nothing answered), once `x-io-timeout` and the reconnect timeout run
 //! out — never a hang.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e;

@@ -6,6 +6,9 @@
 //! raw for qcow2, after `qemu-img check`) shows the same tree. Then the
 //! journal's kill -9 test with the image behind nbdkit.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, KernelMount};

@@ -19,6 +19,9 @@
 //! figures, not assertions: `bench/run --only oos`,
 //! `examples/space_budget_cost.rs`.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount};

@@ -7,6 +7,9 @@
 //! same way. Also: ENOSPC in the middle of an import, a vanished source,
 //! and a rootless run.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 #[path = "tools_support/mod.rs"]
 mod tools_support;
