@@ -3,9 +3,9 @@
 //! no loop device, no root). The `jext4 cp`, `tar` and file verbs are thin
 //! over these functions, so a Rust program gets the same speed.
 //!
-//! - [`copy_in`]: a host tree into the image (`cp -a SRC IMAGE:DEST`),
+//! - [`copy_in()`]: a host tree into the image (`cp -a SRC IMAGE:DEST`),
 //!   several threads feeding the engine, one directory at a time each;
-//! - [`copy_out`]: an image tree onto the host;
+//! - [`copy_out()`]: an image tree onto the host;
 //! - `unpack` and `pack`: tar archives (ustar, GNU, pax) into and out
 //!   of an image (feature `tar`).
 //!
