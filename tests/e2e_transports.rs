@@ -360,7 +360,7 @@ fn busy_lazy_unmount(mnt: &Path) -> Vec<(String, u64)> {
             while !stop.load(Ordering::Acquire) {
                 file.write_all(&block).unwrap();
                 length += block.len() as u64;
-                if length % (64 << 10) == 0 {
+                if length.is_multiple_of(64 << 10) {
                     file.sync_data().unwrap();
                 }
             }

@@ -652,11 +652,12 @@ struct Runs {
 
 impl Runs {
     fn push(&mut self, logical: u64, physical: u64) {
-        if let Some(last) = self.runs.last_mut() {
-            if last.end() == logical && last.physical + last.len as u64 == physical {
-                last.len += 1;
-                return;
-            }
+        if let Some(last) = self.runs.last_mut()
+            && last.end() == logical
+            && last.physical + last.len as u64 == physical
+        {
+            last.len += 1;
+            return;
         }
         self.runs.push(Extent {
             logical,

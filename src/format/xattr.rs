@@ -325,11 +325,11 @@ fn parse_entries(
     let mut entries = Vec::with_capacity(headers.len());
     for header in &headers {
         let value = entry_value(geo, bytes, header, value_base, names_end, location)?;
-        if let Value::Stored(data) = &value {
-            if !data.is_empty() {
-                let start = value_base + header.value_offs;
-                ranges.push(start..start + value_len(data.len()));
-            }
+        if let Value::Stored(data) = &value
+            && !data.is_empty()
+        {
+            let start = value_base + header.value_offs;
+            ranges.push(start..start + value_len(data.len()));
         }
         entries.push(Entry {
             index: header.index,
@@ -1150,7 +1150,11 @@ mod tests {
             let mut bytes = vec![0u8; 256];
             for byte in bytes.iter_mut() {
                 let value = rng.next_u64();
-                *byte = if value % 3 == 0 { 0 } else { value as u8 };
+                *byte = if value.is_multiple_of(3) {
+                    0
+                } else {
+                    value as u8
+                };
             }
             let first = 4 + (round % 8) * 4;
             let _ = parse_entries(&geo, &bytes, first, first, Location::Inode { ino: 1 });

@@ -1215,10 +1215,10 @@ impl Fs {
 
 impl Drop for Fs {
     fn drop(&mut self) {
-        if !self.unmounted.load(Ordering::Acquire) {
-            if let Err(error) = self.unmount() {
-                tracing::error!(%error, "unmount at drop failed");
-            }
+        if !self.unmounted.load(Ordering::Acquire)
+            && let Err(error) = self.unmount()
+        {
+            tracing::error!(%error, "unmount at drop failed");
         }
     }
 }

@@ -360,11 +360,12 @@ fn copy_sources_in(
         for source in sources {
             let host = Path::new(source);
             let meta = std::fs::symlink_metadata(host);
-            if let Ok(meta) = &meta {
-                if meta.is_dir() && !recursive {
-                    failed.push(format!("-r not specified; omitting directory '{source}'"));
-                    continue;
-                }
+            if let Ok(meta) = &meta
+                && meta.is_dir()
+                && !recursive
+            {
+                failed.push(format!("-r not specified; omitting directory '{source}'"));
+                continue;
             }
             let target = match dest_is_dir {
                 true => {

@@ -397,10 +397,10 @@ fn ls_line(image: &Image, long: bool, shown: &str, path: &str, attr: &Attr) -> S
         size,
         long_iso(attr.mtime.sec)
     );
-    if attr.kind == FileKind::Symlink {
-        if let Ok(target) = image.read_link(path) {
-            line.push_str(&format!(" -> {}", target.to_string_lossy()));
-        }
+    if attr.kind == FileKind::Symlink
+        && let Ok(target) = image.read_link(path)
+    {
+        line.push_str(&format!(" -> {}", target.to_string_lossy()));
     }
     line
 }
@@ -503,10 +503,10 @@ fn stat(verb: &mut Verb<'_>, paths: &[String]) {
         match lstat_path(image, path.trimmed()) {
             Ok(attr) => {
                 let mut shown = arg.clone();
-                if attr.kind == FileKind::Symlink {
-                    if let Ok(target) = image.read_link(path.trimmed()) {
-                        shown = format!("{arg} -> {}", target.to_string_lossy());
-                    }
+                if attr.kind == FileKind::Symlink
+                    && let Ok(target) = image.read_link(path.trimmed())
+                {
+                    shown = format!("{arg} -> {}", target.to_string_lossy());
                 }
                 print!("{}", stat_text(&shown, &attr));
             }
