@@ -22,11 +22,11 @@
 //! a test. Use the release profile (the `ci` profile has debug assertions
 //! on, which cost on this path).
 
-use jext4::cache::{Buffer, BufferCache};
-use jext4::dev::guard::GuardedDevice;
-use jext4::dev::{BlockDevice, MemoryDevice};
-use jext4::journal::recovery::JournalArea;
-use jext4::journal::{Jbd2Options, Journal, JournalConfig};
+use jext4::engine::cache::{Buffer, BufferCache};
+use jext4::engine::dev::guard::GuardedDevice;
+use jext4::engine::dev::{BlockDevice, MemoryDevice};
+use jext4::engine::journal::recovery::JournalArea;
+use jext4::engine::journal::{Jbd2Options, Journal, JournalConfig};
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -50,8 +50,8 @@ fn journal_superblock() -> Vec<u8> {
     let mut put = |offset: usize, value: u32| {
         block[offset..offset + 4].copy_from_slice(&value.to_be_bytes());
     };
-    put(0, jext4::journal::format::MAGIC);
-    put(4, jext4::journal::format::block_type::SUPERBLOCK_V2);
+    put(0, jext4::engine::journal::format::MAGIC);
+    put(4, jext4::engine::journal::format::block_type::SUPERBLOCK_V2);
     put(12, BLOCK_SIZE as u32);
     put(16, JOURNAL_BLOCKS as u32);
     put(20, 1);

@@ -18,8 +18,8 @@
 //! that it charged (on) or did not (off). Figures are printed, never
 //! asserted: a test does not time.
 
-use jext4::format::superblock::ROOT_INO;
-use jext4::fs::{Caller, Fs, MountOptions};
+use jext4::engine::format::superblock::ROOT_INO;
+use jext4::engine::fs::{Caller, Fs, MountOptions};
 use std::path::PathBuf;
 use std::time::Instant;
 

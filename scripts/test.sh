@@ -13,6 +13,10 @@ echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy"
 cargo clippy --quiet --workspace --all-targets -- -D warnings
+echo "== cargo clippy (the library alone, no default features)"
+cargo clippy --quiet --lib --no-default-features -- -D warnings
+echo "== cargo doc (every link resolves, no warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps
 echo "== cargo test (profile ci: optimised, debug assertions on)"
 # A test that cannot run here (not root, no FUSE, no loop devices, a tool
 # missing) fails instead of skipping: CI must not pass by skipping.

@@ -11,12 +11,37 @@ use std::fmt;
 /// Where in the image a corruption was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Location {
+    /// The primary superblock (or the backup the image was opened from).
     Superblock,
-    GroupDescriptor { group: u32 },
-    Block { block: u64 },
-    Inode { ino: u32 },
-    InodeBlock { ino: u32, block: u64 },
-    Journal { block: u64 },
+    /// The descriptor of a block group.
+    GroupDescriptor {
+        /// The group's number.
+        group: u32,
+    },
+    /// A metadata block with no one inode to blame (a bitmap, an inode
+    /// table block).
+    Block {
+        /// The block's number, in filesystem blocks.
+        block: u64,
+    },
+    /// An inode itself: its fields or its checksum.
+    Inode {
+        /// The inode's number.
+        ino: u32,
+    },
+    /// A block an inode owns: an extent tree node, a directory block,
+    /// an xattr block.
+    InodeBlock {
+        /// The owner's inode number.
+        ino: u32,
+        /// The block's number, in filesystem blocks.
+        block: u64,
+    },
+    /// The journal: its superblock, a descriptor, a commit block.
+    Journal {
+        /// The block's index inside the journal (0: its superblock).
+        block: u64,
+    },
 }
 
 impl Location {
@@ -64,7 +89,9 @@ pub enum Error {
     /// out-of-range pointer). The filesystem turns read-only when this is seen.
     #[error("corrupt filesystem at {location}: {detail}")]
     Corrupt {
+        /// Where the damage is.
         location: Location,
+        /// What is wrong there, in a sentence.
         detail: String,
         /// Where in jext4 the damage was noticed (the kernel's
         /// `function:line` in its `EXT4-fs error` lines and in the
@@ -167,6 +194,7 @@ pub fn io_error_is_failure(error: &std::io::Error) -> bool {
 impl Error {
     /// Shorthand used by the format layer when a structure does not parse.
     /// The caller's source location is kept as the error's origin.
+    #[doc(hidden)]
     #[track_caller]
     pub fn corrupt(location: Location, detail: impl Into<String>) -> Self {
         Error::Corrupt {
@@ -178,6 +206,7 @@ impl Error {
 
     /// A corruption's detail rewritten by `extend` (a hint at what repairs
     /// it, say), its place and origin kept; any other error unchanged.
+    #[doc(hidden)]
     pub fn map_corrupt_detail(self, extend: impl FnOnce(String) -> String) -> Self {
         match self {
             Error::Corrupt {
@@ -270,7 +299,9 @@ impl From<Error> for std::io::Error {
     }
 }
 
-/// Early-return a corruption error unless `cond` holds.
+/// Early-return a corruption error unless `cond` holds (the format
+/// layer's; not part of the API).
+#[doc(hidden)]
 #[macro_export]
 macro_rules! ensure_format {
     ($cond:expr, $location:expr, $($arg:tt)+) => {

@@ -6,6 +6,9 @@
 //! kernel ext4 loop mount of an identical image. Every step's output and
 //! exit status, every resulting mode and every `getfacl` must be the same.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};
@@ -120,7 +123,7 @@ fn describe_tree(root: &Path) -> String {
 /// takes modes as given).
 #[test]
 fn library_acls_match_kernel() {
-    use jext4::format::acl::{AclEntry, UNDEFINED_ID, encode_xattr, tag};
+    use jext4::engine::format::acl::{AclEntry, UNDEFINED_ID, encode_xattr, tag};
     if !e2e::require_e2e() {
         return;
     }
@@ -184,7 +187,7 @@ fn library_acls_match_kernel() {
     .unwrap();
     lib.set_xattr("/plain", "system.posix_acl_access", &access)
         .unwrap();
-    let chmod = jext4::fs::SetAttr {
+    let chmod = jext4::engine::fs::SetAttr {
         mode: Some(0o750),
         ..Default::default()
     };

@@ -5,6 +5,9 @@
 //! `std::fs` on a kernel loop mount and through jext4 on a copy of the same
 //! image, result for result and tree for tree.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, KernelMount};
@@ -676,7 +679,7 @@ fn close_and_drop_unmount_cleanly() {
     drop(file);
     common::assert_fsck_clean(&path);
     let image = Image::from_device(Box::new(
-        jext4::dev::FileDevice::open(&path, false).unwrap(),
+        jext4::engine::dev::FileDevice::open(&path, false).unwrap(),
     ))
     .unwrap();
     assert_eq!(image.read("/kept").unwrap(), b"after the image was dropped");

@@ -5,11 +5,14 @@
 //! read-write mount from a backup, which writes the backup as the kernel's
 //! does and leaves the primary for `e2fsck -b`.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount, KernelMount, path_str, run, run_ok};
-use jext4::api::Image;
-use jext4::fs::MountOptions;
+use jext4::Image;
+use jext4::engine::fs::MountOptions;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

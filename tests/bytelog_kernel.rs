@@ -6,11 +6,14 @@
 //!   ring, and the recovered image is clean and holds every file whose
 //!   fsync returned, read through the kernel.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::journal::{Mount, fs_superblock, kernel_available, kernel_lock, run, tree};
 use common::server::{KeepOnPanic, Server, fuse_available, jext4};
-use jext4::format::superblock::incompat;
+use jext4::engine::format::superblock::incompat;
 use std::io::Write;
 use std::path::Path;
 

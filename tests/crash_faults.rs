@@ -5,11 +5,13 @@
 //! The switches are process-wide, so these tests run one at a time and
 //! nothing else runs in this test binary.
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
-use jext4::crash::workloads::{Workload, find};
-use jext4::crash::{Config, Sampling, run};
-use jext4::faults::Fault;
+use jext4::engine::crash::workloads::{Workload, find};
+use jext4::engine::crash::{Config, Sampling, run};
+use jext4::engine::faults::Fault;
 use std::sync::Mutex;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -53,7 +55,10 @@ fn first_failure(
         kernel_every: 0,
     };
     let summary = run(&config, &mut |_| {}).unwrap();
-    assert!(!jext4::faults::any_active(), "a fault outlived its run");
+    assert!(
+        !jext4::engine::faults::any_active(),
+        "a fault outlived its run"
+    );
     summary.failures.first().map(|failure| failure.to_string())
 }
 

@@ -3,12 +3,14 @@
 //! read back, and replayed onto the starting image gives exactly the disk
 //! the engine left.
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
-use jext4::crash::logwrites::{read_log, write_log};
-use jext4::crash::tools::{Scratch, make_template};
-use jext4::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice};
-use jext4::fs::{Caller, Fs, MountOptions};
+use jext4::engine::crash::logwrites::{read_log, write_log};
+use jext4::engine::crash::tools::{Scratch, make_template};
+use jext4::engine::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice};
+use jext4::engine::fs::{Caller, Fs, MountOptions};
 use std::sync::Arc;
 
 #[test]
@@ -21,7 +23,7 @@ fn a_recorded_run_replays_from_its_dm_log_writes_log() {
     let memory = Arc::new(MemoryDevice::from_bytes(start.clone()));
     let device = Arc::new(RecordingDevice::new(memory.clone()));
     let fs = Fs::mount(device.clone(), MountOptions::default()).unwrap();
-    let root = jext4::format::superblock::ROOT_INO;
+    let root = jext4::engine::format::superblock::ROOT_INO;
     let dir = fs.mkdir(root, b"d", 0o755, Caller::ROOT).unwrap();
     for index in 0..20u8 {
         let name = format!("f{index}");

@@ -1,11 +1,13 @@
 //! Journal bugs the crash-state harness found, each kept as the short
 //! workload that reproduces it, checked in every crash state.
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
-use jext4::crash::driver::Lane;
-use jext4::crash::workloads::{Scenario, Workload};
-use jext4::crash::{Config, Sampling, run};
+use jext4::engine::crash::driver::Lane;
+use jext4::engine::crash::workloads::{Scenario, Workload};
+use jext4::engine::crash::{Config, Sampling, run};
 
 fn check(workload: &'static Workload, block_size: u32, states: usize) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {

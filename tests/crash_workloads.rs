@@ -12,10 +12,12 @@
 //! --workload all --states 10000 [--fast-commit]` is the long run (docs/
 //! testing.md, "Crash states").
 
+#![cfg(feature = "crashtest")]
+
 mod common;
 
-use jext4::crash::workloads::find;
-use jext4::crash::{Config, run};
+use jext4::engine::crash::workloads::find;
+use jext4::engine::crash::{Config, run};
 
 const STATES: usize = 200;
 const FAST_COMMIT_STATES: usize = 60;

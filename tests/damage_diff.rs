@@ -28,6 +28,9 @@
 //! and loop devices; skipped with the reason otherwise (failed under
 //! `JEXT4_NO_SKIP`).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 mod damage_support;
 // The fuzzer's image map and checksum fixer locate and seal byte edits.

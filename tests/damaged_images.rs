@@ -4,6 +4,9 @@
 //! inodes, and operations that meet corruption half way (the journal
 //! aborts, so the disk keeps its last committed state).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::server::{Server, fuse_available, jext4};

@@ -6,11 +6,14 @@
 //! mount and replayed. Crash states: `jext4 crashtest --delalloc`
 //! (tests/crash_workloads.rs, tests/crash_faults.rs).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e;
-use jext4::format::superblock::ROOT_INO;
-use jext4::fs::{Caller, Fs, MountOptions, SeekWhence};
+use jext4::engine::format::superblock::ROOT_INO;
+use jext4::engine::fs::{Caller, Fs, MountOptions, SeekWhence};
 use proptest::prelude::*;
 use std::path::Path;
 use std::sync::Arc;

@@ -14,10 +14,13 @@
 //! The image as it stands when /a's fsync returns is a crash state: the
 //! kernel's replay and jext4's must both hold /a's file and not /b's.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
-use jext4::dev::{BlockDevice, FileDevice};
-use jext4::fs::{Caller, Fs, MountOptions};
+use jext4::engine::dev::{BlockDevice, FileDevice};
+use jext4::engine::fs::{Caller, Fs, MountOptions};
 use std::io;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
@@ -133,7 +136,7 @@ fn mounted(dir: &std::path::Path, global: bool) -> (Arc<StallingDevice>, Arc<Fs>
         ..MountOptions::default()
     };
     let fs = Fs::mount(device.clone() as Arc<dyn BlockDevice>, options).unwrap();
-    let root = jext4::format::superblock::ROOT_INO;
+    let root = jext4::engine::format::superblock::ROOT_INO;
     let a = fs.mkdir(root, b"a", 0o755, Caller::ROOT).unwrap().ino;
     let b = fs.mkdir(root, b"b", 0o755, Caller::ROOT).unwrap().ino;
     // The directories are made durable in full (a new directory is not
@@ -236,9 +239,9 @@ fn assert_replays_hold_a_without_b(crashed: &std::path::Path) {
     } else {
         common::skip("the kernel's replay: no loop mounts here");
     }
-    jext4::fs::recover_image(crashed).unwrap();
+    jext4::engine::fs::recover_image(crashed).unwrap();
     common::assert_fsck_clean(crashed);
-    let image = jext4::api::Image::open(crashed).unwrap();
+    let image = jext4::Image::open(crashed).unwrap();
     expect(
         image.read("/a/small").map_err(io::Error::other),
         image.read("/b/big").is_ok(),

@@ -5,10 +5,10 @@
 
 mod common;
 
-use jext4::dev::{BlockDevice, FileDevice};
-use jext4::faults::{PanicPoint, arm_panic};
-use jext4::format::superblock::ROOT_INO;
-use jext4::fs::{Caller, Fs, MountOptions};
+use jext4::engine::dev::{BlockDevice, FileDevice};
+use jext4::engine::faults::{PanicPoint, arm_panic};
+use jext4::engine::format::superblock::ROOT_INO;
+use jext4::engine::fs::{Caller, Fs, MountOptions};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;

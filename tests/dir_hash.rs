@@ -7,7 +7,7 @@
 mod dir_common;
 
 use dir_common::{Rng, mkfs, random_name, run};
-use jext4::format::htree::{NameHash, name_hash};
+use jext4::engine::format::htree::{NameHash, name_hash};
 use std::fmt::Write;
 
 /// debugfs takes the seed as a UUID; s_hash_seed is that UUID's bytes read

@@ -14,18 +14,18 @@ use dir_common::{
     Mount, Rng, TestDir, can_mount, debugfs_blocks, group_descs, inode_offset, mkfs, random_name,
     read_geometry, read_inode, run,
 };
-use jext4::cache::BufferCache;
-use jext4::dev::MemoryDevice;
-use jext4::format::Geometry;
-use jext4::format::bitmap::{count_set, set_bit, test_bit, uninit_block_bitmap};
-use jext4::format::csum::crc32c_raw;
-use jext4::format::dir::{self, FT_REG_FILE};
-use jext4::format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
-use jext4::format::htree::hash_version;
-use jext4::format::inode::{Inode, flags};
-use jext4::format::superblock::Superblock;
-use jext4::format::{put_u16, put_u32};
-use jext4::journal::{Journal, JournalConfig};
+use jext4::engine::cache::BufferCache;
+use jext4::engine::dev::MemoryDevice;
+use jext4::engine::format::Geometry;
+use jext4::engine::format::bitmap::{count_set, set_bit, test_bit, uninit_block_bitmap};
+use jext4::engine::format::csum::crc32c_raw;
+use jext4::engine::format::dir::{self, FT_REG_FILE};
+use jext4::engine::format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
+use jext4::engine::format::htree::hash_version;
+use jext4::engine::format::inode::{Inode, flags};
+use jext4::engine::format::superblock::Superblock;
+use jext4::engine::format::{put_u16, put_u32};
+use jext4::engine::journal::{Journal, JournalConfig};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::OsStr;

@@ -11,8 +11,10 @@ mod dir_common;
 use dir_common::{
     Mount, Rng, assert_listing, can_mount, image_dir, list_all, mkfs, random_name, run,
 };
-use jext4::format::dir::{self, FT_DIR, FT_FIFO, FT_REG_FILE, FT_SYMLINK, file_type_from_mode};
-use jext4::format::htree::hash_version;
+use jext4::engine::format::dir::{
+    self, FT_DIR, FT_FIFO, FT_REG_FILE, FT_SYMLINK, file_type_from_mode,
+};
+use jext4::engine::format::htree::hash_version;
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

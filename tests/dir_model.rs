@@ -10,10 +10,10 @@
 mod dir_common;
 
 use dir_common::{MemEnv, Rng, TestDir, assert_listing, geometry_for, list_in_chunks, random_name};
-use jext4::error::Error;
-use jext4::format::Geometry;
-use jext4::format::dir::{self, DirStats, FT_REG_FILE};
-use jext4::format::htree::hash_version;
+use jext4::Error;
+use jext4::engine::format::Geometry;
+use jext4::engine::format::dir::{self, DirStats, FT_REG_FILE};
+use jext4::engine::format::htree::hash_version;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 const DIR_INO: u32 = 12;
@@ -448,7 +448,7 @@ fn damaged_copy(
             _ => rng.next_u64() as u8,
         };
     }
-    jext4::dev::BlockDevice::write_at(&*env.dev, 0, &bytes).unwrap();
+    jext4::engine::dev::BlockDevice::write_at(&*env.dev, 0, &bytes).unwrap();
     let mut d = env.dir(geo, DIR_INO, original.seed, blocks);
     d.map = original.map.clone();
     d.indexed = original.indexed;
@@ -506,7 +506,7 @@ fn exercise(env: &MemEnv, d: &mut TestDir, names: &[Vec<u8>]) -> bool {
 /// a silent "not found".
 #[test]
 fn bad_index_fields_are_noticed_and_lookups_fall_back() {
-    use jext4::error::Location;
+    use jext4::Location;
     let geo = geometry_for(&["-t", "ext2", "-b", "1024"], 64);
     let work = Workload {
         ops: 30_000,
@@ -559,7 +559,7 @@ fn bad_index_fields_are_noticed_and_lookups_fall_back() {
         let mut bytes = image.clone();
         damage(&mut bytes);
         let env = MemEnv::new(&geo, (bytes.len() / bs) as u64);
-        jext4::dev::BlockDevice::write_at(&*env.dev, 0, &bytes).unwrap();
+        jext4::engine::dev::BlockDevice::write_at(&*env.dev, 0, &bytes).unwrap();
         let mut d = env.dir(&geo, DIR_INO, run.dir.seed, 0);
         d.map = run.dir.map.clone();
         d.indexed = true;

@@ -6,9 +6,9 @@
 mod dir_common;
 
 use dir_common::{MemEnv, assert_listing, geometry_for, list_all};
-use jext4::error::Error;
-use jext4::format::Geometry;
-use jext4::format::dir::{self, FT_REG_FILE};
+use jext4::Error;
+use jext4::engine::format::Geometry;
+use jext4::engine::format::dir::{self, FT_REG_FILE};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

@@ -4,6 +4,9 @@
 //! and on a kernel ext4 loop mount of the same kind of image, transcripts
 //! identical. (fstests' generic/003 found `nodiratime` taken for `noatime`.)
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};

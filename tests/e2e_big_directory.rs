@@ -4,11 +4,14 @@
 //! 100-entry directory. The lookup times are printed, not asserted: they
 //! go into the closing note.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};
-use jext4::api::Image;
-use jext4::fs::Caller;
+use jext4::Image;
+use jext4::engine::fs::Caller;
 use std::collections::BTreeSet;
 use std::fs;
 use std::time::{Duration, Instant};
@@ -24,7 +27,7 @@ fn name(i: usize) -> String {
 
 /// A fixed pseudo-random sample of indices below `bound`.
 fn sample(bound: usize, count: usize) -> Vec<usize> {
-    let mut rng = jext4::crash::rng::Rng::new(0x2545_F491_4F6C_DD1D);
+    let mut rng = jext4::engine::rng::Rng::new(0x2545_F491_4F6C_DD1D);
     (0..count)
         .map(|_| rng.below(bound as u64) as usize)
         .collect()

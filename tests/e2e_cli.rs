@@ -4,6 +4,9 @@
 //! `-o ro` refuses writes with EROFS and leaves the image untouched;
 //! `fusermount3 -u` unmounts as cleanly as `jext4 umount`.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount};

@@ -4,9 +4,12 @@
 //! mkdir/rmdir, xattrs, while another thread walks the tree. Afterwards
 //! e2fsck is clean and the kernel reads what jext4 showed.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
-use jext4::crash::rng::Rng;
+use jext4::engine::rng::Rng;
 
 use common::e2e::{self, JextMount, KernelMount};
 use std::fs;

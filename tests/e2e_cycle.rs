@@ -10,6 +10,9 @@
 //! Cycles: 12 by default (a few seconds); `JEXT4_CYCLE_MOUNTS=100` for the
 //! long run.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount};

@@ -6,6 +6,9 @@
 //! stopped (SIGSTOP) while the fsync is under way, so its barrier gets no
 //! reply until the test lets the server run again.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount};
@@ -121,7 +124,7 @@ fn a_waiting_fsync_holds_no_worker() {
     mount.unmount();
     drop(server);
     e2e::fsck_clean(&raw, "after the mount");
-    let image = jext4::api::Image::open(&raw).unwrap();
+    let image = jext4::Image::open(&raw).unwrap();
     assert_eq!(image.read("/a/f").unwrap(), data);
     image.close().unwrap();
 }

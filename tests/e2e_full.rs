@@ -4,6 +4,9 @@
 //! works again; an unprivileged user cannot eat the blocks reserved for
 //! root.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount};

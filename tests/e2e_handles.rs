@@ -7,6 +7,9 @@
 //! reused. The same steps on a kernel ext4 loop mount give the same
 //! transcript.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};

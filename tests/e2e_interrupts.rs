@@ -7,6 +7,9 @@
 //! server's log must hold no ERROR (`src/fuse/interrupts.rs`; the crash
 //! tests fail on one), the writes must all land, the image stay clean.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::server::{KeepOnPanic, Server, fuse_available};

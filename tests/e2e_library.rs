@@ -3,6 +3,9 @@
 //! finds clean and that a kernel loop mount shows with the expected files
 //! and contents.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, KernelMount};
@@ -146,10 +149,10 @@ fn e2e_library_release_after_delete() {
     }
     let scratch = e2e::scratch("release-after-delete");
     let image = common::mkfs(scratch.path(), "release", 32, &["-t", "ext4"]);
-    let opened = jext4::api::Image::open(&image).unwrap();
+    let opened = jext4::Image::open(&image).unwrap();
     let fs = opened.fs();
-    let root = jext4::format::superblock::ROOT_INO;
-    let caller = jext4::fs::Caller::ROOT;
+    let root = jext4::engine::format::superblock::ROOT_INO;
+    let caller = jext4::engine::fs::Caller::ROOT;
     for round in 0..3u32 {
         let name = format!("file{round}");
         let file = fs.create(root, name.as_bytes(), 0o644, caller).unwrap();
@@ -174,7 +177,7 @@ fn e2e_library_release_after_delete() {
 /// and inode back, refuses a file, and leaves an e2fsck-clean image.
 #[test]
 fn remove_dir_all_removes_a_tree_and_gives_the_space_back() {
-    use jext4::api::Image;
+    use jext4::Image;
     let dir = tempfile::tempdir().unwrap();
     let path = common::mkfs(dir.path(), "rmtree", 16, &["-t", "ext4", "-b", "1024"]);
     let image = Image::open(&path).unwrap();

@@ -8,6 +8,9 @@
 //! options reach the server, `umount` works, and `jext4 stats --json`
 //! reports the mount.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4};

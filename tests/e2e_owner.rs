@@ -3,6 +3,9 @@
 //! has mounted, and a loop device whose backing file jext4 already serves;
 //! every refusal names the holder. Nothing is written by the refused mount.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount, KernelMount};

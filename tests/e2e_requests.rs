@@ -4,6 +4,9 @@
 //! match what a known workload must have asked, and they survive the
 //! unmount in the server's last report.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount};

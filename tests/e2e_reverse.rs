@@ -4,6 +4,9 @@
 //! xattr blocks), the image stays e2fsck-clean, and the kernel reads back
 //! what jext4 showed.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, Expect, JextMount, KernelMount, Params};

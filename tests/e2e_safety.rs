@@ -5,6 +5,9 @@
 //! SIGTERM and SIGINT unmounting as soon as the mount is no longer busy,
 //! each retry logged.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount};

@@ -2,7 +2,7 @@
 //! creates, renames across directories (files and directories), unlinks,
 //! data writes, fsyncs, readdir and stat, all at once in eight shared
 //! directories. Under `--profile ci` the server is built with debug
-//! assertions, so the lock checker (`jext4::lock`) panics on the first
+//! assertions, so the lock checker (`jext4::engine::lock`) panics on the first
 //! acquisition out of rank order; the server log must show none.
 //!
 //! The model: each thread owns its names (`t{thread}-…`), so whatever the
@@ -13,10 +13,13 @@
 //! a kernel mount. Once on a plain image, once on a fast_commit image
 //! (per-directory fast commits).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount};
-use jext4::crash::rng::Rng;
+use jext4::engine::rng::Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Write;

@@ -14,6 +14,9 @@
 //! reason printed. Where the parameter exists, io_uring must work, under
 //! `JEXT4_NO_SKIP` as everywhere.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4, JextMount, KernelMount, Params};
@@ -266,7 +269,7 @@ fn fsync_survives_kill_9(transport: &str) {
         // SAFETY: kill with a pid and a signal number.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
         assert!(e2e::wait_for(Duration::from_secs(10), || {
-            !jext4::fuse::serve::process_alive(pid)
+            !jext4::engine::fuse::serve::process_alive(pid)
         }));
         e2e::run_ok(JEXT4, &["umount", e2e::path_str(&mnt)]);
         mount.forget();
@@ -307,7 +310,7 @@ fn unmount_idle_and_busy(transport: &str) {
         let log = mount.log.clone();
         mount.unmount();
         assert!(e2e::wait_for(Duration::from_secs(10), || {
-            !jext4::fuse::serve::process_alive(pid)
+            !jext4::engine::fuse::serve::process_alive(pid)
         }));
         server_log_is_clean(&fs::read_to_string(&log).unwrap(), transport);
 
@@ -318,7 +321,7 @@ fn unmount_idle_and_busy(transport: &str) {
         mount.forget();
         assert!(
             e2e::wait_for(Duration::from_secs(30), || {
-                !jext4::fuse::serve::process_alive(pid)
+                !jext4::engine::fuse::serve::process_alive(pid)
             }),
             "the server did not end after the last descriptor closed:\n{}",
             fs::read_to_string(&log).unwrap_or_default()
@@ -357,7 +360,7 @@ fn busy_lazy_unmount(mnt: &Path) -> Vec<(String, u64)> {
             while !stop.load(Ordering::Acquire) {
                 file.write_all(&block).unwrap();
                 length += block.len() as u64;
-                if length % (64 << 10) == 0 {
+                if length.is_multiple_of(64 << 10) {
                     file.sync_data().unwrap();
                 }
             }

@@ -2,6 +2,9 @@
 //! change written through a jext4 FUSE mount reads back the same after a
 //! remount and through a kernel loop mount, and `e2fsck -fn` is clean.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount, Params};

@@ -8,9 +8,9 @@ mod fast_commit_support;
 
 use common::journal::*;
 use fast_commit_support::*;
-use jext4::dev::{BlockDevice, MemoryDevice};
-use jext4::fs::recover_device;
-use jext4::journal::format::JournalSuperblock;
+use jext4::engine::dev::{BlockDevice, MemoryDevice};
+use jext4::engine::fs::recover_device;
+use jext4::engine::journal::format::JournalSuperblock;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -119,7 +119,7 @@ fn replay_transaction_is_ordinary(
     crash: &std::path::Path,
     bytes: &[u8],
     total: usize,
-    report: &jext4::journal::recovery::RecoveryReport,
+    report: &jext4::engine::journal::recovery::RecoveryReport,
     reference: &std::path::Path,
 ) {
     let tid = report
@@ -135,7 +135,7 @@ fn replay_transaction_is_ordinary(
         let image = crashing.inner.snapshot();
         let (_, area) = memory_area(image.clone(), block_size, blocks.clone());
         let mut dump = Vec::new();
-        jext4::journal::logdump::logdump(&area, &mut dump).unwrap();
+        jext4::engine::journal::logdump::logdump(&area, &mut dump).unwrap();
         let dump = String::from_utf8(dump).unwrap();
         let logged = dump.contains(&format!("commit, transaction {tid},"));
         (logged && dump.contains("no records")).then_some(image)

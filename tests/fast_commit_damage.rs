@@ -10,7 +10,7 @@ mod fast_commit_support;
 
 use common::journal::*;
 use fast_commit_support::*;
-use jext4::format::fast_commit::tag;
+use jext4::engine::format::fast_commit::tag;
 use std::path::{Path, PathBuf};
 
 const COMMITS: usize = 6;
@@ -66,7 +66,7 @@ fn check(
 
     let ours = damaged.with_extension("jext4.img");
     std::fs::copy(&damaged, &ours).unwrap();
-    let report = jext4::fs::recover_image(&ours)
+    let report = jext4::engine::fs::recover_image(&ours)
         .unwrap()
         .expect("recovery needed");
     assert!(report.journal.problem.is_none(), "{label}: {report:?}");

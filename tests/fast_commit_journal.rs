@@ -7,12 +7,12 @@
 mod common;
 
 use common::journal::*;
-use jext4::dev::BlockDevice;
-use jext4::format::fast_commit::{AreaBuilder, Dentry, Record};
-use jext4::fs::recover_journal;
-use jext4::journal::fast_commit::{ReplayWrite, write_replayed_blocks};
-use jext4::journal::format::fast_commit_head_tid;
-use jext4::journal::recovery::{FastCommitArea, JournalArea};
+use jext4::engine::dev::BlockDevice;
+use jext4::engine::format::fast_commit::{AreaBuilder, Dentry, Record};
+use jext4::engine::fs::recover_journal;
+use jext4::engine::journal::fast_commit::{ReplayWrite, write_replayed_blocks};
+use jext4::engine::journal::format::fast_commit_head_tid;
+use jext4::engine::journal::recovery::{FastCommitArea, JournalArea};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,7 +42,7 @@ fn image_with_log(dir: &Path, logged: usize) -> (PathBuf, FastCommitArea, Vec<u6
     let area = file_area(&image);
     // The kernel turns the journal's fast_commit feature on at mount.
     let (mut superblock, _) = area.load_superblock().unwrap();
-    superblock.feature_incompat |= jext4::journal::format::incompat::FAST_COMMIT;
+    superblock.feature_incompat |= jext4::engine::journal::format::incompat::FAST_COMMIT;
     area.store_superblock(&mut superblock).unwrap();
     let (superblock, layout) = area.load_superblock().unwrap();
     let (first_block, end_block) = layout.fast_commit.unwrap();

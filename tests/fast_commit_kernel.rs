@@ -9,7 +9,7 @@ mod fast_commit_support;
 
 use common::journal::*;
 use fast_commit_support::*;
-use jext4::fs::{Fs, MountOptions};
+use jext4::engine::fs::{Fs, MountOptions};
 use std::path::Path;
 
 fn copy(crash: &Path, suffix: &str) -> std::path::PathBuf {
@@ -53,7 +53,7 @@ fn replays_like_the_kernel(block_size: u32, size_mib: u64, many: usize) {
         );
     }
     let mut dump = Vec::new();
-    jext4::journal::logdump::logdump(&file_area(&crash), &mut dump).unwrap();
+    jext4::engine::journal::logdump::logdump(&file_area(&crash), &mut dump).unwrap();
     let dump = String::from_utf8(dump).unwrap();
     assert!(dump.contains("head for transaction"), "{dump}");
 
@@ -72,7 +72,7 @@ fn replays_like_the_kernel(block_size: u32, size_mib: u64, many: usize) {
 
     // B: jext4 recover.
     let ours = copy(&crash, "jext4");
-    let report = jext4::fs::recover_image(&ours)
+    let report = jext4::engine::fs::recover_image(&ours)
         .unwrap()
         .expect("recovery was needed");
     assert!(report.journal.problem.is_none(), "{report:?}");
@@ -86,7 +86,7 @@ fn replays_like_the_kernel(block_size: u32, size_mib: u64, many: usize) {
     );
     assert!(durable.missing_from(&our_tree).is_empty());
     // Recovering again changes nothing.
-    assert!(jext4::fs::recover_image(&ours).unwrap().is_none());
+    assert!(jext4::engine::fs::recover_image(&ours).unwrap().is_none());
 
     // C: e2fsck's replay, for the record.
     let theirs = copy(&crash, "e2fsck");

@@ -13,6 +13,9 @@
 //!
 //! Seeded: `JEXT4_FC_KILL_SEED` replays a run.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 mod fast_commit_support;
 

@@ -9,9 +9,9 @@ mod fast_commit_support;
 
 use common::journal::*;
 use fast_commit_support::*;
-use jext4::dev::{BlockDevice, MemoryDevice};
-use jext4::format::fast_commit::tag;
-use jext4::fs::recover_device;
+use jext4::engine::dev::{BlockDevice, MemoryDevice};
+use jext4::engine::format::fast_commit::tag;
+use jext4::engine::fs::recover_device;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::sync::Arc;

@@ -10,8 +10,8 @@ mod fast_commit_support;
 
 use common::journal::{kernel_available, kernel_lock};
 use fast_commit_support::*;
-use jext4::api::Image;
-use jext4::fs::MountOptions;
+use jext4::Image;
+use jext4::engine::fs::MountOptions;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -235,7 +235,7 @@ fn fsync_writes_fast_commits_that_the_kernel_replays() {
 
         // logdump decodes the records; every TAIL so far is sealed.
         let mut dump = Vec::new();
-        jext4::fs::logdump_image(&crash, &mut dump).unwrap();
+        jext4::engine::fs::logdump_image(&crash, &mut dump).unwrap();
         let dump = String::from_utf8(dump).unwrap();
         for expected in [
             "HEAD features 0x0",

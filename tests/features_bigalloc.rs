@@ -8,6 +8,9 @@
 //! `mke2fs -d`, at 1 KiB blocks (16 KiB clusters, the filesystem starting
 //! at block 0) and 4 KiB blocks (64 KiB clusters).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount, Params};
@@ -105,7 +108,7 @@ fn a_read_write_open_of_bigalloc_is_refused_in_one_line() {
         64,
         &["-t", "ext4", "-O", "bigalloc"],
     );
-    let refused = jext4::fs::Fs::open(&image, jext4::fs::MountOptions::default())
+    let refused = jext4::engine::fs::Fs::open(&image, jext4::engine::fs::MountOptions::default())
         .err()
         .expect("jext4 opened bigalloc read-write")
         .to_string();
@@ -142,11 +145,11 @@ fn a_read_write_open_of_bigalloc_is_refused_in_one_line() {
         std::fs::read(&image).unwrap() == before,
         "the image changed"
     );
-    let options = jext4::fs::MountOptions {
+    let options = jext4::engine::fs::MountOptions {
         read_only: true,
-        ..jext4::fs::MountOptions::default()
+        ..jext4::engine::fs::MountOptions::default()
     };
-    let fs = jext4::fs::Fs::open(&image, options).expect("a read-only open of bigalloc");
+    let fs = jext4::engine::fs::Fs::open(&image, options).expect("a read-only open of bigalloc");
     let statfs = fs.statfs();
     assert!(statfs.free_blocks > 0 && statfs.free_blocks <= statfs.blocks);
     fs.unmount().unwrap();

@@ -5,10 +5,13 @@
 //! FUSE, leaves the image byte-identical, and answers EUCLEAN, as the
 //! kernel does, for a value that no longer matches its EA inode's hash.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount, path_str};
-use jext4::api::Image;
+use jext4::Image;
 use std::path::Path;
 
 /// (file, name, value): the big values go to EA inodes (4 KiB blocks).

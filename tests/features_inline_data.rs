@@ -13,11 +13,14 @@
 //!   without dir_index.
 //! - Until jext4 writes inline data, a mount is read-only and says so.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::journal::{Mount, kernel_available, kernel_lock};
 use common::server::{Server, fuse_available};
-use jext4::api::Image;
+use jext4::Image;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -103,7 +106,7 @@ fn tree(root: &Path) -> Listing {
             } else {
                 ('f', std::fs::read(&path).unwrap())
             };
-            let checksum = jext4::format::csum::crc32c_raw(!0, &content);
+            let checksum = jext4::engine::format::csum::crc32c_raw(!0, &content);
             let nlink = if meta.is_dir() { 0 } else { meta.nlink() };
             entries.push((name, kind, meta.len(), meta.blocks(), nlink, checksum));
         }

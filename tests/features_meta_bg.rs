@@ -7,6 +7,9 @@
 //! them. The descriptors of the upper meta groups must really change
 //! (e2fsck's pass 5 then checks each against its bitmaps).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount, KernelMount, Params};

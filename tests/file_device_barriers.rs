@@ -14,7 +14,7 @@
 
 mod common;
 
-use jext4::dev::{BlockDevice, FileDevice};
+use jext4::engine::dev::{BlockDevice, FileDevice};
 use std::path::Path;
 use std::process::Command;
 

@@ -4,11 +4,14 @@
 //! plain byte model after every write and after a remount, on 1 KiB and
 //! 4 KiB blocks; e2fsck finds the image clean.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e;
-use jext4::format::superblock::ROOT_INO;
-use jext4::fs::{Caller, Fs, MountOptions};
+use jext4::engine::format::superblock::ROOT_INO;
+use jext4::engine::fs::{Caller, Fs, MountOptions};
 
 /// (offset, length) in turn: a base, then edges at every place a block
 /// can be cut.

@@ -3,9 +3,9 @@
 
 mod common;
 
-use jext4::format::group_desc::GroupDesc;
-use jext4::format::inode::Inode;
-use jext4::format::superblock::{Geometry, Superblock};
+use jext4::engine::format::group_desc::GroupDesc;
+use jext4::engine::format::inode::Inode;
+use jext4::engine::format::superblock::{Geometry, Superblock};
 use std::os::unix::fs::FileExt;
 
 fn read(file: &std::fs::File, offset: u64, len: usize) -> Vec<u8> {

@@ -6,7 +6,7 @@
 //! blocks zeroed or duplicated, the image cut short — with their checksums
 //! recomputed (most of the time, so that damage reaches the structural
 //! checks) or left stale. Each image is mounted, walked and changed through
-//! `jext4::fs::walk::exercise` in a watched thread.
+//! `jext4::engine::fs::walk::exercise` in a watched thread.
 //!
 //! A run fails on: a panic; a run that does not end within the watchdog's
 //! time (a hang); corruption reported while the filesystem stays writable;
@@ -36,8 +36,8 @@ use fuzz_support::map::{ImageMap, Kind};
 use fuzz_support::mutate::{self, Action, FieldValue, Mutation, Rng, Source};
 use fuzz_support::seeds::{self, SEEDS, SeedSpec};
 use fuzz_support::{Failure, Outcome, run_image, run_watched};
-use jext4::error::Location;
-use jext4::fs::walk::{Budget, Stats};
+use jext4::Location;
+use jext4::engine::fs::walk::{Budget, Stats};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -517,11 +517,11 @@ fn run_case(seed: &Seed, target: usize, action: Action, fix_checksum: bool) -> O
 /// The orphans a seed left pending, in list order from s_last_orphan.
 fn orphan_chain(seed: &Seed) -> Vec<u32> {
     let mut chain = Vec::new();
-    let mut ino = jext4::format::get_u32(&seed.bytes, 1024 + 0xE8);
+    let mut ino = jext4::engine::format::get_u32(&seed.bytes, 1024 + 0xE8);
     while ino != 0 && chain.len() < 16 {
         chain.push(ino);
         let at = seed.map.inode_offset(ino);
-        ino = jext4::format::get_u32(&seed.bytes, at + 0x14); // i_dtime
+        ino = jext4::engine::format::get_u32(&seed.bytes, at + 0x14); // i_dtime
     }
     chain
 }

@@ -8,8 +8,8 @@
 
 mod common;
 
-use jext4::api::Image;
-use jext4::fs::MountOptions;
+use jext4::Image;
+use jext4::engine::fs::MountOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
@@ -67,7 +67,7 @@ fn image_with_files(dir: &Path, names: &[String], args: &[&str]) -> std::path::P
     common::mkfs(dir, "csum", 16, &all)
 }
 
-fn assert_checksum_error(result: jext4::Result<jext4::fs::Attr>, what: &str) {
+fn assert_checksum_error(result: jext4::Result<jext4::engine::fs::Attr>, what: &str) {
     let error = result.expect_err(what);
     assert!(error.is_corruption(), "{what}: {error}");
     assert!(error.to_string().contains("checksum"), "{what}: {error}");
@@ -119,7 +119,7 @@ fn an_inode_damaged_behind_the_mount_is_refused_after_eviction() {
     let path = image_with_files(dir.path(), &names, &["-I", "1024", "-N", "4096"]);
     let victim = inode_location(&path, "/victim");
     let options = MountOptions {
-        cache_size: jext4::fs::CACHE_SIZE_MIN,
+        cache_size: jext4::engine::fs::CACHE_SIZE_MIN,
         ..MountOptions::default()
     };
     let image = Image::options().mount_options(options).open(&path).unwrap();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use jext4::api::Image;
+use jext4::Image;
 
 #[test]
 fn remembered_inode_numbers_are_not_reused_until_forgotten() {

@@ -5,11 +5,11 @@
 
 mod common;
 
-use jext4::crash::rng::Rng;
+use jext4::engine::rng::Rng;
 
 use common::journal::*;
-use jext4::journal::format::block_type;
-use jext4::journal::recovery::{RecoveryProblem, RecoveryReport};
+use jext4::engine::journal::format::block_type;
+use jext4::engine::journal::recovery::{RecoveryProblem, RecoveryReport};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

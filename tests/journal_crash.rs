@@ -6,10 +6,10 @@
 mod common;
 
 use common::journal::*;
-use jext4::dev::{BlockDevice, MemoryDevice};
-use jext4::fs::{needs_recovery, recover_journal};
-use jext4::journal::format::JournalSuperblock;
-use jext4::journal::recovery::JournalArea;
+use jext4::engine::dev::{BlockDevice, MemoryDevice};
+use jext4::engine::fs::{needs_recovery, recover_journal};
+use jext4::engine::journal::format::JournalSuperblock;
+use jext4::engine::journal::recovery::JournalArea;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

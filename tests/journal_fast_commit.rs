@@ -6,8 +6,8 @@
 mod common;
 
 use common::journal::*;
-use jext4::fs::recover_journal_with;
-use jext4::journal::recovery::FastCommitArea;
+use jext4::engine::fs::recover_journal_with;
+use jext4::engine::journal::recovery::FastCommitArea;
 use std::io::Write;
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ fn kernel_fast_commits_are_found_and_handed_over() {
         }
     });
     let mut dump = Vec::new();
-    jext4::journal::logdump::logdump(&file_area(&crash), &mut dump).unwrap();
+    jext4::engine::journal::logdump::logdump(&file_area(&crash), &mut dump).unwrap();
     let dump = String::from_utf8(dump).unwrap();
 
     let ours = crash.with_extension("jext4.img");
@@ -44,7 +44,7 @@ fn kernel_fast_commits_are_found_and_handed_over() {
     let mut handed: Vec<FastCommitArea> = Vec::new();
     let report = recover_journal_with(&file_area(&ours), |area, fast_commit| {
         // Called before the journal reset: the journal still needs recovery.
-        assert!(jext4::fs::needs_recovery(&*area.dev).unwrap());
+        assert!(jext4::engine::fs::needs_recovery(&*area.dev).unwrap());
         handed.push(*fast_commit);
         Ok(())
     })
@@ -105,7 +105,7 @@ fn fast_commit_log_that_wraps_replays_like_the_kernel() {
         });
         let ours = crash.with_extension("jext4.img");
         std::fs::copy(&crash, &ours).unwrap();
-        let report = jext4::fs::recover_journal(&file_area(&ours)).unwrap();
+        let report = jext4::engine::fs::recover_journal(&file_area(&ours)).unwrap();
         if !report.log_wrapped {
             continue;
         }

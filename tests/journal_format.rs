@@ -7,12 +7,12 @@
 mod common;
 
 use common::journal::*;
-use jext4::format::superblock::incompat as fs_incompat;
-use jext4::journal::format::{
+use jext4::engine::format::superblock::incompat as fs_incompat;
+use jext4::engine::journal::format::{
     DescriptorBuilder, JournalSuperblock, LogFormat, checksum_type, compat, crc32_be,
     encode_commit_block, encode_revoke_blocks, incompat,
 };
-use jext4::journal::recovery::JournalArea;
+use jext4::engine::journal::recovery::JournalArea;
 use std::path::Path;
 
 /// Writes log blocks one after another from `s_first`.

@@ -18,6 +18,9 @@
 //! Seeded: `JEXT4_KILL_SEED` replays a run; `JEXT4_KILL_ROUNDS` sets the
 //! rounds per configuration (default 3) for a long run.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::journal::dumpe2fs_needs_recovery;

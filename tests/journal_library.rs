@@ -5,13 +5,13 @@
 
 mod common;
 
-use jext4::api::Image;
-use jext4::fs::MountOptions;
+use jext4::Image;
+use jext4::engine::fs::MountOptions;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
-fn journal(image: &Image) -> jext4::journal::Jbd2Stats {
+fn journal(image: &Image) -> jext4::engine::journal::Jbd2Stats {
     image
         .fs()
         .journal_stats()
@@ -149,11 +149,11 @@ fn concurrent_library_workload_never_trips_the_guard() {
 // The journal layer alone, on a memory device whose writes can be held up.
 
 mod gated {
-    use jext4::cache::BufferCache;
-    use jext4::dev::guard::GuardedDevice;
-    use jext4::dev::{BlockDevice, MemoryDevice};
-    use jext4::journal::recovery::JournalArea;
-    use jext4::journal::{Jbd2Options, Journal, JournalConfig};
+    use jext4::engine::cache::BufferCache;
+    use jext4::engine::dev::guard::GuardedDevice;
+    use jext4::engine::dev::{BlockDevice, MemoryDevice};
+    use jext4::engine::journal::recovery::JournalArea;
+    use jext4::engine::journal::{Jbd2Options, Journal, JournalConfig};
     use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
 
@@ -240,8 +240,8 @@ mod gated {
         let mut put = |offset: usize, value: u32| {
             block[offset..offset + 4].copy_from_slice(&value.to_be_bytes());
         };
-        put(0, jext4::journal::format::MAGIC);
-        put(4, jext4::journal::format::block_type::SUPERBLOCK_V2);
+        put(0, jext4::engine::journal::format::MAGIC);
+        put(4, jext4::engine::journal::format::block_type::SUPERBLOCK_V2);
         put(12, BLOCK_SIZE as u32);
         put(16, JOURNAL_BLOCKS as u32);
         put(20, 1);
@@ -348,14 +348,14 @@ fn sync_waits_for_a_commit_already_under_way() {
 /// A device that, once armed, holds back every write the checkpoint
 /// thread issues until released.
 struct StallCheckpoint {
-    inner: std::sync::Arc<dyn jext4::dev::BlockDevice>,
+    inner: std::sync::Arc<dyn jext4::engine::dev::BlockDevice>,
     armed: std::sync::atomic::AtomicBool,
     /// Set while a checkpoint write is held back.
     stalled: std::sync::atomic::AtomicBool,
     release: (std::sync::Mutex<bool>, std::sync::Condvar),
 }
 
-impl jext4::dev::BlockDevice for StallCheckpoint {
+impl jext4::engine::dev::BlockDevice for StallCheckpoint {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
         self.inner.read_at(offset, buf)
     }
@@ -398,7 +398,7 @@ impl StallCheckpoint {
 /// is truly full makes a handle wait for the checkpoint).
 #[test]
 fn an_fsync_does_not_wait_for_a_checkpoint() {
-    use jext4::fs::{Caller, Fs};
+    use jext4::engine::fs::{Caller, Fs};
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
     const ROOT: u32 = 2;
@@ -411,7 +411,7 @@ fn an_fsync_does_not_wait_for_a_checkpoint() {
         &["-t", "ext4", "-b", "1024", "-J", "size=1"],
     );
     let device = Arc::new(StallCheckpoint {
-        inner: jext4::dev::open_image(&path, false).unwrap(),
+        inner: jext4::engine::dev::open_image(&path, false).unwrap(),
         armed: false.into(),
         stalled: false.into(),
         release: Default::default(),
@@ -443,7 +443,7 @@ fn an_fsync_does_not_wait_for_a_checkpoint() {
             fs.write(ino, 0, b"durable", caller)?;
             fs.fsync(ino, false)?;
             let _ = done.send(());
-            Ok::<_, jext4::error::Error>(())
+            Ok::<_, jext4::Error>(())
         })
     };
     // The checkpoint stays held until this wait ends either way.
@@ -467,7 +467,7 @@ fn an_fsync_does_not_wait_for_a_checkpoint() {
 /// of the speed.
 #[test]
 fn directory_commits_queued_during_a_write_share_the_next_one() {
-    use jext4::journal::{FastCommitBegin, FastCommitOutcome};
+    use jext4::engine::journal::{FastCommitBegin, FastCommitOutcome};
     let (device, cache, journal) = gated::journal_with(true);
     // Fast commits need a first full commit (the journal superblock must
     // point at the log). The running transaction after it stays empty:

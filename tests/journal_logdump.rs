@@ -6,8 +6,8 @@
 mod common;
 
 use common::journal::*;
-use jext4::fs::recover_journal;
-use jext4::journal::logdump::logdump;
+use jext4::engine::fs::recover_journal;
+use jext4::engine::journal::logdump::logdump;
 use proptest::prelude::*;
 use std::path::Path;
 use std::time::Duration;
@@ -209,8 +209,8 @@ proptest! {
             // Drop the journal checksum feature so that noise reaches the
             // parsers instead of failing checksums.
             let at = blocks[0] as usize * block_size as usize;
-            let mut superblock = jext4::journal::format::JournalSuperblock::decode(&bytes[at..at + 1024]).unwrap();
-            superblock.feature_incompat &= !(jext4::journal::format::incompat::CSUM_V3);
+            let mut superblock = jext4::engine::journal::format::JournalSuperblock::decode(&bytes[at..at + 1024]).unwrap();
+            superblock.feature_incompat &= !(jext4::engine::journal::format::incompat::CSUM_V3);
             bytes[at..at + 1024].copy_from_slice(superblock.encode());
         }
         let (_, area) = memory_area(bytes, block_size, blocks);

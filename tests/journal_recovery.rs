@@ -6,8 +6,8 @@
 mod common;
 
 use common::journal::*;
-use jext4::fs::recover_journal;
-use jext4::journal::recovery::RecoveryProblem;
+use jext4::engine::fs::recover_journal;
+use jext4::engine::journal::recovery::RecoveryProblem;
 use std::path::Path;
 use std::time::Duration;
 
@@ -210,7 +210,7 @@ fn kernel_journals_replay_like_e2fsck() {
         assert!(report.blocks_replayed > 0, "{name}: {report:?}");
         if options.contains("data=journal") {
             let mut dump = Vec::new();
-            jext4::journal::logdump::logdump(&file_area(&crash), &mut dump).unwrap();
+            jext4::engine::journal::logdump::logdump(&file_area(&crash), &mut dump).unwrap();
             let dump = String::from_utf8(dump).unwrap();
             assert!(
                 dump.contains(" escape"),
@@ -275,7 +275,7 @@ fn refuses_what_it_cannot_replay() {
     flip_byte(&bad, journal_sb + 0x10, 0x01);
     match recover_journal(&file_area(&bad)) {
         Err(jext4::Error::Corrupt { location, .. }) => {
-            assert_eq!(location, jext4::error::Location::Journal { block: 0 })
+            assert_eq!(location, jext4::Location::Journal { block: 0 })
         }
         other => panic!("bad journal superblock: {other:?}"),
     }
@@ -285,7 +285,8 @@ fn refuses_what_it_cannot_replay() {
     {
         let area = file_area(&unknown);
         let block = area.read_block(0).unwrap();
-        let mut superblock = jext4::journal::format::JournalSuperblock::decode(&block).unwrap();
+        let mut superblock =
+            jext4::engine::journal::format::JournalSuperblock::decode(&block).unwrap();
         superblock.feature_incompat |= 0x4000;
         area.dev
             .write_at(area.blocks[0] * 1024, superblock.encode())
@@ -349,7 +350,8 @@ fn an_aborted_journal_marks_the_filesystem_with_errors_like_e2fsck() {
     {
         let area = file_area(&image);
         let block = area.read_block(0).unwrap();
-        let mut superblock = jext4::journal::format::JournalSuperblock::decode(&block).unwrap();
+        let mut superblock =
+            jext4::engine::journal::format::JournalSuperblock::decode(&block).unwrap();
         superblock.errno = -5; // -EIO, as jbd2_journal_abort records it
         area.dev
             .write_at(area.blocks[0] * 1024, superblock.encode())
@@ -359,12 +361,13 @@ fn an_aborted_journal_marks_the_filesystem_with_errors_like_e2fsck() {
     assert_eq!(report.problem, None);
     let state = fs_superblock(&ours).state;
     assert_ne!(
-        state & jext4::format::superblock::STATE_ERROR,
+        state & jext4::engine::format::superblock::STATE_ERROR,
         0,
         "state {state:#x}"
     );
     let area = file_area(&ours);
     let journal =
-        jext4::journal::format::JournalSuperblock::decode(&area.read_block(0).unwrap()).unwrap();
+        jext4::engine::journal::format::JournalSuperblock::decode(&area.read_block(0).unwrap())
+            .unwrap();
     assert_eq!((journal.errno, journal.start), (0, 0));
 }

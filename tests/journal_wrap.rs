@@ -8,12 +8,15 @@
 //!
 //! `JEXT4_WRAP_SECONDS` lengthens the FUSE workload (default 6 s).
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::journal::{fs_superblock, journal_blocks_from_debugfs, log_wraps};
 use common::server::{KeepOnPanic, Server, fuse_available, replay_both};
 use common::workload::{self, Rng};
-use jext4::journal::format::JournalSuperblock;
+use jext4::engine::journal::format::JournalSuperblock;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -194,7 +197,7 @@ fn fuse_workload_wraps_the_smallest_journal() {
 /// Remove `path` and everything under it from `image` through the library
 /// (a clean unmount follows), so that the next round starts with room.
 fn remove_tree(image: &Path, path: &str) {
-    let opened = jext4::api::Image::open(image).unwrap();
+    let opened = jext4::Image::open(image).unwrap();
     opened.remove_dir_all(path).unwrap();
     let free = opened.fs().statfs().free_blocks;
     opened.close().unwrap();
@@ -246,7 +249,7 @@ fn kill_during_workload(
 /// the statistics show the laps, the guard stays silent, e2fsck is happy.
 #[test]
 fn library_workload_wraps_the_smallest_journal() {
-    use jext4::api::Image;
+    use jext4::Image;
     let dir = tempfile::tempdir().unwrap();
     let path = common::mkfs(dir.path(), "libwrap", 32, SMALLEST_JOURNAL);
     let image = Image::open(&path).unwrap();

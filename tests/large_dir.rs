@@ -3,11 +3,14 @@
 //! and the kernel lists, adds to and removes from it; jext4 then lists
 //! what the kernel left.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, KernelMount, path_str};
-use jext4::api::Image;
-use jext4::fs::Caller;
+use jext4::Image;
+use jext4::engine::fs::Caller;
 use std::collections::BTreeSet;
 use std::path::Path;
 

@@ -8,9 +8,9 @@
 mod common;
 mod mapping_support;
 
-use jext4::error::Error;
-use jext4::format::inode::Inode;
-use jext4::format::mapping::{self, Lookup};
+use jext4::Error;
+use jext4::engine::format::inode::Inode;
+use jext4::engine::format::mapping::{self, Lookup};
 use mapping_support::{Image, TestAllocator, check_invariants, image_bytes, with_ctx};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -352,7 +352,7 @@ impl Harness {
         assert_eq!(self.inode.blocks, 0);
         assert!(self.alloc.held.is_empty());
         if self.extents {
-            assert_eq!(jext4::format::extent::depth(&self.inode), 0);
+            assert_eq!(jext4::engine::format::extent::depth(&self.inode), 0);
         } else {
             assert!(self.inode.block.iter().all(|&b| b == 0));
         }

@@ -14,9 +14,9 @@
 mod common;
 mod mapping_support;
 
-use jext4::format::extent;
-use jext4::format::inode::Inode;
-use jext4::format::mapping::{self, Lookup};
+use jext4::engine::format::extent;
+use jext4::engine::format::inode::Inode;
+use jext4::engine::format::mapping::{self, Lookup};
 use mapping_support::{Image, TestAllocator, Walk, check_invariants, with_ctx};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::FileExt;

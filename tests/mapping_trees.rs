@@ -6,10 +6,10 @@
 mod common;
 mod mapping_support;
 
-use jext4::error::Error;
-use jext4::format::extent;
-use jext4::format::inode::Inode;
-use jext4::format::mapping::{self, Extent, Lookup};
+use jext4::Error;
+use jext4::engine::format::extent;
+use jext4::engine::format::inode::Inode;
+use jext4::engine::format::mapping::{self, Extent, Lookup};
 use mapping_support::{Image, TestAllocator, Walk, check_invariants, image_bytes, with_ctx};
 use proptest::prelude::*;
 
@@ -144,7 +144,14 @@ fn grow_to_depth(image: Image, depth: u16) {
     let mut inode = image.new_file(true, 0x5EED);
     let mut count = 0u64;
     while extent::depth(&inode) < depth {
-        let got = allocate(&image, &mut alloc, &mut inode, 2 * count, 1, count % 3 == 0);
+        let got = allocate(
+            &image,
+            &mut alloc,
+            &mut inode,
+            2 * count,
+            1,
+            count.is_multiple_of(3),
+        );
         assert_eq!(got.len, 1);
         count += 1;
     }

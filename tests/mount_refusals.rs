@@ -4,6 +4,9 @@
 //! a damaged journal superblock, an external journal device, a zeroed
 //! primary superblock, and a user who may not open `/dev/fuse`.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JEXT4};
@@ -11,7 +14,7 @@ use common::journal::{
     Mount, data_file, debugfs_commands, dumpe2fs_needs_recovery, flip_byte, free_blocks,
     journal_block_offset, kernel_lock, log_blocks, run,
 };
-use jext4::journal::format::block_type;
+use jext4::engine::journal::format::block_type;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

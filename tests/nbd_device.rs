@@ -4,10 +4,13 @@
 //! its CAN_MULTI_CONN and read-only flags; export names; and one clear
 //! line for every URI, server or export that cannot be used.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::nbd::{Listen, NbdServer, device, servers_available};
-use jext4::dev::{BlockDevice, NbdDevice, NbdUri};
+use jext4::engine::dev::{BlockDevice, NbdDevice, NbdUri};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -300,7 +303,7 @@ fn read_only_export_mounts_read_only() {
     let error = device.write_at(0, &[0u8; 512]).unwrap_err();
     assert_eq!(error.raw_os_error(), Some(libc::EROFS));
     drop(device);
-    let opened = jext4::api::Image::open(&server.uri).unwrap();
+    let opened = jext4::Image::open(&server.uri).unwrap();
     assert!(opened.fs().is_read_only());
     let names: Vec<Vec<u8>> = opened
         .read_dir("/")

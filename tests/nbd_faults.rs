@@ -10,11 +10,14 @@
 //! nothing answered), once `x-io-timeout` and the reconnect timeout run
 //! out — never a hang.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e;
 use common::nbd::{Listen, NbdServer, servers_available};
-use jext4::api::Image;
+use jext4::Image;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -82,7 +85,7 @@ fn assert_read_only(image: &Image) {
 /// The image is clean once recovered and holds every durable file.
 fn assert_recovered_with(raw: &Path, durable: &Durable) {
     e2e::fsck_clean(raw, "after jext4 recover");
-    let options = jext4::fs::MountOptions {
+    let options = jext4::engine::fs::MountOptions {
         read_only: true,
         ..Default::default()
     };

@@ -6,11 +6,14 @@
 //! raw for qcow2, after `qemu-img check`) shows the same tree. Then the
 //! journal's kill -9 test with the image behind nbdkit.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, KernelMount};
 use common::nbd::{Listen, NbdServer, download, servers_available, upload};
-use jext4::api::Image;
+use jext4::Image;
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
@@ -395,9 +398,9 @@ fn kill9_over_nbd() {
 /// sample.
 #[test]
 fn crash_states_recorded_over_nbd() {
-    use jext4::crash::states;
-    use jext4::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice};
-    use jext4::fs::{Caller, Fs, MountOptions, RenameFlags};
+    use jext4::engine::crash::states;
+    use jext4::engine::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice};
+    use jext4::engine::fs::{Caller, Fs, MountOptions, RenameFlags};
     use std::sync::Arc;
     const ROOT: u32 = 2;
     if !servers_available() || !common::require_tool("e2fsck") {

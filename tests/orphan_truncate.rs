@@ -5,9 +5,9 @@
 
 mod common;
 
-use jext4::dev::{BlockDevice, FileDevice};
-use jext4::format::superblock::ROOT_INO;
-use jext4::fs::{Caller, Fs, MountOptions, SetAttr};
+use jext4::engine::dev::{BlockDevice, FileDevice};
+use jext4::engine::format::superblock::ROOT_INO;
+use jext4::engine::fs::{Caller, Fs, MountOptions, SetAttr};
 use std::sync::Arc;
 
 #[test]
@@ -37,7 +37,7 @@ fn truncating_an_open_unlinked_file_keeps_it_an_orphan() {
     // A crash now, the file still open.
     let crashed = dir.path().join("crashed.img");
     std::fs::copy(&image, &crashed).unwrap();
-    jext4::fs::recover_image(&crashed).unwrap();
+    jext4::engine::fs::recover_image(&crashed).unwrap();
     common::assert_fsck_clean(&crashed);
     fs.release_file(ino).unwrap();
     fs.unmount().unwrap();

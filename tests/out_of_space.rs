@@ -19,6 +19,9 @@
 //! figures, not assertions: `bench/run --only oos`,
 //! `examples/space_budget_cost.rs`.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 
 use common::e2e::{self, JextMount};
@@ -656,21 +659,21 @@ fn rm_rf_works_on_a_full_volume_with_the_smallest_journal() {
 /// The engine on `image`, through the library (no FUSE: counts, not
 /// timings, are what these tests read), with a commit interval long enough
 /// that only what the tests ask for commits.
-fn open_engine(image: &Path) -> std::sync::Arc<jext4::fs::Fs> {
-    let options = jext4::fs::MountOptions {
+fn open_engine(image: &Path) -> std::sync::Arc<jext4::engine::fs::Fs> {
+    let options = jext4::engine::fs::MountOptions {
         commit_interval: std::time::Duration::from_secs(3600),
         ..Default::default()
     };
-    jext4::fs::Fs::open(image, options).unwrap()
+    jext4::engine::fs::Fs::open(image, options).unwrap()
 }
 
 /// Write `file` at `offset` through the engine until ENOSPC (the only
 /// error allowed), in `chunk`-byte pieces; returns where it stopped.
-fn engine_fill(fs: &jext4::fs::Fs, ino: u32, offset: u64, chunk: usize) -> u64 {
+fn engine_fill(fs: &jext4::engine::fs::Fs, ino: u32, offset: u64, chunk: usize) -> u64 {
     let data = e2e::pattern(offset, chunk);
     let mut at = offset;
     loop {
-        match fs.write(ino, at, &data, jext4::fs::Caller::ROOT) {
+        match fs.write(ino, at, &data, jext4::engine::fs::Caller::ROOT) {
             Ok(written) => at += written as u64,
             Err(jext4::Error::NoSpace) => return at,
             Err(error) => panic!("filling: {error}"),
@@ -687,8 +690,8 @@ fn engine_fill(fs: &jext4::fs::Fs, ino: u32, offset: u64, chunk: usize) -> u64 {
 /// on its own when it meets a buffer of the running transaction.)
 #[test]
 fn enospc_on_a_full_volume_commits_nothing_and_waits_for_nothing() {
-    use jext4::format::superblock::ROOT_INO;
-    use jext4::fs::Caller;
+    use jext4::engine::format::superblock::ROOT_INO;
+    use jext4::engine::fs::Caller;
     if !e2e::require_e2e() {
         return;
     }
@@ -746,8 +749,8 @@ fn enospc_on_a_full_volume_commits_nothing_and_waits_for_nothing() {
 /// retries after a commit too: ext4_should_retry_alloc).
 #[test]
 fn blocks_freed_but_not_committed_serve_a_write_after_one_forced_commit() {
-    use jext4::format::superblock::ROOT_INO;
-    use jext4::fs::Caller;
+    use jext4::engine::format::superblock::ROOT_INO;
+    use jext4::engine::fs::Caller;
     if !e2e::require_e2e() {
         return;
     }
@@ -808,8 +811,8 @@ fn blocks_freed_but_not_committed_serve_a_write_after_one_forced_commit() {
 /// to see that block again — and with three it succeeds.
 #[test]
 fn an_operation_that_cannot_have_its_whole_cost_fails_before_it_allocates() {
-    use jext4::format::superblock::ROOT_INO;
-    use jext4::fs::Caller;
+    use jext4::engine::format::superblock::ROOT_INO;
+    use jext4::engine::fs::Caller;
     if !e2e::require_e2e() {
         return;
     }
@@ -842,7 +845,7 @@ fn an_operation_that_cannot_have_its_whole_cost_fails_before_it_allocates() {
             .ino;
         let mut end = engine_fill(&fs, filler, 0, 256 << 10);
         end = engine_fill(&fs, filler, end, 1);
-        let root_room = |fs: &jext4::fs::Fs| {
+        let root_room = |fs: &jext4::engine::fs::Fs| {
             let stats = fs.budget_stats();
             stats.balance + stats.root_reserve as i64
         };
@@ -888,8 +891,8 @@ fn an_operation_that_cannot_have_its_whole_cost_fails_before_it_allocates() {
 /// allocation searches about one group and passes over no candidate.
 #[test]
 fn metric4_rewrites_near_full_step_over_pending_frees_at_no_cost() {
-    use jext4::format::superblock::ROOT_INO;
-    use jext4::fs::Caller;
+    use jext4::engine::format::superblock::ROOT_INO;
+    use jext4::engine::fs::Caller;
     if !e2e::require_e2e() {
         return;
     }
@@ -972,8 +975,8 @@ fn metric4_rewrites_near_full_step_over_pending_frees_at_no_cost() {
 /// windows first, then takes their blocks): never an ENOSPC they cause.
 #[test]
 fn interleaved_appenders_get_contiguous_files_and_windows_never_cost_space() {
-    use jext4::format::superblock::ROOT_INO;
-    use jext4::fs::Caller;
+    use jext4::engine::format::superblock::ROOT_INO;
+    use jext4::engine::fs::Caller;
     if !e2e::require_e2e() {
         return;
     }
@@ -1059,8 +1062,8 @@ fn file_extents(image: &Path, count: usize) -> Vec<(usize, u32)> {
 /// with one block left available).
 #[test]
 fn the_last_block_a_user_may_have_is_written_even_when_its_extent_needs_a_leaf() {
-    use jext4::format::superblock::ROOT_INO;
-    use jext4::fs::Caller;
+    use jext4::engine::format::superblock::ROOT_INO;
+    use jext4::engine::fs::Caller;
     if !e2e::require_e2e() {
         return;
     }
@@ -1088,7 +1091,7 @@ fn the_last_block_a_user_may_have_is_written_even_when_its_extent_needs_a_leaf()
     }
     fs.sync().unwrap();
     // Give back what leaves the user exactly one block.
-    let available = |fs: &jext4::fs::Fs| fs.statfs().available_blocks;
+    let available = |fs: &jext4::engine::fs::Fs| fs.statfs().available_blocks;
     assert_eq!(available(&fs), 0);
     let mut size = end;
     while available(&fs) < 1 {

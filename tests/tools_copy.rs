@@ -7,6 +7,9 @@
 //! same way. Also: ENOSPC in the middle of an import, a vanished source,
 //! and a rootless run.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 #[path = "tools_support/mod.rs"]
 mod tools_support;
@@ -199,7 +202,7 @@ fn rootless_import_and_export_keep_what_the_host_allows() {
     // A device made in the image by root: nobody cannot make it on the
     // host, nor give it root's owner. Said once each, not an error.
     let node = dir.path().join("null");
-    jext4::tools::host::mknod(&node, libc::S_IFCHR | 0o666, libc::makedev(1, 3)).unwrap();
+    jext4::engine::tools::host::mknod(&node, libc::S_IFCHR | 0o666, libc::makedev(1, 3)).unwrap();
     let (code, _, stderr) = jext4_tool(&[
         "cp",
         "-a",
@@ -256,10 +259,11 @@ fn cp_into_a_directory_with_a_default_acl_does_as_the_kernel() {
         .status()
         .unwrap();
     assert!(status.success());
-    let default_acl = jext4::tools::host::xattr(&host_dest, b"system.posix_acl_default").unwrap();
+    let default_acl =
+        jext4::engine::tools::host::xattr(&host_dest, b"system.posix_acl_default").unwrap();
     let image = common::mkfs(dir.path(), "acl", 16, &["-t", "ext4"]);
     {
-        let opened = jext4::api::Image::open(&image).unwrap();
+        let opened = jext4::Image::open(&image).unwrap();
         opened.create_dir("/dest").unwrap();
         opened
             .set_xattr("/dest", "system.posix_acl_default", &default_acl)
@@ -283,7 +287,7 @@ fn cp_into_a_directory_with_a_default_acl_does_as_the_kernel() {
         ]);
         assert_eq!(code, 0, "jext4 cp {flag}: {stderr}");
     }
-    let opened = jext4::api::Image::open(&image).unwrap();
+    let opened = jext4::Image::open(&image).unwrap();
     for flag in ["-r", "-a"] {
         for entry in ["", "/file", "/sub", "/sub/script"] {
             let path = format!("copy{flag}{entry}");
@@ -298,7 +302,7 @@ fn cp_into_a_directory_with_a_default_acl_does_as_the_kernel() {
                 "cp {flag}: mode of {path}"
             );
             for acl in ["system.posix_acl_access", "system.posix_acl_default"] {
-                let on_host = jext4::tools::host::xattr(&host, acl.as_bytes()).ok();
+                let on_host = jext4::engine::tools::host::xattr(&host, acl.as_bytes()).ok();
                 let in_image = opened.xattr(&inside, acl).ok().flatten();
                 assert_eq!(in_image, on_host, "cp {flag}: {acl} of {path}");
             }

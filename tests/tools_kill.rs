@@ -4,6 +4,9 @@
 //! of them, never other bytes); and running the same `cp -a` again
 //! completes the copy.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 #[path = "tools_support/mod.rs"]
 mod tools_support;

@@ -4,6 +4,9 @@
 //! kernel loop mount as the tree it was made from; an archive jext4
 //! writes from an image, extracted by GNU tar, gives that tree again.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 #[path = "tools_support/mod.rs"]
 mod tools_support;

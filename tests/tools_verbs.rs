@@ -4,6 +4,9 @@
 //! a host directory laid out as the image is. And `jext4 shell`: a
 //! failing line is reported with its number and stops the rest, unless -k.
 
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
 mod common;
 #[path = "tools_support/mod.rs"]
 mod tools_support;

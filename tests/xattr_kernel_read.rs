@@ -246,9 +246,9 @@ fn check_damage_is_reported(
         let damaged = Image::from_bytes(damaged);
         let error = damaged.get(*ino, &attributes[0].0).unwrap_err();
         match error {
-            jext4::error::Error::Corrupt { location, .. } => assert_eq!(
+            jext4::Error::Corrupt { location, .. } => assert_eq!(
                 location,
-                jext4::error::Location::InodeBlock { ino: *ino, block },
+                jext4::Location::InodeBlock { ino: *ino, block },
                 "{variant}: {what}"
             ),
             other => panic!("{variant}: {what}: {other}"),

@@ -10,9 +10,9 @@
 mod common;
 mod xattr_support;
 
-use jext4::error::Error;
-use jext4::format::acl::{self, AclEntry, UNDEFINED_ID, tag};
-use jext4::format::xattr::SetMode;
+use jext4::Error;
+use jext4::engine::format::acl::{self, AclEntry, UNDEFINED_ID, tag};
+use jext4::engine::format::xattr::SetMode;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::collections::{BTreeMap, BTreeSet};

@@ -13,7 +13,7 @@ mod fuzz_support;
 use fuzz_support::map::ImageMap;
 use fuzz_support::mutate::{self, Bytes, Source};
 use fuzz_support::seeds::{self, SEEDS};
-use jext4::fs::walk::Budget;
+use jext4::engine::fs::walk::Budget;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

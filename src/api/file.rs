@@ -27,10 +27,13 @@ use std::sync::Arc;
 /// Made by `Image::open_file`, `Image::create_file` and
 /// `Image::open_with`. `Send + Sync`.
 ///
-/// ```no_run
+/// ```
 /// use std::io::{Seek, SeekFrom, Write};
 /// use std::os::unix::fs::FileExt;
-/// let image = jext4::Image::open("disk.img")?;
+/// # let path = std::env::temp_dir().join(format!("jext4-doc-file-{}.img", std::process::id()));
+/// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+/// # assert!(made.status.success(), "mke2fs: {made:?}");
+/// let image = jext4::Image::open(&path)?;
 /// let mut file = image.create_file("/data")?;
 /// file.write_all(b"hello world")?;
 /// file.seek(SeekFrom::Start(6))?;
@@ -39,6 +42,7 @@ use std::sync::Arc;
 /// let mut word = [0u8; 5];
 /// image.open_file("/data")?.read_exact_at(&mut word, 0)?;
 /// assert_eq!(&word, b"hello");
+/// # std::fs::remove_file(&path)?;
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct File {
@@ -124,6 +128,19 @@ impl File {
 
     /// `fsync(2)`: the file's data and metadata, and its name, are
     /// durable when this returns (a fast commit where the image has them).
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-file-sync-all-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// let mut file = image.create_file("/ledger")?;
+    /// file.write_all(b"entry 1\n")?;
+    /// file.sync_all()?; // the data, its size and the name "/ledger" survive a crash
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn sync_all(&self) -> Result<()> {
         let _live = self.shared.live()?;
         if self.kind == FileKind::Directory {

@@ -127,11 +127,15 @@ impl Image {
     /// Open an image file, block device or NBD URI read-write, replaying
     /// its journal if it needs it (std's `File::open` of the image).
     ///
-    /// ```no_run
-    /// let image = jext4::Image::open("disk.img")?;
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-open-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
     /// image.write("/hello", "hi\n")?;
     /// image.close()?;
-    /// # Ok::<(), jext4::Error>(())
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn open(path: impl AsRef<Path>) -> Result<Image> {
         ImageOptions::new().open(path)
@@ -139,6 +143,18 @@ impl Image {
 
     /// Open an image read-only: every change fails with
     /// `ReadOnlyFilesystem` and nothing is written.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-open-read-only-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open_read_only(&path)?;
+    /// assert!(image.metadata("/lost+found")?.is_dir());
+    /// let refused = image.write("/hello", "hi\n").unwrap_err();
+    /// assert_eq!(refused.kind(), std::io::ErrorKind::ReadOnlyFilesystem);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Image> {
         ImageOptions::new().read_only(true).open(path)
     }
@@ -151,11 +167,19 @@ impl Image {
     /// Open the image on a block device of any kind (in memory, NBD, your
     /// own) read-write with default options.
     ///
-    /// ```no_run
-    /// let bytes = std::fs::read("disk.img")?;
-    /// let device = jext4::dev::MemoryDevice::from_bytes(bytes);
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-from-device-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// // The image copied into memory: changes never reach the file.
+    /// let bytes = std::fs::read(&path)?;
+    /// let device = jext4::MemoryDevice::from_bytes(bytes);
     /// let image = jext4::Image::from_device(Box::new(device))?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// image.write("/scratch", "in memory only\n")?;
+    /// image.close()?;
+    /// assert!(!jext4::Image::open(&path)?.exists("/scratch"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn from_device(device: Box<dyn crate::dev::BlockDevice>) -> Result<Image> {
         ImageOptions::new().open_device(device)
@@ -166,6 +190,7 @@ impl Image {
     /// (`caller.umask` becomes the image's umask). `close` unmounts the
     /// engine; dropping the image leaves it mounted for whoever mounted
     /// it (the crash driver goes on with the same engine).
+    #[doc(hidden)]
     pub fn from_fs(fs: Arc<Fs>, caller: Caller) -> Image {
         let mut image =
             Image::from_parts(fs, Caller { umask: 0, ..caller }, u32::from(caller.umask));
@@ -194,11 +219,40 @@ impl Image {
     /// the image needs no journal replay. `File`s still open fail with
     /// `Error::Closed` from here on. Dropping the image does the same,
     /// once its last file is dropped, but can only log a failure.
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-close-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// let mut file = image.create_file("/kept")?;
+    /// file.write_all(b"durable")?;
+    /// image.close()?;
+    /// // Files of a closed image fail with `Error::Closed` (EBADF).
+    /// assert!(matches!(file.metadata(), Err(jext4::Error::Closed)));
+    /// drop(file);
+    /// assert_eq!(jext4::Image::open(&path)?.read("/kept")?, b"durable");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn close(self) -> Result<()> {
         self.shared.close()
     }
 
     /// Make everything written so far durable (`sync(2)`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-sync-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/a", "one\n")?;
+    /// image.write("/b", "two\n")?;
+    /// image.sync()?; // both durable from here, even if the process dies next
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn sync(&self) -> Result<()> {
         self.fs().sync()
     }
@@ -219,11 +273,17 @@ impl Image {
 
     /// Open an existing file for reading (std's `File::open`).
     ///
-    /// ```no_run
+    /// ```
     /// use std::io::Read;
-    /// let image = jext4::Image::open("disk.img")?;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-open-file-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/hostname", "example\n")?;
     /// let mut text = String::new();
-    /// image.open_file("/etc/hostname")?.read_to_string(&mut text)?;
+    /// image.open_file("/hostname")?.read_to_string(&mut text)?;
+    /// assert_eq!(text, "example\n");
+    /// # std::fs::remove_file(&path)?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn open_file(&self, path: impl AsRef<Path>) -> Result<File> {
@@ -232,6 +292,20 @@ impl Image {
 
     /// Create a file, or empty the one there, for writing (std's
     /// `File::create`): mode 0o666 less the umask.
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use std::os::unix::fs::PermissionsExt;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-create-file-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// let mut file = image.create_file("/notes.txt")?;
+    /// file.write_all(b"first line\n")?;
+    /// assert_eq!(file.metadata()?.permissions().mode(), 0o644);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn create_file(&self, path: impl AsRef<Path>) -> Result<File> {
         self.open_with(
             path,
@@ -243,6 +317,22 @@ impl Image {
     /// `open(2)`'s errors: `NotFound`, `AlreadyExists` (`create_new`),
     /// `IsADirectory` (a directory opened for writing), `InvalidInput`
     /// (an option combination std refuses), `FilesystemLoop`.
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use std::os::unix::fs::OpenOptionsExt;
+    /// use jext4::OpenOptions;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-open-with-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// let mut log = image.open_with("/app.log", OpenOptions::new().append(true).create(true).mode(0o640))?;
+    /// log.write_all(b"started\n")?;
+    /// let again = image.open_with("/app.log", OpenOptions::new().write(true).create_new(true));
+    /// assert_eq!(again.unwrap_err().kind(), std::io::ErrorKind::AlreadyExists);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn open_with(&self, path: impl AsRef<Path>, options: &OpenOptions) -> Result<File> {
         File::open(self, bytes(path.as_ref()), options)
     }
@@ -253,12 +343,22 @@ impl Image {
     /// that reads the directory as it goes (a few dozen entries at a
     /// time, whatever the directory's size).
     ///
-    /// ```no_run
-    /// let image = jext4::Image::open("disk.img")?;
+    /// ```
+    /// use std::ffi::OsString;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-read-dir-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir_all("/etc/app")?;
+    /// image.write("/etc/hostname", "example\n")?;
+    /// let mut names = Vec::new();
     /// for entry in image.read_dir("/etc")? {
     ///     let entry = entry?;
-    ///     println!("{:?} {}", entry.file_name(), entry.file_type()?.is_dir());
+    ///     names.push((entry.file_name(), entry.file_type()?.is_dir()));
     /// }
+    /// names.sort();
+    /// assert_eq!(names, [(OsString::from("app"), true), (OsString::from("hostname"), false)]);
+    /// # std::fs::remove_file(&path)?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn read_dir(&self, path: impl AsRef<Path>) -> Result<ReadDir> {
@@ -275,11 +375,20 @@ impl Image {
     /// listed, not followed. Memory grows with the depth of the tree,
     /// not its width.
     ///
-    /// ```no_run
-    /// let image = jext4::Image::open("disk.img")?;
-    /// for entry in image.walk("/")? {
-    ///     println!("{}", entry?.path().display());
+    /// ```
+    /// use std::path::Path;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-walk-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir_all("/a/b")?;
+    /// image.write("/a/b/c", "")?;
+    /// let mut paths = Vec::new();
+    /// for entry in image.walk("/a")? {
+    ///     paths.push(entry?.path());
     /// }
+    /// assert_eq!(paths, [Path::new("/a/b"), Path::new("/a/b/c")]);
+    /// # std::fs::remove_file(&path)?;
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn walk(&self, path: impl AsRef<Path>) -> Result<Walk> {
@@ -297,17 +406,34 @@ impl Image {
     /// `fs::create_dir_all`): a directory that exists already is fine,
     /// anything else there is `AlreadyExists` (or `NotADirectory` on the
     /// way).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-create-dir-all-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir_all("/var/lib/app")?;
+    /// image.create_dir_all("/var/lib/app")?; // there already: fine
+    /// assert!(image.metadata("/var/lib")?.is_dir());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn create_dir_all(&self, path: impl AsRef<Path>) -> Result<()> {
         self.create_dir_with(path, DirBuilder::new().recursive(true))
     }
 
     /// Create a directory as `builder` says (std's `DirBuilder::create`).
     ///
-    /// ```no_run
-    /// use std::os::unix::fs::DirBuilderExt;
-    /// let image = jext4::Image::open("disk.img")?;
+    /// ```
+    /// use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-create-dir-with-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
     /// image.create_dir_with("/srv/private", jext4::DirBuilder::new().recursive(true).mode(0o700))?;
-    /// # Ok::<(), jext4::Error>(())
+    /// assert_eq!(image.metadata("/srv/private")?.permissions().mode(), 0o700);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn create_dir_with(&self, path: impl AsRef<Path>, builder: &DirBuilder) -> Result<()> {
         let path = path.as_ref();
@@ -360,6 +486,20 @@ impl Image {
     /// `fs::remove_dir_all`): a symbolic link at `path` is removed
     /// itself, never followed. Iterative, so a deep tree cannot exhaust
     /// the stack.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-remove-dir-all-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir_all("/tmp/build/objects")?;
+    /// image.write("/tmp/build/objects/main.o", "\x7fELF")?;
+    /// image.remove_dir_all("/tmp/build")?;
+    /// assert!(!image.exists("/tmp/build"));
+    /// assert!(image.exists("/tmp"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn remove_dir_all(&self, path: impl AsRef<Path>) -> Result<()> {
         let (parent, name) = self.parent_of(bytes(path.as_ref()))?;
         let top = self.fs().lookup(parent, name)?;
@@ -409,6 +549,20 @@ impl Image {
     /// Rename `from` to `to`, replacing what `to` names if it is
     /// compatible (`rename(2)`; std's `fs::rename`): atomic, and durable
     /// with the next sync of either directory.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-rename-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/config", "version 1\n")?;
+    /// image.write("/config.new", "version 2\n")?;
+    /// image.rename("/config.new", "/config")?; // replaces it, atomically
+    /// assert_eq!(image.read_to_string("/config")?, "version 2\n");
+    /// assert!(!image.exists("/config.new"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<()> {
         let (old_parent, old_name) = self.parent_of(bytes(from.as_ref()))?;
         let (new_parent, new_name) = self.parent_of(bytes(to.as_ref()))?;
@@ -452,6 +606,17 @@ impl Image {
     // ----- Whole files -----
 
     /// A file's whole contents (std's `fs::read`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-read-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/blob", [0u8, 1, 2, 255])?;
+    /// assert_eq!(image.read("/blob")?, [0, 1, 2, 255]);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn read(&self, path: impl AsRef<Path>) -> Result<Vec<u8>> {
         let mut file = self.open_file(path)?;
         let mut contents = Vec::with_capacity(file.metadata()?.len() as usize);
@@ -468,6 +633,18 @@ impl Image {
 
     /// Create or empty a file and write `contents` into it (std's
     /// `fs::write`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-write-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/motd", "welcome\n")?;
+    /// image.write("/motd", "welcome back\n")?; // emptied and written again
+    /// assert_eq!(image.read_to_string("/motd")?, "welcome back\n");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn write(&self, path: impl AsRef<Path>, contents: impl AsRef<[u8]>) -> Result<()> {
         self.create_file(path)?.write_all(contents.as_ref())?;
         Ok(())
@@ -506,6 +683,24 @@ impl Image {
 
     /// The attributes of what `path` names, following a final symbolic
     /// link (`stat(2)`; std's `fs::metadata`).
+    ///
+    /// ```
+    /// use std::os::unix::fs::PermissionsExt;
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-metadata-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/data", "12345")?;
+    /// let metadata = image.metadata("/data")?;
+    /// assert!(metadata.is_file());
+    /// assert_eq!(metadata.len(), 5);
+    /// assert_eq!(metadata.permissions().mode(), 0o644);
+    /// image.symlink("/data", "/link")?;
+    /// assert!(image.metadata("/link")?.is_file()); // followed
+    /// assert!(image.symlink_metadata("/link")?.is_symlink());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn metadata(&self, path: impl AsRef<Path>) -> Result<Metadata> {
         Ok(self
             .fs()
@@ -647,28 +842,32 @@ impl Image {
         self.fs().removexattr(ino, name, self.shared.caller)
     }
 
-    // ----- The engine underneath (unstable) -----
+    // ----- The engine underneath (unstable, hidden from the docs) -----
 
     /// The engine, for inode-level work (the image tools, the FUSE
     /// server's tests). Not part of the stable API.
+    #[doc(hidden)]
     pub fn fs(&self) -> &Arc<Fs> {
         &self.shared.fs
     }
 
     /// Who the engine-level operations run as: the process's user and
     /// group, without a umask (modes given are modes used).
+    #[doc(hidden)]
     pub fn caller(&self) -> Caller {
         self.shared.caller
     }
 
     /// The inode `path` names; `follow_last` follows a final symlink
     /// (`stat` against `lstat`).
+    #[doc(hidden)]
     pub fn inode_of(&self, path: impl AsRef<Path>, follow_last: bool) -> Result<u32> {
         self.resolve(bytes(path.as_ref()), follow_last)
     }
 
     /// The directory that holds `path`'s last component, and that
     /// component ("/a/b/" gives a's inode and "b").
+    #[doc(hidden)]
     pub fn parent_and_name<'p, P: AsRef<Path> + ?Sized>(
         &self,
         path: &'p P,
@@ -678,6 +877,7 @@ impl Image {
 
     /// Change attributes of `path` itself (not following a final link)
     /// as the engine's `setattr` does; returns the new attributes.
+    #[doc(hidden)]
     pub fn set_attr(&self, path: impl AsRef<Path>, changes: &SetAttr) -> Result<Attr> {
         let ino = self.resolve(bytes(path.as_ref()), false)?;
         self.fs().setattr(ino, changes, self.shared.caller)

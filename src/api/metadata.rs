@@ -79,6 +79,7 @@ pub struct Metadata {
     attr: Attr,
 }
 
+#[doc(hidden)]
 impl From<Attr> for Metadata {
     fn from(attr: Attr) -> Self {
         Metadata { attr }
@@ -88,6 +89,7 @@ impl From<Attr> for Metadata {
 impl Metadata {
     /// The engine's attribute record behind this metadata (generation,
     /// inode flags): part of the unstable engine surface.
+    #[doc(hidden)]
     pub fn attr(&self) -> &Attr {
         &self.attr
     }

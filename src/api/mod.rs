@@ -16,35 +16,8 @@
 //! (`src/error.rs`), which converts into `std::io::Error` with the
 //! kernel's errno, so `?` works in functions returning `io::Result`.
 //!
-//! ```no_run
-//! use std::io::{self, Read, Write};
-//! fn main() -> io::Result<()> {
-//!     let image = jext4::Image::open("disk.img")?;
-//!     image.create_dir_all("/etc/app")?;
-//!     image.write("/etc/app/config", b"key = value\n")?;
-//!     image.rename("/etc/app/config", "/etc/app/config.old")?;
-//!     assert_eq!(image.read("/etc/app/config.old")?, b"key = value\n");
-//!     let mut log = image.open_with(
-//!         "/etc/app/log",
-//!         jext4::OpenOptions::new().append(true).create(true),
-//!     )?;
-//!     log.write_all(b"started\n")?;
-//!     log.sync_data()?; // durable from here
-//!     for entry in image.read_dir("/etc/app")? {
-//!         let entry = entry?;
-//!         println!("{:?}: {} bytes", entry.file_name(), entry.metadata()?.len());
-//!     }
-//!     let mut text = String::new();
-//!     image.open_file("/etc/app/log")?.read_to_string(&mut text)?;
-//!     match image.metadata("/etc/missing") {
-//!         Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-//!         other => panic!("{:?}", other.map(|_| ())),
-//!     }
-//!     drop(log);
-//!     image.close()?; // clean: no journal replay needed
-//!     Ok(())
-//! }
-//! ```
+//! The crate root re-exports all of it; the crate documentation
+//! (`src/lib.rs`) is the tour, with runnable examples.
 
 mod dir;
 mod file;

@@ -21,14 +21,20 @@ pub(super) const UMASK_DEFAULT: u32 = 0o022;
 /// How to open an image: `Image::options()` returns one, each setter
 /// changes one option, `open` (or `open_device`) opens the image.
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
+/// # let path = std::env::temp_dir().join(format!("jext4-doc-image-options-{}.img", std::process::id()));
+/// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+/// # assert!(made.status.success(), "mke2fs: {made:?}");
 /// let image = jext4::Image::options()
-///     .read_only(false)
 ///     .cache_size(64 << 20)
 ///     .commit_interval(Duration::from_secs(1))
-///     .open("disk.img")?;
-/// # Ok::<(), jext4::Error>(())
+///     .umask(0o077)
+///     .open(&path)?;
+/// image.write("/private", "only mine\n")?;
+/// assert_eq!(image.metadata("/private")?.mode() & 0o777, 0o600);
+/// # std::fs::remove_file(&path)?;
+/// # Ok::<(), std::io::Error>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct ImageOptions {
@@ -117,7 +123,9 @@ impl ImageOptions {
     }
 
     /// Every engine option at once (the command line's `-o` parser builds
-    /// these); the setters above change the same fields.
+    /// these); the setters above change the same fields. Unstable: the
+    /// engine's type.
+    #[doc(hidden)]
     pub fn mount_options(&mut self, options: MountOptions) -> &mut Self {
         self.mount = options;
         self
@@ -158,15 +166,20 @@ impl ImageOptions {
 /// 0o666 unless `std::os::unix::fs::OpenOptionsExt::mode` says otherwise,
 /// less the image's umask.
 ///
-/// ```no_run
+/// ```
 /// use std::io::Write;
 /// use std::os::unix::fs::OpenOptionsExt;
-/// let image = jext4::Image::open("disk.img")?;
+/// # let path = std::env::temp_dir().join(format!("jext4-doc-open-options-{}.img", std::process::id()));
+/// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+/// # assert!(made.status.success(), "mke2fs: {made:?}");
+/// let image = jext4::Image::open(&path)?;
+/// image.create_dir_all("/var/log")?;
 /// let mut log = image.open_with(
 ///     "/var/log/app.log",
 ///     jext4::OpenOptions::new().append(true).create(true).mode(0o640),
 /// )?;
 /// log.write_all(b"started\n")?;
+/// # std::fs::remove_file(&path)?;
 /// # Ok::<(), std::io::Error>(())
 /// ```
 #[derive(Debug, Clone)]

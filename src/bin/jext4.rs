@@ -10,8 +10,8 @@ mod tools;
 mod verbs;
 
 use clap::{Parser, Subcommand};
-use jext4::fs::Fs;
-use jext4::fuse::{parse_mount_options, serve};
+use jext4::engine::fs::Fs;
+use jext4::engine::fuse::{parse_mount_options, serve};
 use std::io::{Read, Write};
 use std::os::unix::io::FromRawFd;
 use std::path::{Path, PathBuf};
@@ -165,12 +165,12 @@ struct CrashtestArgs {
 fn main() -> ExitCode {
     // `mount -t fuse.jext4`, fstab and systemd call jext4 as a mount helper.
     let args: Vec<String> = std::env::args().collect();
-    let cli = match jext4::fuse::helper::helper_call(&args) {
+    let cli = match jext4::engine::fuse::helper::helper_call(&args) {
         None => Cli::parse(),
-        Some(Ok(jext4::fuse::helper::HelperCall::Mount(mount))) => {
+        Some(Ok(jext4::engine::fuse::helper::HelperCall::Mount(mount))) => {
             Cli::parse_from(std::iter::once("jext4".to_string()).chain(mount))
         }
-        Some(Ok(jext4::fuse::helper::HelperCall::Fake)) => return ExitCode::SUCCESS,
+        Some(Ok(jext4::engine::fuse::helper::HelperCall::Fake)) => return ExitCode::SUCCESS,
         Some(Err(message)) => {
             eprintln!("jext4: {message}");
             return ExitCode::FAILURE;
@@ -205,8 +205,8 @@ fn main() -> ExitCode {
         Command::Man { dir } => man_pages(&dir),
         Command::Logdump { image, sb } => {
             let stdout = std::io::stdout();
-            let sb = sb.unwrap_or(jext4::format::superblock::PRIMARY_SB_OPTION);
-            match jext4::fs::logdump_image_from(&image, sb, &mut stdout.lock()) {
+            let sb = sb.unwrap_or(jext4::engine::format::superblock::PRIMARY_SB_OPTION);
+            match jext4::engine::fs::logdump_image_from(&image, sb, &mut stdout.lock()) {
                 // The reader stopped early (| head): not an error.
                 Err(jext4::Error::Io(error)) if error.kind() == std::io::ErrorKind::BrokenPipe => {
                     Ok(())
@@ -232,8 +232,8 @@ fn man_pages(dir: &Path) -> Result<(), String> {
     clap_mangen::generate_to(command, dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
-fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String> {
-    use jext4::crash::{Config, Sampling, WORKLOADS, workloads};
+fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::engine::crash::Config, String> {
+    use jext4::engine::crash::{Config, Sampling, WORKLOADS, workloads};
     if args.block_size != 1024 && args.block_size != 4096 {
         return Err(format!(
             "--block-size {}: use 1024 or 4096",
@@ -273,7 +273,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::crash::Config, String
 /// one last line `crashtest: N states, F failures`; exit 1 on any failure.
 fn crashtest(args: &CrashtestArgs) -> ExitCode {
     if args.list {
-        for workload in jext4::crash::WORKLOADS {
+        for workload in jext4::engine::crash::WORKLOADS {
             println!("{:<14}{}", workload.name, workload.about);
         }
         return ExitCode::SUCCESS;
@@ -294,12 +294,12 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
         .progress_chars("=> "),
     );
     let mut failures = 0usize;
-    let result = jext4::crash::run(&config, &mut |progress| match progress {
-        jext4::crash::Progress::Scenario {
+    let result = jext4::engine::crash::run(&config, &mut |progress| match progress {
+        jext4::engine::crash::Progress::Scenario {
             workload, scenario, ..
         } => bar.set_message(format!("{workload}: {scenario}, {failures} failures")),
-        jext4::crash::Progress::State => bar.inc(1),
-        jext4::crash::Progress::Failure(failure) => {
+        jext4::engine::crash::Progress::State => bar.inc(1),
+        jext4::engine::crash::Progress::Failure(failure) => {
             failures += 1;
             // Shown even when the bar is hidden (output is not a terminal).
             bar.suspend(|| eprintln!("{failure}\n"));
@@ -523,20 +523,20 @@ fn stats(mountpoint: &Path, json: bool, sb: Option<u64>) -> Result<(), String> {
 
 /// The report of `jext4 stats`, `mounted` first.
 fn stats_report(mountpoint: &Path, sb: Option<u64>) -> Result<String, String> {
-    let is_image = jext4::dev::is_nbd_uri(&mountpoint.to_string_lossy())
+    let is_image = jext4::engine::dev::is_nbd_uri(&mountpoint.to_string_lossy())
         || std::fs::metadata(mountpoint).is_ok_and(|m| !m.is_dir());
     if is_image {
         // A live server's image lags its journal and cache: the figures
         // would be stale, so send the user to the live ones.
-        let holders = jext4::dev::exclusive::flock_holders(mountpoint);
+        let holders = jext4::engine::dev::exclusive::flock_holders(mountpoint);
         if let Some(holder) = holders.first() {
             return Err(format!(
                 "{} is in use by {holder}: `jext4 stats MOUNTPOINT` gives its live statistics",
                 mountpoint.display()
             ));
         }
-        let sb = sb.unwrap_or(jext4::format::superblock::PRIMARY_SB_OPTION);
-        let report = jext4::fs::image_stats_from(mountpoint, sb)
+        let sb = sb.unwrap_or(jext4::engine::format::superblock::PRIMARY_SB_OPTION);
+        let report = jext4::engine::fs::image_stats_from(mountpoint, sb)
             .map_err(|error| format!("{}: {error}", mountpoint.display()))?;
         return Ok(format!("mounted false\n{report}"));
     }
@@ -555,7 +555,7 @@ fn stats_report(mountpoint: &Path, sb: Option<u64>) -> Result<String, String> {
     }
     if mounted {
         // Live, from the server itself.
-        match jext4::fuse::control::stats(&mountpoint) {
+        match jext4::engine::fuse::control::stats(&mountpoint) {
             Ok(report) => return Ok(format!("mounted true\n{report}")),
             // Not a jext4 mount: say so below.
             Err(error) if error.raw_os_error() == Some(libc::ENOTTY) => {}
@@ -585,7 +585,7 @@ fn sync(mountpoints: &[PathBuf]) -> Result<(), String> {
     };
     let mut failed = Vec::new();
     for mountpoint in &targets {
-        if let Err(error) = jext4::fuse::control::sync(mountpoint) {
+        if let Err(error) = jext4::engine::fuse::control::sync(mountpoint) {
             let why = match error.raw_os_error() {
                 Some(libc::ENOTTY) => {
                     "its server does not answer `jext4 sync` (not jext4, or an older one)"
@@ -604,8 +604,8 @@ fn sync(mountpoints: &[PathBuf]) -> Result<(), String> {
 }
 
 fn recover(image: &Path, sb: Option<u64>) -> Result<(), String> {
-    let sb = sb.unwrap_or(jext4::format::superblock::PRIMARY_SB_OPTION);
-    match jext4::fs::recover_image_from(image, sb)
+    let sb = sb.unwrap_or(jext4::engine::format::superblock::PRIMARY_SB_OPTION);
+    match jext4::engine::fs::recover_image_from(image, sb)
         .map_err(|e| format!("{}: {e}", image.display()))?
     {
         None => println!("{}: the journal needs no recovery", image.display()),
@@ -639,7 +639,7 @@ fn init_logging(log: Option<&Path>) {
         .with_env_filter(filter)
         .with_target(false);
     // fuser's refused answers to interrupts are not errors (fuse/interrupts.rs).
-    let quiet = jext4::fuse::interrupts::UnmatchedReplies;
+    let quiet = jext4::engine::fuse::interrupts::UnmatchedReplies;
     match log.and_then(|path| {
         std::fs::OpenOptions::new()
             .create(true)
@@ -669,7 +669,7 @@ fn mount(
     mountpoint: &Path,
 ) -> Result<(), String> {
     let (engine_options, fuse_options) = parse_mount_options(options).map_err(|e| e.to_string())?;
-    if !jext4::dev::is_nbd_uri(&image.to_string_lossy()) && !image.exists() {
+    if !jext4::engine::dev::is_nbd_uri(&image.to_string_lossy()) && !image.exists() {
         return Err(format!("{}: no such file or device", image.display()));
     }
     let mountpoint = canonical_mountpoint(mountpoint)?;
@@ -761,8 +761,8 @@ fn redirect_standard_streams() {
 }
 
 fn run_server(
-    engine_options: jext4::fs::MountOptions,
-    fuse_options: jext4::fuse::FuseOptions,
+    engine_options: jext4::engine::fs::MountOptions,
+    fuse_options: jext4::engine::fuse::FuseOptions,
     image: &Path,
     mountpoint: &Path,
     ready: impl FnOnce(),
@@ -786,7 +786,7 @@ fn run_server(
         let _ = record.write();
         tracing::info!(image = %image.display(), mountpoint = %mountpoint.display(), "mounted");
         // Test builds: panics a test asked for, once the mount is up.
-        jext4::faults::arm_panics_from_env();
+        jext4::engine::faults::arm_panics_from_env();
         ready();
     });
     let status = match &result {

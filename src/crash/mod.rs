@@ -27,11 +27,13 @@ pub mod logwrites;
 pub mod model;
 pub mod oracle;
 pub mod overlay;
-pub mod rng;
 pub mod runner;
 pub mod states;
 pub mod tools;
 pub mod workloads;
 
+/// The deterministic generator (`engine::rng`), where the workloads and
+/// the tests have always found it.
+pub use crate::engine::rng;
 pub use runner::{Config, Failure, Progress, Sampling, Summary, run};
 pub use workloads::{WORKLOADS, Workload};

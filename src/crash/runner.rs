@@ -422,7 +422,7 @@ struct Ran {
 }
 
 fn every(n: usize, number: usize) -> bool {
-    n != 0 && number % n == 0
+    n != 0 && number.is_multiple_of(n)
 }
 
 fn io_text(error: std::io::Error) -> String {

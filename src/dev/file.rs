@@ -300,7 +300,7 @@ impl FileDevice {
             return None;
         }
         let sector = sector as usize;
-        if offset % sector as u64 != 0 || len % sector != 0 || len == 0 {
+        if !offset.is_multiple_of(sector as u64) || !len.is_multiple_of(sector) || len == 0 {
             return None;
         }
         let layout = std::alloc::Layout::from_size_align(len, sector.max(4096)).ok()?;

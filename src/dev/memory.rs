@@ -6,16 +6,20 @@ use parking_lot::RwLock;
 use std::io;
 use std::sync::Arc;
 
+/// An image held in memory: nothing reaches a disk and `flush` costs
+/// nothing (`Image::from_device` over an image read from a file, say).
 pub struct MemoryDevice {
     /// Shared with its persistent-memory mappings.
     bytes: Arc<RwLock<Vec<u8>>>,
 }
 
 impl MemoryDevice {
+    /// A zeroed device of `size` bytes (a multiple of 512).
     pub fn new(size: usize) -> Self {
         MemoryDevice::from_bytes(vec![0; size])
     }
 
+    /// A device holding `bytes` (their length a multiple of 512).
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
         MemoryDevice {
             bytes: Arc::new(RwLock::new(bytes)),

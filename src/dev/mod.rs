@@ -27,8 +27,19 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+/// The unit of every device offset and length, and of a torn write.
 pub const SECTOR_SIZE: u64 = 512;
 
+/// Storage an image lives on: reads and writes at byte offsets, in whole
+/// 512-byte sectors, and `flush`, the barrier after which everything
+/// written before it is durable.
+///
+/// Implement it to open an image on storage of your own with
+/// `Image::from_device`; `MemoryDevice`, and the engine's image-file and
+/// NBD devices, are implementations. Only `read_at`, `write_at`, `flush`
+/// and `size_bytes` must be written: the other methods have defaults
+/// built on them, which are correct for any device and only slower than
+/// a device's own versions.
 pub trait BlockDevice: Send + Sync {
     /// Read `buf.len()` bytes at `offset`. Reading past the end is an error.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;

@@ -79,7 +79,7 @@ pub fn parse_xattr(value: &[u8]) -> Result<Vec<AclEntry>> {
         return Err(Error::NotSupported);
     }
     let body = value.len() - HEADER_SIZE;
-    if body % XATTR_ENTRY_SIZE != 0 {
+    if !body.is_multiple_of(XATTR_ENTRY_SIZE) {
         return Err(Error::Invalid(
             "POSIX ACL size is not a whole number of entries".into(),
         ));
@@ -129,7 +129,9 @@ fn disk_entry_count(size: usize) -> Option<usize> {
         (body % DISK_SHORT_ENTRY_SIZE == 0).then_some(body / DISK_SHORT_ENTRY_SIZE)
     } else {
         let long_part = body - short_part;
-        (long_part % DISK_ENTRY_SIZE == 0).then_some(long_part / DISK_ENTRY_SIZE + SHORT_ENTRIES)
+        long_part
+            .is_multiple_of(DISK_ENTRY_SIZE)
+            .then_some(long_part / DISK_ENTRY_SIZE + SHORT_ENTRIES)
     }
 }
 

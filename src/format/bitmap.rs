@@ -99,7 +99,7 @@ impl<'a> Overlay<'a> {
     /// First clear bit in `start..end` (see [`find_zero`]).
     pub fn find_zero(&self, start: usize, end: usize) -> Option<usize> {
         let mut bit = start;
-        while bit < end && bit % 64 != 0 {
+        while bit < end && !bit.is_multiple_of(64) {
             if !self.test(bit) {
                 return Some(bit);
             }
@@ -121,7 +121,7 @@ impl<'a> Overlay<'a> {
     pub fn zero_run(&self, start: usize, end: usize, limit: usize) -> usize {
         let stop = end.min(start.saturating_add(limit)).max(start);
         let mut bit = start;
-        while bit < stop && bit % 64 != 0 {
+        while bit < stop && !bit.is_multiple_of(64) {
             if self.test(bit) {
                 return bit - start;
             }

@@ -6,7 +6,7 @@
 //! at any level. Indirect blocks carry no magic and no checksum, so the
 //! only checks possible are that pointers stay inside the filesystem.
 //!
-//! Walks go through [`Route`]: the i_block slot heading the subtree that
+//! Walks go through `Route`: the i_block slot heading the subtree that
 //! holds a logical block, and the entry to follow in each indirect block
 //! below it. Every walk is a loop whose iterations are bounded by the
 //! number of indirect blocks a file can have.
@@ -652,11 +652,12 @@ struct Runs {
 
 impl Runs {
     fn push(&mut self, logical: u64, physical: u64) {
-        if let Some(last) = self.runs.last_mut() {
-            if last.end() == logical && last.physical + last.len as u64 == physical {
-                last.len += 1;
-                return;
-            }
+        if let Some(last) = self.runs.last_mut()
+            && last.end() == logical
+            && last.physical + last.len as u64 == physical
+        {
+            last.len += 1;
+            return;
         }
         self.runs.push(Extent {
             logical,

@@ -243,7 +243,7 @@ pub(crate) fn rec_len_from_disk(raw: u16, block_size: usize) -> usize {
 
 /// ext4_rec_len_to_disk, the inverse of `rec_len_from_disk`.
 pub(crate) fn rec_len_to_disk(len: usize, block_size: usize) -> u16 {
-    debug_assert!(len <= block_size && len % 4 == 0, "rec_len {len}");
+    debug_assert!(len <= block_size && len.is_multiple_of(4), "rec_len {len}");
     if len < 65536 {
         len as u16
     } else {
@@ -310,7 +310,7 @@ fn parse_record(
     let name_len = block[offset + 6] as usize;
     let file_type = if fmt.filetype { block[offset + 7] } else { 0 };
     ensure_format!(
-        rec_len >= RECORD_LEN_MIN && rec_len % 4 == 0,
+        rec_len >= RECORD_LEN_MIN && rec_len.is_multiple_of(4),
         location,
         "bad rec_len {rec_len} at {offset}"
     );

@@ -474,7 +474,7 @@ impl Inode {
     }
 
     /// Store a device number as the kernel does: the old form when both
-    /// numbers fit in a byte, otherwise the new form in i_block[1].
+    /// numbers fit in a byte, otherwise the new form in `i_block[1]`.
     pub fn set_device_number(&mut self, rdev: u64) {
         let major = libc::major(rdev as libc::dev_t);
         let minor = libc::minor(rdev as libc::dev_t);

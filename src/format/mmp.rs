@@ -5,8 +5,8 @@
 //! user reads it, waits longer than an update takes, and reads it again:
 //! a changed sequence means the filesystem is in use elsewhere.
 //!
-//! Layout (little-endian): magic u32, seq u32, time u64, nodename [64],
-//! bdevname [32], check_interval u16, pad u16, pad [226 × u32], checksum
+//! Layout (little-endian): magic u32, seq u32, time u64, nodename u8 × 64,
+//! bdevname u8 × 32, check_interval u16, pad u16, pad u32 × 226, checksum
 //! u32 at byte 1020 — CRC32C with the filesystem's checksum seed over the
 //! bytes before it, when the filesystem has metadata_csum.
 

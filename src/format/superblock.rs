@@ -1260,7 +1260,7 @@ impl Geometry {
 
 fn is_power_of(mut n: u32, base: u32) -> bool {
     while n > 1 {
-        if n % base != 0 {
+        if !n.is_multiple_of(base) {
             return false;
         }
         n /= base;

@@ -343,11 +343,11 @@ fn parse_entries(
     let mut entries = Vec::with_capacity(headers.len());
     for header in &headers {
         let value = entry_value(geo, bytes, header, value_base, names_end, location)?;
-        if let Value::Stored(data) = &value {
-            if !data.is_empty() {
-                let start = value_base + header.value_offs;
-                ranges.push(start..start + value_len(data.len()));
-            }
+        if let Value::Stored(data) = &value
+            && !data.is_empty()
+        {
+            let start = value_base + header.value_offs;
+            ranges.push(start..start + value_len(data.len()));
         }
         entries.push(Entry {
             index: header.index,
@@ -1167,7 +1167,10 @@ mod tests {
     #[test]
     fn signed_name_hashing_differs_only_for_high_bytes() {
         let value = 0x1234_5678u32.to_le_bytes();
-        assert_eq!(entry_hash(b"big", &value), entry_hash_signed(b"big", &value));
+        assert_eq!(
+            entry_hash(b"big", &value),
+            entry_hash_signed(b"big", &value)
+        );
         assert_ne!(
             entry_hash(b"\xe9t\xe9", &value),
             entry_hash_signed(b"\xe9t\xe9", &value)
@@ -1278,12 +1281,16 @@ mod tests {
     fn garbage_never_panics() {
         // Bounded loops and checked offsets: arbitrary bytes parse or fail.
         let geo = geometry(false);
-        let mut rng = crate::crash::rng::Rng::new(0x1234_5678);
+        let mut rng = crate::rng::Rng::new(0x1234_5678);
         for round in 0..2000 {
             let mut bytes = vec![0u8; 256];
             for byte in bytes.iter_mut() {
                 let value = rng.next_u64();
-                *byte = if value % 3 == 0 { 0 } else { value as u8 };
+                *byte = if value.is_multiple_of(3) {
+                    0
+                } else {
+                    value as u8
+                };
             }
             let first = 4 + (round % 8) * 4;
             let _ = parse_entries(&geo, &bytes, first, first, Location::Inode { ino: 1 });

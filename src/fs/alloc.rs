@@ -833,10 +833,11 @@ impl Tx<'_, '_> {
         let core = self.core;
         let geo = &core.geo;
         let parent_group = geo.group_of_inode(parent.max(1));
-        if is_dir && parent == ROOT_INO {
-            if let Some(group) = self.orlov_top_level() {
-                return Ok(group);
-            }
+        if is_dir
+            && parent == ROOT_INO
+            && let Some(group) = self.orlov_top_level()
+        {
+            return Ok(group);
         }
         // Files, and directories below the top: the parent's flex group
         // first, then onward.

@@ -197,7 +197,7 @@ impl Tx<'_, '_> {
         }
         if size < inode.size {
             let keep_blocks = size.div_ceil(block_size);
-            if size % block_size != 0 {
+            if !size.is_multiple_of(block_size) {
                 let tail_end = (keep_blocks * block_size).min(inode.size);
                 self.zero_range_in_place(ino, inode, size, tail_end)?;
             }
@@ -597,7 +597,7 @@ impl Fs {
                     let large =
                         size < inode.size && inode.blocks / (block_size / 512) > PUNCH_CHUNK_BLOCKS;
                     if large {
-                        if size % block_size != 0 {
+                        if !size.is_multiple_of(block_size) {
                             let tail_end = (keep_blocks * block_size).min(inode.size);
                             tx.zero_range_in_place(ino, inode, size, tail_end)?;
                         }

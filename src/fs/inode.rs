@@ -681,13 +681,16 @@ mod tests {
         // next prune, the new changes stay.
         let mut ino = live;
         while map.get(0).is_some() {
-            map.note(ino, 20, ino % 3 == 0);
+            map.note(ino, 20, ino.is_multiple_of(3));
             ino += 1;
             assert!(ino < live * 4, "durable entries were never dropped");
         }
         let newest = map.get(ino - 1).unwrap();
         assert_eq!(newest.sync, 20);
-        assert_eq!(newest.datasync, if (ino - 1) % 3 == 0 { 0 } else { 20 });
+        assert_eq!(
+            newest.datasync,
+            if (ino - 1).is_multiple_of(3) { 0 } else { 20 }
+        );
         assert!(map.tids.len() < map.prune_at);
         // The threshold follows what stays, never below the floor.
         assert!(map.prune_at >= MAX_TRACKED_INODES);

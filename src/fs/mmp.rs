@@ -209,7 +209,7 @@ fn heartbeat_loop(shared: &Shared, mut check_interval: u16) {
         seq = if seq >= mmp::SEQ_MAX { 1 } else { seq + 1 };
         let written_at = Instant::now();
         if let Err(error) = shared.write(seq, check_interval) {
-            if failed_writes % 60 == 0 {
+            if failed_writes.is_multiple_of(60) {
                 tracing::error!(%error, "multi-mount protection: cannot write the MMP block");
             }
             failed_writes += 1;

@@ -16,8 +16,8 @@
 //! the fast-commit tracker's lock are leaves. File data is read and
 //! written on the device under the file's own inode lock and no other.
 //!
-//! A mutating operation runs inside [`Fs::transact`], which gives it a
-//! [`Tx`]: the shared core and the handle. A descriptor is written back
+//! A mutating operation runs inside `Fs::transact`, which gives it a
+//! `Tx`: the shared core and the handle. A descriptor is written back
 //! when its group's lock is released; the superblock when an operation
 //! changes one of its fields, and at every commit for the counts.
 
@@ -1279,10 +1279,10 @@ impl Fs {
 
 impl Drop for Fs {
     fn drop(&mut self) {
-        if !self.unmounted.load(Ordering::Acquire) {
-            if let Err(error) = self.unmount() {
-                tracing::error!(%error, "unmount at drop failed");
-            }
+        if !self.unmounted.load(Ordering::Acquire)
+            && let Err(error) = self.unmount()
+        {
+            tracing::error!(%error, "unmount at drop failed");
         }
     }
 }

@@ -126,7 +126,7 @@ pub fn process_alive(pid: i32) -> bool {
 
 fn mountpoint_of_hex(hex: &str) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStringExt;
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..hex.len())

@@ -460,7 +460,7 @@ impl Jbd2 {
             "a fast commit written outside the group writer"
         );
         let block_size = self.area.fs_block_size as usize;
-        debug_assert!(!blocks.is_empty() && blocks.len() % block_size == 0);
+        debug_assert!(!blocks.is_empty() && blocks.len().is_multiple_of(block_size));
         let (records, tail) = blocks.split_at(blocks.len() - block_size);
         let record_blocks = (records.len() / block_size) as u32;
         let tail_at = first_block + record_blocks;

@@ -1218,7 +1218,7 @@ mod tests {
         let mut index = 0u64;
         while !builder.is_full() {
             let mut data = vec![(index % 251) as u8; format.block_size];
-            if index % 3 == 0 {
+            if index.is_multiple_of(3) {
                 put_be32(&mut data, 0, MAGIC);
             }
             let fs_block = if format.has_64bit() {

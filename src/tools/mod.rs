@@ -3,11 +3,11 @@
 //! no loop device, no root). The `jext4 cp`, `tar` and file verbs are thin
 //! over these functions, so a Rust program gets the same speed.
 //!
-//! - [`copy_in`]: a host tree into the image (`cp -a SRC IMAGE:DEST`),
+//! - [`copy_in()`]: a host tree into the image (`cp -a SRC IMAGE:DEST`),
 //!   several threads feeding the engine, one directory at a time each;
-//! - [`copy_out`]: an image tree onto the host;
-//! - [`unpack`] and [`pack`]: tar archives (ustar, GNU, pax) into and out
-//!   of an image.
+//! - [`copy_out()`]: an image tree onto the host;
+//! - `unpack` and `pack`: tar archives (ustar, GNU, pax) into and out
+//!   of an image (feature `tar`).
 //!
 //! A source entry that vanishes or cannot be read is reported in the
 //! [`Report`] and skipped, as `cp` does; an image that is full, read-only
@@ -19,13 +19,17 @@ pub mod copy_in;
 pub mod copy_out;
 pub mod host;
 pub mod imagepath;
+#[cfg(feature = "tar")]
 pub mod tar_in;
+#[cfg(feature = "tar")]
 pub mod tar_out;
 
 pub use copy_in::copy_in;
 pub use copy_out::copy_out;
 pub use imagepath::ImagePath;
+#[cfg(feature = "tar")]
 pub use tar_in::unpack;
+#[cfg(feature = "tar")]
 pub use tar_out::pack;
 
 use crate::error::Error;

@@ -3,11 +3,11 @@
 //! journal writer; the journal map from debugfs; and the differential
 //! against `e2fsck -E journal_only`.
 
-use jext4::dev::{BlockDevice, FileDevice, MemoryDevice};
-use jext4::format::superblock::Superblock;
-use jext4::fs::recover_journal;
-use jext4::journal::format::{BlockHeader, JournalSuperblock, block_type, descriptor_tags};
-use jext4::journal::recovery::{JournalArea, RecoveryReport};
+use jext4::engine::dev::{BlockDevice, FileDevice, MemoryDevice};
+use jext4::engine::format::superblock::Superblock;
+use jext4::engine::fs::recover_journal;
+use jext4::engine::journal::format::{BlockHeader, JournalSuperblock, block_type, descriptor_tags};
+use jext4::engine::journal::recovery::{JournalArea, RecoveryReport};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -548,7 +548,7 @@ pub fn tree(root: &Path) -> Vec<(String, char, u64, u32)> {
             } else {
                 ('f', std::fs::read(&path).unwrap())
             };
-            let checksum = jext4::format::csum::crc32c_raw(!0, &content);
+            let checksum = jext4::engine::format::csum::crc32c_raw(!0, &content);
             entries.push((name, kind, meta.len(), checksum));
         }
     }

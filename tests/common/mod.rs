@@ -2,9 +2,13 @@
 //! the e2fsck oracle.
 #![allow(dead_code)]
 
+// Mounts and the `jext4` binary: built only with the command (feature `cli`).
+#[cfg(feature = "cli")]
 pub mod e2e;
 pub mod journal;
+#[cfg(feature = "cli")]
 pub mod nbd;
+#[cfg(feature = "cli")]
 pub mod server;
 mod skip;
 pub mod workload;

@@ -4,7 +4,7 @@
 //! images in and out of an export through jext4's own NBD client.
 
 use super::e2e::JextMount;
-use jext4::dev::{BlockDevice, NbdDevice, NbdUri};
+use jext4::engine::dev::{BlockDevice, NbdDevice, NbdUri};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

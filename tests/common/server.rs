@@ -353,10 +353,14 @@ fn compare_journal_only_replays(crash: &Path) {
     let area = {
         let blocks = super::journal::journal_blocks_from_debugfs(&theirs);
         let block_size = super::journal::fs_superblock(crash).block_size();
-        let device = jext4::dev::FileDevice::open(&ours, false).unwrap();
-        jext4::journal::recovery::JournalArea::new(std::sync::Arc::new(device), block_size, blocks)
+        let device = jext4::engine::dev::FileDevice::open(&ours, false).unwrap();
+        jext4::engine::journal::recovery::JournalArea::new(
+            std::sync::Arc::new(device),
+            block_size,
+            blocks,
+        )
     };
-    jext4::fs::recover_journal(&area).unwrap();
+    jext4::engine::fs::recover_journal(&area).unwrap();
     drop(area);
     assert_identical(
         &theirs,
@@ -370,13 +374,13 @@ fn compare_journal_only_replays(crash: &Path) {
 /// Every entry of an image, read through jext4's library read-only:
 /// (path, kind, size, CRC32C of the content or link target).
 pub fn image_tree(image: &Path) -> Vec<(String, String, u64, u32)> {
-    use jext4::fs::FileKind;
+    use jext4::engine::fs::FileKind;
     use std::os::unix::ffi::OsStringExt;
-    let options = jext4::fs::MountOptions {
+    let options = jext4::engine::fs::MountOptions {
         read_only: true,
-        ..jext4::fs::MountOptions::default()
+        ..jext4::engine::fs::MountOptions::default()
     };
-    let fs = jext4::api::Image::options()
+    let fs = jext4::Image::options()
         .mount_options(options)
         .open(image)
         .unwrap_or_else(|e| panic!("read-only open of {}: {e}", image.display()));
@@ -399,7 +403,7 @@ pub fn image_tree(image: &Path) -> Vec<(String, String, u64, u32)> {
                 FileKind::Symlink => fs.read_link(&path).unwrap().into_os_string().into_vec(),
                 _ => Vec::new(),
             };
-            let checksum = jext4::format::csum::crc32c_raw(!0, &content);
+            let checksum = jext4::engine::format::csum::crc32c_raw(!0, &content);
             entries.push((path, format!("{kind:?}"), attr.len(), checksum));
         }
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// The one seeded generator (SplitMix64), shared with the crash tests.
-pub use jext4::crash::rng::Rng;
+pub use jext4::engine::rng::Rng;
 
 /// The seed for a randomised test: `$var` if set, else from the clock.
 /// Printed, so that a failure can be replayed.
@@ -519,8 +519,8 @@ pub fn space_report(path: &Path) -> String {
 /// every file of the whole tree reads without error. Returns the number
 /// of names checked.
 pub fn verify_model(image: &Path, under: &str, model: &Model) -> usize {
-    use jext4::api::Image;
-    use jext4::fs::MountOptions;
+    use jext4::Image;
+    use jext4::engine::fs::MountOptions;
     let options = MountOptions {
         read_only: true,
         ..MountOptions::default()

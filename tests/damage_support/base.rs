@@ -215,6 +215,6 @@ fn write_source_tree(root: &Path) {
 
 /// Deterministic bytes for file contents.
 pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
-    let mut rng = jext4::crash::rng::Rng::new(seed);
+    let mut rng = jext4::engine::rng::Rng::new(seed);
     rng.bytes(length)
 }

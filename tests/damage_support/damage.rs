@@ -15,8 +15,8 @@ use super::base::{self, Variant};
 use crate::common;
 use crate::fuzz_support::map::{ImageMap, Kind as MapKind, Target};
 use crate::fuzz_support::mutate::fix_checksum;
-use jext4::crash::rng::Rng;
-use jext4::format::{get_u16, get_u32, put_u16, put_u32};
+use jext4::engine::format::{get_u16, get_u32, put_u16, put_u32};
+use jext4::engine::rng::Rng;
 use std::path::{Path, PathBuf};
 
 /// The damage kinds. `Undamaged` is the control: both runs must then

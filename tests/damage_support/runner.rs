@@ -410,10 +410,10 @@ fn compare_mounts(run: &Run, findings: &mut Vec<Finding>, notes: &mut Vec<String
             format!("the read-only mount changed the image (blocks {blocks:?} ...)"),
         );
     }
-    if let Some(Outcome::Done(what)) = run.jext4.step(&read_back_step(run)) {
-        if what.starts_with("WRONG") {
-            finding(findings, "data", format!("jext4 read back {what}"));
-        }
+    if let Some(Outcome::Done(what)) = run.jext4.step(&read_back_step(run))
+        && what.starts_with("WRONG")
+    {
+        finding(findings, "data", format!("jext4 read back {what}"));
     }
 }
 

@@ -405,7 +405,7 @@ fn examine(path: &Path) -> Entry {
     .map(|result| {
         result
             .map(|bytes| {
-                let sum = jext4::format::csum::crc32c_raw(!0, &bytes);
+                let sum = jext4::engine::format::csum::crc32c_raw(!0, &bytes);
                 (bytes.len() as u64, sum)
             })
             .map_err(|error| errno_of(&error))

@@ -6,15 +6,15 @@
 #[path = "../common/skip.rs"]
 mod skip;
 
-use jext4::cache::{Buffer, BufferCache};
-use jext4::dev::{BlockDevice, MemoryDevice};
-use jext4::error::{Error, Result};
-use jext4::format::Geometry;
-use jext4::format::dir::{self, DirBlocks, DirEntry};
-use jext4::format::group_desc::GroupDesc;
-use jext4::format::inode::Inode;
-use jext4::format::superblock::Superblock;
-use jext4::journal::{Handle, Journal, JournalConfig};
+use jext4::engine::cache::{Buffer, BufferCache};
+use jext4::engine::dev::{BlockDevice, MemoryDevice};
+use jext4::engine::format::Geometry;
+use jext4::engine::format::dir::{self, DirBlocks, DirEntry};
+use jext4::engine::format::group_desc::GroupDesc;
+use jext4::engine::format::inode::Inode;
+use jext4::engine::format::superblock::Superblock;
+use jext4::engine::journal::{Handle, Journal, JournalConfig};
+use jext4::{Error, Result};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,10 +32,10 @@ pub struct TestDir {
     pub alloc: Box<dyn FnMut() -> Option<u64>>,
     /// Where the htree code first found the index damaged (the engine
     /// keeps this per mount).
-    pub index_damaged: Option<jext4::error::Location>,
+    pub index_damaged: Option<jext4::Location>,
     /// What listings left out (the engine reports these once a listing
     /// is done).
-    pub bad_entries: Vec<jext4::format::dir::BadEntry>,
+    pub bad_entries: Vec<jext4::engine::format::dir::BadEntry>,
 }
 
 impl DirBlocks for TestDir {
@@ -88,13 +88,13 @@ impl DirBlocks for TestDir {
             self.index_damaged.get_or_insert(*location);
         }
     }
-    fn note_bad_entry(&mut self, bad: jext4::format::dir::BadEntry) {
+    fn note_bad_entry(&mut self, bad: jext4::engine::format::dir::BadEntry) {
         self.bad_entries.push(bad);
     }
-    fn leaf_ranges(&self) -> Option<Arc<jext4::format::htree::LeafRanges>> {
+    fn leaf_ranges(&self) -> Option<Arc<jext4::engine::format::htree::LeafRanges>> {
         None // built again for every lookup: tests see the slow path too
     }
-    fn keep_leaf_ranges(&mut self, _ranges: Arc<jext4::format::htree::LeafRanges>) {}
+    fn keep_leaf_ranges(&mut self, _ranges: Arc<jext4::engine::format::htree::LeafRanges>) {}
 }
 
 /// Superblock and geometry of an image file.
@@ -268,7 +268,7 @@ pub fn image_dir(image: &Path, ino: u32) -> TestDir {
     let cache = Arc::new(BufferCache::new(dev, geo.block_size as usize, 256 << 20));
     TestDir {
         seed: inode.csum_seed(&geo, ino),
-        indexed: inode.has_flag(jext4::format::inode::flags::INDEX),
+        indexed: inode.has_flag(jext4::engine::format::inode::flags::INDEX),
         geo,
         cache,
         ino,
@@ -393,7 +393,7 @@ impl Drop for MemEnv {
 }
 
 /// The crate's seeded generator (SplitMix64), so failures replay.
-pub use jext4::crash::rng::Rng;
+pub use jext4::engine::rng::Rng;
 
 /// A unique name: `tag` in hex, then letters, digits and some high bytes
 /// (where signed and unsigned hashes differ) up to `len` bytes. Never '/',
@@ -425,7 +425,7 @@ pub fn can_run(tool: &str) -> bool {
 /// Pairs of distinct names with equal major hash under `version` (found by
 /// brute force: among n names about n²/2^32 pairs collide in 31 bits).
 pub fn colliding_pairs(version: u8, seed: &[u32; 4], wanted: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    use jext4::format::htree::name_hash;
+    use jext4::engine::format::htree::name_hash;
     let mut pairs = Vec::new();
     let mut start = 0u64;
     while pairs.len() < wanted {

@@ -6,11 +6,11 @@
 
 use crate::common;
 use crate::common::journal::{Mount, journal_blocks_from_debugfs, kernel_crash_image, run};
-use jext4::dev::{BlockDevice, MemoryDevice};
-use jext4::format::csum::crc32c_raw;
-use jext4::format::fast_commit::{RECORD_HEADER_SIZE, tag};
-use jext4::format::{get_u16, get_u32};
-use jext4::journal::format::JournalSuperblock;
+use jext4::engine::dev::{BlockDevice, MemoryDevice};
+use jext4::engine::format::csum::crc32c_raw;
+use jext4::engine::format::fast_commit::{RECORD_HEADER_SIZE, tag};
+use jext4::engine::format::{get_u16, get_u32};
+use jext4::engine::journal::format::JournalSuperblock;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -508,7 +508,7 @@ pub fn replays_agree(crash: &Path, expected: &Durable, label: &str) {
     );
 
     let ours = copy_image(crash, "jext4");
-    let report = jext4::fs::recover_image(&ours)
+    let report = jext4::engine::fs::recover_image(&ours)
         .unwrap()
         .expect("recovery was needed");
     assert!(report.journal.problem.is_none(), "{label}: {report:?}");

@@ -6,13 +6,13 @@
 //! trusted on an image mke2fs, the kernel or jext4 made); a failure here is
 //! a broken seed, not a finding.
 
-use jext4::cache::BufferCache;
-use jext4::dev::MemoryDevice;
-use jext4::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, GroupDesc};
-use jext4::format::inode::{self as fmt, Inode, flags};
-use jext4::format::mapping::{self, BlockUse, Lookup};
-use jext4::format::superblock::{Geometry, Superblock};
-use jext4::format::{bitmap, get_u16, get_u32};
+use jext4::engine::cache::BufferCache;
+use jext4::engine::dev::MemoryDevice;
+use jext4::engine::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, GroupDesc};
+use jext4::engine::format::inode::{self as fmt, Inode, flags};
+use jext4::engine::format::mapping::{self, BlockUse, Lookup};
+use jext4::engine::format::superblock::{Geometry, Superblock};
+use jext4::engine::format::{bitmap, get_u16, get_u32};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 

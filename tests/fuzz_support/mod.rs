@@ -10,10 +10,10 @@ pub mod seeds;
 
 pub use seeds::skip;
 
-use jext4::dev::MemoryDevice;
-use jext4::error::Error;
-use jext4::fs::walk::{self, Budget, Stats};
-use jext4::fs::{AtimePolicy, Fs, MountOptions};
+use jext4::Error;
+use jext4::engine::dev::MemoryDevice;
+use jext4::engine::fs::walk::{self, Budget, Stats};
+use jext4::engine::fs::{AtimePolicy, Fs, MountOptions};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;

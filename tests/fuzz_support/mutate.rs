@@ -6,8 +6,8 @@
 //! fuzzer's input bytes for `cargo fuzz`.
 
 use super::map::{ImageMap, Kind, Target};
-use jext4::format::csum::{crc16, crc32c_raw, inode_seed};
-use jext4::format::{get_u16, get_u32, put_u16, put_u32};
+use jext4::engine::format::csum::{crc16, crc32c_raw, inode_seed};
+use jext4::engine::format::{get_u16, get_u32, put_u16, put_u32};
 
 /// Where choices come from.
 pub trait Source {
@@ -20,7 +20,7 @@ pub trait Source {
 }
 
 /// The crate's seeded generator (SplitMix64).
-pub use jext4::crash::rng::Rng;
+pub use jext4::engine::rng::Rng;
 
 impl Source for Rng {
     fn below(&mut self, bound: u64) -> u64 {

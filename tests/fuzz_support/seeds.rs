@@ -14,8 +14,8 @@ mod skip_support;
 
 pub use skip_support::skip;
 
-use jext4::api::Image;
-use jext4::fs::{Caller, FALLOC_FL_KEEP_SIZE, MountOptions};
+use jext4::Image;
+use jext4::engine::fs::{Caller, FALLOC_FL_KEEP_SIZE, MountOptions};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -460,7 +460,7 @@ fn fill_with_kernel(image: &Path, spec: &SeedSpec) -> bool {
     }
     // s_log_block_size, straight from the superblock mke2fs wrote.
     let superblock = std::fs::read(image).unwrap();
-    let block_size = 1024u64 << jext4::format::get_u32(&superblock, 1024 + 0x18);
+    let block_size = 1024u64 << jext4::engine::format::get_u32(&superblock, 1024 + 0x18);
     let mut filler = KernelFill {
         root: mount_point.clone(),
         block_size,
@@ -497,7 +497,7 @@ impl Filling for JextFill<'_> {
         self.image
             .fs()
             .geometry()
-            .has_incompat(jext4::format::superblock::incompat::EXTENTS)
+            .has_incompat(jext4::engine::format::superblock::incompat::EXTENTS)
     }
     fn mkdir(&mut self, path: &str) {
         self.image.create_dir(path).unwrap();
@@ -593,9 +593,10 @@ fn fill_with_jext4(path: &Path, spec: &SeedSpec, orphans: bool) -> bool {
         // checkpoint comes later); replay it alone, as the kernel's mount
         // would before its orphan pass, so that they are home where the
         // maps and the walk look.
-        let device = jext4::dev::FileDevice::open(path, false).expect("reopening the seed");
-        let device: std::sync::Arc<dyn jext4::dev::BlockDevice> = std::sync::Arc::new(device);
-        jext4::fs::recover_device(&device).expect("replaying the seed's journal");
+        let device = jext4::engine::dev::FileDevice::open(path, false).expect("reopening the seed");
+        let device: std::sync::Arc<dyn jext4::engine::dev::BlockDevice> =
+            std::sync::Arc::new(device);
+        jext4::engine::fs::recover_device(&device).expect("replaying the seed's journal");
         return true;
     }
     image.close().unwrap();

@@ -5,16 +5,16 @@
 //! Test files declare `mod common; mod mapping_support;`.
 #![allow(dead_code)]
 
-use jext4::cache::BufferCache;
-use jext4::dev::{BlockDevice, FileDevice, MemoryDevice};
-use jext4::error::{Error, Result};
-use jext4::format::bitmap;
-use jext4::format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
-use jext4::format::inode::{Inode, S_IFREG};
-use jext4::format::mapping::{self, BlockUse, Extent};
-use jext4::format::superblock::{Geometry, Superblock};
-use jext4::format::{BlockAllocator, MetaCtx};
-use jext4::journal::{Handle, Journal, JournalConfig};
+use jext4::engine::cache::BufferCache;
+use jext4::engine::dev::{BlockDevice, FileDevice, MemoryDevice};
+use jext4::engine::format::bitmap;
+use jext4::engine::format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
+use jext4::engine::format::inode::{Inode, S_IFREG};
+use jext4::engine::format::mapping::{self, BlockUse, Extent};
+use jext4::engine::format::superblock::{Geometry, Superblock};
+use jext4::engine::format::{BlockAllocator, MetaCtx};
+use jext4::engine::journal::{Handle, Journal, JournalConfig};
+use jext4::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -155,7 +155,7 @@ pub fn settle_times(root: &Path) {
             now - 3600 + index as i64 % 1000,
             (index as i64 * 7_919 % 1_000_000_000) as u32,
         );
-        jext4::tools::host::set_times(path, (mtime.0 + 7200, mtime.1), mtime).unwrap();
+        jext4::engine::tools::host::set_times(path, (mtime.0 + 7200, mtime.1), mtime).unwrap();
     }
 }
 
@@ -164,15 +164,15 @@ fn set_mode(path: &Path, mode: u32) {
 }
 
 fn make_node(path: &Path, mode: u32, rdev: libc::dev_t) {
-    jext4::tools::host::mknod(path, mode, rdev).unwrap();
+    jext4::engine::tools::host::mknod(path, mode, rdev).unwrap();
 }
 
 fn lchown(path: &Path, uid: u32, gid: u32) {
-    jext4::tools::host::lchown(path, uid, gid).unwrap();
+    jext4::engine::tools::host::lchown(path, uid, gid).unwrap();
 }
 
 fn set_xattr(path: &Path, name: &str, value: &[u8]) {
-    jext4::tools::host::set_xattr(path, name.as_bytes(), value)
+    jext4::engine::tools::host::set_xattr(path, name.as_bytes(), value)
         .unwrap_or_else(|e| panic!("setxattr {name} on {}: {e}", path.display()));
 }
 
@@ -263,7 +263,7 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, Record> {
         let (content, data_ranges) = match kind_name {
             "file" => {
                 let file = std::fs::File::open(&path).unwrap();
-                let ranges = jext4::tools::host::data_ranges(&file, meta.len()).unwrap();
+                let ranges = jext4::engine::tools::host::data_ranges(&file, meta.len()).unwrap();
                 (fnv(&std::fs::read(&path).unwrap()), ranges)
             }
             "symlink" => (
@@ -276,7 +276,7 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, Record> {
             .entry((meta.dev(), meta.ino()))
             .or_insert_with(|| rel.clone())
             .clone();
-        let mut xattrs = jext4::tools::host::xattrs(&path).unwrap();
+        let mut xattrs = jext4::engine::tools::host::xattrs(&path).unwrap();
         xattrs.sort();
         records.insert(
             rel,

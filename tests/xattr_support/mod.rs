@@ -4,16 +4,16 @@
 //! and the kernel side: loop mounts and raw xattr system calls.
 #![allow(dead_code)]
 
-use jext4::cache::BufferCache;
-use jext4::dev::{BlockDevice, MemoryDevice};
-use jext4::error::{Error, Result};
-use jext4::format::bitmap;
-use jext4::format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
-use jext4::format::inode::Inode;
-use jext4::format::superblock::{Geometry, Superblock};
-use jext4::format::xattr::{self, SetMode};
-use jext4::format::{BlockAllocator, MetaCtx};
-use jext4::journal::{Handle, Journal, JournalConfig};
+use jext4::engine::cache::BufferCache;
+use jext4::engine::dev::{BlockDevice, MemoryDevice};
+use jext4::engine::format::bitmap;
+use jext4::engine::format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
+use jext4::engine::format::inode::Inode;
+use jext4::engine::format::superblock::{Geometry, Superblock};
+use jext4::engine::format::xattr::{self, SetMode};
+use jext4::engine::format::{BlockAllocator, MetaCtx};
+use jext4::engine::journal::{Handle, Journal, JournalConfig};
+use jext4::{Error, Result};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};

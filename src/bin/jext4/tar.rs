@@ -1,10 +1,10 @@
 //! `jext4 tar -x|-c [-f ARCHIVE|-] IMAGE:PATH`: a tar archive into an image
-//! or out of one (`jext4::tools::unpack`, `pack`), members relative to
+//! or out of one (`jext4::engine::tools::unpack`, `pack`), members relative to
 //! PATH as with `tar -C PATH`.
 
 use super::tools::{ImageArgs, Session, display, owner, with_progress};
 use clap::Args;
-use jext4::tools::{CopyOptions, Progress};
+use jext4::engine::tools::{CopyOptions, Progress};
 use std::io::Write;
 
 #[derive(Args, Debug)]
@@ -95,14 +95,14 @@ pub fn tar(session: &mut Session, args: &TarArgs) -> u8 {
                     Err(error) => {
                         say(format!(
                             "{file}: Cannot open: {}",
-                            jext4::tools::describe(&error.into())
+                            jext4::engine::tools::describe(&error.into())
                         ));
                         return 2;
                     }
                 },
             };
             with_progress(&progress, || {
-                jext4::tools::unpack(image, input, path.trimmed(), &options, &progress)
+                jext4::engine::tools::unpack(image, input, path.trimmed(), &options, &progress)
             })
         }
         false => with_progress(&progress, || create(image, args, path.trimmed(), &progress)),
@@ -129,12 +129,12 @@ pub fn tar(session: &mut Session, args: &TarArgs) -> u8 {
 
 /// The archive of `source`, compressed as asked, to the file or stdout.
 fn create(
-    image: &jext4::api::Image,
+    image: &jext4::Image,
     args: &TarArgs,
     source: &str,
     progress: &Progress,
-) -> Result<jext4::tools::Report, jext4::tools::Failure> {
-    let failure = |error: std::io::Error| jext4::tools::Failure {
+) -> Result<jext4::engine::tools::Report, jext4::engine::tools::Failure> {
+    let failure = |error: std::io::Error| jext4::engine::tools::Failure {
         path: args.file.clone(),
         error: error.into(),
     };
@@ -145,7 +145,7 @@ fn create(
     let output = std::io::BufWriter::with_capacity(1 << 20, output);
     if args.gzip {
         let mut encoder = flate2::write::GzEncoder::new(output, flate2::Compression::default());
-        let report = jext4::tools::pack(image, source, &mut encoder, progress)?;
+        let report = jext4::engine::tools::pack(image, source, &mut encoder, progress)?;
         encoder
             .finish()
             .and_then(|mut w| w.flush())
@@ -153,7 +153,7 @@ fn create(
         Ok(report)
     } else if args.xz {
         let mut encoder = xz2::write::XzEncoder::new(output, 6);
-        let report = jext4::tools::pack(image, source, &mut encoder, progress)?;
+        let report = jext4::engine::tools::pack(image, source, &mut encoder, progress)?;
         encoder
             .finish()
             .and_then(|mut w| w.flush())
@@ -161,7 +161,7 @@ fn create(
         Ok(report)
     } else if args.zstd {
         let mut encoder = zstd::stream::write::Encoder::new(output, 0).map_err(failure)?;
-        let report = jext4::tools::pack(image, source, &mut encoder, progress)?;
+        let report = jext4::engine::tools::pack(image, source, &mut encoder, progress)?;
         encoder
             .finish()
             .and_then(|mut w| w.flush())
@@ -169,7 +169,7 @@ fn create(
         Ok(report)
     } else {
         let mut output = output;
-        let report = jext4::tools::pack(image, source, &mut output, progress)?;
+        let report = jext4::engine::tools::pack(image, source, &mut output, progress)?;
         output.flush().map_err(failure)?;
         Ok(report)
     }

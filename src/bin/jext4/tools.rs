@@ -1,14 +1,14 @@
 //! The image tools' verbs: `cp`, `tar` and the coreutils-like verbs on
 //! `IMAGE:PATH`, each opening its image through the library (no FUSE, no
 //! loop device, no root) and closing it clean. The work is the library's
-//! (`jext4::tools`, `jext4::api`); this parses, prints and sets the exit
+//! (`jext4::engine::tools`, the crate's API); this parses, prints and sets the exit
 //! status as the coreutils namesakes do.
 
 use super::verbs;
 use clap::{Args, Subcommand};
-use jext4::api::Image;
-use jext4::fs::{AtimePolicy, MountOptions};
-use jext4::tools::{ImagePath, Progress};
+use jext4::Image;
+use jext4::engine::fs::{AtimePolicy, MountOptions};
+use jext4::engine::tools::{ImagePath, Progress};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,11 +36,11 @@ pub struct ImageArgs {
 }
 
 fn cache_size(text: &str) -> Result<u64, String> {
-    jext4::fuse::parse_size(text).map_err(|e| e.to_string())
+    jext4::engine::fuse::parse_size(text).map_err(|e| e.to_string())
 }
 
 pub(crate) fn sb(text: &str) -> Result<u64, String> {
-    jext4::fuse::parse_sb(text).map_err(|e| e.to_string())
+    jext4::engine::fuse::parse_sb(text).map_err(|e| e.to_string())
 }
 
 #[derive(Subcommand)]
@@ -278,15 +278,15 @@ pub fn dispatch(session: &mut Session, command: ToolCommand) -> u8 {
 /// sources: DEST must be a directory).
 fn cp(session: &mut Session, args: &CpArgs) -> u8 {
     let (dest_arg, sources) = args.paths.split_last().expect("clap requires two paths");
-    let options = jext4::tools::CopyOptions {
+    let options = jext4::engine::tools::CopyOptions {
         preserve: args.archive,
         owner: args.owner,
         clamp_time: args.mtime.or_else(source_date_epoch),
         threads: args
             .jobs
-            .unwrap_or_else(jext4::tools::default_threads)
+            .unwrap_or_else(jext4::engine::tools::default_threads)
             .max(1),
-        umask: jext4::tools::host::umask(),
+        umask: jext4::engine::tools::host::umask(),
     };
     let recursive = args.recursive || args.archive;
     let mut progress = Progress::default();
@@ -339,9 +339,9 @@ fn copy_sources_in(
     sources: &[String],
     dest: &ImagePath,
     recursive: bool,
-    options: &jext4::tools::CopyOptions,
+    options: &jext4::engine::tools::CopyOptions,
     progress: &Progress,
-) -> Result<Vec<jext4::tools::Report>, String> {
+) -> Result<Vec<jext4::engine::tools::Report>, String> {
     if let Some(source) = sources.iter().find(|s| session.cp_path(s).is_some()) {
         return Err(format!(
             "'{source}': copying from an image into an image is not supported (use mv, or tar -c | tar -x)"
@@ -349,7 +349,8 @@ fn copy_sources_in(
     }
     let image = session.image(&dest.image)?;
     let dest_attr = stat_path(image, dest.trimmed());
-    let dest_is_dir = matches!(&dest_attr, Ok(attr) if attr.kind == jext4::fs::FileKind::Directory);
+    let dest_is_dir =
+        matches!(&dest_attr, Ok(attr) if attr.kind == jext4::engine::fs::FileKind::Directory);
     if sources.len() > 1 && !dest_is_dir {
         return Err(format!("target '{}' is not a directory", display(dest)));
     }
@@ -359,11 +360,12 @@ fn copy_sources_in(
         for source in sources {
             let host = Path::new(source);
             let meta = std::fs::symlink_metadata(host);
-            if let Ok(meta) = &meta {
-                if meta.is_dir() && !recursive {
-                    failed.push(format!("-r not specified; omitting directory '{source}'"));
-                    continue;
-                }
+            if let Ok(meta) = &meta
+                && meta.is_dir()
+                && !recursive
+            {
+                failed.push(format!("-r not specified; omitting directory '{source}'"));
+                continue;
             }
             let target = match dest_is_dir {
                 true => {
@@ -372,7 +374,7 @@ fn copy_sources_in(
                         failed.push(format!("cannot copy '{source}': it has no name"));
                         continue;
                     };
-                    jext4::tools::imagepath::join(&dest.path, &name)
+                    jext4::engine::tools::imagepath::join(&dest.path, &name)
                 }
                 false => {
                     if dest.path.ends_with('/') && !matches!(&meta, Ok(m) if m.is_dir()) {
@@ -385,7 +387,7 @@ fn copy_sources_in(
                     dest.trimmed().to_string()
                 }
             };
-            match jext4::tools::copy_in(image, host, &target, options, progress) {
+            match jext4::engine::tools::copy_in(image, host, &target, options, progress) {
                 Ok(report) => reports.push(report),
                 Err(failure) => {
                     failed.push(format!("{}:{failure}", dest.image.display()));
@@ -414,9 +416,9 @@ fn copy_sources_out(
     sources: &[String],
     dest: &Path,
     recursive: bool,
-    options: &jext4::tools::CopyOptions,
+    options: &jext4::engine::tools::CopyOptions,
     progress: &Progress,
-) -> Result<Vec<jext4::tools::Report>, String> {
+) -> Result<Vec<jext4::engine::tools::Report>, String> {
     let parsed: Vec<ImagePath> = sources
         .iter()
         .map(|s| {
@@ -439,12 +441,12 @@ fn copy_sources_out(
                 failed.push(format!(
                     "cannot stat '{}': {}",
                     display(source),
-                    jext4::tools::describe(&error)
+                    jext4::engine::tools::describe(&error)
                 ));
                 continue;
             }
         };
-        if attr.kind == jext4::fs::FileKind::Directory && !recursive {
+        if attr.kind == jext4::engine::fs::FileKind::Directory && !recursive {
             failed.push(format!(
                 "-r not specified; omitting directory '{}'",
                 display(source)
@@ -452,11 +454,11 @@ fn copy_sources_out(
             continue;
         }
         let target = match dest_is_dir {
-            true => dest.join(jext4::tools::imagepath::file_name(&source.path)),
+            true => dest.join(jext4::engine::tools::imagepath::file_name(&source.path)),
             false => dest.to_path_buf(),
         };
         let result = with_progress(progress, || {
-            jext4::tools::copy_out(image, source.trimmed(), &target, options, progress)
+            jext4::engine::tools::copy_out(image, source.trimmed(), &target, options, progress)
         });
         match result {
             Ok(report) => reports.push(report),
@@ -523,7 +525,7 @@ pub fn with_progress<R>(progress: &Progress, work: impl FnOnce() -> R) -> R {
 fn stat_path(
     image: &Image,
     path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
+) -> Result<jext4::engine::fs::Attr, jext4::Error> {
     image.metadata(path).map(|metadata| metadata.attr().clone())
 }
 
@@ -531,7 +533,7 @@ fn stat_path(
 fn lstat_path(
     image: &Image,
     path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
+) -> Result<jext4::engine::fs::Attr, jext4::Error> {
     image
         .symlink_metadata(path)
         .map(|metadata| metadata.attr().clone())
@@ -546,7 +548,7 @@ mod tests {
         command.clone().debug_assert();
         for verb in command.get_subcommands() {
             assert!(
-                jext4::fuse::helper::SUBCOMMANDS.contains(&verb.get_name()),
+                jext4::engine::fuse::helper::SUBCOMMANDS.contains(&verb.get_name()),
                 "jext4 {} would be taken for a mount helper call",
                 verb.get_name()
             );

@@ -7,11 +7,11 @@
 use super::tools::{ImageArgs, Session, ToolCommand, display};
 use clap::{Args, Parser};
 use jext4::Error;
-use jext4::api::Image;
-use jext4::format::inode::Timestamp;
-use jext4::fs::{Attr, FileKind, SetAttr, TimeSet};
-use jext4::tools::imagepath::{file_name, join};
-use jext4::tools::{ImagePath, describe};
+use jext4::Image;
+use jext4::engine::format::inode::Timestamp;
+use jext4::engine::fs::{Attr, FileKind, SetAttr, TimeSet};
+use jext4::engine::tools::imagepath::{file_name, join};
+use jext4::engine::tools::{ImagePath, describe};
 use std::io::Write;
 
 #[derive(Args, Debug)]
@@ -397,10 +397,10 @@ fn ls_line(image: &Image, long: bool, shown: &str, path: &str, attr: &Attr) -> S
         size,
         long_iso(attr.mtime.sec)
     );
-    if attr.kind == FileKind::Symlink {
-        if let Ok(target) = image.read_link(path) {
-            line.push_str(&format!(" -> {}", target.to_string_lossy()));
-        }
+    if attr.kind == FileKind::Symlink
+        && let Ok(target) = image.read_link(path)
+    {
+        line.push_str(&format!(" -> {}", target.to_string_lossy()));
     }
     line
 }
@@ -503,10 +503,10 @@ fn stat(verb: &mut Verb<'_>, paths: &[String]) {
         match lstat_path(image, path.trimmed()) {
             Ok(attr) => {
                 let mut shown = arg.clone();
-                if attr.kind == FileKind::Symlink {
-                    if let Ok(target) = image.read_link(path.trimmed()) {
-                        shown = format!("{arg} -> {}", target.to_string_lossy());
-                    }
+                if attr.kind == FileKind::Symlink
+                    && let Ok(target) = image.read_link(path.trimmed())
+                {
+                    shown = format!("{arg} -> {}", target.to_string_lossy());
                 }
                 print!("{}", stat_text(&shown, &attr));
             }
@@ -561,8 +561,8 @@ fn stat_text(shown: &str, attr: &Attr) -> String {
 
 fn mkdir(verb: &mut Verb<'_>, args: &MkdirArgs) {
     let mode = match &args.mode {
-        None => 0o777 & !jext4::tools::host::umask(),
-        Some(text) => match parse_mode(text, 0o777 & !jext4::tools::host::umask()) {
+        None => 0o777 & !jext4::engine::tools::host::umask(),
+        Some(text) => match parse_mode(text, 0o777 & !jext4::engine::tools::host::umask()) {
             Some(mode) => mode,
             None => return verb.say(1, format!("invalid mode '{text}'")),
         },
@@ -898,7 +898,7 @@ fn touch(verb: &mut Verb<'_>, args: &TouchArgs) {
                 .map(|_| ()),
             Err(Error::NotFound) if args.no_create => Ok(()),
             Err(Error::NotFound) => {
-                let mode = 0o666 & !jext4::tools::host::umask();
+                let mode = 0o666 & !jext4::engine::tools::host::umask();
                 let mut options = jext4::OpenOptions::new();
                 options.write(true).create(true);
                 std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode.into());
@@ -1119,7 +1119,7 @@ fn split_words(line: &str) -> Result<Vec<String>, String> {
 fn stat_path(
     image: &Image,
     path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
+) -> Result<jext4::engine::fs::Attr, jext4::Error> {
     image.metadata(path).map(|metadata| metadata.attr().clone())
 }
 
@@ -1127,7 +1127,7 @@ fn stat_path(
 fn lstat_path(
     image: &Image,
     path: impl AsRef<std::path::Path>,
-) -> Result<jext4::fs::Attr, jext4::Error> {
+) -> Result<jext4::engine::fs::Attr, jext4::Error> {
     image
         .symlink_metadata(path)
         .map(|metadata| metadata.attr().clone())

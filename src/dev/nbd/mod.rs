@@ -640,7 +640,7 @@ impl NbdDevice {
     /// `offset` (both aligned): (offset, length) pieces of at most
     /// `max_request` bytes.
     fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        debug_assert!(offset % self.alignment == 0 && len % self.alignment == 0);
+        debug_assert!(offset.is_multiple_of(self.alignment) && len.is_multiple_of(self.alignment));
         (0..len.div_ceil(self.max_request)).map(move |index| {
             let start = index * self.max_request;
             (offset + start, self.max_request.min(len - start))
@@ -648,7 +648,7 @@ impl NbdDevice {
     }
 
     fn is_aligned(&self, offset: u64, len: usize) -> bool {
-        offset % self.alignment == 0 && len as u64 % self.alignment == 0
+        offset.is_multiple_of(self.alignment) && (len as u64).is_multiple_of(self.alignment)
     }
 
     /// The smallest aligned range around `offset..offset+len`.

@@ -81,7 +81,7 @@ pub fn syncfs(path: &Path) {
 
 /// A deterministic byte pattern, different per `seed`.
 pub fn pattern(seed: u64, length: usize) -> Vec<u8> {
-    jext4::crash::rng::Rng::derive(seed, "pattern").bytes(length)
+    jext4::engine::rng::Rng::derive(seed, "pattern").bytes(length)
 }
 
 pub fn read_all(path: &Path) -> Vec<u8> {
@@ -185,7 +185,7 @@ pub fn appended(ino: u32, round: u64, chunk: usize) -> Vec<u8> {
 /// `rounds`, `chunk` bytes (`appended`'s) to each of `files` in turn, at
 /// `round * chunk`; each write must be whole.
 pub fn append_in_turn(
-    fs: &jext4::fs::Fs,
+    fs: &jext4::engine::fs::Fs,
     files: &[u32],
     rounds: std::ops::Range<u64>,
     chunk: usize,
@@ -194,7 +194,9 @@ pub fn append_in_turn(
         for &ino in files {
             let at = round * chunk as u64;
             let data = appended(ino, round, chunk);
-            let written = fs.write(ino, at, &data, jext4::fs::Caller::ROOT).unwrap();
+            let written = fs
+                .write(ino, at, &data, jext4::engine::fs::Caller::ROOT)
+                .unwrap();
             assert_eq!(written, chunk, "append of round {round} to inode {ino}");
         }
     }

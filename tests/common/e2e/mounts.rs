@@ -108,7 +108,7 @@ impl JextMount {
     /// The server's pid, from the runtime file it writes once mounted.
     pub fn server_pid(&self) -> i32 {
         let mountpoint = self.mountpoint.canonicalize().expect("the mount point");
-        jext4::fuse::serve::ServerRecord::read(&mountpoint)
+        jext4::engine::fuse::serve::ServerRecord::read(&mountpoint)
             .unwrap_or_else(|| panic!("no server record for {}", mountpoint.display()))
             .pid
     }
