@@ -743,3 +743,85 @@ fn bitmaps_sharing_a_block_refuse_the_mount() {
     }
     assert_eq!(std::fs::read(&image).unwrap(), original, "image unchanged");
 }
+
+/// A descriptor that points a group's block bitmap into its own inode
+/// table: the kernel's system-zone test lets that through (the table,
+/// added after the bitmap, starts before it) and mounts the image; jext4
+/// mounts it too, says the group is not allocated from, and creates
+/// elsewhere: the group's inode table (which holds its "bitmap") is left
+/// as it was. (e2fsck itself reads the backup descriptors of such an
+/// image; `damage_diff`'s `bitmaps_share_block` compares its verdicts
+/// after the kernel's run and jext4's.)
+#[test]
+fn a_bitmap_inside_its_own_inode_table_mounts_and_its_group_is_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = mkfs(
+        dir.path(),
+        "inside",
+        32,
+        &["-t", "ext4", "-b", "1024", "-N", "2048"],
+    );
+    let output = Command::new("dumpe2fs").arg(&image).output().unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let field = |group: &str, name: &str| -> u64 {
+        let at = &text[text.find(group).unwrap()..];
+        at[at.find(name).unwrap() + name.len()..]
+            .trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let table = field("Group 1:", "Inode table at ");
+    let next_table = field("Group 2:", "Inode table at ");
+    let inodes_per_group = field("Inodes per group:", "Inodes per group:");
+    debugfs_write(
+        &image,
+        &format!(
+            "set_bg 1 block_bitmap {}\nset_bg 1 checksum calc\n",
+            table + 3
+        ),
+    );
+    let table_bytes = |image: &Path| {
+        let bytes = std::fs::read(image).unwrap();
+        bytes[table as usize * 1024..next_table as usize * 1024].to_vec()
+    };
+    let before = table_bytes(&image);
+    for name in ["new", "other"] {
+        let spot = format!("{}:/{name}", image.display());
+        let output = Command::new(common::server::JEXT4)
+            .args(["mkdir", &spot])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "jext4 mkdir: {stderr}");
+        assert!(
+            stderr.contains("group 1 is not allocated from")
+                && stderr.contains("lies inside the inode table of group 1")
+                && stderr.contains("e2fsck"),
+            "{stderr}"
+        );
+        let stat = Command::new("debugfs")
+            .args(["-R", &format!("stat /{name}")])
+            .arg(&image)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&stat.stdout);
+        let ino: u64 = said["Inode: ".len()..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_ne!(
+            (ino - 1) / inodes_per_group,
+            1,
+            "/{name} is inode {ino}, in group 1"
+        );
+    }
+    assert!(
+        table_bytes(&image) == before,
+        "group 1's inode table changed"
+    );
+}

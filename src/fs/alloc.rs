@@ -622,7 +622,12 @@ impl Tx<'_, '_> {
         // and its lock: then the next groups, each once.
         for step in 0..groups {
             let group = (first_choice + step) % groups;
-            if step > 0 && core.groups.free_inodes(group) == 0 {
+            // A group whose inode bitmap is corrupt is passed over, the
+            // parent's own too, as the kernel's allocator passes over
+            // EXT4_MB_GRP_IBITMAP_CORRUPT groups: the error was reported
+            // when it was marked.
+            let corrupt = core.groups.corrupt(group) & INODE_BITMAP_CORRUPT != 0;
+            if corrupt || (step > 0 && core.groups.free_inodes(group) == 0) {
                 continue;
             }
             if let Some(ino) = self.alloc_inode_in(group, is_dir)? {

@@ -247,6 +247,18 @@ impl Groups {
         debug_assert_eq!(table.len(), geo.gdt_blocks as usize);
         let locations: Vec<GroupLocations> = groups.iter().map(|group| group.at).collect();
         let zone = SystemZone::build(geo, &locations, journal)?;
+        for (group, what) in zone.overlaps() {
+            // As a bitmap found corrupt: out of the totals, never
+            // allocated from, its bitmaps never written.
+            let marked = &groups[*group as usize].corrupt;
+            if marked.fetch_or(
+                BLOCK_BITMAP_CORRUPT | INODE_BITMAP_CORRUPT,
+                Ordering::AcqRel,
+            ) == 0
+            {
+                tracing::error!("group {group} is not allocated from: {what}");
+            }
+        }
         Ok(Groups {
             groups,
             table,

@@ -6,12 +6,19 @@
 //! `block_validity.c`, on by default, which protects the journal inode's
 //! blocks with `ext4_protect_reserved_inode`).
 //!
-//! Built once at mount from the descriptors. Two pieces of metadata that
-//! overlap (a block bitmap and an inode bitmap in one block, a bitmap
-//! inside an inode table) refuse the mount, as the kernel's
+//! Built once at mount from the descriptors, in the kernel's order (each
+//! group's superblock copy, block bitmap, inode bitmap and inode table,
+//! then the journal) and with its test: a range that starts inside one
+//! already added refuses the mount (a block and an inode bitmap in one
+//! block, a bitmap inside an earlier group's table), as the kernel's
 //! `ext4_setup_system_zone` does ("failed to initialize system zone"),
-//! read-only too: every allocation in such a group would write one
-//! structure's bits into the other.
+//! read-only too. A range that starts before one already added and covers
+//! it (an inode table over its own group's bitmap) passes the kernel's
+//! test, and the kernel mounts such an image, then writes one structure's
+//! bits into the other; jext4 mounts it too and takes the groups involved
+//! out of allocation (`SystemZone::overlaps`), so that neither is written
+//! through the other. The journal overlapping anything refuses the mount
+//! whichever way round: its log would overwrite the metadata.
 //!
 //! The zone covers what the kernel's does: for groups with a superblock
 //! copy among the first five and the first of each flex group, the copy
@@ -75,6 +82,9 @@ impl Holder {
 /// The zone as sorted, disjoint, merged block ranges `start..end`.
 pub(crate) struct SystemZone {
     ranges: Vec<(u64, u64)>,
+    /// Groups whose metadata overlap other metadata in a way the kernel's
+    /// test lets through, each with what overlaps what.
+    overlaps: Vec<(u32, String)>,
 }
 
 impl SystemZone {
@@ -87,48 +97,89 @@ impl SystemZone {
         locations: &[GroupLocations],
         journal: &[u64],
     ) -> Result<SystemZone> {
-        let mut ranges = Vec::with_capacity(locations.len() * 3 + 8);
-        for (start, end) in runs(journal) {
-            let group = geo.group_of_block(start);
-            ranges.push((start, end, Holder::Journal { group }));
-        }
         let flex = geo.groups_per_flex.max(1);
+        // Sorted by start; overlapping entries are possible (see above).
+        let mut added: Vec<(u64, u64, Holder)> = Vec::with_capacity(locations.len() * 3 + 8);
+        let mut add = |start: u64, end: u64, holder: Holder| -> Result<()> {
+            let at = added.partition_point(|&(first, _, _)| first <= start);
+            if let Some(&before) = at.checked_sub(1).map(|i| &added[i])
+                && start < before.1
+            {
+                return Err(overlap_error(before, (start, end, holder)));
+            }
+            added.insert(at, (start, end, holder));
+            Ok(())
+        };
         for (group, at) in (0u32..).zip(locations) {
             if geo.group_has_super(group) && (group < 5 || group % flex == 0) {
                 let count = geo.group_gdt_blocks(group) as u64 + 1;
                 let start = geo.group_first_block(group);
-                ranges.push((start, start + count, Holder::Superblock { group }));
+                add(start, start + count, Holder::Superblock { group })?;
             }
             let table = geo.inode_table_blocks as u64;
-            ranges.push((
+            add(
                 at.block_bitmap,
                 at.block_bitmap + 1,
                 Holder::BlockBitmap { group },
-            ));
-            ranges.push((
+            )?;
+            add(
                 at.inode_bitmap,
                 at.inode_bitmap + 1,
                 Holder::InodeBitmap { group },
-            ));
-            ranges.push((
+            )?;
+            add(
                 at.inode_table,
                 at.inode_table + table,
                 Holder::InodeTable { group },
-            ));
+            )?;
         }
-        ranges.sort_unstable_by_key(|&(start, end, _)| (start, end));
-        if let Some(pair) = ranges.windows(2).find(|pair| pair[1].0 < pair[0].1) {
-            return Err(overlap_error(pair[0], pair[1]));
+        for (start, end) in runs(journal) {
+            let group = geo.group_of_block(start);
+            add(start, end, Holder::Journal { group })?;
         }
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-        for (start, end, _) in ranges {
+        // What the kernel's test let through: a range covering one added
+        // before it. The journal's never passes here.
+        let mut overlaps = Vec::new();
+        // The added range that reaches furthest so far.
+        let mut reach: Option<(u64, u64, Holder)> = None;
+        for &(start, end, holder) in &added {
+            if let Some(reacher @ (_, reach_end, reaching)) = reach
+                && start < reach_end
+            {
+                let journal = |holder| matches!(holder, Holder::Journal { .. });
+                if journal(holder) || journal(reaching) {
+                    return Err(overlap_error(reacher, (start, end, holder)));
+                }
+                let reacher = reaching;
+                let what = format!(
+                    "{holder} (from block {start}) lies inside {reacher}: the group descriptors \
+                     are damaged; run e2fsck -fy on it"
+                );
+                overlaps.push((reacher.group(), what.clone()));
+                overlaps.push((holder.group(), what));
+            }
+            if reach.is_none_or(|(_, reach_end, _)| end > reach_end) {
+                reach = Some((start, end, holder));
+            }
+        }
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(added.len());
+        for (start, end, _) in added {
             match merged.last_mut() {
-                Some(last) if last.1 == start => last.1 = end,
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
                 _ => merged.push((start, end)),
             }
         }
         debug_assert!(merged.windows(2).all(|pair| pair[0].1 < pair[1].0));
-        Ok(SystemZone { ranges: merged })
+        Ok(SystemZone {
+            ranges: merged,
+            overlaps,
+        })
+    }
+
+    /// The groups whose metadata overlap in a way the kernel mounts, each
+    /// with a description, to be kept out of allocation.
+    pub fn overlaps(&self) -> &[(u32, String)] {
+        &self.overlaps
     }
 
     /// The first block of `start..end` in the zone, if any.
@@ -201,6 +252,7 @@ mod tests {
     fn zone(ranges: &[(u64, u64)]) -> SystemZone {
         SystemZone {
             ranges: ranges.to_vec(),
+            overlaps: Vec::new(),
         }
     }
 
