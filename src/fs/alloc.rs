@@ -696,7 +696,13 @@ impl Tx<'_, '_> {
         let ino = group * geo.inodes_per_group + index as u32 + 1;
         if let Err(error) = self.check_inode_unused(&desc, index, ino) {
             // The bitmap lost the bit of a live inode: it cannot be trusted
-            // for any other.
+            // for any other. The live inode's bit is set back first, as the
+            // kernel's allocator leaves it when it meets the inode in use
+            // ("doubly allocated?"): on a journaled image the abort that
+            // follows discards it with the rest; on ext2 it stays, and is
+            // right.
+            let live_dir = self.read_inode(ino).is_ok_and(|live| live.is_dir());
+            let _ = self.claim_inode_locked(&mut desc, &buffer, ino, live_dir);
             self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
             return Err(error);
         }
