@@ -522,7 +522,7 @@ pub fn with_progress<R>(progress: &Progress, work: impl FnOnce() -> R) -> R {
 
 /// `stat` of an image path, as the engine's attributes (what the listing
 /// and `stat` formats print).
-fn stat_path(
+pub(super) fn stat_path(
     image: &Image,
     path: impl AsRef<std::path::Path>,
 ) -> Result<jext4::engine::fs::Attr, jext4::Error> {
@@ -530,7 +530,7 @@ fn stat_path(
 }
 
 /// `lstat` of an image path, as the engine's attributes.
-fn lstat_path(
+pub(super) fn lstat_path(
     image: &Image,
     path: impl AsRef<std::path::Path>,
 ) -> Result<jext4::engine::fs::Attr, jext4::Error> {

@@ -4,7 +4,7 @@
 //! those of the coreutils namesakes (in the C locale), the argument quoted
 //! as it was given.
 
-use super::tools::{ImageArgs, Session, ToolCommand, display};
+use super::tools::{ImageArgs, Session, ToolCommand, display, lstat_path, stat_path};
 use clap::{Args, Parser};
 use jext4::Error;
 use jext4::Image;
@@ -1112,25 +1112,6 @@ fn split_words(line: &str) -> Result<Vec<String>, String> {
         words.push(word);
     }
     Ok(words)
-}
-
-/// `stat` of an image path, as the engine's attributes (what the listing
-/// and `stat` formats print).
-fn stat_path(
-    image: &Image,
-    path: impl AsRef<std::path::Path>,
-) -> Result<jext4::engine::fs::Attr, jext4::Error> {
-    image.metadata(path).map(|metadata| metadata.attr().clone())
-}
-
-/// `lstat` of an image path, as the engine's attributes.
-fn lstat_path(
-    image: &Image,
-    path: impl AsRef<std::path::Path>,
-) -> Result<jext4::engine::fs::Attr, jext4::Error> {
-    image
-        .symlink_metadata(path)
-        .map(|metadata| metadata.attr().clone())
 }
 
 #[cfg(test)]
