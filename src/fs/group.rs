@@ -247,17 +247,14 @@ impl Groups {
         debug_assert_eq!(table.len(), geo.gdt_blocks as usize);
         let locations: Vec<GroupLocations> = groups.iter().map(|group| group.at).collect();
         let zone = SystemZone::build(geo, &locations, journal)?;
-        for (group, what) in zone.overlaps() {
+        for (group, _) in zone.overlaps() {
             // As a bitmap found corrupt: out of the totals, never
-            // allocated from, its bitmaps never written.
-            let marked = &groups[*group as usize].corrupt;
-            if marked.fetch_or(
+            // allocated from, its bitmaps never written. The mount says so
+            // (`Core::open`): this load may be one of several.
+            groups[*group as usize].corrupt.fetch_or(
                 BLOCK_BITMAP_CORRUPT | INODE_BITMAP_CORRUPT,
                 Ordering::AcqRel,
-            ) == 0
-            {
-                tracing::error!("group {group} is not allocated from: {what}");
-            }
+            );
         }
         Ok(Groups {
             groups,
@@ -300,6 +297,12 @@ impl Groups {
     /// inode may map.
     pub fn first_system_block(&self, start: u64, end: u64) -> Option<u64> {
         self.zone.first_within(start, end)
+    }
+
+    /// Groups kept out of allocation because their metadata overlap in a
+    /// way the kernel mounts (`SystemZone::overlaps`), each with why.
+    pub fn overlaps(&self) -> &[(u32, String)] {
+        self.zone.overlaps()
     }
 
     /// `BLOCK_BITMAP_CORRUPT` and `INODE_BITMAP_CORRUPT` of `group`.

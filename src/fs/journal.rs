@@ -408,10 +408,9 @@ pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
     recover_image_from(path, superblock::PRIMARY_SB_OPTION)
 }
 
-/// `recover_image` working from the superblock copy `sb` names, in 1 KiB
+/// `recover_image` working from the superblock copy `sb_option` names, in 1 KiB
 /// units as the mount option `sb=` (`jext4 recover --sb N`).
-pub fn recover_image_from(path: &std::path::Path, sb: u64) -> Result<Option<ImageRecovery>> {
-    let sb_option = sb;
+pub fn recover_image_from(path: &std::path::Path, sb_option: u64) -> Result<Option<ImageRecovery>> {
     let (dev, sb, geo) = open_journaled(path, false, sb_option)?;
     // Replay writes: with `mmp`, only once nobody else uses the filesystem
     // (as e2fsck claims it). Released before the orphans' mount claims it.

@@ -442,14 +442,15 @@ impl Core {
     /// engine of fast-commit replay: the one path both take. With `plan`
     /// the changes go through a JBD2 journal in its area; without, straight
     /// to `dev` (write-back: an unjournaled image, `noload`, read-only, or
-    /// work inside recovery). `journal_zone` lists the internal journal's
-    /// blocks, which join the system zone (empty: none, or unknown).
+    /// work inside recovery). The internal journal's blocks join the
+    /// system zone: `plan`'s, or without one `unloaded_journal` (a
+    /// read-only or noload mount; empty: none, or unknown).
     fn open(
         mut sb: Superblock,
         dev: &Arc<dyn BlockDevice>,
         options: MountOptions,
         plan: Option<JournalPlan>,
-        journal_zone: &[u64],
+        unloaded_journal: &[u64],
     ) -> Result<Core> {
         let geo = Geometry::from_superblock(&sb);
         let guard = plan
@@ -464,7 +465,13 @@ impl Core {
             geo.block_size as usize,
             options.cache_size - delalloc_limit(&options),
         ));
-        let groups = Groups::load(&geo, &cache, journal_zone)?;
+        let journal_blocks = plan
+            .as_ref()
+            .map_or(unloaded_journal, |plan| &plan.area.blocks);
+        let groups = Groups::load(&geo, &cache, journal_blocks)?;
+        for (group, what) in groups.overlaps() {
+            tracing::error!("group {group} is not allocated from: {what}");
+        }
         let config = JournalConfig {
             commit_interval: options.commit_interval,
             sync_all: options.sync,
@@ -728,12 +735,12 @@ impl Fs {
         // stops (marking the block clean) once it is done.
         let protection = protection.filter(|_| !options.read_only);
         let mut plan = None;
-        let mut journal_zone = Vec::new();
+        let mut unloaded_journal = Vec::new();
         if journaled && !options.noload {
             let area = recover_for_mount(&mut sb, &dev, &options)?;
-            journal_zone = area.blocks.clone();
-            if !options.read_only {
-                plan = Some(JournalPlan { area, fast_commit });
+            match options.read_only {
+                true => unloaded_journal = area.blocks,
+                false => plan = Some(JournalPlan { area, fast_commit }),
             }
         } else {
             if journaled {
@@ -741,7 +748,7 @@ impl Fs {
                 // takes the journal inode's blocks whatever noload says); a
                 // journal inode that cannot be read only loses that here.
                 match journal::journal_area(&geo, &dev) {
-                    Ok(area) => journal_zone = area.blocks,
+                    Ok(area) => unloaded_journal = area.blocks,
                     Err(error) => {
                         tracing::warn!(%error, "noload: the journal's blocks are unknown")
                     }
@@ -753,8 +760,7 @@ impl Fs {
                 );
             }
         }
-        let core = Core::open(sb, &dev, options, plan, &journal_zone)?;
-        drop(journal_zone);
+        let core = Core::open(sb, &dev, options, plan, &unloaded_journal)?;
         let fs = Arc::new(Fs {
             core,
             open_files: Mutex::new(NumberMap::default()),

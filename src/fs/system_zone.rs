@@ -155,8 +155,10 @@ impl SystemZone {
                     "{holder} (from block {start}) lies inside {reacher}: the group descriptors \
                      are damaged; run e2fsck -fy on it"
                 );
-                overlaps.push((reacher.group(), what.clone()));
-                overlaps.push((holder.group(), what));
+                if holder.group() != reacher.group() {
+                    overlaps.push((holder.group(), what.clone()));
+                }
+                overlaps.push((reacher.group(), what));
             }
             if reach.is_none_or(|(_, reach_end, _)| end > reach_end) {
                 reach = Some((start, end, holder));

@@ -5,8 +5,7 @@
 use super::acl::{self, ACL_ACCESS};
 use super::inode::{check_live, read_inode};
 use super::{Caller, Fs, Scope};
-use crate::error::Location;
-use crate::error::{Error, Result};
+use crate::error::{Error, Location, Result};
 use crate::format::inode::Inode;
 use crate::format::inode::Timestamp;
 use crate::format::superblock::compat;

@@ -29,7 +29,8 @@ pub fn check(image: &Path) -> Report {
     // only that committed transactions wait in the log — as after any
     // journal abort — when the primary the kernel mounts from does say
     // needs_recovery. Without it they are the problem they name.
-    if text.contains("Recovery flag not set in backup superblock") && primary_needs_recovery(image)
+    if text.contains("Recovery flag not set in backup superblock")
+        && crate::common::journal::dumpe2fs_needs_recovery(image)
     {
         kinds.retain(|_, line| {
             !line.contains("Recovery flag not set in backup superblock")
@@ -41,15 +42,6 @@ pub fn check(image: &Path) -> Report {
         kinds,
         text,
     }
-}
-
-/// The primary superblock's needs_recovery (INCOMPAT_RECOVER, 0x4 at byte
-/// 0x60 of the superblock at 1 KiB).
-fn primary_needs_recovery(image: &Path) -> bool {
-    let file = std::fs::File::open(image).unwrap();
-    let mut incompat = [0u8; 4];
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut incompat, 1024 + 0x60).unwrap();
-    u32::from_le_bytes(incompat) & 0x4 != 0
 }
 
 /// Problem kinds in e2fsck's output.
