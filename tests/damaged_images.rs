@@ -744,6 +744,58 @@ fn bitmaps_sharing_a_block_refuse_the_mount() {
     assert_eq!(std::fs::read(&image).unwrap(), original, "image unchanged");
 }
 
+/// A descriptor that points a group's inode bitmap into a backup's
+/// reserved descriptor blocks (group 1's): the kernel's system zone holds
+/// every group's superblock copy, descriptor and reserved descriptor
+/// blocks (`ext4_num_base_meta_blocks`, since 6.4), so it refuses the
+/// mount ("failed to initialize system zone"); so does jext4, read-only
+/// too, naming both and e2fsck. (The zone of older kernels, which jext4
+/// followed, left reserved blocks out and mounted it.)
+#[test]
+fn an_inode_bitmap_in_a_backups_reserved_descriptors_refuses_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = mkfs(dir.path(), "reserved", 32, &["-t", "ext4", "-b", "1024"]);
+    let text = common::journal::debugfs_commands(&image, "stats");
+    let number = |label: &str| -> u64 {
+        let line = text.lines().find(|line| line.starts_with(label)).unwrap();
+        line[label.len()..].trim().parse().unwrap()
+    };
+    let reserved = number("Reserved GDT blocks:");
+    assert!(reserved > 0, "mke2fs reserved no descriptor blocks");
+    // Group 1 starts at block 8193: its superblock copy, one descriptor
+    // block, then the reserved ones.
+    let target = 8193 + 2 + reserved / 2;
+    debugfs_write(
+        &image,
+        &format!("set_bg 2 inode_bitmap {target}\nset_bg 2 checksum calc\n"),
+    );
+    let original = std::fs::read(&image).unwrap();
+    if common::journal::kernel_available() {
+        let copy = dir.path().join("kernel.img");
+        std::fs::copy(&image, &copy).unwrap();
+        let _kernel = common::journal::kernel_lock();
+        let mounted = common::journal::Mount::new(&copy, "ro").map(|mount| mount.unmount());
+        assert!(mounted.is_err(), "the kernel mounted the image");
+    }
+    for (verb, path) in [("ls", "/"), ("mkdir", "/new")] {
+        let spot = format!("{}:{path}", image.display());
+        let output = Command::new(common::server::JEXT4)
+            .arg(verb)
+            .arg(&spot)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{verb} opened the image");
+        assert!(
+            stderr.contains("inode bitmap of group 2")
+                && stderr.contains("descriptor blocks of group 1")
+                && stderr.contains("e2fsck"),
+            "{verb:?}: {stderr}"
+        );
+    }
+    assert_eq!(std::fs::read(&image).unwrap(), original, "image unchanged");
+}
+
 /// A descriptor that points a group's block bitmap into its own inode
 /// table: the kernel's system-zone test lets that through (the table,
 /// added after the bitmap, starts before it) and mounts the image; jext4

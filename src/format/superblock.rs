@@ -1149,6 +1149,17 @@ impl Geometry {
     /// before a 1 KiB filesystem's superblock when group 0 starts at block
     /// 0 (bigalloc).
     pub fn group_overhead_blocks(&self, group: u32) -> u32 {
+        let boot = u32::from(
+            group == 0 && self.primary_superblock_location().0 > self.first_data_block as u64,
+        );
+        boot + self.group_base_meta_blocks(group)
+    }
+
+    /// The superblock copy, descriptor blocks and reserved descriptor
+    /// blocks at the start of `group`, as the kernel's
+    /// `ext4_num_base_meta_blocks` counts them (what its system zone holds
+    /// for every group): `group_overhead_blocks` without the boot block.
+    pub fn group_base_meta_blocks(&self, group: u32) -> u32 {
         let has_super = u32::from(self.group_has_super(group));
         let descriptors = self.group_gdt_blocks(group);
         let reserved = if has_super == 1 && !self.in_meta_group(group / self.descs_per_block) {
@@ -1156,10 +1167,7 @@ impl Geometry {
         } else {
             0
         };
-        let boot = u32::from(
-            group == 0 && self.primary_superblock_location().0 > self.first_data_block as u64,
-        );
-        boot + has_super + descriptors + reserved
+        has_super + descriptors + reserved
     }
 
     /// The block and byte offset of descriptor `group` in the copy the

@@ -20,12 +20,16 @@
 //! through the other. The journal overlapping anything refuses the mount
 //! whichever way round: its log would overwrite the metadata.
 //!
-//! The zone covers what the kernel's does: for groups with a superblock
-//! copy among the first five and the first of each flex group, the copy
-//! and the descriptor blocks after it (`ext4_bg_num_gdb`, no reserved
-//! descriptor blocks), and each group's bitmaps and inode table. Each
-//! group's own superblock copy, descriptor and reserved blocks are checked
-//! apart (`Groups::metadata_in_group`): they always lie at its start.
+//! The zone covers what the kernel's does (since 6.4, which this
+//! machine's 6.18 is): for every group, the superblock copy, descriptor
+//! blocks and reserved descriptor blocks at its start
+//! (`ext4_num_base_meta_blocks`; older kernels added only the copy and
+//! descriptors of the first five groups and of each flex group's first),
+//! and its bitmaps and inode table. So a bitmap or table that a damaged
+//! descriptor places inside a backup's reserved descriptor blocks refuses
+//! the mount, as with the kernel, and no file may map such a block (the
+//! resize inode, which owns them, is never read through the zone's
+//! check).
 
 use crate::error::{Error, Location, Result};
 use crate::format::group_desc::GroupLocations;
@@ -57,7 +61,10 @@ impl std::fmt::Display for Holder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
             Holder::Superblock { group } => {
-                write!(f, "the superblock copy and descriptors of group {group}")
+                write!(
+                    f,
+                    "the superblock copy and descriptor blocks of group {group}"
+                )
             }
             Holder::BlockBitmap { group } => write!(f, "the block bitmap of group {group}"),
             Holder::InodeBitmap { group } => write!(f, "the inode bitmap of group {group}"),
@@ -97,7 +104,6 @@ impl SystemZone {
         locations: &[GroupLocations],
         journal: &[u64],
     ) -> Result<SystemZone> {
-        let flex = geo.groups_per_flex.max(1);
         // Sorted by start; overlapping entries are possible (see above).
         let mut added: Vec<(u64, u64, Holder)> = Vec::with_capacity(locations.len() * 3 + 8);
         let mut add = |start: u64, end: u64, holder: Holder| -> Result<()> {
@@ -111,8 +117,8 @@ impl SystemZone {
             Ok(())
         };
         for (group, at) in (0u32..).zip(locations) {
-            if geo.group_has_super(group) && (group < 5 || group % flex == 0) {
-                let count = geo.group_gdt_blocks(group) as u64 + 1;
+            let count = geo.group_base_meta_blocks(group) as u64;
+            if count > 0 {
                 let start = geo.group_first_block(group);
                 add(start, start + count, Holder::Superblock { group })?;
             }
