@@ -137,6 +137,16 @@ fn inode_bitmap_frees_a_named_inode_on_ext2() {
     check_seeds(Kind::InodeBitmapFreesInUse, &[101]);
 }
 
+/// Seed 134 points group 2's inode bitmap into its own inode table on
+/// ext2: the group is not allocated from, and `rm` of a file there used to
+/// remove the name, then fail to free into the group, leaving an inode
+/// with no links and its blocks allocated (no journal to discard the
+/// half); it now checks before it changes anything.
+#[test]
+fn rm_on_ext2_checks_before_it_frees() {
+    check_seeds(Kind::BitmapsShareBlock, &[134]);
+}
+
 /// Every kind on many seeds, a table at the end (see the module comment).
 #[test]
 #[ignore = "long run: JEXT4_DAMAGE_SEEDS=200 cargo test --profile ci --test damage_diff -- --ignored --nocapture"]

@@ -538,8 +538,34 @@ impl Tx<'_, '_> {
     /// Return blocks to the free pool. Freeing a block that is free, or one
     /// that holds group metadata, is corruption (a double reference).
     pub fn release_blocks(&mut self, start: u64, count: u64, metadata: bool) -> Result<()> {
-        let core = self.core;
-        let geo = &core.geo;
+        self.for_each_group_run(start, count, &mut |alloc, group, start, end| {
+            alloc.release_in_group(group, start, end, metadata)
+        })
+    }
+
+    /// Whether `release_blocks(start, count)` would succeed, checked
+    /// without changing anything: the blocks lie inside the filesystem and
+    /// outside its metadata, and each group's bitmap loads and has them in
+    /// use. A failed check is the error the release would give, and marks
+    /// the group corrupt as it would.
+    pub fn check_release_blocks(&mut self, start: u64, count: u64) -> Result<()> {
+        self.for_each_group_run(start, count, &mut |alloc, group, start, end| {
+            let mut desc = alloc.lock_group(group);
+            alloc
+                .verify_release_in_group(&mut desc, start, end)
+                .map(drop)
+        })
+    }
+
+    /// `f(self, group, start, end)` for each group's part of blocks
+    /// `start..start + count`, which must lie inside the filesystem.
+    fn for_each_group_run(
+        &mut self,
+        start: u64,
+        count: u64,
+        f: &mut dyn FnMut(&mut Self, u32, u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let geo = &self.core.geo;
         let end = start
             .checked_add(count)
             .filter(|&end| end <= geo.blocks_count);
@@ -552,38 +578,55 @@ impl Tx<'_, '_> {
         let mut block = start;
         let end = start + count;
         while block < end {
+            let geo = &self.core.geo;
             let group = geo.group_of_block(block);
             let group_end =
                 (geo.group_first_block(group) + geo.blocks_in_group(group) as u64).min(end);
-            self.release_in_group(group, block, group_end, metadata)?;
+            f(self, group, block, group_end)?;
             block = group_end;
         }
         Ok(())
     }
 
+    /// The checks of freeing blocks `start..end` of the locked group, and
+    /// its bitmap if they pass: not metadata, a bitmap that loads, every
+    /// block in use there.
+    fn verify_release_in_group(
+        &self,
+        desc: &mut GroupGuard<'_, '_>,
+        start: u64,
+        end: u64,
+    ) -> Result<Arc<Buffer>> {
+        let group = desc.group();
+        self.check_not_group_metadata(start, end)?;
+        let buffer = self.block_bitmap(desc)?;
+        let base = self.core.geo.group_first_block(group);
+        let already_free = {
+            let bytes = buffer.read();
+            (start..end).find(|&block| !bitmap::test_bit(&bytes, (block - base) as usize))
+        };
+        if let Some(block) = already_free {
+            // Two owners of one block, or a bitmap that lost bits: the
+            // kernel's mb_free_blocks marks the group corrupt and frees
+            // nothing more in it.
+            let error = Error::corrupt(
+                Location::Block { block },
+                format!("freeing block {block}, which group {group}'s bitmap has free"),
+            );
+            self.mark_group_corrupt(desc, BLOCK_BITMAP_CORRUPT, &error);
+            return Err(error);
+        }
+        Ok(buffer)
+    }
+
     fn release_in_group(&mut self, group: u32, start: u64, end: u64, metadata: bool) -> Result<()> {
         let core = self.core;
         let geo = &core.geo;
-        self.check_not_group_metadata(start, end)?;
         let mut desc = self.lock_group(group);
-        let buffer = self.block_bitmap(&mut desc)?;
+        let buffer = self.verify_release_in_group(&mut desc, start, end)?;
         let base = geo.group_first_block(group);
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            let already_free =
-                (start..end).find(|&block| !bitmap::test_bit(&bytes, (block - base) as usize));
-            if let Some(block) = already_free {
-                // Two owners of one block, or a bitmap that lost bits: the
-                // kernel's mb_free_blocks marks the group corrupt and frees
-                // nothing more in it.
-                drop(bytes);
-                let error = Error::corrupt(
-                    Location::Block { block },
-                    format!("freeing block {block}, which group {group}'s bitmap has free"),
-                );
-                self.mark_group_corrupt(&mut desc, BLOCK_BITMAP_CORRUPT, &error);
-                return Err(error);
-            }
             for block in start..end {
                 bitmap::clear_bit(&mut bytes, (block - base) as usize);
             }
@@ -827,20 +870,9 @@ impl Tx<'_, '_> {
         let group = geo.group_of_inode(ino);
         let index = geo.inode_index_in_group(ino) as usize;
         let mut desc = self.lock_group(group);
-        let buffer = self.inode_bitmap(&mut desc)?;
+        let buffer = self.verify_release_inode(&mut desc, ino)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            if !bitmap::test_bit(&bytes, index) {
-                // The kernel's ext4_free_inode: "bit already cleared", the
-                // group's inode bitmap is marked corrupt.
-                drop(bytes);
-                let error = Error::corrupt(
-                    Location::Inode { ino },
-                    "freeing an inode that is already free",
-                );
-                self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
-                return Err(error);
-            }
             bitmap::clear_bit(&mut bytes, index);
             desc.free_inodes += 1;
             if is_dir {
@@ -855,6 +887,38 @@ impl Tx<'_, '_> {
         self.handle.note(Change::InodeFreed { ino });
         drop(desc);
         Ok(())
+    }
+
+    /// Whether `release_inode(ino)` would succeed, checked without
+    /// changing anything (see `check_release_blocks`).
+    pub fn check_release_inode(&mut self, ino: u32) -> Result<()> {
+        let geo = &self.core.geo;
+        if ino < geo.first_ino || !geo.is_valid_ino(ino) {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "freeing a reserved or invalid inode",
+            ));
+        }
+        let mut desc = self.lock_group(geo.group_of_inode(ino));
+        self.verify_release_inode(&mut desc, ino).map(drop)
+    }
+
+    /// The checks of freeing inode `ino` of the locked group, and its
+    /// bitmap if they pass: a bitmap that loads, the inode's bit set.
+    fn verify_release_inode(&self, desc: &mut GroupGuard<'_, '_>, ino: u32) -> Result<Arc<Buffer>> {
+        let index = self.core.geo.inode_index_in_group(ino) as usize;
+        let buffer = self.inode_bitmap(desc)?;
+        if !bitmap::test_bit(&buffer.read(), index) {
+            // The kernel's ext4_free_inode: "bit already cleared", the
+            // group's inode bitmap is marked corrupt.
+            let error = Error::corrupt(
+                Location::Inode { ino },
+                "freeing an inode that is already free",
+            );
+            self.mark_group_corrupt(desc, INODE_BITMAP_CORRUPT, &error);
+            return Err(error);
+        }
+        Ok(buffer)
     }
 
     fn choose_inode_group(&self, parent: u32, is_dir: bool) -> Result<u32> {

@@ -335,6 +335,44 @@ impl Tx<'_, '_> {
         self.evict_inode_now(ino, inode)
     }
 
+    /// Without a journal, what an operation changed before it fails
+    /// cannot be discarded (there is no transaction to abort): an unlink
+    /// that removed the name, then met a group it may not free into, would
+    /// leave an inode with no links and its blocks allocated. So, as ext2
+    /// orders its steps, an operation that will evict `ino` now (`inode`,
+    /// its last link about to go, not open) first checks, changing
+    /// nothing, that all it will free can be freed: the inode's bit and
+    /// the blocks it maps (a mapping small enough to be freed at once; a
+    /// larger one is freed later, from the orphan list, which a failure
+    /// leaves it on). With a journal the abort discards a half eviction and
+    /// the check is not made.
+    pub fn check_evictable(&mut self, ino: u32, inode: &Inode) -> Result<()> {
+        let core = self.core;
+        if core.journal.is_journaled() {
+            return Ok(());
+        }
+        self.check_release_inode(ino)?;
+        let block_sectors = (core.geo.block_size / 512) as u64;
+        if !inode.has_data_blocks(&core.geo) || inode.blocks / block_sectors > PUNCH_CHUNK_BLOCKS {
+            return Ok(());
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        mapping::for_each_block(&core.geo, &core.cache, ino, inode, &mut |used| {
+            match used {
+                mapping::BlockUse::Data(extent) if extent.len > 0 => {
+                    runs.push((extent.physical, extent.len as u64))
+                }
+                mapping::BlockUse::Data(_) => {}
+                mapping::BlockUse::Meta(block) => runs.push((block, 1)),
+            }
+            Ok(())
+        })?;
+        for (start, count) in runs {
+            self.check_release_blocks(start, count)?;
+        }
+        Ok(())
+    }
+
     /// Free the inode and all it holds in this transaction.
     pub fn evict_inode_now(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
         self.orphan_remove(ino, &mut inode)?;

@@ -601,6 +601,10 @@ impl Fs {
             } else if inode.is_dir() {
                 return Err(Error::IsDirectory);
             }
+            let open = self.is_open(entry.ino);
+            if !open && (inode.is_dir() || inode.links_count <= 1) {
+                tx.check_evictable(entry.ino, &inode)?;
+            }
             let handle = tx.handle;
             dir::remove_entry(
                 &mut DirWriter::new(tx, parent, &mut parent_inode),
@@ -614,7 +618,6 @@ impl Fs {
             parent_inode.mtime = now;
             parent_inode.ctime = now;
             tx.write_inode(parent, &parent_inode)?;
-            let open = self.is_open(entry.ino);
             tx.drop_link(entry.ino, &mut inode, open)?;
             tx.dir_sync_wanted(&parent_inode);
             Ok(())
@@ -794,6 +797,10 @@ impl Tx<'_, '_> {
                 } else if dst_inode.is_dir() {
                     return Err(Error::IsDirectory);
                 }
+                let open = open_target(dst.ino);
+                if !open && (dst_inode.is_dir() || dst_inode.links_count <= 1) {
+                    self.check_evictable(dst.ino, &dst_inode)?;
+                }
                 dir::replace_entry(
                     &mut DirWriter::new(self, new_parent, dirs.new_dir()),
                     handle,
@@ -804,7 +811,7 @@ impl Tx<'_, '_> {
                 if dst_inode.is_dir() {
                     Tx::dec_dir_links(dirs.new_dir());
                 }
-                self.drop_link(dst.ino, &mut dst_inode, open_target(dst.ino))?;
+                self.drop_link(dst.ino, &mut dst_inode, open)?;
             }
             None => {
                 if src_inode.is_dir() && !dirs.same() {
