@@ -125,6 +125,23 @@ pub struct DirEntry {
 
 impl DirEntry {
     /// The entry's name, bytes as on disk.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-dir-entry-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir("/etc")?;
+    /// image.write("/etc/hosts", "127.0.0.1 localhost\n")?;
+    /// let entry = image.read_dir("/etc")?.next().expect("one entry")?;
+    /// assert_eq!(entry.file_name(), "hosts");
+    /// assert_eq!(entry.path(), std::path::Path::new("/etc/hosts"));
+    /// assert!(entry.file_type()?.is_file());
+    /// assert_eq!(entry.metadata()?.len(), 20);
+    /// assert_eq!(entry.ino(), image.metadata("/etc/hosts")?.ino());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn file_name(&self) -> OsString {
         OsStr::from_bytes(&self.entry.name).to_os_string()
     }

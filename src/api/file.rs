@@ -108,6 +108,19 @@ impl File {
     }
 
     /// The file's attributes now (`fstat(2)`; std's `File::metadata`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-file-metadata-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// use std::io::Write;
+    /// let mut file = image.create_file("/growing")?;
+    /// file.write_all(b"12345")?;
+    /// assert_eq!(file.metadata()?.len(), 5);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn metadata(&self) -> Result<Metadata> {
         let _live = self.shared.live()?;
         Ok(self.shared.fs.getattr(self.ino)?.into())
@@ -116,6 +129,20 @@ impl File {
     /// Cut or extend the file to `size` bytes (`ftruncate(2)`; std's
     /// `File::set_len`): `InvalidInput` unless opened for writing. The
     /// position does not move.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-file-set-len-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// let file = image.create_file("/sparse")?;
+    /// file.set_len(1 << 20)?; // a 1 MiB hole
+    /// assert_eq!(image.metadata("/sparse")?.len(), 1 << 20);
+    /// file.set_len(0)?;
+    /// assert_eq!(image.metadata("/sparse")?.len(), 0);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn set_len(&self, size: u64) -> Result<()> {
         if !self.writable {
             return Err(Error::Invalid(
@@ -151,6 +178,19 @@ impl File {
 
     /// `fdatasync(2)`: the data, and the metadata needed to read it back
     /// (the size), are durable when this returns.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-file-sync-data-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// use std::io::Write;
+    /// let mut log = image.open_with("/log", jext4::OpenOptions::new().append(true).create(true))?;
+    /// log.write_all(b"committed\n")?;
+    /// log.sync_data()?; // durable: a crash now keeps the line
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn sync_data(&self) -> Result<()> {
         let _live = self.shared.live()?;
         if self.kind == FileKind::Directory {
@@ -161,6 +201,19 @@ impl File {
 
     /// Set the permission bits (`fchmod(2)`; std's
     /// `File::set_permissions`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-file-set-permissions-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// use std::os::unix::fs::PermissionsExt;
+    /// let file = image.create_file("/tool")?;
+    /// file.set_permissions(std::fs::Permissions::from_mode(0o755))?;
+    /// assert_eq!(file.metadata()?.permissions().mode() & 0o777, 0o755);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn set_permissions(&self, permissions: std::fs::Permissions) -> Result<()> {
         let _live = self.shared.live()?;
         let changes = SetAttr {

@@ -261,6 +261,18 @@ impl Image {
     /// linked and removed in it, and the files it names that changed, are
     /// durable on return (on images without fast commits everything is,
     /// as `sync`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-sync-dir-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir("/spool")?;
+    /// image.write("/spool/job-1", "print me\n")?;
+    /// image.sync_dir("/spool")?; // the new name is durable
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn sync_dir(&self, path: impl AsRef<Path>) -> Result<()> {
         let ino = self.resolve(bytes(path.as_ref()), true)?;
         if self.fs().getattr(ino)?.kind != FileKind::Directory {
@@ -398,6 +410,21 @@ impl Image {
     /// Create a directory, mode 0o777 less the umask (std's
     /// `fs::create_dir`): `AlreadyExists` if the name exists, `NotFound`
     /// if its parent does not.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-create-dir-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir("/srv")?;
+    /// assert!(image.metadata("/srv")?.is_dir());
+    /// let again = image.create_dir("/srv").unwrap_err();
+    /// assert_eq!(again.kind(), std::io::ErrorKind::AlreadyExists);
+    /// let orphan = image.create_dir("/no/such/parent").unwrap_err();
+    /// assert_eq!(orphan.kind(), std::io::ErrorKind::NotFound);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn create_dir(&self, path: impl AsRef<Path>) -> Result<()> {
         self.create_dir_with(path, &DirBuilder::new())
     }
@@ -477,6 +504,21 @@ impl Image {
 
     /// Remove an empty directory (`rmdir(2)`): `DirectoryNotEmpty`,
     /// `NotADirectory`, `NotFound`.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-remove-dir-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir_all("/a/b")?;
+    /// let busy = image.remove_dir("/a").unwrap_err();
+    /// assert_eq!(busy.kind(), std::io::ErrorKind::DirectoryNotEmpty);
+    /// image.remove_dir("/a/b")?;
+    /// image.remove_dir("/a")?;
+    /// assert!(!image.exists("/a"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> Result<()> {
         let (parent, name) = self.parent_of(bytes(path.as_ref()))?;
         self.fs().rmdir(parent, name, self.shared.caller)
@@ -541,6 +583,23 @@ impl Image {
 
     /// Remove a name that is not a directory (`unlink(2)`): an open
     /// `File` of it keeps working until dropped.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-remove-file-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// use std::io::Read;
+    /// image.write("/scratch", "temporary\n")?;
+    /// let mut open = image.open_file("/scratch")?;
+    /// image.remove_file("/scratch")?;
+    /// assert!(!image.exists("/scratch"));
+    /// let mut text = String::new();
+    /// open.read_to_string(&mut text)?; // still readable until dropped
+    /// assert_eq!(text, "temporary\n");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn remove_file(&self, path: impl AsRef<Path>) -> Result<()> {
         let (parent, name) = self.parent_of(bytes(path.as_ref()))?;
         self.fs().unlink(parent, name, self.shared.caller)
@@ -578,6 +637,19 @@ impl Image {
 
     /// A new name `link` for the file `original` (std's `fs::hard_link`;
     /// a symbolic link at `original` is linked itself).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-hard-link-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/original", "shared\n")?;
+    /// image.hard_link("/original", "/second-name")?;
+    /// assert_eq!(image.metadata("/original")?.nlink(), 2);
+    /// assert_eq!(image.metadata("/second-name")?.ino(), image.metadata("/original")?.ino());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn hard_link(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
         let ino = self.resolve(bytes(original.as_ref()), false)?;
         let (parent, name) = self.parent_of(bytes(link.as_ref()))?;
@@ -588,6 +660,19 @@ impl Image {
     /// A symbolic link at `link` that points to `original`
     /// (`std::os::unix::fs::symlink`); `original` is stored as given,
     /// never resolved.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-symlink-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.create_dir("/releases")?;
+    /// image.write("/releases/v2", "2.0\n")?;
+    /// image.symlink("releases/v2", "/current")?; // stored as given, relative
+    /// assert_eq!(image.read_to_string("/current")?, "2.0\n");
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn symlink(&self, original: impl AsRef<Path>, link: impl AsRef<Path>) -> Result<()> {
         let (parent, name) = self.parent_of(bytes(link.as_ref()))?;
         let target = bytes(original.as_ref());
@@ -598,6 +683,20 @@ impl Image {
 
     /// The target of the symbolic link at `path` (std's `fs::read_link`):
     /// `InvalidInput` if it is not a link.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-read-link-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.symlink("/etc/hostname", "/hostname")?;
+    /// assert_eq!(image.read_link("/hostname")?, std::path::Path::new("/etc/hostname"));
+    /// image.write("/plain", "")?;
+    /// let refused = image.read_link("/plain").unwrap_err();
+    /// assert_eq!(refused.kind(), std::io::ErrorKind::InvalidInput);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn read_link(&self, path: impl AsRef<Path>) -> Result<PathBuf> {
         let ino = self.resolve(bytes(path.as_ref()), false)?;
         Ok(path_from_bytes(self.fs().readlink(ino)?))
@@ -626,6 +725,20 @@ impl Image {
 
     /// A file's whole contents as text (std's `fs::read_to_string`):
     /// `InvalidData` if they are not UTF-8.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-read-to-string-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/greeting", "hello\n")?;
+    /// assert_eq!(image.read_to_string("/greeting")?, "hello\n");
+    /// image.write("/binary", [0xffu8, 0xfe])?;
+    /// let refused = image.read_to_string("/binary").unwrap_err();
+    /// assert_eq!(refused.kind(), std::io::ErrorKind::InvalidData);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn read_to_string(&self, path: impl AsRef<Path>) -> Result<String> {
         String::from_utf8(self.read(path)?)
             .map_err(|error| Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))
@@ -652,6 +765,21 @@ impl Image {
 
     /// Copy a regular file's contents and permission bits to `to`,
     /// created or emptied (std's `fs::copy`); returns the bytes copied.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-copy-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// use std::os::unix::fs::PermissionsExt;
+    /// image.write("/script", "#!/bin/sh\necho hi\n")?;
+    /// image.set_permissions("/script", std::fs::Permissions::from_mode(0o755))?;
+    /// assert_eq!(image.copy("/script", "/script.bak")?, 18);
+    /// assert_eq!(image.read("/script.bak")?, image.read("/script")?);
+    /// assert_eq!(image.metadata("/script.bak")?.permissions().mode() & 0o777, 0o755);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn copy(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<u64> {
         let mut source = self.open_file(from)?;
         let metadata = source.metadata()?;
@@ -710,6 +838,18 @@ impl Image {
 
     /// The attributes of `path` itself, a symbolic link included
     /// (`lstat(2)`; std's `fs::symlink_metadata`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-symlink-metadata-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.symlink("/nowhere", "/dangling")?;
+    /// assert!(image.symlink_metadata("/dangling")?.is_symlink());
+    /// assert!(image.metadata("/dangling").is_err()); // nothing to follow to
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> Result<Metadata> {
         Ok(self
             .fs()
@@ -719,6 +859,17 @@ impl Image {
 
     /// Whether `path` names something, following symbolic links (std's
     /// `Path::exists`): any error counts as no.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-exists-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// assert!(image.exists("/lost+found"));
+    /// assert!(!image.exists("/missing"));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn exists(&self, path: impl AsRef<Path>) -> bool {
         self.metadata(path).is_ok()
     }
@@ -726,6 +877,19 @@ impl Image {
     /// Whether `path` names something (std's `fs::exists`): `Ok(false)`
     /// when it or a directory on the way is missing, an error when the
     /// answer is unknown (a loop of links, an I/O error).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-try-exists-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// assert!(image.try_exists("/lost+found")?);
+    /// assert!(!image.try_exists("/missing/too")?);
+    /// image.symlink("/loop", "/loop")?; // a link to itself: the answer is unknown
+    /// assert!(image.try_exists("/loop").is_err());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn try_exists(&self, path: impl AsRef<Path>) -> Result<bool> {
         match self.metadata(path) {
             Ok(_) => Ok(true),
@@ -737,6 +901,19 @@ impl Image {
     /// Set the permission bits (with setuid, setgid, sticky) of what
     /// `path` names, following symbolic links (std's
     /// `fs::set_permissions`).
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-set-permissions-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// use std::os::unix::fs::PermissionsExt;
+    /// image.write("/secret", "key\n")?;
+    /// image.set_permissions("/secret", std::fs::Permissions::from_mode(0o600))?;
+    /// assert_eq!(image.metadata("/secret")?.permissions().mode() & 0o7777, 0o600);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn set_permissions(
         &self,
         path: impl AsRef<Path>,
@@ -752,6 +929,20 @@ impl Image {
     /// Change the owner and group of what `path` names, following
     /// symbolic links (`std::os::unix::fs::chown`); `None` leaves one as
     /// it is. A non-root owner loses setuid and setgid, as chown(2) does.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-set-owner-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/owned", "")?;
+    /// let before = image.metadata("/owned")?;
+    /// // Ownership as it is (any user may do that); as root, any uid and gid.
+    /// image.set_owner("/owned", Some(before.uid()), None)?;
+    /// assert_eq!(image.metadata("/owned")?.gid(), before.gid());
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn set_owner(
         &self,
         path: impl AsRef<Path>,
@@ -769,6 +960,20 @@ impl Image {
     /// Set the access and modification times, to the nanosecond, of what
     /// `path` names, following symbolic links (`utimensat(2)`); the
     /// change time becomes now.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-set-times-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// use std::time::{Duration, SystemTime};
+    /// image.write("/dated", "")?;
+    /// let when = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+    /// image.set_times("/dated", when, when)?;
+    /// assert_eq!(image.metadata("/dated")?.modified()?, when); // to the nanosecond
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn set_times(
         &self,
         path: impl AsRef<Path>,
@@ -795,6 +1000,19 @@ impl Image {
     // "user.", "trusted.", "security.", "system.posix_acl_access".
 
     /// The value of extended attribute `name`, `None` if it has none.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-xattr-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/tagged", "")?;
+    /// assert_eq!(image.xattr("/tagged", "user.colour")?, None);
+    /// image.set_xattr("/tagged", "user.colour", "blue")?;
+    /// assert_eq!(image.xattr("/tagged", "user.colour")?.as_deref(), Some(&b"blue"[..]));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn xattr(
         &self,
         path: impl AsRef<Path>,
@@ -809,6 +1027,19 @@ impl Image {
     }
 
     /// Set extended attribute `name` to `value`, creating or replacing it.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-set-xattr-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/checked", "data\n")?;
+    /// image.set_xattr("/checked", "user.sha256", "5e8f…")?;
+    /// image.set_xattr("/checked", "user.sha256", "6c3d…")?; // replaced
+    /// assert_eq!(image.xattr("/checked", "user.sha256")?.as_deref(), Some("6c3d…".as_bytes()));
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn set_xattr(
         &self,
         path: impl AsRef<Path>,
@@ -828,6 +1059,21 @@ impl Image {
 
     /// The names of every extended attribute of `path`, with their
     /// namespace prefixes.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-list-xattr-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/labelled", "")?;
+    /// image.set_xattr("/labelled", "user.a", "1")?;
+    /// image.set_xattr("/labelled", "user.b", "2")?;
+    /// let mut names = image.list_xattr("/labelled")?;
+    /// names.sort();
+    /// assert_eq!(names, ["user.a", "user.b"]);
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn list_xattr(&self, path: impl AsRef<Path>) -> Result<Vec<OsString>> {
         let ino = self.resolve(bytes(path.as_ref()), false)?;
         let names = self.fs().listxattr(ino)?;
@@ -836,6 +1082,20 @@ impl Image {
 
     /// Remove extended attribute `name`: `Err` with ENODATA (kind
     /// `Uncategorized`) if there is none.
+    ///
+    /// ```
+    /// # let path = std::env::temp_dir().join(format!("jext4-doc-image-remove-xattr-{}.img", std::process::id()));
+    /// # let made = std::process::Command::new("mke2fs").args(["-q", "-F", "-t", "ext4"]).arg(&path).arg("8M").output()?;
+    /// # assert!(made.status.success(), "mke2fs: {made:?}");
+    /// let image = jext4::Image::open(&path)?;
+    /// image.write("/marked", "")?;
+    /// image.set_xattr("/marked", "user.flag", "")?;
+    /// image.remove_xattr("/marked", "user.flag")?;
+    /// assert_eq!(image.xattr("/marked", "user.flag")?, None);
+    /// assert!(image.remove_xattr("/marked", "user.flag").is_err()); // ENODATA
+    /// # std::fs::remove_file(&path)?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
     pub fn remove_xattr(&self, path: impl AsRef<Path>, name: impl AsRef<OsStr>) -> Result<()> {
         let ino = self.resolve(bytes(path.as_ref()), false)?;
         let name = name.as_ref().as_bytes();
