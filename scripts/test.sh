@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils strace
+# g++: the fuzz crate's libfuzzer-sys builds libFuzzer (checked below).
+ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils strace g++
 require_cargo
 
 echo "== cargo fmt --check"
@@ -15,6 +16,8 @@ echo "== cargo clippy"
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 echo "== cargo clippy (the library alone, no default features)"
 cargo clippy --quiet --lib --no-default-features -- -D warnings
+echo "== cargo clippy (the fuzz crate, its own workspace: kept building with the library)"
+cargo clippy --quiet --manifest-path fuzz/Cargo.toml -- -D warnings
 echo "== cargo doc (every link resolves, no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps
 echo "== cargo test (profile ci: optimised, debug assertions on)"

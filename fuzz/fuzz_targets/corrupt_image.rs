@@ -7,7 +7,8 @@
 #![no_main]
 
 #[path = "../../tests/fuzz_support/mod.rs"]
-#[allow(dead_code)]
+// Its skip re-export is for the test harness (dead code is allowed inside).
+#[allow(unused_imports)]
 mod fuzz_support;
 
 use fuzz_support::map::ImageMap;
