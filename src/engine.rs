@@ -8,11 +8,13 @@
 //! structures) → `fs` (`Fs`, the filesystem operations) → the front ends,
 //! `fuse` (feature `fuse`) and the crate's API; `tools` (tree and tar
 //! copies), `crash` (crash states, feature `crashtest`) and the helpers
-//! `lock`, `faults`, `hash` and `rng` beside them.
+//! `bytes`, `lock`, `faults`, `hash` and `rng` beside them.
 //!
 //! Each layer keeps its folder (`src/dev/`, `src/fs/`, …); this file only
 //! gathers them under one name, so that the crate root shows the API.
 
+#[path = "bytes.rs"]
+pub mod bytes;
 #[path = "cache/mod.rs"]
 pub mod cache;
 #[cfg(feature = "crashtest")]

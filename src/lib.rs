@@ -226,4 +226,4 @@ use engine::crash;
 #[cfg(feature = "fuse")]
 use engine::fuse;
 #[allow(unused_imports)]
-use engine::{cache, dev, faults, format, fs, hash, journal, lock, rng, tools};
+use engine::{bytes, cache, dev, faults, format, fs, hash, journal, lock, rng, tools};

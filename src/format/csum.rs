@@ -1,17 +1,11 @@
 //! Checksum primitives shared by every structure.
 //!
-//! ext4's `ext4_chksum(crc, buf)` is a raw CRC32C update: no inversion on
-//! entry or exit (the kernel seeds it with `~0` where a standard CRC would
-//! start, and stores the raw register). The `crc32c` crate computes standard
-//! CRCs (inverted in and out), so the raw form is its complement taken on
-//! both sides. Each structure module then exposes the same trio —
-//! `compute`, `verify`, `set` — built on these.
+//! ext4's `ext4_chksum(crc, buf)` is a raw CRC32C update
+//! (`crate::bytes::crc32c_raw`, which the journal shares). Each structure
+//! module then exposes the same trio — `compute`, `verify`, `set` — built
+//! on these.
 
-/// Raw CRC32C update, as `ext4_chksum` / `jbd2_chksum` compute it.
-#[inline]
-pub fn crc32c_raw(seed: u32, data: &[u8]) -> u32 {
-    !crc32c::crc32c_append(!seed, data)
-}
+pub use crate::bytes::crc32c_raw;
 
 /// The filesystem-wide seed: `s_checksum_seed` with metadata_csum_seed, else
 /// the raw CRC of the UUID.

@@ -124,45 +124,5 @@ impl MetaCtx<'_, '_> {
     }
 }
 
-// Little-endian field access. The on-disk format is little-endian
-// everywhere; these are the only byte-order conversions in the crate.
-
-#[inline]
-pub fn get_u8(bytes: &[u8], offset: usize) -> u8 {
-    bytes[offset]
-}
-
-#[inline]
-pub fn get_u16(bytes: &[u8], offset: usize) -> u16 {
-    u16::from_le_bytes([bytes[offset], bytes[offset + 1]])
-}
-
-#[inline]
-pub fn get_u32(bytes: &[u8], offset: usize) -> u32 {
-    u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap())
-}
-
-#[inline]
-pub fn get_u64(bytes: &[u8], offset: usize) -> u64 {
-    u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap())
-}
-
-#[inline]
-pub fn put_u8(bytes: &mut [u8], offset: usize, value: u8) {
-    bytes[offset] = value;
-}
-
-#[inline]
-pub fn put_u16(bytes: &mut [u8], offset: usize, value: u16) {
-    bytes[offset..offset + 2].copy_from_slice(&value.to_le_bytes());
-}
-
-#[inline]
-pub fn put_u32(bytes: &mut [u8], offset: usize, value: u32) {
-    bytes[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
-}
-
-#[inline]
-pub fn put_u64(bytes: &mut [u8], offset: usize, value: u64) {
-    bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
-}
+// Little-endian field access, shared with the journal (`crate::bytes`).
+pub use crate::bytes::{get_u8, get_u16, get_u32, get_u64, put_u8, put_u16, put_u32, put_u64};

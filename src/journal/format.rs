@@ -11,7 +11,7 @@
 //!
 //! Unlike the rest of ext4, JBD2 is **big-endian** on disk. The `be*`
 //! helpers below are the journal's only byte-order conversions; the
-//! little-endian `crate::format::get_*` helpers are used here only for the
+//! little-endian `crate::bytes::get_*` helpers are used here only for the
 //! fast-commit head, which is an ext4 (little-endian) record.
 //!
 //! Checksums, by feature (mutually exclusive, checked at superblock load):
@@ -29,9 +29,8 @@
 //! Everything here is a pure function over byte slices; reading and writing
 //! the journal's blocks belongs to recovery and the writer.
 
+use crate::bytes::{crc32c_raw, get_u16, get_u32};
 use crate::error::{Error, Location, Result};
-use crate::format::csum::crc32c_raw;
-use crate::format::{get_u16, get_u32};
 
 /// `h_magic` of every journal metadata block.
 pub const MAGIC: u32 = 0xC03B_3998;
