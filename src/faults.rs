@@ -70,6 +70,10 @@
 //!   every name created, linked or removed in its transaction; broken, it
 //!   leaves the last one out, so a name the fsync acknowledged is missing
 //!   (or an unlinked one back) after replay.
+//! - [`Fault::EaInodeRefKept`]: replacing or removing a value kept in an
+//!   EA inode (ea_inode), or deleting its owner, drops one of the EA
+//!   inode's references, freeing it with the last; broken, the count stays
+//!   as it was, so an EA inode nothing names is left in use.
 //! - [`Fault::MetaBgFlatDescriptor`]: with meta_bg, the descriptor of a
 //!   group in meta group `M` is written to that meta group's descriptor
 //!   block (in its first group); broken, it goes where the table would be
@@ -99,10 +103,11 @@ pub enum Fault {
     DelallocFsyncSkipsWriteOut = 1 << 13,
     DirSyncDropsDentry = 1 << 14,
     MetaBgFlatDescriptor = 1 << 15,
+    EaInodeRefKept = 1 << 16,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 17] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -119,6 +124,7 @@ impl Fault {
         Fault::DelallocFsyncSkipsWriteOut,
         Fault::DirSyncDropsDentry,
         Fault::MetaBgFlatDescriptor,
+        Fault::EaInodeRefKept,
     ];
 }
 

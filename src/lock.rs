@@ -37,6 +37,9 @@
 //!               the source of rename, the file of link, a new inode.
 //! Inode2        the second inode of a rename (source and target: the lower
 //!               inode number is Inode, the higher Inode2).
+//! EaInode       an EA inode (ea_inode), taken under the inode whose
+//!               attribute names it (or the two of a rename) to read its
+//!               value or change its reference count. One at a time.
 //! Orphan        Core::orphans: the orphan records (s_last_orphan and its
 //!               i_dtime chain, the orphan file's slots).
 //! Group         Core::groups[g].desc: group g's descriptor and bitmaps.
@@ -88,6 +91,7 @@ pub enum Rank {
     Directory2,
     Inode,
     Inode2,
+    EaInode,
     Orphan,
     Group,
     Superblock,

@@ -258,6 +258,14 @@ fn a_descriptor_written_outside_its_meta_group_is_caught() {
     );
 }
 
+/// ea_inode: a replaced, removed or deleted value whose EA inode keeps
+/// its reference leaves an EA inode nothing names in use (e2fsck: its
+/// reference count is wrong).
+#[test]
+fn an_ea_inode_reference_kept_is_caught() {
+    assert_caught_on(Fault::EaInodeRefKept, &["xattrs"], 200, Mode::FullCommits);
+}
+
 /// Without a fault the same runs pass: what the tests above catch is the
 /// fault, not the harness.
 #[test]

@@ -129,6 +129,7 @@ workload_tests! {
     varmail: "varmail",
     msgjournal: "msgjournal",
     untar: "untar",
+    xattrs: "xattrs",
     smallwriters: "smallwriters",
     random: "random",
     ace2: "ace2",

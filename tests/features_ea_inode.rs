@@ -1,9 +1,14 @@
-//! ea_inode images, which jext4 reads and does not write yet: the kernel
-//! stores values larger than a block in EA inodes (one shared by two files
-//! with the same value); jext4 mounts the image read-only, says why, reads
-//! every value as the kernel reads it through the library and through
-//! FUSE, leaves the image byte-identical, and answers EUCLEAN, as the
+//! ea_inode images: the kernel stores values larger than a block in EA
+//! inodes (one shared by two files with the same value). jext4 reads every
+//! value as the kernel reads it, through the library and through FUSE,
+//! leaving a read-only open byte-identical, and answers EUCLEAN, as the
 //! kernel does, for a value that no longer matches its EA inode's hash.
+//! It writes them as the kernel does: large values in new EA inodes,
+//! references dropped when a value is replaced or removed or its file
+//! deleted (a shared EA inode lives on for its other file), the last one
+//! freeing the EA inode; `e2fsck -fn` (which checks every EA inode's
+//! reference count and hash) is clean after each workload, and a kernel
+//! loop mount reads back every value jext4 wrote.
 
 // The jext4 binary, or the mounts and helpers of tests/common that use it.
 #![cfg(feature = "cli")]
@@ -67,20 +72,212 @@ fn values_in_ea_inodes_read_as_the_kernel_wrote_them() {
     }
     opened.close().unwrap();
 
-    // A read-write mount is turned read-only, saying why.
+    assert!(
+        std::fs::read(&image).unwrap() == before,
+        "a read-only open changed the image"
+    );
+
+    // Read-write, through FUSE: every value reads as the kernel wrote it;
+    // then b's copy of the shared value is replaced (the EA inode stays,
+    // a's), a's largest removed (its EA inode freed), and a deleted.
     let mnt = scratch.path().join("jext4.mnt");
     let mount = JextMount::mount(&image, &mnt, "");
     for (file, name, value) in values() {
         let read = e2e::get_xattr(&mount.path(file), name.as_bytes()).unwrap();
         assert_eq!(read, value, "{file} {name} through FUSE");
     }
-    let refused = std::fs::write(mount.path("new"), b"x").unwrap_err();
-    assert_eq!(refused.raw_os_error(), Some(libc::EROFS));
-    mount.unmount();
-    assert!(
-        std::fs::read(&image).unwrap() == before,
-        "the image changed"
+    let replaced = e2e::pattern(9, 20_000);
+    e2e::set_xattr(&mount.path("b"), "user.big", &replaced).unwrap();
+    assert_eq!(
+        e2e::get_xattr(&mount.path("a"), b"user.big").unwrap(),
+        e2e::pattern(1, 10_000),
+        "a's value, whose EA inode b shared"
     );
+    e2e::remove_xattr(&mount.path("a"), "user.largest").unwrap();
+    std::fs::remove_file(mount.path("a")).unwrap();
+    mount.unmount();
+    e2e::fsck_clean(&image, "after jext4 changed the kernel's EA inodes");
+    let kernel = KernelMount::mount(&image, &scratch.path().join("kernel2.mnt"), true);
+    assert!(!kernel.path("a").exists());
+    assert_eq!(
+        e2e::get_xattr(&kernel.path("b"), b"user.big").unwrap(),
+        replaced
+    );
+    assert_eq!(
+        e2e::get_xattr(&kernel.path("b"), b"trusted.other").unwrap(),
+        e2e::pattern(3, 5_000)
+    );
+    kernel.unmount();
+}
+
+/// Values of every size jext4 writes through the library, at 1 KiB and
+/// 4 KiB blocks: small ones in the inode or the block, large ones in EA
+/// inodes (at once above a block's room, or when neither place has room
+/// left); replaced (large by small, small by large, large by large),
+/// removed, on files renamed over and deleted. After each stage e2fsck is
+/// clean and a kernel loop mount reads every value; at the end, with every
+/// file gone, the free inode and block counts are back where they began.
+#[test]
+fn jext4_writes_ea_inodes_the_kernel_and_e2fsck_read() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    for block_size in ["1024", "4096"] {
+        let scratch = e2e::scratch(&format!("ea-inode-write-{block_size}"));
+        let image = common::mkfs(
+            scratch.path(),
+            "ea-write",
+            64,
+            &["-t", "ext4", "-b", block_size, "-O", "ea_inode"],
+        );
+        let free = |image: &Path| {
+            let text = common::journal::debugfs_commands(image, "stats");
+            let count = |label: &str| -> u64 {
+                let line = text.lines().find(|line| line.starts_with(label)).unwrap();
+                line[label.len()..].trim().parse().unwrap()
+            };
+            (count("Free blocks:"), count("Free inodes:"))
+        };
+        let empty = free(&image);
+        let mut expected: Vec<(String, String, Vec<u8>)> = Vec::new();
+        let set = |expected: &mut Vec<(String, String, Vec<u8>)>,
+                   image: &Image,
+                   file: &str,
+                   name: &str,
+                   value: Vec<u8>| {
+            image.set_xattr(file, name, &value).unwrap();
+            expected.retain(|(f, n, _)| !(f == file && n == name));
+            expected.push((file.to_string(), name.to_string(), value));
+        };
+        let opened = Image::open(&image).unwrap();
+        for file in ["/f1", "/f2", "/f3", "/f4"] {
+            opened.write(file, "contents\n").unwrap();
+        }
+        set(
+            &mut expected,
+            &opened,
+            "/f1",
+            "user.small",
+            b"tiny".to_vec(),
+        );
+        set(
+            &mut expected,
+            &opened,
+            "/f1",
+            "user.medium",
+            e2e::pattern(11, 900),
+        );
+        set(
+            &mut expected,
+            &opened,
+            "/f1",
+            "user.large",
+            e2e::pattern(12, 10_000),
+        );
+        set(
+            &mut expected,
+            &opened,
+            "/f1",
+            "user.largest",
+            e2e::pattern(13, 65_536),
+        );
+        // Several medium values: the body and the block fill up, and the
+        // last go to EA inodes although each would fit a block alone.
+        for n in 0..6 {
+            set(
+                &mut expected,
+                &opened,
+                "/f2",
+                &format!("user.m{n}"),
+                e2e::pattern(20 + n, 700),
+            );
+        }
+        set(
+            &mut expected,
+            &opened,
+            "/f3",
+            "trusted.big",
+            e2e::pattern(30, 30_000),
+        );
+        set(
+            &mut expected,
+            &opened,
+            "/f4",
+            "user.big",
+            e2e::pattern(40, 8_000),
+        );
+        opened.close().unwrap();
+        check(&image, &expected, "after the values were written");
+        // Four files, and at least the four values above a block in EA
+        // inodes.
+        let used_inodes = empty.1 - free(&image).1;
+        assert!(
+            used_inodes >= 8,
+            "{block_size}: {used_inodes} inodes in use"
+        );
+
+        let opened = Image::open(&image).unwrap();
+        // Large by small, small by large, large by large, one removed.
+        set(
+            &mut expected,
+            &opened,
+            "/f1",
+            "user.large",
+            b"small now".to_vec(),
+        );
+        set(
+            &mut expected,
+            &opened,
+            "/f1",
+            "user.small",
+            e2e::pattern(14, 12_000),
+        );
+        set(
+            &mut expected,
+            &opened,
+            "/f3",
+            "trusted.big",
+            e2e::pattern(31, 40_000),
+        );
+        opened.remove_xattr("/f1", "user.largest").unwrap();
+        expected.retain(|(f, n, _)| !(f == "/f1" && n == "user.largest"));
+        // f4 renamed over f2: f2 and its EA inodes go.
+        opened.rename("/f4", "/f2").unwrap();
+        expected.retain(|(f, _, _)| f != "/f2");
+        for entry in expected.iter_mut().filter(|(f, _, _)| f == "/f4") {
+            entry.0 = "/f2".into();
+        }
+        opened.close().unwrap();
+        check(
+            &image,
+            &expected,
+            "after replacing, removing and renaming over",
+        );
+
+        let opened = Image::open(&image).unwrap();
+        for file in ["/f1", "/f2", "/f3"] {
+            opened.remove_file(file).unwrap();
+        }
+        opened.close().unwrap();
+        check(&image, &[], "after every file was deleted");
+        assert_eq!(free(&image), empty, "{block_size}: free blocks and inodes");
+    }
+}
+
+/// e2fsck is clean on `image`, and a kernel loop mount reads `expected`.
+fn check(image: &Path, expected: &[(String, String, Vec<u8>)], when: &str) {
+    e2e::fsck_clean(image, when);
+    let mnt = image.with_extension("mnt");
+    let kernel = KernelMount::mount(image, &mnt, true);
+    for (file, name, value) in expected {
+        let read = e2e::get_xattr(&kernel.path(file.trim_start_matches('/')), name.as_bytes())
+            .unwrap_or_else(|error| panic!("{when}: the kernel reads {file} {name}: {error}"));
+        assert!(
+            read == *value,
+            "{when}: {file} {name} differs through the kernel"
+        );
+    }
+    kernel.unmount();
 }
 
 /// The first EA inode's value changed on disk: its hash no longer matches.

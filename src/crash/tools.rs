@@ -126,10 +126,12 @@ pub fn make_template_with(
     }
     drop(file);
     let block_size_arg = block_size.to_string();
+    // ea_inode: the xattrs workload's large values go to EA inodes (the
+    // other workloads' small ones never do).
     let mut features = String::from(if fast_commit {
-        "fast_commit"
+        "fast_commit,ea_inode"
     } else {
-        "^fast_commit"
+        "^fast_commit,ea_inode"
     });
     let mut extended = String::from(
         "nodiscard,lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0,\

@@ -114,6 +114,13 @@ pub const WORKLOADS: &[Workload] = &[
         states_per_scenario: 0,
     },
     Workload {
+        name: "xattrs",
+        about: "extended attributes of every size (large ones in EA inodes): set, replaced by larger and smaller, removed, their files renamed over and deleted; fsync and sync",
+        tear: true,
+        scenarios: xattrs,
+        states_per_scenario: 0,
+    },
+    Workload {
         name: "random",
         about: "random namespace and data operations with fsync, fdatasync and sync",
         tear: true,
@@ -581,6 +588,65 @@ fn msgjournal(_seed: u64, _budget: usize) -> Vec<Scenario> {
             }
         }),
     )]
+}
+
+fn xattrs(seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario::single(
+        "xattrs",
+        Box::new(|_| {}),
+        Box::new(move |lanes| xattrs_run(&mut lanes[0], seed)),
+    )]
+}
+
+/// Values from a few bytes (in the inode) through a few hundred (in the
+/// xattr block) to tens of KiB (in EA inodes, on the template's ea_inode
+/// images), each step one transaction: a set, a removal, an fsync, or the
+/// file renamed over or deleted (its EA inodes' references dropped) and
+/// made again.
+fn xattrs_run(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, "xattrs");
+    let files = ["a", "b", "c", "d"];
+    for file in files {
+        let _ = lane.create(file);
+        let _ = lane.write(file, 0, 100);
+    }
+    let names = ["user.small", "user.medium", "user.large", "trusted.other"];
+    for _ in 0..28 {
+        let file = *rng.pick(&files);
+        let name = *rng.pick(&names);
+        match rng.below(10) {
+            0..=4 => {
+                let len = match rng.below(4) {
+                    0 => rng.range(1, 100),
+                    1 => rng.range(300, 900),
+                    2 => rng.range(2_000, 6_000),
+                    _ => rng.range(8_000, 40_000),
+                };
+                let _ = lane.set_xattr(file, name, len as usize);
+            }
+            5 => {
+                let _ = lane.remove_xattr(file, name);
+            }
+            6 => {
+                let _ = lane.fsync(file);
+            }
+            7 => {
+                let other = *rng.pick(&files);
+                if other != file {
+                    let _ = lane.rename(file, other);
+                    let _ = lane.create(file);
+                }
+            }
+            8 => {
+                let _ = lane.unlink(file);
+                let _ = lane.create(file);
+            }
+            _ => {
+                let _ = lane.sync();
+            }
+        }
+    }
+    let _ = lane.sync();
 }
 
 fn untar(seed: u64, _budget: usize) -> Vec<Scenario> {

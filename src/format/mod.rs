@@ -38,7 +38,7 @@ pub mod superblock;
 pub mod xattr;
 
 use crate::cache::{Buffer, BufferCache};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::journal::Handle;
 use std::sync::Arc;
 pub use superblock::Geometry;
@@ -85,6 +85,25 @@ pub trait BlockAllocator {
         count: u64,
         metadata: bool,
     ) -> Result<()>;
+
+    /// ea_inode: a new EA inode holding `value` for the attributes of
+    /// inode `owner`, its reference count 1 and `hash` (the value's
+    /// CRC32C) kept as the kernel keeps them (`ext4_xattr_inode_create`,
+    /// `ext4_xattr_inode_write`); returns its number. Where the format
+    /// layer runs without the filesystem around it, not offered.
+    fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32) -> Result<u32> {
+        let _ = (owner, value, hash);
+        Err(Error::NotSupported)
+    }
+
+    /// ea_inode: one reference more (`delta` 1) or one less (-1) to EA
+    /// inode `ino`, named by an attribute of inode `owner`
+    /// (`ext4_xattr_inode_update_ref`); the last reference gone, the EA
+    /// inode is freed.
+    fn change_ea_inode_refs(&mut self, owner: u32, ino: u32, delta: i32) -> Result<()> {
+        let _ = (owner, ino, delta);
+        Err(Error::NotSupported)
+    }
 }
 
 /// What a format algorithm that changes structure needs from around it.

@@ -106,11 +106,12 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::MMP
     | incompat::CSUM_SEED
     | incompat::LARGEDIR
+    | incompat::EA_INODE
     | incompat::BYTELOG;
 
 /// INCOMPAT features this build reads but does not write yet: a mount of
 /// an image that has one is read-only.
-pub const INCOMPAT_READ_ONLY: u32 = incompat::INLINE_DATA | incompat::EA_INODE;
+pub const INCOMPAT_READ_ONLY: u32 = incompat::INLINE_DATA;
 
 /// RO_COMPAT features this build keeps consistent when writing. Any other
 /// bit allows read-only mounts only.

@@ -36,11 +36,21 @@
 //! does not check them either (they only steer block sharing); every block we
 //! write gets fresh ones.
 //!
-//! Values kept in EA inodes (ea_inode feature, `e_value_inum != 0`) are
-//! read through the filesystem layer, which has the inode's data:
-//! `locate` names the EA inode and `check_ea_inode_value` holds what it
-//! read to the kernel's checks. Such entries are preserved by rewrites;
-//! changing them is not done (ea_inode images mount read-only).
+//! Values kept in EA inodes (ea_inode feature, `e_value_inum != 0`): a
+//! value whose padded size is above `min_large_ea_size`, or one that fits
+//! neither place, goes to an EA inode of its own, as
+//! `ext4_xattr_set_handle` decides; its entry (no value bytes) carries the
+//! hash of the EA inode's hash. The filesystem layer makes EA inodes and
+//! counts their references (`BlockAllocator::create_ea_inode`,
+//! `change_ea_inode_refs`): a reference is held by each inode body that
+//! names the EA inode and by each xattr block (once, however many inodes
+//! share it). So a change drops the references its old places held and
+//! takes those of its new ones: replacing or removing the entry, copying a
+//! shared block (the copy takes one more of each), freeing a block.
+//! Reading goes through the filesystem layer too: `locate` names the EA
+//! inode and `check_ea_inode_value` holds what it read to the kernel's
+//! checks. jext4 never shares an EA inode between values itself (the
+//! kernel's mbcache does); it keeps the counts of those it finds shared.
 
 use super::acl;
 use super::csum::crc32c_raw;
@@ -176,6 +186,38 @@ fn value_len(size: usize) -> usize {
     size.next_multiple_of(PAD)
 }
 
+/// EXT4_XATTR_MIN_LARGE_EA_SIZE: with ea_inode, a value whose padded size
+/// is above this (a block less its header, an entry with a 3-byte name and
+/// the end marker) goes to an EA inode without trying the two places.
+fn min_large_ea_size(geo: &Geometry) -> usize {
+    geo.block_size as usize - entry_len(3) - BLOCK_HEADER_SIZE - END_MARKER_SIZE
+}
+
+/// What a value of `size` bytes in an EA inode adds to the `i_blocks` of
+/// each inode that names it, in 512-byte units: its blocks.
+fn ea_charge(geo: &Geometry, size: u32) -> u64 {
+    (size as u64).div_ceil(geo.block_size as u64) * (geo.block_size as u64 / 512)
+}
+
+/// The hash an EA inode keeps of its value in `i_atime`
+/// (`ext4_xattr_inode_get_hash`): the CRC32C seeded with the filesystem's
+/// checksum seed, which the kernel computes for ea_inode with or without
+/// metadata_csum.
+pub fn ea_value_hash(geo: &Geometry, data: &[u8]) -> u32 {
+    let seed = match geo.metadata_csum {
+        true => geo.csum_seed,
+        false => super::csum::fs_seed(&geo.uuid, None),
+    };
+    crc32c_raw(seed, data)
+}
+
+/// The hash of an entry whose value is in an EA inode: the name and the
+/// EA inode's hash, as one little-endian word (the kernel feeds that
+/// instead of the value, body and block entries alike).
+fn ea_entry_hash(name: &[u8], value_hash: u32) -> u32 {
+    entry_hash(name, &value_hash.to_le_bytes())
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Value {
     Stored(Vec<u8>),
@@ -214,6 +256,14 @@ impl Entry {
         match &self.value {
             Value::Stored(bytes) => Ok(bytes),
             Value::InInode { .. } => Err(Error::NotSupported),
+        }
+    }
+
+    /// The EA inode holding the value, if one does.
+    fn ea_inode(&self) -> Option<u32> {
+        match self.value {
+            Value::InInode { ino, .. } => Some(ino),
+            Value::Stored(_) => None,
         }
     }
 
@@ -566,12 +616,9 @@ struct XattrBlock {
     refcount: u32,
 }
 
-impl XattrBlock {
-    fn has_ea_inode_values(&self) -> bool {
-        self.entries
-            .iter()
-            .any(|entry| matches!(entry.value, Value::InInode { .. }))
-    }
+/// The EA inodes `entries` name, one per entry.
+fn ea_inodes(entries: &[Entry]) -> Vec<u32> {
+    entries.iter().filter_map(Entry::ea_inode).collect()
 }
 
 fn block_capacity(geo: &Geometry) -> usize {
@@ -739,11 +786,7 @@ pub fn check_ea_inode_value(
     );
     let lustre = ea_inode.mtime.sec as u32 == owner && ea_inode.generation == owner_generation;
     if !lustre {
-        let seed = match geo.metadata_csum {
-            true => geo.csum_seed,
-            false => super::csum::fs_seed(&geo.uuid, None),
-        };
-        let hash = crc32c_raw(seed, &data);
+        let hash = ea_value_hash(geo, &data);
         ensure_format!(
             hash == ea_inode.atime.sec as u32,
             location,
@@ -888,17 +931,53 @@ pub fn set(
 
 /// Drop the inode's reference to its xattr block when the inode is deleted:
 /// free the block, or decrement the refcount of a shared one.
+/// A freed block drops the references its entries held to EA inodes
+/// (`ext4_xattr_inode_dec_ref_all`).
 pub fn release_block(ctx: &mut MetaCtx, ino: u32, inode: &mut Inode) -> Result<()> {
     let Some(block) = load_block(ctx.geo, ctx.cache, ino, inode)? else {
         return Ok(());
     };
-    if block.has_ea_inode_values() {
-        // Their EA inodes' reference counts would need dropping too.
-        return Err(Error::NotSupported);
+    if release(ctx, ino, &block)? {
+        change_refs(ctx, ino, &[], &ea_inodes(&block.entries))?;
     }
-    release(ctx, ino, &block)?;
     inode.file_acl = 0;
     inode.blocks = inode.blocks.saturating_sub(block_sectors(ctx.geo));
+    Ok(())
+}
+
+/// Drop the references the inode body's entries hold to EA inodes, when
+/// the inode is deleted (`ext4_xattr_delete_inode`); the body itself goes
+/// with the inode.
+pub fn release_body_ea_inodes(ctx: &mut MetaCtx, ino: u32, inode: &Inode) -> Result<()> {
+    if !ctx.geo.has_incompat(incompat::EA_INODE) {
+        return Ok(());
+    }
+    let Some(ibody) = load_ibody(ctx.geo, ino, inode)? else {
+        return Ok(());
+    };
+    change_refs(ctx, ino, &[], &ea_inodes(&ibody.entries))
+}
+
+/// Take a reference to each EA inode `taken` names and drop one of each
+/// `dropped` names; one named by both is left as it is (the entry moved,
+/// or stayed). Takes first, so that no count touches zero on the way.
+fn change_refs(ctx: &mut MetaCtx, owner: u32, taken: &[u32], dropped: &[u32]) -> Result<()> {
+    let mut dropped = dropped.to_vec();
+    let mut taken_only = Vec::new();
+    for &ino in taken {
+        match dropped.iter().position(|&other| other == ino) {
+            Some(at) => {
+                dropped.swap_remove(at);
+            }
+            None => taken_only.push(ino),
+        }
+    }
+    for ino in taken_only {
+        ctx.alloc.change_ea_inode_refs(owner, ino, 1)?;
+    }
+    for ino in dropped {
+        ctx.alloc.change_ea_inode_refs(owner, ino, -1)?;
+    }
     Ok(())
 }
 
@@ -932,23 +1011,136 @@ fn set_stored(
         (Some(_), SetMode::Create, _) => return Err(Error::Exists),
         _ => {}
     }
-    if let Some(existing) = existing {
-        // Dropping an EA inode reference is beyond us (stored_value says so).
-        if Some(existing.stored_value()?) == value {
-            return Ok(()); // ext4_xattr_value_same: nothing to do
-        }
+    let old_ea_size = match existing.map(|entry| &entry.value) {
+        Some(Value::InInode { size, .. }) => Some(*size),
+        _ => None,
+    };
+    if let (Some(Value::Stored(old)), Some(new)) = (existing.map(|entry| &entry.value), value)
+        && old == new
+    {
+        return Ok(()); // ext4_xattr_value_same: nothing to do
     }
-    let target = value.map(|value| (index, name, value));
-    let plan = plan_change(ctx.geo, ibody.as_ref(), block.as_ref(), found, target)?;
+    // Where the value goes, as ext4_xattr_set_handle decides it: to an EA
+    // inode at once when large, else to the body or the block, and to an
+    // EA inode after all when neither has room. Planned with a stand-in
+    // for the EA inode (its entry's size does not depend on it), so that
+    // no EA inode is made for an attribute that fits nowhere.
+    let geo = ctx.geo;
+    let ea_feature = geo.has_incompat(incompat::EA_INODE);
+    let stand_in = |value: &[u8]| NewValue::InInode {
+        ino: 0,
+        size: value.len() as u32,
+        value_hash: 0,
+    };
+    fn target<'n, 'v>(
+        index: u8,
+        name: &'n [u8],
+        new: NewValue<'v>,
+    ) -> Option<(u8, &'n [u8], NewValue<'v>)> {
+        Some((index, name, new))
+    }
+    let mut new = value.map(|value| {
+        if ea_feature && value_len(value.len()) > min_large_ea_size(geo) {
+            stand_in(value)
+        } else {
+            NewValue::Stored(value)
+        }
+    });
+    let plan = match (
+        plan_change(
+            geo,
+            ibody.as_ref(),
+            block.as_ref(),
+            found,
+            new.and_then(|new| target(index, name, new)),
+        ),
+        value,
+    ) {
+        (Err(Error::NoSpace), Some(value))
+            if ea_feature && !value.is_empty() && matches!(new, Some(NewValue::Stored(_))) =>
+        {
+            new = Some(stand_in(value));
+            plan_change(
+                geo,
+                ibody.as_ref(),
+                block.as_ref(),
+                found,
+                new.and_then(|new| target(index, name, new)),
+            )?
+        }
+        (plan, _) => plan?,
+    };
+    let mut created = None;
+    let plan = match (new, value) {
+        (Some(NewValue::InInode { size, .. }), Some(value)) => {
+            let value_hash = ea_value_hash(geo, value);
+            let ea = ctx.alloc.create_ea_inode(ino, value, value_hash)?;
+            created = Some(ea);
+            let real = NewValue::InInode {
+                ino: ea,
+                size,
+                value_hash,
+            };
+            plan_change(
+                geo,
+                ibody.as_ref(),
+                block.as_ref(),
+                found,
+                target(index, name, real),
+            )?
+        }
+        _ => plan,
+    };
+    // The references the changed places held, and those they will hold
+    // (the new EA inode's own is the one it was made with).
+    let mut held = Vec::new();
+    let mut holding = Vec::new();
+    if let Some(entries) = &plan.ibody {
+        held.extend(
+            ibody
+                .as_ref()
+                .map_or(Vec::new(), |body| ea_inodes(&body.entries)),
+        );
+        holding.extend(ea_inodes(entries));
+    }
     if let Some(entries) = plan.block {
-        store_block(ctx, ino, inode, block, entries)?;
+        let (gave_up, took) = store_block(ctx, ino, inode, block, entries)?;
+        held.extend(gave_up);
+        holding.extend(took);
     }
     // Last: nothing can fail any more, so a failed block change leaves the
     // inode as it was.
     if let Some(entries) = plan.ibody {
         store_ibody(inode, &entries);
     }
-    Ok(())
+    // The inode's i_blocks counts the blocks of each value it names in an
+    // EA inode, shared or not, as the kernel charges them to it
+    // (`ext4_xattr_inode_alloc_quota`, `_free_quota`; e2fsck checks).
+    if let Some(size) = old_ea_size {
+        inode.blocks = inode.blocks.saturating_sub(ea_charge(geo, size));
+    }
+    if let Some(NewValue::InInode { size, .. }) = new {
+        inode.blocks += ea_charge(geo, size);
+    }
+    if let Some(ea) = created {
+        let at = holding.iter().position(|&other| other == ea);
+        debug_assert!(at.is_some(), "the new EA inode is named");
+        if let Some(at) = at {
+            holding.swap_remove(at);
+        }
+    }
+    change_refs(ctx, ino, &holding, &held)
+}
+
+/// A new value: its bytes, or the EA inode that holds them.
+#[derive(Clone, Copy)]
+enum NewValue<'v> {
+    Stored(&'v [u8]),
+    InInode {
+        ino: u32,
+        size: u32,
+        value_hash: u32,
+    },
 }
 
 /// Where the named attribute sits now.
@@ -978,7 +1170,7 @@ fn plan_change(
     ibody: Option<&Ibody>,
     block: Option<&XattrBlock>,
     found: Found,
-    target: Option<(u8, &[u8], &[u8])>,
+    target: Option<(u8, &[u8], NewValue<'_>)>,
 ) -> Result<Plan> {
     let body_entries = ibody.map_or(&[][..], |body| &body.entries);
     let block_entries = block.map_or(&[][..], |block| &block.entries);
@@ -997,15 +1189,28 @@ fn plan_change(
             },
         });
     };
-    let entry = |hash| Entry {
-        index,
-        name: name.to_vec(),
-        value: Value::Stored(value.to_vec()),
-        hash,
+    // Body entries with their value in place carry hash 0, as the kernel
+    // writes them; an entry naming an EA inode carries its hash in both.
+    let entry = |in_block: bool| match value {
+        NewValue::Stored(value) => Entry {
+            index,
+            name: name.to_vec(),
+            value: Value::Stored(value.to_vec()),
+            hash: if in_block { entry_hash(name, value) } else { 0 },
+        },
+        NewValue::InInode {
+            ino,
+            size,
+            value_hash,
+        } => Entry {
+            index,
+            name: name.to_vec(),
+            value: Value::InInode { ino, size },
+            hash: ea_entry_hash(name, value_hash),
+        },
     };
     if let Some(ibody) = ibody {
-        // In-inode entries carry hash 0, as the kernel writes them.
-        let entries = replaced_or_added(body_entries, found.ibody, entry(0));
+        let entries = replaced_or_added(body_entries, found.ibody, entry(false));
         if needed_bytes(&entries) <= ibody.capacity {
             return Ok(Plan {
                 ibody: Some(entries),
@@ -1013,7 +1218,7 @@ fn plan_change(
             });
         }
     }
-    let entries = replaced_or_added(block_entries, found.block, entry(entry_hash(name, value)));
+    let entries = replaced_or_added(block_entries, found.block, entry(true));
     if needed_bytes(&entries) > block_capacity(geo) {
         return Err(Error::NoSpace);
     }
@@ -1034,14 +1239,17 @@ fn replaced_or_added(entries: &[Entry], at: Option<usize>, entry: Entry) -> Vec<
 
 /// Make the inode's xattr block hold `entries`: allocate, rewrite in place,
 /// copy (when shared) or release (when empty), and account the block in
-/// `i_file_acl` and `i_blocks`.
+/// `i_file_acl` and `i_blocks`. Returns the EA inodes the old block's
+/// entries held references to and no longer do (it was rewritten or
+/// freed; a shared block that stays keeps its own), and those the block
+/// the inode now has holds anew.
 fn store_block(
     ctx: &mut MetaCtx,
     ino: u32,
     inode: &mut Inode,
     old: Option<XattrBlock>,
     mut entries: Vec<Entry>,
-) -> Result<()> {
+) -> Result<(Vec<u32>, Vec<u32>)> {
     entries.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     debug_assert!(needed_bytes(&entries) <= block_capacity(ctx.geo));
     let Some(old) = old else {
@@ -1049,7 +1257,7 @@ fn store_block(
             inode.file_acl = write_new_block(ctx, ino, &entries)?;
             inode.blocks += block_sectors(ctx.geo);
         }
-        return Ok(());
+        return Ok((Vec::new(), ea_inodes(&entries)));
     };
     debug_assert_eq!(inode.file_acl, old.block);
     if old.refcount == 1 && !entries.is_empty() {
@@ -1057,24 +1265,25 @@ fn store_block(
         let mut bytes = ctx.handle.get_write_access(&old.buffer)?;
         debug_assert_eq!(get_u32(&bytes, H_REFCOUNT), 1);
         encode_block(ctx.geo, old.block, &entries, &mut bytes);
-        return Ok(());
+        return Ok((ea_inodes(&old.entries), ea_inodes(&entries)));
     }
-    if old.has_ea_inode_values() {
-        // Copying or freeing would change EA inode reference counts.
-        return Err(Error::NotSupported);
-    }
+    let freed_refs = |freed: bool| match freed {
+        true => ea_inodes(&old.entries),
+        false => Vec::new(),
+    };
     if entries.is_empty() {
-        release(ctx, ino, &old)?;
+        let freed = release(ctx, ino, &old)?;
         inode.file_acl = 0;
         inode.blocks = inode.blocks.saturating_sub(block_sectors(ctx.geo));
-        return Ok(());
+        return Ok((freed_refs(freed), Vec::new()));
     }
     // Shared: a private copy first (allocation may fail, and then nothing
-    // has changed), then drop our reference to the shared block.
+    // has changed), then drop our reference to the shared block (the last
+    // one, if the other inodes dropped theirs meanwhile).
     let copy = write_new_block(ctx, ino, &entries)?;
-    release(ctx, ino, &old)?;
+    let freed = release(ctx, ino, &old)?;
     inode.file_acl = copy;
-    Ok(())
+    Ok((freed_refs(freed), ea_inodes(&entries)))
 }
 
 /// Allocate a block near the inode's group (the kernel's goal is the
@@ -1095,10 +1304,10 @@ fn write_new_block(ctx: &mut MetaCtx, ino: u32, entries: &[Entry]) -> Result<u64
 }
 
 /// ext4_xattr_release_block: free the block if this was its last
-/// reference, else decrement its refcount. The refcount is read under the
+/// reference (and say so), else decrement its refcount. The refcount is read under the
 /// write guard: another inode may have dropped its reference since we read
 /// the block.
-fn release(ctx: &mut MetaCtx, ino: u32, old: &XattrBlock) -> Result<()> {
+fn release(ctx: &mut MetaCtx, ino: u32, old: &XattrBlock) -> Result<bool> {
     let location = Location::InodeBlock {
         ino,
         block: old.block,
@@ -1116,7 +1325,7 @@ fn release(ctx: &mut MetaCtx, ino: u32, old: &XattrBlock) -> Result<()> {
     if last_reference {
         ctx.free_meta_block(old.block)?;
     }
-    Ok(())
+    Ok(last_reference)
 }
 
 #[cfg(test)]

@@ -1044,6 +1044,14 @@ impl BlockAllocator for Tx<'_, '_> {
         Tx::charge(self, blocks)
     }
 
+    fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32) -> Result<u32> {
+        Tx::create_ea_inode(self, owner, value, hash)
+    }
+
+    fn change_ea_inode_refs(&mut self, owner: u32, ino: u32, delta: i32) -> Result<()> {
+        Tx::change_ea_inode_refs(self, owner, ino, delta)
+    }
+
     fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
         Tx::charge_run(self, fixed, flexible)
     }

@@ -379,6 +379,10 @@ impl Tx<'_, '_> {
         if inode.has_data_blocks(&self.core.geo) {
             self.release_all_blocks(ino, &mut inode)?;
         }
+        {
+            let mut ctx = self.meta_ctx();
+            xattr::release_body_ea_inodes(&mut ctx, ino, &inode)?;
+        }
         if inode.file_acl != 0 {
             let mut ctx = self.meta_ctx();
             xattr::release_block(&mut ctx, ino, &mut inode)?;
@@ -412,7 +416,9 @@ impl Tx<'_, '_> {
     ) -> Result<()> {
         let core = self.core;
         let handle = self.handle;
-        if inode.is_dir() {
+        // An EA inode's blocks are metadata too (written through the
+        // cache, journaled), as the kernel's are.
+        if inode.is_dir() || inode.has_flag(crate::format::inode::flags::EA_INODE) {
             let mut ctx = crate::format::MetaCtx {
                 geo: &core.geo,
                 cache: &core.cache,
@@ -670,6 +676,14 @@ struct FreeAsMetadata<'t, 'a, 'j>(&'t mut Tx<'a, 'j>);
 impl crate::format::BlockAllocator for FreeAsMetadata<'_, '_, '_> {
     fn charge(&mut self, blocks: u64) -> Result<()> {
         self.0.charge(blocks)
+    }
+
+    fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32) -> Result<u32> {
+        self.0.create_ea_inode(owner, value, hash)
+    }
+
+    fn change_ea_inode_refs(&mut self, owner: u32, ino: u32, delta: i32) -> Result<()> {
+        self.0.change_ea_inode_refs(owner, ino, delta)
     }
 
     fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {

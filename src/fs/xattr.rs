@@ -6,10 +6,11 @@ use super::acl::{self, ACL_ACCESS};
 use super::inode::{check_live, read_inode};
 use super::{Caller, Fs, Scope};
 use crate::error::{Error, Location, Result};
-use crate::format::inode::Inode;
-use crate::format::inode::Timestamp;
-use crate::format::superblock::compat;
+use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
+use crate::format::mapping::{self, Lookup};
+use crate::format::superblock::{compat, incompat};
 use crate::format::xattr::{self, Located, SetMode};
+use crate::journal::change::{Change, Ineligible};
 use crate::lock::Rank;
 
 /// An xattr change: the format layer's own blocks, the inode's and, for
@@ -35,26 +36,13 @@ impl Fs {
         self.note_error(result)
     }
 
-    /// A value kept in an EA inode (ea_inode), read as a file's data and
-    /// checked as the kernel checks it. The EA inode is not locked: images
-    /// with EA inodes mount read-only, so nothing changes it meanwhile.
+    /// A value kept in an EA inode (ea_inode), read under the EA inode's
+    /// lock and checked as the kernel checks it.
     fn read_ea_inode(&self, owner: u32, inode: &Inode, value: &xattr::EaValue) -> Result<Vec<u8>> {
-        debug_assert!(
-            self.is_read_only(),
-            "EA inodes are read on read-only mounts only"
-        );
-        // The kernel's iget refuses reserved inodes (EXT4_IGET_EA_INODE).
-        if value.ino < self.core.geo.first_ino {
-            return Err(Error::corrupt(
-                Location::Inode { ino: owner },
-                format!("xattr value in reserved inode {}", value.ino),
-            ));
-        }
+        check_ea_ino(&self.core.geo, owner, value.ino)?;
+        let _ea = self.core.inodes.read(value.ino, Rank::EaInode);
         let ea_inode = read_inode(&self.core, value.ino)?;
-        let data = match value.size {
-            0 => Vec::new(),
-            size => self.read_range(value.ino, &ea_inode, 0, size as u64)?,
-        };
+        let data = read_ea_value(&self.core, value.ino, &ea_inode, value.size as usize)?;
         xattr::check_ea_inode_value(
             &self.core.geo,
             owner,
@@ -104,7 +92,13 @@ impl Fs {
         if name.len() > xattr::XATTR_NAME_MAX {
             return Err(Error::Range);
         }
-        self.transact(Scope::File(ino), CREDITS_XATTR, caller, |tx| {
+        // With ea_inode a value may take a new EA inode's blocks, all
+        // journaled, and free an old one's.
+        let credits = match self.core.geo.has_incompat(incompat::EA_INODE) {
+            true => CREDITS_XATTR + 2 * (XATTR_SIZE_MAX as u32 / self.core.geo.block_size) + 16,
+            false => CREDITS_XATTR,
+        };
+        self.transact(Scope::File(ino), credits, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
@@ -127,6 +121,172 @@ impl Fs {
             }
             Ok(())
         })
+    }
+}
+
+/// The kernel's iget of an EA inode refuses reserved and out-of-range
+/// numbers (EXT4_IGET_EA_INODE).
+fn check_ea_ino(geo: &crate::format::Geometry, owner: u32, ea: u32) -> Result<()> {
+    if ea < geo.first_ino || !geo.is_valid_ino(ea) {
+        return Err(Error::corrupt(
+            Location::Inode { ino: owner },
+            format!("xattr value in reserved or invalid inode {ea}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The first `size` bytes of EA inode `ino`, read through the metadata
+/// cache: the kernel reads and writes an EA inode's blocks as metadata
+/// (`ext4_xattr_inode_read` and `_write`, journaled), and so does jext4,
+/// so the newest copy of a block may be in the cache and the journal only.
+fn read_ea_value(core: &super::Core, ino: u32, ea_inode: &Inode, size: usize) -> Result<Vec<u8>> {
+    let geo = &core.geo;
+    let block_size = geo.block_size as usize;
+    let mut data = Vec::with_capacity(size);
+    let mut lblk = 0u64;
+    while data.len() < size {
+        let extent = match mapping::lookup(geo, &core.cache, ino, ea_inode, lblk)? {
+            Lookup::Mapped(extent) if !extent.unwritten => extent,
+            _ => {
+                return Err(Error::corrupt(
+                    Location::Inode { ino },
+                    format!("EA inode has a hole at block {lblk} of its value"),
+                ));
+            }
+        };
+        for physical in extent.physical..extent.physical + extent.len as u64 {
+            if data.len() >= size {
+                break;
+            }
+            let buffer = core.cache.read(physical)?;
+            let bytes = buffer.read();
+            let take = (size - data.len()).min(block_size);
+            data.extend_from_slice(&bytes[..take]);
+            lblk += 1;
+        }
+    }
+    Ok(data)
+}
+
+/// An EA inode's reference count, as the kernel keeps it
+/// (`ext4_xattr_inode_get_ref`): its high half in `i_ctime`'s seconds, its
+/// low half in `i_version`'s low word.
+fn ea_refs(ea_inode: &Inode) -> u64 {
+    ((ea_inode.ctime.sec as u32 as u64) << 32) | (ea_inode.version & 0xffff_ffff)
+}
+
+fn set_ea_refs(ea_inode: &mut Inode, refs: u64) {
+    ea_inode.ctime = Timestamp {
+        sec: (refs >> 32) as i64,
+        nsec: 0,
+    };
+    ea_inode.version = refs & 0xffff_ffff;
+}
+
+impl super::Tx<'_, '_> {
+    /// `BlockAllocator::create_ea_inode`: a regular file, mode 0600, owned
+    /// as `owner` is, flagged EA_INODE, one link, its reference count 1 and
+    /// the value's hash in `i_atime` (`ext4_xattr_inode_create`); the value
+    /// is written in blocks through the cache, journaled as the kernel's
+    /// `ext4_xattr_inode_write` does.
+    pub(crate) fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32) -> Result<u32> {
+        let core = self.core;
+        let geo = &core.geo;
+        let block_size = geo.block_size as usize;
+        let owner_inode = self.read_inode(owner)?;
+        let count = value.len().div_ceil(block_size) as u32;
+        let extents = geo.has_incompat(incompat::EXTENTS);
+        let mut inode = Inode::new(geo);
+        mapping::init(&mut inode, extents);
+        // The whole cost first: nothing is allocated on a full volume.
+        let bound = count as u64 + mapping::append_cost_bound(&inode, count);
+        self.charge(bound)?;
+        let ino = self.alloc_inode(owner, false)?;
+        let _ea = self.lock_write(ino, Rank::EaInode);
+        let now = Timestamp::now();
+        inode.mode = fmt::S_IFREG | 0o600;
+        inode.uid = owner_inode.uid;
+        inode.gid = owner_inode.gid;
+        inode.links_count = 1;
+        inode.mtime = now;
+        inode.crtime = now;
+        inode.atime = Timestamp {
+            sec: hash as i64,
+            nsec: 0,
+        };
+        set_ea_refs(&mut inode, 1);
+        inode.generation = self.next_generation();
+        inode.flags |= flags::EA_INODE;
+        inode.size = value.len() as u64;
+        let goal = geo.group_first_block(geo.group_of_inode(ino));
+        let mut lblk = 0u32;
+        while lblk < count {
+            let extent = {
+                let mut ctx = self.meta_ctx();
+                mapping::allocate(
+                    &mut ctx,
+                    ino,
+                    &mut inode,
+                    lblk as u64,
+                    count - lblk,
+                    goal,
+                    false,
+                )?
+            };
+            for physical in extent.physical..extent.physical + extent.len as u64 {
+                let start = lblk as usize * block_size;
+                let chunk = &value[start..(start + block_size).min(value.len())];
+                let buffer = core.cache.get_for_overwrite(physical)?;
+                {
+                    let mut bytes = self.handle.get_create_access(&buffer)?;
+                    bytes[..chunk.len()].copy_from_slice(chunk);
+                    bytes[chunk.len()..].fill(0);
+                }
+                buffer.set_verified();
+                lblk += 1;
+            }
+        }
+        self.write_inode(ino, &inode)?;
+        Ok(ino)
+    }
+
+    /// `BlockAllocator::change_ea_inode_refs`: `delta` (1 or -1) on EA
+    /// inode `ino`'s reference count, under its lock; at 0 it loses its
+    /// link and is freed, its blocks as metadata
+    /// (`ext4_xattr_inode_update_ref`, then its eviction).
+    pub(crate) fn change_ea_inode_refs(&mut self, owner: u32, ino: u32, delta: i32) -> Result<()> {
+        check_ea_ino(&self.core.geo, owner, ino)?;
+        // Freeing EA inodes is outside what the kernel's fast-commit
+        // replay rebuilds.
+        self.handle.note(Change::Ineligible(Ineligible::Xattr));
+        let _ea = self.lock_write(ino, Rank::EaInode);
+        let mut ea_inode = self.read_inode(ino)?;
+        let location = Location::Inode { ino };
+        if ea_inode.mode == 0 || !ea_inode.has_flag(flags::EA_INODE) {
+            return Err(Error::corrupt(
+                location,
+                format!("the xattr EA inode {ino} of inode {owner} is not an EA inode in use"),
+            ));
+        }
+        let refs = ea_refs(&ea_inode)
+            .checked_add_signed(delta as i64)
+            .ok_or_else(|| Error::corrupt(location, "EA inode reference count would go below 0"))?;
+        let refs = if crate::faults::active(crate::faults::Fault::EaInodeRefKept) && delta < 0 {
+            refs + 1
+        } else {
+            refs
+        };
+        set_ea_refs(&mut ea_inode, refs);
+        if refs > 0 {
+            // A count back from 0 (the kernel's orphaned, unfreed EA inode)
+            // gets its link back.
+            ea_inode.links_count = 1;
+            return self.write_inode(ino, &ea_inode);
+        }
+        ea_inode.links_count = 0;
+        self.write_inode(ino, &ea_inode)?;
+        self.evict_inode(ino, ea_inode)
     }
 }
 
