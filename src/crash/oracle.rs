@@ -101,6 +101,13 @@ impl Marks {
                 let Some(acknowledged) = lane.acks.get(&op) else {
                     continue;
                 };
+                // An op acknowledged has begun, even when its begin mark
+                // comes after the state's last write: an fsync whose
+                // changes an earlier flush had already made durable
+                // returns with no write and no flush of its own, inside
+                // the epoch (its effects are in the disk the state starts
+                // from).
+                window.high = window.high.max(op);
                 let bound = acknowledged.namespace_bound;
                 window.low = window.low.max(bound);
                 match &acknowledged.scope {
@@ -953,6 +960,34 @@ mod tests {
         let torn = recovered(&[("d1/x", 12), ("d2/z", 12), ("d2/y", 13)]);
         let error = check_lane(&lane, &window, &torn, Ordering::PerDirectory).unwrap_err();
         assert!(error.contains("atomic"), "{error}");
+    }
+
+    /// An fsync that began after the state's last write and returned
+    /// before the epoch's flush (nothing of its own to write) is in the
+    /// window: begun and acknowledged, not "later than the last op begun".
+    #[test]
+    fn an_op_acknowledged_without_a_write_counts_as_begun() {
+        let lane = two_directories();
+        let log = [Record::Mark(begin_mark(0, 3)), Record::Mark(ack_mark(0, 3))];
+        let window = Marks::new(&log).window(
+            &lane,
+            &CrashState {
+                number: 0,
+                epoch: 0,
+                kind: crate::crash::states::StateKind::AtFlush,
+                writes: Vec::new(),
+                torn: None,
+                begun_before: 0,
+                acked_before: 2,
+            },
+        );
+        assert!(
+            window.low <= window.high,
+            "{} > {}",
+            window.low,
+            window.high
+        );
+        assert_eq!(window.high, 3);
     }
 
     #[test]

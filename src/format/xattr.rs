@@ -1032,13 +1032,10 @@ fn set_stored(
         size: value.len() as u32,
         value_hash: 0,
     };
-    fn target<'n, 'v>(
-        index: u8,
-        name: &'n [u8],
-        new: NewValue<'v>,
-    ) -> Option<(u8, &'n [u8], NewValue<'v>)> {
-        Some((index, name, new))
-    }
+    let plan_for = |new: Option<NewValue<'_>>| {
+        let target = new.map(|new| (index, name, new));
+        plan_change(geo, ibody.as_ref(), block.as_ref(), found, target)
+    };
     let mut new = value.map(|value| {
         if ea_feature && value_len(value.len()) > min_large_ea_size(geo) {
             stand_in(value)
@@ -1046,27 +1043,12 @@ fn set_stored(
             NewValue::Stored(value)
         }
     });
-    let plan = match (
-        plan_change(
-            geo,
-            ibody.as_ref(),
-            block.as_ref(),
-            found,
-            new.and_then(|new| target(index, name, new)),
-        ),
-        value,
-    ) {
+    let plan = match (plan_for(new), value) {
         (Err(Error::NoSpace), Some(value))
             if ea_feature && !value.is_empty() && matches!(new, Some(NewValue::Stored(_))) =>
         {
             new = Some(stand_in(value));
-            plan_change(
-                geo,
-                ibody.as_ref(),
-                block.as_ref(),
-                found,
-                new.and_then(|new| target(index, name, new)),
-            )?
+            plan_for(new)?
         }
         (plan, _) => plan?,
     };
@@ -1081,13 +1063,7 @@ fn set_stored(
                 size,
                 value_hash,
             };
-            plan_change(
-                geo,
-                ibody.as_ref(),
-                block.as_ref(),
-                found,
-                target(index, name, real),
-            )?
+            plan_for(Some(real))?
         }
         _ => plan,
     };
