@@ -707,30 +707,26 @@ impl Tx<'_, '_> {
         } else {
             0
         };
-        // Free numbers in bitmap order, up to the first that is not held
-        // back: numbers a front end still names, and numbers whose freeing
-        // is not durable yet (`fast_commit`: a new file given one would
-        // have to commit with the directory that freed it) are skipped; if
-        // the group has only those left, reusing the first is the lesser
-        // evil (ENOSPC would be false).
-        let (candidates, all_held_back) = {
+        let (first_free, taken) = {
             let bytes = buffer.read();
             let ipg = geo.inodes_per_group as usize;
-            let mut candidates = Vec::new();
-            let mut next = bitmap::find_zero(&bytes, first, ipg);
-            let mut all_held_back = true;
-            while let Some(index) = next {
-                candidates.push(index);
+            let first_free = bitmap::find_zero(&bytes, first, ipg);
+            // Skip numbers a front end still names, and numbers whose
+            // freeing is not durable yet (`fast_commit`: a new file given
+            // one would have to commit with the directory that freed it);
+            // if the group has only those left, reusing one is the lesser
+            // evil (ENOSPC would be false).
+            let mut candidate = first_free;
+            while let Some(index) = candidate {
                 let ino = group * geo.inodes_per_group + index as u32 + 1;
                 if !self.inode_held_back(ino) {
-                    all_held_back = false;
                     break;
                 }
-                next = bitmap::find_zero(&bytes, index + 1, ipg);
+                candidate = bitmap::find_zero(&bytes, index + 1, ipg);
             }
-            (candidates, all_held_back)
+            (first_free, candidate.or(first_free))
         };
-        let Some(&first_free) = candidates.first() else {
+        let (Some(first_free), Some(index)) = (first_free, taken) else {
             let error = Error::corrupt(
                 Location::Block {
                     block: desc.inode_bitmap,
@@ -740,12 +736,17 @@ impl Tx<'_, '_> {
             self.mark_group_corrupt(&mut desc, INODE_BITMAP_CORRUPT, &error);
             return Err(error);
         };
-        // Every number passed over is checked as the one taken is: a held
-        // back number may be a live file whose bit the damage cleared (the
-        // front end names it because it is live), and skipping it would
-        // leave the bitmap wrong where the kernel, which meets it, sets the
-        // bit back.
-        for &index in &candidates {
+        // The number taken is checked, and so is the first free one when it
+        // was passed over: the kernel's allocator meets that one, and a
+        // held-back number may be a live file whose bit the damage cleared
+        // (the front end names it because it is live). Skipping it would
+        // leave the bitmap wrong where the kernel sets the bit back.
+        let checked = if first_free == index {
+            &[index][..]
+        } else {
+            &[first_free, index][..]
+        };
+        for &index in checked {
             let ino = group * geo.inodes_per_group + index as u32 + 1;
             if let Err(error) = self.check_inode_unused(&desc, index, ino) {
                 // The bitmap lost the bit of a live inode: it cannot be
@@ -760,11 +761,6 @@ impl Tx<'_, '_> {
                 return Err(error);
             }
         }
-        let index = if all_held_back {
-            first_free
-        } else {
-            *candidates.last().expect("not empty")
-        };
         let ino = group * geo.inodes_per_group + index as u32 + 1;
         self.claim_inode_locked(&mut desc, &buffer, ino, is_dir)?;
         // The guard drops here: the group's initialised inodes count the
