@@ -70,15 +70,15 @@
 //!   every name created, linked or removed in its transaction; broken, it
 //!   leaves the last one out, so a name the fsync acknowledged is missing
 //!   (or an unlinked one back) after replay.
-//! - [`Fault::EaInodeRefKept`]: replacing or removing a value kept in an
-//!   EA inode (ea_inode), or deleting its owner, drops one of the EA
-//!   inode's references, freeing it with the last; broken, the count stays
-//!   as it was, so an EA inode nothing names is left in use.
 //! - [`Fault::MetaBgFlatDescriptor`]: with meta_bg, the descriptor of a
 //!   group in meta group `M` is written to that meta group's descriptor
 //!   block (in its first group); broken, it goes where the table would be
 //!   without meta_bg — block `M` after the primary superblock, over what
 //!   lies there — and its real block keeps the old counts.
+//! - [`Fault::EaInodeRefKept`]: replacing or removing a value kept in an
+//!   EA inode (ea_inode), or deleting its owner, drops one of the EA
+//!   inode's references, freeing it with the last; broken, the count stays
+//!   as it was, so an EA inode nothing names is left in use.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -1056,7 +1056,16 @@ fn set_stored(
     let plan = match (new, value) {
         (Some(NewValue::InInode { size, .. }), Some(value)) => {
             let value_hash = ea_value_hash(geo, value);
-            let ea = ctx.alloc.create_ea_inode(ino, value, value_hash)?;
+            // The block the plan writes anew (none, or a first or private
+            // copy), charged with the EA inode (see `store_block`).
+            let new_block = plan
+                .block
+                .as_ref()
+                .is_some_and(|entries| !entries.is_empty())
+                && block.as_ref().is_none_or(|old| old.refcount != 1);
+            let ea = ctx
+                .alloc
+                .create_ea_inode(ino, value, value_hash, u64::from(new_block))?;
             created = Some(ea);
             let real = NewValue::InInode {
                 ino: ea,

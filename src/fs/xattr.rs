@@ -190,7 +190,13 @@ impl super::Tx<'_, '_> {
     /// the value's hash in `i_atime` (`ext4_xattr_inode_create`); the value
     /// is written in blocks through the cache, journaled as the kernel's
     /// `ext4_xattr_inode_write` does.
-    pub(crate) fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32) -> Result<u32> {
+    pub(crate) fn create_ea_inode(
+        &mut self,
+        owner: u32,
+        value: &[u8],
+        hash: u32,
+        also: u64,
+    ) -> Result<u32> {
         let core = self.core;
         let geo = &core.geo;
         let block_size = geo.block_size as usize;
@@ -199,8 +205,9 @@ impl super::Tx<'_, '_> {
         let extents = geo.has_incompat(incompat::EXTENTS);
         let mut inode = Inode::new(geo);
         mapping::init(&mut inode, extents);
-        // The whole cost first: nothing is allocated on a full volume.
-        let bound = count as u64 + mapping::append_cost_bound(&inode, count);
+        // The whole cost first, `also` included: nothing is allocated on a
+        // full volume.
+        let bound = count as u64 + mapping::append_cost_bound(&inode, count) + also;
         self.charge(bound)?;
         let ino = self.alloc_inode(owner, false)?;
         let _ea = self.lock_write(ino, Rank::EaInode);
