@@ -341,3 +341,135 @@ fn a_damaged_ea_inode_value_is_euclean_as_in_the_kernel() {
     assert_eq!(small_ours.as_deref(), Some(&b"in the inode"[..]));
     assert_eq!(small_theirs.unwrap(), b"in the inode");
 }
+
+/// A nearly full volume, filled with large values until ENOSPC: each file
+/// gets a value that fills its inode body, then one that needs an EA inode
+/// and, the body being full, a new xattr block for its entry. Whichever of
+/// the blocks, the inodes or the EA inode's own blocks run out first, the
+/// setxattr that meets ENOSPC leaves nothing behind: e2fsck (which finds
+/// an EA inode no entry names, and a block or an inode allocated to
+/// nothing) is clean, every value set before it reads back through the
+/// kernel, and once every file is deleted the free counts are where they
+/// began. Value sizes vary so that the boundary falls on every step.
+#[test]
+fn enospc_while_making_an_ea_inode_leaves_nothing_behind() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    // (label, mke2fs arguments): blocks run out first, then inodes.
+    let shapes: [(&str, &[&str]); 2] = [
+        (
+            "blocks",
+            &[
+                "-t", "ext4", "-b", "1024", "-O", "ea_inode", "-m", "0", "-N", "4096",
+            ],
+        ),
+        (
+            "inodes",
+            &[
+                "-t", "ext4", "-b", "1024", "-O", "ea_inode", "-m", "0", "-N", "64",
+            ],
+        ),
+    ];
+    for (label, args) in shapes {
+        for (extra, value_len) in [1_500usize, 2_100, 3_000, 5_000].into_iter().enumerate() {
+            let scratch = e2e::scratch(&format!("ea-inode-enospc-{label}-{value_len}"));
+            let image = common::mkfs(scratch.path(), "full", 4, args);
+            let free = |image: &Path| {
+                let text = common::journal::debugfs_commands(image, "stats");
+                let count = |label: &str| -> u64 {
+                    let line = text.lines().find(|line| line.starts_with(label)).unwrap();
+                    line[label.len()..].trim().parse().unwrap()
+                };
+                (count("Free blocks:"), count("Free inodes:"))
+            };
+            let empty = free(&image);
+            let opened = Image::open(&image).unwrap();
+            // In a directory of their own, removed at the end: the root
+            // keeps the blocks it grows by.
+            opened.create_dir("/d").unwrap();
+            let mut expected: Vec<(String, String, Vec<u8>)> = Vec::new();
+            let mut files = Vec::new();
+            // Empty files first, 0 to 3 of them: the last free inode is
+            // then taken by a file or by an EA inode in turn.
+            for n in 0..extra {
+                let file = format!("/d/e{n}");
+                opened.write(&file, "").unwrap();
+                files.push(file);
+            }
+            let mut failed = None;
+            'fill: for n in 0..10_000u64 {
+                let file = format!("/d/f{n}");
+                if let Err(error) = opened.write(&file, "") {
+                    failed = Some(("create", error));
+                    break;
+                }
+                files.push(file.clone());
+                // 60 bytes fill the body of a 256-byte inode; the big
+                // value's entry then needs an xattr block.
+                let values = [
+                    ("user.fill", e2e::pattern(n, 60)),
+                    (
+                        "user.big",
+                        e2e::pattern(1_000 + n, value_len + n as usize % 700),
+                    ),
+                ];
+                for (name, value) in values {
+                    match opened.set_xattr(&file, name, &value) {
+                        Ok(()) => expected.push((file.clone(), name.to_string(), value)),
+                        Err(error) => {
+                            failed = Some(("setxattr", error));
+                            break 'fill;
+                        }
+                    }
+                }
+            }
+            let (what, error) = failed.expect("the volume never filled");
+            assert_eq!(
+                error.raw_os_error(),
+                Some(libc::ENOSPC),
+                "{label} {value_len}: {what} failed with {error}"
+            );
+            // Then, on the file whose large value failed (its body full,
+            // no xattr block yet), values a block smaller each time: one of
+            // them needs exactly the blocks left for its EA inode, and the
+            // xattr block its entry needs on top is then one too many.
+            if what == "setxattr" {
+                let file = files.last().unwrap();
+                for blocks in (1..=7usize).rev() {
+                    let name = format!("user.drain{blocks}");
+                    let value = e2e::pattern(blocks as u64, blocks * 1024 - 50);
+                    match opened.set_xattr(file, &name, &value) {
+                        Ok(()) => expected.push((file.clone(), name, value)),
+                        Err(error) => assert_eq!(
+                            error.raw_os_error(),
+                            Some(libc::ENOSPC),
+                            "{label} {value_len}: {blocks} blocks: {error}"
+                        ),
+                    }
+                }
+            }
+            let sets = expected.len();
+            eprintln!("{label} {value_len}: ENOSPC at {what} after {sets} values");
+            opened.close().unwrap();
+            check(
+                &image,
+                &expected,
+                &format!("{label} {value_len}: ENOSPC after {sets} values ({what})"),
+            );
+
+            let opened = Image::open(&image).unwrap();
+            for file in &files {
+                opened.remove_file(file).unwrap();
+            }
+            opened.remove_dir("/d").unwrap();
+            opened.close().unwrap();
+            e2e::fsck_clean(&image, &format!("{label} {value_len}: every file deleted"));
+            assert_eq!(
+                free(&image),
+                empty,
+                "{label} {value_len}: free blocks and inodes"
+            );
+        }
+    }
+}
