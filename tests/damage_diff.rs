@@ -147,6 +147,16 @@ fn rm_on_ext2_checks_before_it_frees() {
     check_seeds(Kind::BitmapsShareBlock, &[134]);
 }
 
+/// Seeds 182 and 189 free, in group 0's bitmap, blocks of group 2's inode
+/// table (flex_bg packs it there), the count raised to match: the kernel
+/// checks nothing there, and its `rm` freed into group 0; jext4 rejected
+/// the bitmap when `rm` freed into it and aborted the journal. The group
+/// is now kept out of allocation and frees go through.
+#[test]
+fn frees_go_into_a_bitmap_that_marks_another_groups_table_free() {
+    check_seeds(Kind::BitmapFreesInodeTable, &[182, 189]);
+}
+
 /// Every kind on many seeds, a table at the end (see the module comment).
 #[test]
 #[ignore = "long run: JEXT4_DAMAGE_SEEDS=200 cargo test --profile ci --test damage_diff -- --ignored --nocapture"]

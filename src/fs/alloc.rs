@@ -22,14 +22,14 @@
 //! skips groups by their unlocked counts and rechecks under the lock.
 
 use super::Tx;
-use super::group::{BLOCK_BITMAP_CORRUPT, GroupGuard, INODE_BITMAP_CORRUPT};
+use super::group::{BLOCK_ALLOC_REFUSED, BLOCK_BITMAP_CORRUPT, GroupGuard, INODE_BITMAP_CORRUPT};
 use super::prealloc::{Window, WindowAsk};
 use crate::cache::Buffer;
 use crate::error::{Error, Location, Result};
 use crate::format::BlockAllocator;
 use crate::format::bitmap;
 use crate::format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, GroupDesc};
-use crate::format::superblock::ROOT_INO;
+use crate::format::superblock::{ROOT_INO, incompat};
 use crate::journal::Handle;
 use crate::journal::change::Change;
 use std::sync::Arc;
@@ -96,7 +96,9 @@ impl Tx<'_, '_> {
     /// transaction) if the group was still BLOCK_UNINIT, and checked when
     /// read (`verify_block_bitmap`): one that fails marks the group corrupt
     /// (`mark_group_corrupt`) and is a corruption error, now and whenever
-    /// it is asked for again, as the kernel's `ext4_read_block_bitmap`.
+    /// it is asked for again, as the kernel's `ext4_read_block_bitmap`;
+    /// one that marks metadata free where the kernel does not check is
+    /// returned, its group kept out of allocation (`BLOCK_ALLOC_REFUSED`).
     pub(crate) fn block_bitmap(&self, desc: &mut GroupGuard<'_, '_>) -> Result<Arc<Buffer>> {
         let core = self.core;
         let geo = &core.geo;
@@ -121,11 +123,25 @@ impl Tx<'_, '_> {
             return Ok(buffer);
         }
         let buffer = core.cache.read(desc.block_bitmap)?;
-        if let Err(error) = verify_block_bitmap(self, desc, &buffer) {
-            self.mark_group_corrupt(desc, BLOCK_BITMAP_CORRUPT, &error);
-            return Err(error);
+        match verify_block_bitmap(self, desc, &buffer) {
+            Err(error) => {
+                self.mark_group_corrupt(desc, BLOCK_BITMAP_CORRUPT, &error);
+                Err(error)
+            }
+            Ok(Some(stray)) => {
+                if desc.mark_corrupt(BLOCK_ALLOC_REFUSED) {
+                    // Logged, not an error: the kernel reads such a bitmap
+                    // without a word, and so nothing turns read-only.
+                    tracing::error!(
+                        group,
+                        error = %stray,
+                        "group not allocated from: its block bitmap marks metadata free"
+                    );
+                }
+                Ok(buffer)
+            }
+            Ok(None) => Ok(buffer),
         }
-        Ok(buffer)
     }
 
     /// Mark the locked group's block or inode bitmap (`flag`) corrupt
@@ -320,6 +336,9 @@ impl Tx<'_, '_> {
             return Ok(None);
         }
         let buffer = self.block_bitmap(&mut desc)?;
+        if desc.is_corrupt(BLOCK_ALLOC_REFUSED) {
+            return Ok(None);
+        }
         let range = window.start as usize..window.end() as usize;
         let (found, _) = self.search_group(&mut desc, &buffer, range, count as usize, false);
         let Some((start, length)) = found.filter(|&(start, _)| start == window.start as usize)
@@ -360,6 +379,9 @@ impl Tx<'_, '_> {
         let counters = &core.alloc_counters;
         counters.groups_searched.fetch_add(1, Ordering::Relaxed);
         let buffer = self.block_bitmap(&mut desc)?;
+        if desc.is_corrupt(BLOCK_ALLOC_REFUSED) {
+            return Ok(None); // found so by this read
+        }
         // The search skips blocks a checkpoint pass is writing home, which
         // may begin or end during it: sampled before and after, as either
         // explains an empty result (and so do the group's pending mask,
@@ -977,18 +999,24 @@ impl Tx<'_, '_> {
 
 /// Check a block bitmap read from disk, once per read (the buffer is then
 /// marked verified), as the kernel's `ext4_validate_block_bitmap` and the
-/// buddy build after it do: the checksum matches (metadata_csum); every
-/// metadata block inside the group — its superblock copy and descriptor
-/// blocks, and the bitmaps and inode tables of any group that lie there —
-/// is marked in use (`ext4_valid_block_bitmap` checks only the group's own,
-/// and not at all with flex_bg, where the kernel's allocator meets the
-/// others in the system zone instead; checking them here keeps a bitmap
-/// that frees any of them from being searched at all); and the free bits
-/// agree with the descriptor's free count (`ext4_mb_generate_buddy`: "block
-/// bitmap and bg descriptor inconsistent").
-fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buffer) -> Result<()> {
+/// buddy build after it do: the checksum matches (metadata_csum); without
+/// flex_bg, the group's own bitmaps and inode table are marked in use
+/// (`ext4_valid_block_bitmap`, which checks nothing with flex_bg); and the
+/// free bits agree with the descriptor's free count
+/// (`ext4_mb_generate_buddy`: "block bitmap and bg descriptor
+/// inconsistent"). A bitmap that fails is an error. One that passes but
+/// marks free any other metadata block inside the group (its superblock
+/// copy and descriptor blocks, another group's bitmaps or inode table)
+/// comes back with that error as `Some`: the kernel's frees go through
+/// there and its allocator meets the block in the system zone, so frees
+/// go through here too and the group is kept out of allocation.
+fn verify_block_bitmap(
+    tx: &Tx<'_, '_>,
+    desc: &GroupGuard<'_, '_>,
+    buffer: &Buffer,
+) -> Result<Option<Error>> {
     if buffer.is_verified() {
-        return Ok(());
+        return Ok(None);
     }
     let geo = &tx.core.geo;
     let group = desc.group();
@@ -1005,20 +1033,42 @@ fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buff
     let first = geo.group_first_block(group);
     let ratio = geo.cluster_ratio.max(1) as u64;
     let bit_of = |block: u64| ((block - first) / ratio) as usize;
-    let unmarked = tx
-        .core
-        .groups
-        .metadata_in_group(geo, group)
-        .find_map(|(start, end)| {
-            let zero = bitmap::find_zero(&bytes, bit_of(start), bit_of(end - 1) + 1)?;
-            Some((first + zero as u64 * ratio).max(start))
-        });
-    if let Some(block) = unmarked {
-        return Err(Error::corrupt(
+    let unmarked = |(start, end): (u64, u64)| {
+        let zero = bitmap::find_zero(&bytes, bit_of(start), bit_of(end - 1) + 1)?;
+        Some((first + zero as u64 * ratio).max(start))
+    };
+    let marks_free = |block: u64| {
+        Error::corrupt(
             location,
             format!("block bitmap of group {group} marks metadata block {block} free"),
-        ));
+        )
+    };
+    // What the kernel checks (`ext4_valid_block_bitmap`): without flex_bg,
+    // the group's own bitmaps and inode table; such a bitmap is refused
+    // for frees as well. With flex_bg it checks nothing.
+    let at = tx.core.groups.at(group);
+    let own = [
+        (at.block_bitmap, at.block_bitmap + 1),
+        (at.inode_bitmap, at.inode_bitmap + 1),
+        (
+            at.inode_table,
+            at.inode_table + geo.inode_table_blocks as u64,
+        ),
+    ];
+    // (Without flex_bg the mount checked that they lie in their group.)
+    let end = first + geo.blocks_in_group(group) as u64;
+    let checked = !geo.has_incompat(incompat::FLEX_BG);
+    let inside = |&(start, last): &(u64, u64)| checked && first <= start && last <= end;
+    if let Some(block) = own.into_iter().filter(inside).find_map(&unmarked) {
+        return Err(marks_free(block));
     }
+    // Any other metadata marked free (another group's, packed here by
+    // flex_bg, or a descriptor copy): the bitmap serves frees, as the
+    // kernel's does, but nothing is allocated from it (the kernel's
+    // allocator would meet the block, report it and fail the write).
+    let stray = (tx.core.groups.metadata_in_group(geo, group))
+        .find_map(unmarked)
+        .map(marks_free);
     let bits = geo.clusters_per_group as usize;
     let free_bits = bits - bitmap::count_set(&bytes, bits);
     if free_bits != desc.free_blocks as usize {
@@ -1032,7 +1082,7 @@ fn verify_block_bitmap(tx: &Tx<'_, '_>, desc: &GroupGuard<'_, '_>, buffer: &Buff
     }
     drop(bytes);
     buffer.set_verified();
-    Ok(())
+    Ok(stray)
 }
 
 impl BlockAllocator for Tx<'_, '_> {

@@ -40,6 +40,14 @@ pub(crate) const BLOCK_BITMAP_CORRUPT: u8 = 1;
 /// A group's inode bitmap was found corrupt (`IBITMAP_CORRUPT`): no inode
 /// is allocated from or freed into it, its free inodes off the totals.
 pub(crate) const INODE_BITMAP_CORRUPT: u8 = 2;
+/// A group's block bitmap marks metadata free that the kernel's check
+/// passes over (with flex_bg, any; without, another group's or a
+/// descriptor copy): blocks are freed into it, as the kernel frees them,
+/// but none is allocated from it, and its free blocks are off the totals
+/// as a corrupt bitmap's are.
+pub(crate) const BLOCK_ALLOC_REFUSED: u8 = 4;
+/// The flags whose group's free blocks are off the totals.
+const OFF_BLOCK_TOTALS: u8 = BLOCK_BITMAP_CORRUPT | BLOCK_ALLOC_REFUSED;
 
 struct Group {
     at: GroupLocations,
@@ -57,8 +65,9 @@ struct Group {
     pending_hint: AtomicU64,
     /// Mirror of the blocks the group's windows hold (a hint).
     window_hint: AtomicU32,
-    /// `BLOCK_BITMAP_CORRUPT` and `INODE_BITMAP_CORRUPT`, set once (under
-    /// the group's lock) and never cleared while mounted.
+    /// `BLOCK_BITMAP_CORRUPT`, `INODE_BITMAP_CORRUPT` and
+    /// `BLOCK_ALLOC_REFUSED`, each set once (under the group's lock) and
+    /// never cleared while mounted.
     corrupt: AtomicU8,
 }
 
@@ -305,7 +314,8 @@ impl Groups {
         self.zone.overlaps()
     }
 
-    /// `BLOCK_BITMAP_CORRUPT` and `INODE_BITMAP_CORRUPT` of `group`.
+    /// `BLOCK_BITMAP_CORRUPT`, `INODE_BITMAP_CORRUPT` and
+    /// `BLOCK_ALLOC_REFUSED` of `group`.
     pub fn corrupt(&self, group: u32) -> u8 {
         self.groups[group as usize].corrupt.load(Ordering::Acquire)
     }
@@ -328,7 +338,7 @@ impl Groups {
     /// a group whose block bitmap is corrupt.
     pub fn free_blocks(&self, group: u32) -> u32 {
         let group = &self.groups[group as usize];
-        if group.corrupt.load(Ordering::Acquire) & BLOCK_BITMAP_CORRUPT != 0 {
+        if group.corrupt.load(Ordering::Acquire) & OFF_BLOCK_TOTALS != 0 {
             return 0;
         }
         group.free_blocks.load(Ordering::Acquire)
@@ -451,25 +461,32 @@ impl GroupGuard<'_, '_> {
     }
 
     /// Whether the group has `flag` (`BLOCK_BITMAP_CORRUPT`,
-    /// `INODE_BITMAP_CORRUPT`).
+    /// `INODE_BITMAP_CORRUPT`, `BLOCK_ALLOC_REFUSED`).
     pub fn is_corrupt(&self, flag: u8) -> bool {
         self.groups.corrupt(self.group) & flag != 0
     }
 
-    /// Mark the group `flag` (as `ext4_mark_group_bitmap_corrupted`):
-    /// its free blocks, or inodes, leave the totals, since nothing will
-    /// allocate them. False if it was marked so already.
+    /// Mark the group `flag` (as `ext4_mark_group_bitmap_corrupted`, or
+    /// `BLOCK_ALLOC_REFUSED`): its free blocks, or inodes, leave the
+    /// totals, since nothing will allocate them. False if it was marked so
+    /// already.
     pub fn mark_corrupt(&mut self, flag: u8) -> bool {
-        debug_assert!(flag == BLOCK_BITMAP_CORRUPT || flag == INODE_BITMAP_CORRUPT);
+        debug_assert!(matches!(
+            flag,
+            BLOCK_BITMAP_CORRUPT | INODE_BITMAP_CORRUPT | BLOCK_ALLOC_REFUSED
+        ));
         let shared = &self.groups.groups[self.group as usize];
-        if shared.corrupt.fetch_or(flag, Ordering::AcqRel) & flag != 0 {
+        let was = shared.corrupt.fetch_or(flag, Ordering::AcqRel);
+        if was & flag != 0 {
             return false;
         }
         // The totals hold the counts as last written back (`before`); from
         // now on `write_back` moves them by nothing for this group.
-        match flag {
-            BLOCK_BITMAP_CORRUPT => self.sbi.add_free(-(self.before.0 as i64), 0),
-            _ => self.sbi.add_free(0, -(self.before.1 as i64)),
+        // (Once: a refused group found corrupt later is off them already.)
+        if flag == INODE_BITMAP_CORRUPT {
+            self.sbi.add_free(0, -(self.before.1 as i64));
+        } else if was & OFF_BLOCK_TOTALS == 0 {
+            self.sbi.add_free(-(self.before.0 as i64), 0);
         }
         true
     }
@@ -570,7 +587,7 @@ impl GroupGuard<'_, '_> {
             _ => 0,
         };
         self.sbi.add_free(
-            moved(desc.free_blocks, self.before.0, BLOCK_BITMAP_CORRUPT),
+            moved(desc.free_blocks, self.before.0, OFF_BLOCK_TOTALS),
             moved(desc.free_inodes, self.before.1, INODE_BITMAP_CORRUPT),
         );
         self.before = (desc.free_blocks, desc.free_inodes);
