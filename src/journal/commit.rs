@@ -96,6 +96,13 @@ impl Jbd2 {
         while transaction.updates.load(Ordering::Acquire) > 0 {
             self.drained.wait(&mut state);
         }
+        // Every handle has left, and each returned what it reserved.
+        debug_assert_eq!(
+            transaction.outstanding.load(Ordering::Acquire),
+            0,
+            "transaction {} locked down with credits outstanding",
+            transaction.tid
+        );
         if let Some(hook) = self.commit_hook.get() {
             hook.before_commit(&super::CommitAccess::jbd2(self, &transaction));
         }

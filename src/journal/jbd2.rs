@@ -539,8 +539,21 @@ impl Jbd2 {
 
     /// Leave the transaction; returns nothing to wait for.
     pub fn stop_handle(&self, transaction: &Transaction, credits: u32) {
-        transaction.outstanding.fetch_sub(credits, Ordering::AcqRel);
-        if transaction.updates.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // Paired with `start_handle`: a handle returns what it reserved and
+        // did not turn into registered blocks, and leaves once.
+        let outstanding = transaction.outstanding.fetch_sub(credits, Ordering::AcqRel);
+        debug_assert!(
+            outstanding >= credits,
+            "transaction {}: a handle returns {credits} credits, {outstanding} are outstanding",
+            transaction.tid
+        );
+        let updates = transaction.updates.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(
+            updates > 0,
+            "transaction {}: a handle left that had not joined",
+            transaction.tid
+        );
+        if updates == 1 {
             // The commit thread may be waiting for the transaction to drain;
             // take the lock so the wakeup cannot slip between its check and
             // its wait.

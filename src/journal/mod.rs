@@ -635,9 +635,10 @@ impl<'j> Handle<'j> {
         {
             // One reserved credit became a registered block: the
             // transaction's size estimate counts it once, not twice.
-            transaction
+            let outstanding = transaction
                 .outstanding
                 .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            debug_assert!(outstanding > 0, "a credit used that no handle reserved");
         }
         if dirtied == self.state.credits + 1 {
             // The transaction's size estimate counted this handle's
