@@ -79,6 +79,10 @@
 //!   EA inode (ea_inode), or deleting its owner, drops one of the EA
 //!   inode's references, freeing it with the last; broken, the count stays
 //!   as it was, so an EA inode nothing names is left in use.
+//! - [`Fault::ExternalJournalUnflushed`]: with the journal on a device of
+//!   its own, a barrier flushes both devices (`dev/joined.rs`); broken, it
+//!   flushes the filesystem's only, so a commit can be acknowledged, and
+//!   its blocks checkpointed home, while its log is still volatile.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -104,10 +108,11 @@ pub enum Fault {
     DirSyncDropsDentry = 1 << 14,
     MetaBgFlatDescriptor = 1 << 15,
     EaInodeRefKept = 1 << 16,
+    ExternalJournalUnflushed = 1 << 17,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 17] = [
+    pub const ALL: [Fault; 18] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -125,6 +130,7 @@ impl Fault {
         Fault::DirSyncDropsDentry,
         Fault::MetaBgFlatDescriptor,
         Fault::EaInodeRefKept,
+        Fault::ExternalJournalUnflushed,
     ];
 }
 

@@ -11,6 +11,7 @@
 pub mod exclusive;
 mod file;
 pub mod guard;
+mod joined;
 mod memory;
 pub mod nbd;
 pub mod overlay;
@@ -18,6 +19,7 @@ pub mod persistent;
 pub mod recording;
 
 pub use file::{Claim, FileDevice};
+pub use joined::{JoinedDevice, WindowDevice};
 pub use memory::MemoryDevice;
 pub use nbd::{NbdDevice, NbdUri, is_nbd_uri};
 pub use persistent::{PersistMethod, PersistentMemory};
@@ -86,6 +88,13 @@ pub trait BlockDevice: Send + Sync {
     /// flush costs no more only flushes.
     fn sync_ranges(&self, ranges: &[(u64, u64)], spare: (u64, &[u8])) -> io::Result<()> {
         self.write_durable(spare.0, spare.1, ranges)
+    }
+    /// Make the completed writes inside bytes `[offset, offset + len)`
+    /// durable, and promise nothing about the others: a barrier on one
+    /// part of a device standing for a disk of its own (`WindowDevice`).
+    /// A device that cannot tell its parts apart flushes them all.
+    fn flush_range(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        self.flush()
     }
     /// Size of the device in bytes.
     fn size_bytes(&self) -> u64;

@@ -175,6 +175,18 @@ impl BlockDevice for RecordingDevice {
         Ok(())
     }
 
+    /// Logged as a `Sync` of the one range.
+    fn flush_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut log = self.log.lock();
+        self.inner.flush_range(offset, len)?;
+        log.push(Record::Sync {
+            ranges: vec![(offset, len)],
+        });
+        drop(log);
+        self.barrier_wait();
+        Ok(())
+    }
+
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
