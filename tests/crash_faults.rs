@@ -27,6 +27,8 @@ enum Mode {
     Delalloc,
     /// Full commits on meta_bg images with several meta groups.
     MetaBg,
+    /// Full commits, the journal on a device of its own.
+    ExternalJournal,
 }
 
 /// Run `workloads` with `fault` on in `mode`; return the first failure's
@@ -49,6 +51,7 @@ fn first_failure(
     config.bytelog = mode == Mode::ByteLog;
     config.delalloc = mode == Mode::Delalloc;
     config.meta_bg = mode == Mode::MetaBg;
+    config.external_journal = mode == Mode::ExternalJournal;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -266,6 +269,19 @@ fn an_ea_inode_reference_kept_is_caught() {
     assert_caught_on(Fault::EaInodeRefKept, &["xattrs"], 200, Mode::FullCommits);
 }
 
+/// An external journal: a barrier that flushes the filesystem's device
+/// and not the journal's lets a commit be acknowledged, and checkpointed
+/// home, with its log still volatile.
+#[test]
+fn a_journal_device_left_unflushed_is_caught() {
+    assert_caught_on(
+        Fault::ExternalJournalUnflushed,
+        &["mailspool", "varmail"],
+        200,
+        Mode::ExternalJournal,
+    );
+}
+
 /// Without a fault the same runs pass: what the tests above catch is the
 /// fault, not the harness.
 #[test]
@@ -290,6 +306,7 @@ fn the_same_runs_pass_without_faults() {
         Mode::ByteLog,
         Mode::Delalloc,
         Mode::MetaBg,
+        Mode::ExternalJournal,
     ] {
         let chosen: Vec<&'static Workload> = names.iter().map(|name| find(name).unwrap()).collect();
         // Fewer on fast_commit images: crash_workloads.rs covers them too.
@@ -300,6 +317,7 @@ fn the_same_runs_pass_without_faults() {
         config.bytelog = mode == Mode::ByteLog;
         config.delalloc = mode == Mode::Delalloc;
         config.meta_bg = mode == Mode::MetaBg;
+        config.external_journal = mode == Mode::ExternalJournal;
         let summary = run(&config, &mut |_| {}).unwrap();
         let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));

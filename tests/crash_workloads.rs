@@ -1,7 +1,8 @@
 //! Every crash-test workload at 1 KiB and 4 KiB blocks, on plain images,
 //! on fast_commit images (fsync writes fast commits), on fast_commit
-//! images with delayed allocation (`-o delalloc`), and on meta_bg images
-//! with several meta groups (`META_BG_STATES`): each planned crash
+//! images with delayed allocation (`-o delalloc`), on meta_bg images
+//! with several meta groups (`META_BG_STATES`), and with the journal on a
+//! device of its own (`EXTERNAL_JOURNAL_STATES`): each planned crash
 //! state recovers (jext4, and e2fsck and the kernel on samples) to a clean
 //! filesystem that keeps everything acknowledged.
 //!
@@ -23,6 +24,9 @@ const STATES: usize = 200;
 const FAST_COMMIT_STATES: usize = 60;
 /// On meta_bg images: the descriptors' other places, not other commits.
 const META_BG_STATES: usize = 60;
+/// With an external journal: the second device's barriers and the
+/// journal's place on it, not other commits.
+const EXTERNAL_JOURNAL_STATES: usize = 30;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
 const PER_DIRECTORY: &[&str] = &[
@@ -39,19 +43,46 @@ fn check(workload: &str, block_size: u32, fast_commit: bool) {
 }
 
 fn check_with(workload: &str, block_size: u32, fast_commit: bool, delalloc: bool) {
-    check_images(workload, block_size, fast_commit, delalloc, false);
+    check_images(workload, block_size, fast_commit, delalloc, Images::Plain);
 }
 
 fn check_meta_bg(workload: &str, block_size: u32) {
-    check_images(workload, block_size, false, false, true);
+    check_images(workload, block_size, false, false, Images::MetaBg);
 }
 
-fn check_images(workload: &str, block_size: u32, fast_commit: bool, delalloc: bool, meta_bg: bool) {
+fn check_external_journal(workload: &str, block_size: u32, fast_commit: bool) {
+    check_images(
+        workload,
+        block_size,
+        fast_commit,
+        false,
+        Images::ExternalJournal,
+    );
+}
+
+/// The images' shape besides the block size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Images {
+    Plain,
+    MetaBg,
+    ExternalJournal,
+}
+
+fn check_images(
+    workload: &str,
+    block_size: u32,
+    fast_commit: bool,
+    delalloc: bool,
+    images: Images,
+) {
     if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
         return;
     }
+    let meta_bg = images == Images::MetaBg;
     let states = if meta_bg {
         META_BG_STATES
+    } else if images == Images::ExternalJournal {
+        EXTERNAL_JOURNAL_STATES
     } else if fast_commit && !PER_DIRECTORY.contains(&workload) {
         FAST_COMMIT_STATES
     } else {
@@ -61,6 +92,9 @@ fn check_images(workload: &str, block_size: u32, fast_commit: bool, delalloc: bo
     config.fast_commit = fast_commit;
     config.delalloc = delalloc;
     config.meta_bg = meta_bg;
+    config.external_journal = images == Images::ExternalJournal;
+    // A failing state's disks and log, to look at with `jext4 logdump`.
+    config.keep = std::env::var_os("JEXT4_CRASH_KEEP").map(Into::into);
     let summary = run(&config, &mut |_| {}).unwrap();
     let failures: Vec<String> = summary.failures.iter().map(|f| f.to_string()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -79,7 +113,11 @@ fn check_images(workload: &str, block_size: u32, fast_commit: bool, delalloc: bo
         "{workload} {block_size}{}{}{}: {} states, {} e2fsck replays ({} left to the kernel), {} kernel replays{} in {:.1?}",
         if fast_commit { " fast commits" } else { "" },
         if delalloc { " delalloc" } else { "" },
-        if meta_bg { " meta_bg" } else { "" },
+        match images {
+            Images::Plain => "",
+            Images::MetaBg => " meta_bg",
+            Images::ExternalJournal => " external journal",
+        },
         summary.states,
         summary.replay_runs,
         summary.replay_skipped,
@@ -119,6 +157,12 @@ macro_rules! workload_tests {
         }
         mod meta_bg_at_4k {
             $(#[test] fn $name() { super::check_meta_bg($workload, 4096) })*
+        }
+        mod external_journal_at_1k {
+            $(#[test] fn $name() { super::check_external_journal($workload, 1024, false) })*
+        }
+        mod external_journal_fast_commit_at_4k {
+            $(#[test] fn $name() { super::check_external_journal($workload, 4096, true) })*
         }
     };
 }

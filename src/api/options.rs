@@ -112,6 +112,15 @@ impl ImageOptions {
         self
     }
 
+    /// The external journal's device or image file (`-o journal_path=`),
+    /// for an image whose journal is on a device of its own; without it
+    /// the journal is looked for among the block devices, by the number
+    /// and UUID the image records.
+    pub fn journal_path(&mut self, path: impl AsRef<Path>) -> &mut Self {
+        self.mount.journal_path = Some(path.as_ref().to_path_buf());
+        self
+    }
+
     /// The file-mode creation mask of the image's operations, as a
     /// process's umask: `create_file`, `create_dir` and `OpenOptions` with
     /// a mode clear these bits (unless the directory has a default ACL,

@@ -53,6 +53,10 @@ enum Command {
         /// when the primary is damaged.
         #[arg(long, value_name = "N", value_parser = tools::sb)]
         sb: Option<u64>,
+        /// The external journal's device or image (the mount's
+        /// journal_path=); found by its UUID among block devices otherwise.
+        #[arg(long, value_name = "PATH")]
+        journal: Option<PathBuf>,
     },
     /// Print the journal's transactions, descriptor tags, revokes and commits.
     Logdump {
@@ -61,6 +65,10 @@ enum Command {
         /// mount's sb=).
         #[arg(long, value_name = "N", value_parser = tools::sb)]
         sb: Option<u64>,
+        /// The external journal's device or image (the mount's
+        /// journal_path=).
+        #[arg(long, value_name = "PATH")]
+        journal: Option<PathBuf>,
     },
     /// Try the crash states of workloads: each must recover clean and lose
     /// nothing acknowledged (see docs/testing.md, "Crash states").
@@ -141,6 +149,10 @@ struct CrashtestArgs {
     /// group descriptors to a block: several meta groups in the image.
     #[arg(long)]
     meta_bg: bool,
+    /// Images whose journal is on a device of its own (`mke2fs -J
+    /// device=`); e2fsck and the kernel get it as a loop device.
+    #[arg(long, conflicts_with = "bytelog")]
+    external_journal: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -190,7 +202,7 @@ fn main() -> ExitCode {
             mountpoint,
             timeout,
         } => umount(&mountpoint, Duration::from_secs(timeout)),
-        Command::Recover { image, sb } => recover(&image, sb),
+        Command::Recover { image, sb, journal } => recover(&image, sb, journal.as_deref()),
         Command::Stats {
             mountpoint,
             json,
@@ -203,10 +215,15 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Man { dir } => man_pages(&dir),
-        Command::Logdump { image, sb } => {
+        Command::Logdump { image, sb, journal } => {
             let stdout = std::io::stdout();
             let sb = sb.unwrap_or(jext4::engine::format::superblock::PRIMARY_SB_OPTION);
-            match jext4::engine::fs::logdump_image_from(&image, sb, &mut stdout.lock()) {
+            match jext4::engine::fs::logdump_image_from(
+                &image,
+                sb,
+                journal.as_deref(),
+                &mut stdout.lock(),
+            ) {
                 // The reader stopped early (| head): not an error.
                 Err(jext4::Error::Io(error)) if error.kind() == std::io::ErrorKind::BrokenPipe => {
                     Ok(())
@@ -266,6 +283,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::engine::crash::Config
     config.fast_commit_global = args.fast_commit_global;
     config.delalloc = args.delalloc;
     config.meta_bg = args.meta_bg;
+    config.external_journal = args.external_journal;
     Ok(config)
 }
 
@@ -603,9 +621,9 @@ fn sync(mountpoints: &[PathBuf]) -> Result<(), String> {
     }
 }
 
-fn recover(image: &Path, sb: Option<u64>) -> Result<(), String> {
+fn recover(image: &Path, sb: Option<u64>, journal: Option<&Path>) -> Result<(), String> {
     let sb = sb.unwrap_or(jext4::engine::format::superblock::PRIMARY_SB_OPTION);
-    match jext4::engine::fs::recover_image_from(image, sb)
+    match jext4::engine::fs::recover_image_from(image, sb, journal)
         .map_err(|e| format!("{}: {e}", image.display()))?
     {
         None => println!("{}: the journal needs no recovery", image.display()),

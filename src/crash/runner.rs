@@ -48,10 +48,10 @@ use super::overlay::{Base, ImageFile, StateDevice};
 use super::states::{self, CrashState};
 use super::tools::{self, KernelMount, Scratch, StdSource};
 use super::workloads::{Scenario, Workload};
-use crate::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice};
+use crate::dev::{BlockDevice, MemoryDevice, Record, RecordingDevice, WindowDevice};
 use crate::faults::{self, Fault};
 use crate::fs::{AtimePolicy, Caller, Fs, MountOptions};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -107,6 +107,11 @@ pub struct Config {
     /// block and 256-block groups (`tools::make_template_with`), so that
     /// the 16 MiB image has several meta groups.
     pub meta_bg: bool,
+    /// The journal on a device of its own (`mke2fs -J device=`): recorded
+    /// with the filesystem on one device, each a window of it, and shown
+    /// to e2fsck and the kernel as a loop device over the image file's
+    /// journal part.
+    pub external_journal: bool,
 }
 
 impl Config {
@@ -131,7 +136,14 @@ impl Config {
             fast_commit_global: false,
             delalloc: false,
             meta_bg: false,
+            external_journal: false,
         }
+    }
+
+    /// Where the journal device starts in the recorded device (after the
+    /// filesystem), for runs with an external journal.
+    fn journal_at(&self) -> Option<u64> {
+        self.external_journal.then_some(IMAGE_MIB << 20)
     }
 
     /// What the oracle may expect of the namespace: per-directory fast
@@ -160,6 +172,7 @@ pub struct Failure {
     pub fast_commit_global: bool,
     pub delalloc: bool,
     pub meta_bg: bool,
+    pub external_journal: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -180,7 +193,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{} --seed {} --states {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             match (self.fast_commit, self.bytelog, self.fast_commit_global) {
@@ -191,6 +204,11 @@ impl std::fmt::Display for Failure {
             },
             if self.delalloc { " --delalloc" } else { "" },
             if self.meta_bg { " --meta-bg" } else { "" },
+            if self.external_journal {
+                " --external-journal"
+            } else {
+                ""
+            },
             self.seed,
             self.states,
             self.state
@@ -280,17 +298,20 @@ impl Drop for FaultsOn {
     }
 }
 
-/// Run `scenario` on a fresh copy of `template` over a recording device.
+/// Run `scenario` on a fresh copy of `template` over a recording device;
+/// with `journal_at`, the template's external journal device starts at
+/// that byte.
 pub fn record(
     template: &[u8],
     scenario: &Scenario,
     seed: u64,
     fault_list: &[Fault],
     options: MountOptions,
+    journal_at: Option<u64>,
 ) -> Result<Recorded, String> {
     let memory = Arc::new(MemoryDevice::from_bytes(template.to_vec()));
     let device = Arc::new(RecordingDevice::new(memory).with_latency(scenario.barrier_latency));
-    let fs = Fs::mount(device.clone(), options).map_err(|e| format!("mount: {e}"))?;
+    let fs = mount_split(device.clone(), journal_at, options).map_err(|e| format!("mount: {e}"))?;
     let mut lanes: Vec<Lane> = scenario
         .lanes
         .iter()
@@ -350,6 +371,18 @@ pub fn record(
     })
 }
 
+/// Mount the filesystem on `device`; with `journal_at`, the filesystem is
+/// the device's bytes before it and its external journal those from it
+/// on, each a window (`WindowDevice`) whose flushes are its own.
+pub fn mount_split(
+    device: Arc<dyn BlockDevice>,
+    journal_at: Option<u64>,
+    options: MountOptions,
+) -> crate::Result<Arc<Fs>> {
+    let (fs, journal) = split(device, journal_at);
+    Fs::mount_with_journal(fs, journal, options)
+}
+
 /// Name of the file that nearly fills the filesystem (outside every lane's
 /// checks: it never changes).
 const FILLER: &str = ".filler";
@@ -402,6 +435,40 @@ impl Files {
     }
 }
 
+/// With an external journal (it starts at byte `journal_at` of `file`),
+/// the journal part of `file` copied to a file of its own beside it, for
+/// e2fsck's `-j` and `jext4 recover --journal`; None without one.
+fn journal_out(file: &ImageFile, journal_at: Option<u64>) -> Result<Option<PathBuf>, String> {
+    let Some(at) = journal_at else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(&file.path).map_err(io_text)?;
+    let path = file.path.with_extension("journal");
+    std::fs::write(&path, &bytes[at as usize..]).map_err(io_text)?;
+    Ok(Some(path))
+}
+
+/// The journal a tool changed (`journal_out`'s file) put back into the
+/// image file, so that the file holds the whole disk again.
+fn journal_back(
+    file: &mut ImageFile,
+    journal: Option<&Path>,
+    journal_at: Option<u64>,
+) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let (Some(path), Some(at)) = (journal, journal_at) else {
+        return Ok(());
+    };
+    let bytes = std::fs::read(path).map_err(io_text)?;
+    let image = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file.path)
+        .map_err(io_text)?;
+    image.write_all_at(&bytes, at).map_err(io_text)?;
+    file.invalidate();
+    Ok(())
+}
+
 /// Everything one check of one state needs.
 struct Checker<'a> {
     config: &'a Config,
@@ -442,7 +509,12 @@ impl Checker<'_> {
         self.check_jext4(recovered.clone(), "jext4 recovery", state)?;
         if every(sampling.fsck_every, state.number) {
             self.files.jext4.show(base, &recovered).map_err(io_text)?;
-            tools::fsck_clean(&self.files.jext4.path, "after jext4 recovery")?;
+            let journal = journal_out(&self.files.jext4, self.config.journal_at())?;
+            tools::fsck_clean_with(
+                &self.files.jext4.path,
+                journal.as_deref(),
+                "after jext4 recovery",
+            )?;
             ran.fsck = true;
         }
         if let Some(oracle) = &self.recorded.oracle {
@@ -486,8 +558,9 @@ impl Checker<'_> {
             return Ok(true);
         }
         let device: Arc<dyn BlockDevice> = Arc::new(raw.fork());
-        let shape =
-            crate::fs::journal_shape(&device).map_err(|e| format!("reading the log: {e}"))?;
+        let (fs, journal) = split(device, self.config.journal_at());
+        let shape = crate::fs::journal_shape(&fs, journal.as_ref())
+            .map_err(|e| format!("reading the log: {e}"))?;
         Ok(!shape.fast_commit || (shape.fast_commit_head.is_none() && !shape.wraps))
     }
 
@@ -500,8 +573,12 @@ impl Checker<'_> {
     ) -> Result<(), String> {
         // Recovery mounts are plain fast-commit mounts: they must replay a
         // ByteLog whatever the options.
-        let fs = Fs::mount(device, mount_options(false, false, false))
-            .map_err(|e| format!("{how}: mount: {e}"))?;
+        let fs = mount_split(
+            device,
+            self.config.journal_at(),
+            mount_options(false, false, false),
+        )
+        .map_err(|e| format!("{how}: mount: {e}"))?;
         let compared = self.compare(&FsSource(&fs), how, state);
         let unmounted = fs.unmount();
         let violations = fs
@@ -556,15 +633,24 @@ impl Checker<'_> {
         fsck: bool,
     ) -> Result<(), String> {
         let resumed = Arc::new(raw.fork());
-        let fs = Fs::mount(resumed.clone(), mount_options(false, false, false))
-            .map_err(|e| format!("resuming: mount: {e}"))?;
+        let fs = mount_split(
+            resumed.clone(),
+            self.config.journal_at(),
+            mount_options(false, false, false),
+        )
+        .map_err(|e| format!("resuming: mount: {e}"))?;
         let result = oracle.resume(&fs);
         let unmounted = fs.unmount();
         result?;
         unmounted.map_err(|e| format!("resuming: unmount: {e}"))?;
         if fsck {
             self.files.resumed.show(base, &resumed).map_err(io_text)?;
-            tools::fsck_clean(&self.files.resumed.path, "after copying again")?;
+            let journal = journal_out(&self.files.resumed, self.config.journal_at())?;
+            tools::fsck_clean_with(
+                &self.files.resumed.path,
+                journal.as_deref(),
+                "after copying again",
+            )?;
         }
         Ok(())
     }
@@ -580,17 +666,35 @@ impl Checker<'_> {
         raw: &StateDevice,
         state: &CrashState,
     ) -> Result<bool, String> {
+        let journal_at = self.config.journal_at();
         let replay = &mut self.files.replay;
         replay.show(base, raw).map_err(io_text)?;
         replay.invalidate();
-        let orphans = tools::e2fsck_replay(&replay.path)?;
-        tools::fsck_clean(&replay.path, "after e2fsck's journal replay")?;
+        let replay_journal = journal_out(replay, journal_at)?;
+        let orphans = tools::e2fsck_replay(&replay.path, replay_journal.as_deref())?;
+        tools::fsck_clean_with(
+            &replay.path,
+            replay_journal.as_deref(),
+            "after e2fsck's journal replay",
+        )?;
+        journal_back(replay, replay_journal.as_deref(), journal_at)?;
         let replayed = std::fs::read(&replay.path).map_err(io_text)?;
         let recover = &mut self.files.recover;
         recover.show(base, raw).map_err(io_text)?;
         recover.invalidate();
-        crate::fs::recover_image(&recover.path).map_err(|e| format!("jext4 recover: {e}"))?;
-        tools::fsck_clean(&recover.path, "after jext4 recover")?;
+        let recover_journal = journal_out(recover, journal_at)?;
+        crate::fs::recover_image_from(
+            &recover.path,
+            crate::format::superblock::PRIMARY_SB_OPTION,
+            recover_journal.as_deref(),
+        )
+        .map_err(|e| format!("jext4 recover: {e}"))?;
+        tools::fsck_clean_with(
+            &recover.path,
+            recover_journal.as_deref(),
+            "after jext4 recover",
+        )?;
+        journal_back(recover, recover_journal.as_deref(), journal_at)?;
         let recovered = std::fs::read(&recover.path).map_err(io_text)?;
         if !orphans {
             let backups = meta_bg_backup_blocks(&recovered);
@@ -655,17 +759,38 @@ impl Checker<'_> {
         raw: &StateDevice,
         state: &CrashState,
     ) -> Result<(), String> {
+        let journal_at = self.config.journal_at();
         let file = &mut self.files.kernel;
         file.show(base, raw).map_err(io_text)?;
         file.invalidate();
         let path = file.path.clone();
-        let mount = KernelMount::new(&path, &self.scratch.path("kernel.mnt"))
+        let mount = KernelMount::with_journal(&path, journal_at, &self.scratch.path("kernel.mnt"))
             .map_err(|e| format!("kernel replay: {e}"))?;
         let compared = self.compare(&StdSource(&mount.point), "kernel replay", state);
         mount.unmount()?;
         compared?;
-        tools::fsck_clean(&path, "after the kernel's replay and unmount")
+        let journal = journal_out(&self.files.kernel, journal_at)?;
+        tools::fsck_clean_with(
+            &path,
+            journal.as_deref(),
+            "after the kernel's replay and unmount",
+        )
     }
+}
+
+/// `device` as the filesystem's and, with `journal_at`, its external
+/// journal's, each a window of it.
+fn split(
+    device: Arc<dyn BlockDevice>,
+    journal_at: Option<u64>,
+) -> (Arc<dyn BlockDevice>, Option<Arc<dyn BlockDevice>>) {
+    let Some(at) = journal_at else {
+        return (device, None);
+    };
+    let len = device.size_bytes();
+    let fs: Arc<dyn BlockDevice> = Arc::new(WindowDevice::new(Arc::clone(&device), 0, at));
+    let journal: Arc<dyn BlockDevice> = Arc::new(WindowDevice::new(device, at, len - at));
+    (fs, Some(journal))
 }
 
 /// (needs_recovery, BYTELOG) in the primary superblock of `device`.
@@ -683,16 +808,24 @@ fn bytelog_flags(device: &dyn BlockDevice) -> Result<(bool, bool), String> {
 pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Summary, String> {
     let started = Instant::now();
     let scratch = Scratch::new()?;
-    let template = tools::make_template_with(
+    if config.external_journal && config.bytelog {
+        return Err(
+            "--external-journal and --bytelog do not go together: ByteLog maps the \
+                    journal's fast-commit area, which an external device cannot offer"
+                .into(),
+        );
+    }
+    let template = tools::make_template_journaled(
         &scratch,
         config.block_size,
         IMAGE_MIB,
         config.fast_commit_images(),
         config.meta_bg,
+        config.external_journal,
     )?;
     let mut summary = Summary::default();
     let kernel = config.sampling.kernel_every > 0
-        && match tools::kernel_available(&scratch, &template) {
+        && match tools::kernel_available(&scratch, &template, config.journal_at()) {
             Ok(()) => true,
             Err(error) => {
                 summary.kernel_skipped = Some(error);
@@ -744,6 +877,7 @@ impl Context<'_> {
             fast_commit_global: self.config.fast_commit_global,
             delalloc: self.config.delalloc,
             meta_bg: self.config.meta_bg,
+            external_journal: self.config.external_journal,
             seed: self.config.seed,
             states: budget,
             state,
@@ -784,6 +918,7 @@ impl Context<'_> {
                     self.config.fast_commit_global,
                     self.config.delalloc,
                 ),
+                self.config.journal_at(),
             ) {
                 Ok(recorded) => recorded,
                 Err(message) => {

@@ -1,6 +1,8 @@
 //! The outside world of a crash test: a scratch directory (in `/dev/shm`
 //! when there is one: images are written and checked thousands of times),
-//! the mke2fs template, e2fsck, and kernel loop mounts.
+//! the mke2fs template, e2fsck, and kernel loop mounts; for an external
+//! journal, the loop device that shows the journal part of an image file
+//! to e2fsck and the kernel as a device of its own.
 
 use super::model::{Stat, TreeSource, Xattrs};
 use super::oracle::STALE_PATTERN;
@@ -102,6 +104,28 @@ const META_BG_DESCS_PER_BLOCK: u32 = 4;
 /// that Orlov spreads directories (and their files) over the meta groups.
 const META_BG_FLEX_GROUPS: &str = "4";
 
+/// Size of the external journal device of `--external-journal` runs
+/// (the kernel wants a log of at least 1024 blocks after the superblock,
+/// `journal_reset`: 2048 blocks at 4 KiB).
+pub const EXTERNAL_JOURNAL_MIB: u64 = 8;
+
+/// The UUID of that journal device: one of its own for every template.
+/// Not fixed like the filesystem's: e2fsck, like jext4, looks for an
+/// external journal among the block devices by its UUID, and finds the
+/// loop devices other test threads show their journals on (it then
+/// "fixes" the superblock's device hint, a write of every superblock
+/// copy); nothing in a crash state depends on the value.
+fn external_journal_uuid() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let serial = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "6a657874-3463-7261-{:04x}-{:08x}{:04x}",
+        serial & 0xffff,
+        std::process::id(),
+        0x0003
+    )
+}
+
 /// `make_template`, and with `meta_bg` the feature without resize_inode,
 /// in a geometry that gives the image several meta groups (the groups
 /// and descriptor blocks the kernel's mke2fs default would make appear
@@ -112,6 +136,22 @@ pub fn make_template_with(
     mib: u64,
     fast_commit: bool,
     meta_bg: bool,
+) -> Result<Vec<u8>, String> {
+    make_template_journaled(scratch, block_size, mib, fast_commit, meta_bg, false)
+}
+
+/// `make_template_with`, and with `external_journal` the journal on a
+/// device of its own: the template is the filesystem's `mib` MiB followed
+/// by the journal device's `EXTERNAL_JOURNAL_MIB`, linked as `mke2fs -J
+/// device=` links them (`link_external_journal`; mke2fs itself wants a
+/// block device, and loop devices shared between test threads race).
+pub fn make_template_journaled(
+    scratch: &Scratch,
+    block_size: u32,
+    mib: u64,
+    fast_commit: bool,
+    meta_bg: bool,
+    external_journal: bool,
 ) -> Result<Vec<u8>, String> {
     let path = scratch.path(&format!("template-{block_size}.img"));
     let stale: Vec<u8> = STALE_PATTERN
@@ -145,6 +185,9 @@ pub fn make_template_with(
         extended.push_str(&format!(",desc_size={desc_size}"));
         args.extend(["-g", &group_blocks, "-G", META_BG_FLEX_GROUPS]);
     }
+    if external_journal {
+        features.push_str(",^has_journal");
+    }
     let path_arg = path_str(&path)?;
     args.extend([
         "-O",
@@ -159,14 +202,157 @@ pub fn make_template_with(
     if code != 0 {
         return Err(format!("mke2fs failed: {}", shorten(&text)));
     }
-    let bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
+    let mut bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&path);
+    if external_journal {
+        let journal_path = scratch.path(&format!("template-{block_size}.journal"));
+        make_journal_device(&journal_path, block_size)?;
+        let journal = std::fs::read(&journal_path).map_err(|e| e.to_string())?;
+        let _ = std::fs::remove_file(&journal_path);
+        bytes = link_external_journal(bytes, journal).map_err(|e| e.to_string())?;
+    }
     Ok(bytes)
 }
 
+/// A filesystem image without a journal and a journal device image, made
+/// one template: the filesystem records the journal's UUID (has_journal,
+/// no journal inode, device number 0: none to find it by) and the
+/// journal names the filesystem as its one user — what `mke2fs -J
+/// device=` writes (`ext2fs_add_journal_device`). e2fsck checks the pair
+/// on every crash state, and the kernel mounts it.
+fn link_external_journal(fs: Vec<u8>, journal: Vec<u8>) -> crate::Result<Vec<u8>> {
+    use crate::dev::BlockDevice;
+    use crate::format::superblock::{self, JournalDeviceLabel};
+    use crate::journal::format::JournalSuperblock;
+    let fs_dev = crate::dev::MemoryDevice::from_bytes(fs);
+    let mut sb = superblock::read_from(&fs_dev)?;
+    let label_bytes = &journal[superblock::SUPERBLOCK_OFFSET as usize..][..1024];
+    let label = JournalDeviceLabel::decode(label_bytes)?.ok_or_else(|| {
+        crate::Error::Invalid("mke2fs -O journal_dev made no journal device".into())
+    })?;
+    sb.set_external_journal(label.uuid, 0);
+    superblock::write_to(&fs_dev, &mut sb)?;
+    let at = (label.jbd2_superblock_block() * label.block_size as u64) as usize;
+    let mut journal = journal;
+    let mut jsb = JournalSuperblock::decode(&journal[at..at + label.block_size as usize])?;
+    jsb.set_users(&[sb.uuid]);
+    journal[at..at + 1024].copy_from_slice(jsb.encode());
+    let mut bytes = vec![0u8; fs_dev.size_bytes() as usize];
+    fs_dev.read_at(0, &mut bytes)?;
+    bytes.extend(journal);
+    Ok(bytes)
+}
+
+/// An external journal device image at `path` (`mke2fs -O journal_dev`).
+fn make_journal_device(path: &Path, block_size: u32) -> Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
+    file.set_len(EXTERNAL_JOURNAL_MIB << 20)
+        .map_err(|e| e.to_string())?;
+    drop(file);
+    let block_size_arg = block_size.to_string();
+    let (code, text) = run(
+        "mke2fs",
+        &[
+            "-q",
+            "-F",
+            "-O",
+            "journal_dev",
+            "-b",
+            &block_size_arg,
+            "-U",
+            &external_journal_uuid(),
+            path_str(path)?,
+        ],
+        &[("E2FSPROGS_FAKE_TIME", "1700000000")],
+    )?;
+    if code != 0 {
+        return Err(format!("mke2fs -O journal_dev failed: {}", shorten(&text)));
+    }
+    Ok(())
+}
+
+/// A loop device over bytes `[offset, offset + len)` of a file, detached
+/// on drop. Reads through it see what was written to the file since it
+/// was last closed by every opener (the kernel drops a block device's
+/// cache at its last close), which is how the checks use it: one tool at
+/// a time.
+pub struct LoopDevice {
+    pub path: PathBuf,
+}
+
+impl LoopDevice {
+    pub fn new(file: &Path, offset: u64, len: u64) -> Result<LoopDevice, String> {
+        // `losetup --find` asks the kernel for a free device and then
+        // binds it: two at once may be handed the same one. One at a time
+        // in this process (each test thread runs its own checks).
+        static FINDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = FINDING
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (offset, len) = (offset.to_string(), len.to_string());
+        let (code, text) = run(
+            "losetup",
+            &[
+                "--find",
+                "--show",
+                "--offset",
+                &offset,
+                "--sizelimit",
+                &len,
+                path_str(file)?,
+            ],
+            &[],
+        )?;
+        if code != 0 {
+            return Err(format!("losetup failed: {}", shorten(&text)));
+        }
+        Ok(LoopDevice {
+            path: PathBuf::from(text.trim()),
+        })
+    }
+}
+
+impl Drop for LoopDevice {
+    /// Detached for certain before the next check: a device still open
+    /// (udev probing it) is only marked to detach at its last close, and
+    /// until then e2fsck would find the journal's UUID on it.
+    fn drop(&mut self) {
+        let Some(path) = self.path.to_str() else {
+            return;
+        };
+        let _ = run("losetup", &["--detach", path], &[]);
+        let name = self.path.file_name().unwrap_or_default();
+        let backing = Path::new("/sys/block").join(name).join("loop/backing_file");
+        for _ in 0..100 {
+            if !backing.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// e2fsck's environment: no blkid cache. With an external journal given
+/// by `-j`, e2fsck still looks the journal's UUID up among the block
+/// devices, and the cache remembers the loop devices a kernel check showed
+/// the journal on; found there, e2fsck "fixes" the superblock's device
+/// hint, writing every superblock copy, which no replay of the crashed
+/// disk does.
+const E2FSCK_ENV: &[(&str, &str)] = &[("BLKID_FILE", "/dev/null")];
+
 /// `e2fsck -fn`: Ok when it finds nothing to fix.
 pub fn fsck_clean(image: &Path, what: &str) -> Result<(), String> {
-    let (code, text) = run("e2fsck", &["-fn", path_str(image)?], &[])?;
+    fsck_clean_with(image, None, what)
+}
+
+/// `fsck_clean`, the external journal on `journal` (`e2fsck -j`).
+pub fn fsck_clean_with(image: &Path, journal: Option<&Path>, what: &str) -> Result<(), String> {
+    let mut args = vec!["-fn"];
+    if let Some(journal) = journal {
+        args.extend(["-j", path_str(journal)?]);
+    }
+    args.push(path_str(image)?);
+    let (code, text) = run("e2fsck", &args, E2FSCK_ENV)?;
     if code != 0 {
         return Err(format!(
             "e2fsck -fn {what} exited {code}:\n{}",
@@ -179,12 +365,13 @@ pub fn fsck_clean(image: &Path, what: &str) -> Result<(), String> {
 /// `e2fsck -p -E journal_only`: replay the journal like the standard tools.
 /// Returns whether it also released orphan inodes (it does that after the
 /// replay, in place, where jext4 and the kernel do it through the journal).
-pub fn e2fsck_replay(image: &Path) -> Result<bool, String> {
-    let (code, text) = run(
-        "e2fsck",
-        &["-p", "-E", "journal_only", path_str(image)?],
-        &[],
-    )?;
+pub fn e2fsck_replay(image: &Path, journal: Option<&Path>) -> Result<bool, String> {
+    let mut args = vec!["-p", "-E", "journal_only"];
+    if let Some(journal) = journal {
+        args.extend(["-j", path_str(journal)?]);
+    }
+    args.push(path_str(image)?);
+    let (code, text) = run("e2fsck", &args, E2FSCK_ENV)?;
     // 0: nothing to do, 1: the journal was replayed.
     if code > 1 {
         return Err(format!(
@@ -200,19 +387,45 @@ pub fn e2fsck_replay(image: &Path) -> Result<bool, String> {
 pub struct KernelMount {
     pub point: PathBuf,
     mounted: bool,
+    /// The loop devices of an external journal's mount, detached after
+    /// the unmount (fields drop after `drop` runs).
+    _loops: Vec<LoopDevice>,
 }
 
 impl KernelMount {
     pub fn new(image: &Path, point: &Path) -> Result<KernelMount, String> {
+        KernelMount::with_journal(image, None, point)
+    }
+
+    /// A loop mount; with `journal_at`, the image file's bytes from there
+    /// on are its external journal, given to the kernel as a loop device
+    /// of its own (`-o journal_path=`), and the filesystem is a loop
+    /// device over the bytes before (two loop devices may not overlap).
+    pub fn with_journal(
+        image: &Path,
+        journal_at: Option<u64>,
+        point: &Path,
+    ) -> Result<KernelMount, String> {
         std::fs::create_dir_all(point).map_err(|e| e.to_string())?;
+        let mut loops = Vec::new();
+        let mut options = "loop".to_string();
+        let mut source = image.to_path_buf();
+        if let Some(at) = journal_at {
+            let len = std::fs::metadata(image).map_err(|e| e.to_string())?.len();
+            let fs = LoopDevice::new(image, 0, at)?;
+            let journal = LoopDevice::new(image, at, len - at)?;
+            options = format!("journal_path={}", path_str(&journal.path)?);
+            source = fs.path.clone();
+            loops.extend([fs, journal]);
+        }
         let (code, text) = run(
             "mount",
             &[
                 "-t",
                 "ext4",
                 "-o",
-                "loop",
-                path_str(image)?,
+                &options,
+                path_str(&source)?,
                 path_str(point)?,
             ],
             &[],
@@ -223,6 +436,7 @@ impl KernelMount {
         Ok(KernelMount {
             point: point.to_path_buf(),
             mounted: true,
+            _loops: loops,
         })
     }
 
@@ -254,10 +468,14 @@ impl Drop for KernelMount {
 }
 
 /// Whether loop mounts work here (root, loop devices, ext4 in the kernel).
-pub fn kernel_available(scratch: &Scratch, template: &[u8]) -> Result<(), String> {
+pub fn kernel_available(
+    scratch: &Scratch,
+    template: &[u8],
+    journal_at: Option<u64>,
+) -> Result<(), String> {
     let image = scratch.path("probe.img");
     std::fs::write(&image, template).map_err(|e| e.to_string())?;
-    let mount = KernelMount::new(&image, &scratch.path("probe.mnt"))?;
+    let mount = KernelMount::with_journal(&image, journal_at, &scratch.path("probe.mnt"))?;
     mount.unmount()?;
     let _ = std::fs::remove_file(&image);
     Ok(())

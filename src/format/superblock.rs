@@ -673,12 +673,6 @@ impl Superblock {
                 "filesystem uses feature {names}, which jext4 does not support{hint}"
             )));
         }
-        if self.has_compat(compat::HAS_JOURNAL) && self.journal_inum == 0 {
-            return Err(Error::Unsupported(
-                "the journal is on an external device (journal_dev), which jext4 does not support"
-                    .into(),
-            ));
-        }
         Ok(self.feature_ro_compat & !RO_COMPAT_SUPPORTED == 0
             && self.feature_incompat & INCOMPAT_READ_ONLY == 0)
     }
@@ -748,6 +742,21 @@ impl Superblock {
             put_u32(raw, S_CHECKSUM, checksum);
         }
         &self.raw
+    }
+
+    /// Make the journal the external device with UUID `journal_uuid` and
+    /// device number `device` (as `mke2fs -J device=` and `tune2fs -J
+    /// device=` record it: has_journal, no journal inode). `encode` keeps
+    /// it (raw bytes).
+    pub fn set_external_journal(&mut self, journal_uuid: [u8; 16], device: u32) {
+        self.feature_compat |= compat::HAS_JOURNAL;
+        self.journal_uuid = journal_uuid;
+        self.journal_inum = 0;
+        self.journal_dev = device;
+        let raw = &mut self.raw[..];
+        raw[S_JOURNAL_UUID..S_JOURNAL_UUID + 16].copy_from_slice(&journal_uuid);
+        put_u32(raw, S_JOURNAL_INUM, 0);
+        put_u32(raw, S_JOURNAL_DEV, device);
     }
 
     /// Count an error and record it as the last one (and the first, when
@@ -828,6 +837,62 @@ pub fn error_code(errno: i32) -> u8 {
 /// journal commands, fast-commit replay), with `read_at`.
 pub fn read_from(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
     read_at(dev, SUPERBLOCK_OFFSET)
+}
+
+/// The ext4 superblock of an external journal device (`mke2fs -O
+/// journal_dev`): it only names the device — its UUID, which the
+/// filesystem records as `s_journal_uuid`, its block size and its size —
+/// and the JBD2 superblock follows it in the next block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalDeviceLabel {
+    pub uuid: [u8; 16],
+    pub block_size: u32,
+    pub blocks_count: u64,
+}
+
+impl JournalDeviceLabel {
+    /// Decode the 1024 bytes at byte 1024 of a device; None when they are
+    /// not an external journal's (no ext4 magic, or no journal_dev flag).
+    pub fn decode(bytes: &[u8]) -> Result<Option<Self>> {
+        if bytes.len() < SUPERBLOCK_SIZE
+            || get_u16(bytes, S_MAGIC) != EXT4_MAGIC
+            || get_u32(bytes, S_FEATURE_INCOMPAT) & incompat::JOURNAL_DEV == 0
+        {
+            return Ok(None);
+        }
+        let location = Location::Superblock;
+        let log_block_size = get_u32(bytes, S_LOG_BLOCK_SIZE);
+        ensure_format!(
+            log_block_size <= 6,
+            location,
+            "external journal device: block size 2^{} KiB",
+            log_block_size
+        );
+        if get_u32(bytes, S_FEATURE_RO_COMPAT) & ro_compat::METADATA_CSUM != 0 {
+            let stored = get_u32(bytes, S_CHECKSUM);
+            ensure_format!(
+                stored == crc32c_raw(!0, &bytes[..S_CHECKSUM]),
+                location,
+                "external journal device: superblock checksum mismatch"
+            );
+        }
+        let high = match get_u32(bytes, S_FEATURE_INCOMPAT) & incompat::BIT64 {
+            0 => 0,
+            _ => get_u32(bytes, S_BLOCKS_COUNT_HI) as u64,
+        };
+        Ok(Some(JournalDeviceLabel {
+            uuid: bytes[S_UUID..S_UUID + 16].try_into().unwrap(),
+            block_size: 1024 << log_block_size,
+            blocks_count: get_u32(bytes, S_BLOCKS_COUNT_LO) as u64 | high << 32,
+        }))
+    }
+
+    /// The device block holding the JBD2 superblock: the one after the
+    /// block holding this superblock (`ext4_get_journal_blkdev`: 1 with
+    /// 4 KiB blocks, 2 with 1 KiB). The log follows it.
+    pub fn jbd2_superblock_block(&self) -> u64 {
+        SUPERBLOCK_OFFSET / self.block_size as u64 + 1
+    }
 }
 
 /// Read and decode the superblock copy at byte `offset` of `dev`: the

@@ -6,8 +6,9 @@
 //! Recovery is split as the kernel splits it between ext4 and jbd2:
 //! `journal::recovery` replays and resets the log (block-level), and this
 //! module does what is about the ext4 superblock — whether to recover at
-//! all (needs_recovery), the refusal of external journals, the error state
-//! the replay found, and the flags cleared at the end.
+//! all (needs_recovery), where the journal is (its inode, or a device of
+//! its own: `journal_dev.rs`), the error state the replay found, and the
+//! flags cleared at the end.
 //!
 //! The order of the writes, each flushed before the next (a crash between
 //! any two recovers to the same image):
@@ -31,6 +32,7 @@
 
 use super::group::Groups;
 use super::inode::read_inode_with;
+use super::journal_dev::ExternalJournal;
 use crate::cache::BufferCache;
 use crate::dev::BlockDevice;
 use crate::error::{Error, Location, Result};
@@ -89,8 +91,10 @@ pub(crate) fn journal_blocks(geo: &Geometry, cache: &Arc<BufferCache>) -> Result
 pub(crate) fn checked_journal_area(
     geo: &Geometry,
     dev: &Arc<dyn BlockDevice>,
+    external: Option<&ExternalJournal>,
 ) -> Result<JournalArea> {
-    let area = journal_area(geo, dev).and_then(|area| area.load_superblock().map(|_| area));
+    let area =
+        journal_area(geo, dev, external).and_then(|area| area.load_superblock().map(|_| area));
     area.map_err(|error| {
         error.map_corrupt_detail(|detail| {
             format!(
@@ -101,9 +105,30 @@ pub(crate) fn checked_journal_area(
     })
 }
 
-/// The journal as a `JournalArea` on `dev` (a short-lived cache reads the
-/// journal inode and its mapping).
-pub(crate) fn journal_area(geo: &Geometry, dev: &Arc<dyn BlockDevice>) -> Result<JournalArea> {
+/// The journal as a `JournalArea`: on `dev` through the journal inode (a
+/// short-lived cache reads it and its mapping), or on the external journal
+/// device, which a filesystem without a journal inode must be given.
+pub(crate) fn journal_area(
+    geo: &Geometry,
+    dev: &Arc<dyn BlockDevice>,
+    external: Option<&ExternalJournal>,
+) -> Result<JournalArea> {
+    match (geo.journal_inum, external) {
+        (0, Some(external)) => return external.area(geo, dev),
+        (0, None) => {
+            return Err(Error::Unsupported(
+                "the journal is on an external device, which was not given: name it with \
+                 -o journal_path=PATH (the tools' --journal PATH)"
+                    .into(),
+            ));
+        }
+        (ino, Some(_)) => {
+            return Err(Error::Invalid(format!(
+                "a journal device was given, but the filesystem's journal is inode {ino}"
+            )));
+        }
+        _ => {}
+    }
     let cache = Arc::new(BufferCache::new(
         Arc::clone(dev),
         geo.block_size as usize,
@@ -119,8 +144,9 @@ pub(crate) fn recover_if_needed(
     geo: &Geometry,
     sb: &Superblock,
     dev: &Arc<dyn BlockDevice>,
+    external: Option<&ExternalJournal>,
 ) -> Result<Option<RecoveryReport>> {
-    let area = journal_area(geo, dev)?;
+    let area = journal_area(geo, dev, external)?;
     let at = geo.superblock_offset;
     if !needs_recovery_at(&**dev, at)? && !sb.has_incompat(incompat::RECOVER) {
         if sb.has_incompat(incompat::BYTELOG) {
@@ -172,8 +198,9 @@ pub(crate) fn replay_for_mount(
     geo: &Geometry,
     sb: &Superblock,
     dev: &Arc<dyn BlockDevice>,
+    external: Option<&ExternalJournal>,
 ) -> Result<Option<RecoveryReport>> {
-    let area = checked_journal_area(geo, dev)?;
+    let area = checked_journal_area(geo, dev, external)?;
     let at = geo.superblock_offset;
     if !sb.has_incompat(incompat::RECOVER) {
         if sb.has_incompat(incompat::BYTELOG) {
@@ -182,7 +209,7 @@ pub(crate) fn replay_for_mount(
         }
         return Ok(None);
     }
-    refuse_external_journal(sb)?;
+    check_journaled(sb)?;
     let replayed = recovery::replay(&area, |area, fast_commit| {
         super::fast_commit::replay(area, fast_commit, at)
     })?;
@@ -253,7 +280,7 @@ where
 {
     let dev = &*area.dev;
     let sb = superblock::read_at(dev, at)?;
-    refuse_external_journal(&sb)?;
+    check_journaled(&sb)?;
     if !sb.has_incompat(incompat::RECOVER) {
         return recovery::check_log_empty(area);
     }
@@ -306,8 +333,8 @@ fn update_superblock(
     superblock::write_to(dev, &mut sb)
 }
 
-/// Recovery replays internal journals only.
-fn refuse_external_journal(sb: &Superblock) -> Result<()> {
+/// Recovery replays the journal of a filesystem that has one.
+fn check_journaled(sb: &Superblock) -> Result<()> {
     if sb.has_incompat(incompat::JOURNAL_DEV) {
         return Err(Error::Unsupported(
             "this is an external journal device, not a filesystem".into(),
@@ -316,26 +343,37 @@ fn refuse_external_journal(sb: &Superblock) -> Result<()> {
     if !sb.has_compat(superblock::compat::HAS_JOURNAL) {
         return Err(Error::Invalid("the filesystem has no journal".into()));
     }
-    let external = sb.journal_uuid != [0; 16] || sb.journal_inum == 0;
-    if external {
-        return Err(Error::Unsupported(
-            "the journal is on an external device (journal_dev), which jext4 does not support"
-                .into(),
-        ));
-    }
-    Ok(())
+    super::journal_dev::check_unambiguous(sb)
+}
+
+/// What the journal commands work on.
+struct Journaled {
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    geo: Geometry,
+    /// The journal's device, for a journal of its own.
+    external: Option<ExternalJournal>,
 }
 
 /// Open `path` and read what the journal commands need: the device, the
-/// superblock and the geometry. Refuses images without an internal journal.
+/// superblock, the geometry and, for a journal of its own, the journal
+/// device (`journal_path`, or found as `journal_dev.rs` finds it). Refuses
+/// images without a journal.
 fn open_journaled(
     path: &std::path::Path,
     read_only: bool,
     sb: u64,
-) -> Result<(Arc<dyn BlockDevice>, Superblock, Geometry)> {
+    journal_path: Option<&std::path::Path>,
+) -> Result<Journaled> {
     let dev = crate::dev::open_image(path, read_only)?;
     let (sb, geo) = journaled_superblock_at(&dev, superblock_offset(sb)?)?;
-    Ok((dev, sb, geo))
+    let external = ExternalJournal::find(&sb, journal_path, read_only)?;
+    Ok(Journaled {
+        dev,
+        sb,
+        geo,
+        external,
+    })
 }
 
 /// The byte offset of the superblock copy `sb` names (1 KiB units, as the
@@ -376,15 +414,39 @@ fn journaled_superblock_at(
 /// mount do, on any device. Returns the report, or None when the journal
 /// needed nothing.
 pub fn recover_device(dev: &Arc<dyn BlockDevice>) -> Result<Option<RecoveryReport>> {
+    recover_device_with(dev, None)
+}
+
+/// `recover_device`, the journal on `journal` when it is external.
+pub fn recover_device_with(
+    dev: &Arc<dyn BlockDevice>,
+    journal: Option<&Arc<dyn BlockDevice>>,
+) -> Result<Option<RecoveryReport>> {
     let (sb, geo) = journaled_superblock(dev)?;
-    recover_if_needed(&geo, &sb, dev)
+    let external = given_journal(&sb, journal)?;
+    recover_if_needed(&geo, &sb, dev, external.as_ref())
 }
 
 /// The shape of the log of the filesystem on `dev` (`recovery::log_shape`),
-/// read without changing anything.
-pub fn journal_shape(dev: &Arc<dyn BlockDevice>) -> Result<recovery::LogShape> {
-    let (_, geo) = journaled_superblock(dev)?;
-    recovery::log_shape(&journal_area(&geo, dev)?)
+/// read without changing anything; the journal on `journal` when it is
+/// external.
+pub fn journal_shape(
+    dev: &Arc<dyn BlockDevice>,
+    journal: Option<&Arc<dyn BlockDevice>>,
+) -> Result<recovery::LogShape> {
+    let (sb, geo) = journaled_superblock(dev)?;
+    let external = given_journal(&sb, journal)?;
+    recovery::log_shape(&journal_area(&geo, dev, external.as_ref())?)
+}
+
+/// A journal device given as a device, checked against `sb`.
+pub(crate) fn given_journal(
+    sb: &Superblock,
+    journal: Option<&Arc<dyn BlockDevice>>,
+) -> Result<Option<ExternalJournal>> {
+    journal
+        .map(|dev| ExternalJournal::from_device(sb, Arc::clone(dev)))
+        .transpose()
 }
 
 /// What `recover_image` did.
@@ -405,13 +467,23 @@ pub struct ImageRecovery {
 /// (journaled, like any change) and unmounts it. Returns None when the
 /// journal needed nothing.
 pub fn recover_image(path: &std::path::Path) -> Result<Option<ImageRecovery>> {
-    recover_image_from(path, superblock::PRIMARY_SB_OPTION)
+    recover_image_from(path, superblock::PRIMARY_SB_OPTION, None)
 }
 
 /// `recover_image` working from the superblock copy `sb_option` names, in 1 KiB
-/// units as the mount option `sb=` (`jext4 recover --sb N`).
-pub fn recover_image_from(path: &std::path::Path, sb_option: u64) -> Result<Option<ImageRecovery>> {
-    let (dev, sb, geo) = open_journaled(path, false, sb_option)?;
+/// units as the mount option `sb=` (`jext4 recover --sb N`), with the
+/// external journal at `journal_path` (`--journal PATH`) if given.
+pub fn recover_image_from(
+    path: &std::path::Path,
+    sb_option: u64,
+    journal_path: Option<&std::path::Path>,
+) -> Result<Option<ImageRecovery>> {
+    let Journaled {
+        dev,
+        sb,
+        geo,
+        external,
+    } = open_journaled(path, false, sb_option, journal_path)?;
     // Replay writes: with `mmp`, only once nobody else uses the filesystem
     // (as e2fsck claims it). Released before the orphans' mount claims it.
     let protection = match sb.has_incompat(incompat::MMP) {
@@ -421,7 +493,7 @@ pub fn recover_image_from(path: &std::path::Path, sb_option: u64) -> Result<Opti
         }
         false => None,
     };
-    let replayed = recover_if_needed(&geo, &sb, &dev);
+    let replayed = recover_if_needed(&geo, &sb, &dev, external.as_ref());
     if let Some(protection) = protection {
         protection.stop()?;
     }
@@ -435,7 +507,10 @@ pub fn recover_image_from(path: &std::path::Path, sb_option: u64) -> Result<Opti
             sb: sb_option,
             ..super::MountOptions::default()
         };
-        let fs = super::Fs::mount(Arc::clone(&dev), options)?;
+        let journal = external
+            .as_ref()
+            .map(|external| Arc::clone(external.device()));
+        let fs = super::Fs::mount_with_journal(Arc::clone(&dev), journal, options)?;
         fs.unmount()?;
         debug_assert!(!has_orphans(&*dev, at)?, "orphans left after their release");
     }
@@ -480,12 +555,20 @@ pub fn image_stats_from(path: &std::path::Path, sb: u64) -> Result<String> {
         format!("last_mount_time {}", sb.mount_time),
         format!("last_write_time {}", sb.write_time),
         format!("journaled {}", sb.has_compat(compat::HAS_JOURNAL)),
+        format!("journal_external {}", super::journal_dev::is_external(&sb)),
     ];
     // The journal's own superblock, when jext4 can find the journal (an
-    // internal one, on a filesystem whose features it knows).
-    if sb.has_compat(compat::HAS_JOURNAL) && sb.check_features().is_ok() {
-        let area = journal_area(&geo, &dev)?;
-        let journal = crate::journal::format::JournalSuperblock::decode(&area.read_block(0)?)?;
+    // internal one, or an external one it finds, on a filesystem whose
+    // features it knows).
+    let external = match super::journal_dev::is_external(&sb) {
+        true => ExternalJournal::find(&sb, None, true).ok().flatten(),
+        false => None,
+    };
+    let found = !super::journal_dev::is_external(&sb) || external.is_some();
+    if sb.has_compat(compat::HAS_JOURNAL) && sb.check_features().is_ok() && found {
+        let area = journal_area(&geo, &dev, external.as_ref())?;
+        let journal =
+            crate::journal::format::JournalSuperblock::decode(&area.read_superblock_block()?)?;
         lines.extend([
             format!("journal_blocks {}", journal.max_len),
             format!("journal_fast_commit_blocks {}", journal.num_fc_blocks),
@@ -502,17 +585,21 @@ pub fn image_stats_from(path: &std::path::Path, sb: u64) -> Result<String> {
 /// `jext4 logdump IMAGE`: print the journal superblock and every
 /// transaction still in the log.
 pub fn logdump_image(path: &std::path::Path, out: &mut dyn std::io::Write) -> Result<()> {
-    logdump_image_from(path, superblock::PRIMARY_SB_OPTION, out)
+    logdump_image_from(path, superblock::PRIMARY_SB_OPTION, None, out)
 }
 
 /// `logdump_image` through the superblock copy `sb` names (`jext4
-/// logdump --sb N`).
+/// logdump --sb N`), with the external journal at `journal_path`
+/// (`--journal PATH`) if given.
 pub fn logdump_image_from(
     path: &std::path::Path,
     sb: u64,
+    journal_path: Option<&std::path::Path>,
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
-    let (dev, _, geo) = open_journaled(path, true, sb)?;
-    let area = journal_area(&geo, &dev)?;
+    let Journaled {
+        dev, geo, external, ..
+    } = open_journaled(path, true, sb, journal_path)?;
+    let area = journal_area(&geo, &dev, external.as_ref())?;
     crate::journal::logdump::logdump(&area, out)
 }

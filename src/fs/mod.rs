@@ -33,6 +33,7 @@ mod group;
 mod inode;
 mod inode_lock;
 mod journal;
+mod journal_dev;
 mod mmp;
 mod namei;
 mod orphan;
@@ -51,8 +52,8 @@ pub use file::{
 pub use inode::{Attr, FileKind, SetAttr, TimeSet};
 pub use journal::{
     ImageRecovery, image_stats, image_stats_from, journal_shape, logdump_image, logdump_image_from,
-    needs_recovery, recover_device, recover_image, recover_image_from, recover_journal,
-    recover_journal_with,
+    needs_recovery, recover_device, recover_device_with, recover_image, recover_image_from,
+    recover_journal, recover_journal_with,
 };
 pub use namei::RenameFlags;
 
@@ -139,6 +140,11 @@ pub struct MountOptions {
     /// mount from it, the group descriptors then read from the table after
     /// it.
     pub sb: u64,
+    /// The external journal's device (`-o journal_path=PATH`, the
+    /// kernel's option), for a filesystem whose journal is on a device of
+    /// its own; without it the device is looked for by the number and the
+    /// UUID the superblock records (`journal_dev.rs`).
+    pub journal_path: Option<std::path::PathBuf>,
 }
 
 /// The largest `sb=`: the kernel parses it as a u32 (`fsparam_u32`).
@@ -212,6 +218,7 @@ impl Default for MountOptions {
             delalloc: false,
             read_only_fallback: false,
             sb: superblock::PRIMARY_SB_OPTION,
+            journal_path: None,
         }
     }
 }
@@ -467,7 +474,7 @@ impl Core {
         ));
         let journal_blocks = plan
             .as_ref()
-            .map_or(unloaded_journal, |plan| &plan.area.blocks);
+            .map_or(unloaded_journal, |plan| plan.area.blocks_in_filesystem());
         let groups = Groups::load(&geo, &cache, journal_blocks)?;
         for (group, what) in groups.overlaps() {
             tracing::error!("group {group} is not allocated from: {what}");
@@ -694,17 +701,28 @@ impl Fs {
             .file_name()
             .unwrap_or(path.as_os_str())
             .to_string_lossy();
-        Fs::mount_named(device, options, &name)
+        Fs::mount_named(device, None, options, &name)
     }
 
     /// Mount a filesystem on any block device.
     pub fn mount(dev: Arc<dyn BlockDevice>, options: MountOptions) -> Result<Arc<Fs>> {
-        Fs::mount_named(dev, options, "jext4")
+        Fs::mount_named(dev, None, options, "jext4")
+    }
+
+    /// `mount`, the filesystem's external journal on `journal` (a device
+    /// checked as a `journal_path=` one is); None is `mount`.
+    pub fn mount_with_journal(
+        dev: Arc<dyn BlockDevice>,
+        journal: Option<Arc<dyn BlockDevice>>,
+        options: MountOptions,
+    ) -> Result<Arc<Fs>> {
+        Fs::mount_named(dev, journal, options, "jext4")
     }
 
     /// `mount`, with the device's name for the MMP block.
     fn mount_named(
         dev: Arc<dyn BlockDevice>,
+        journal: Option<Arc<dyn BlockDevice>>,
         mut options: MountOptions,
         device_name: &str,
     ) -> Result<Arc<Fs>> {
@@ -712,6 +730,16 @@ impl Fs {
         let mut sb = superblock::read_at(&*dev, options.superblock_offset())?;
         let (at, uuid) = sb.identity();
         dev.expect_identity(at, &uuid);
+        let external = match journal {
+            Some(journal) => Some(journal_dev::ExternalJournal::from_device(&sb, journal)?),
+            None if options.noload && journal_dev::is_external(&sb) => None,
+            None => journal_dev::ExternalJournal::find(
+                &sb,
+                options.journal_path.as_deref(),
+                options.read_only,
+            )?,
+        };
+        let external = external.as_ref();
         let mut forced_read_only = None;
         let fast_commit = settle_options(&sb, &*dev, &mut options, &mut forced_read_only)?;
         let geo = Geometry::from_superblock(&sb);
@@ -728,7 +756,7 @@ impl Fs {
             true => Some(mmp::claim(&dev, &sb, &geo, device_name)?),
             false => None,
         };
-        if replay_first && journal::replay_for_mount(&geo, &sb, &dev)?.is_some() {
+        if replay_first && journal::replay_for_mount(&geo, &sb, &dev, external)?.is_some() {
             sb = superblock::read_at(&*dev, geo.superblock_offset)?;
         }
         // The replay is the only write of a read-only mount: the heartbeat
@@ -737,9 +765,9 @@ impl Fs {
         let mut plan = None;
         let mut unloaded_journal = Vec::new();
         if journaled && !options.noload {
-            let area = recover_for_mount(&mut sb, &dev, &options)?;
+            let area = recover_for_mount(&mut sb, &dev, external, &options)?;
             match options.read_only {
-                true => unloaded_journal = area.blocks,
+                true => unloaded_journal = area.blocks_in_filesystem().to_vec(),
                 false => plan = Some(JournalPlan { area, fast_commit }),
             }
         } else {
@@ -747,8 +775,8 @@ impl Fs {
                 // Not loaded, still protected (the kernel's system zone
                 // takes the journal inode's blocks whatever noload says); a
                 // journal inode that cannot be read only loses that here.
-                match journal::journal_area(&geo, &dev) {
-                    Ok(area) => unloaded_journal = area.blocks,
+                match journal::journal_area(&geo, &dev, external) {
+                    Ok(area) => unloaded_journal = area.blocks_in_filesystem().to_vec(),
                     Err(error) => {
                         tracing::warn!(%error, "noload: the journal's blocks are unknown")
                     }
@@ -1574,11 +1602,12 @@ fn check_device_size(geo: &Geometry, dev: &dyn BlockDevice) -> Result<()> {
 fn recover_for_mount(
     sb: &mut Superblock,
     dev: &Arc<dyn BlockDevice>,
+    external: Option<&journal_dev::ExternalJournal>,
     options: &MountOptions,
 ) -> Result<journal::JournalArea> {
     let geo = Geometry::from_superblock(sb);
     if options.read_only {
-        let area = journal::checked_journal_area(&geo, dev)?;
+        let area = journal::checked_journal_area(&geo, dev, external)?;
         if sb.has_incompat(superblock::incompat::RECOVER) {
             return Err(Error::Unsupported(
                 "the journal needs recovery, which a read-only mount cannot write: mount \
@@ -1588,8 +1617,8 @@ fn recover_for_mount(
         }
         return Ok(area);
     }
-    if journal::replay_for_mount(&geo, sb, dev)?.is_some() {
+    if journal::replay_for_mount(&geo, sb, dev, external)?.is_some() {
         *sb = superblock::read_at(&**dev, geo.superblock_offset)?;
     }
-    journal::journal_area(&geo, dev)
+    journal::journal_area(&geo, dev, external)
 }

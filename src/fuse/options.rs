@@ -272,6 +272,10 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
                     "fast_commit={other}: expected on, off or global"
                 )));
             }
+            // The kernel's option: the external journal's device.
+            ("journal_path", value) => {
+                engine.journal_path = Some(needs_value(name, value)?.into());
+            }
             ("noload", None) | ("norecovery", None) => {
                 engine.noload = true;
                 engine.read_only = true;

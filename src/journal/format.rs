@@ -231,6 +231,9 @@ const SB_MAX_TRANS_DATA: usize = 0x4C;
 const SB_CHECKSUM_TYPE: usize = 0x50;
 const SB_NUM_FC_BLOCKS: usize = 0x54;
 const SB_CHECKSUM: usize = 0xFC;
+const SB_USERS: usize = 0x100;
+/// `s_users` holds 48 UUIDs (768 bytes, to the end of the superblock).
+const MAX_USERS: usize = 48;
 
 /// The journal superblock (journal block 0). Fields a writer changes are
 /// public; everything else is kept verbatim in `raw` so that `encode`
@@ -424,6 +427,32 @@ impl JournalSuperblock {
     }
 
     /// Whether `s_checksum` matches (always true without csum v2/v3).
+    /// The UUIDs of the filesystems using the journal (`s_users`, as many
+    /// as `s_nr_users` says, at most 48): an external journal names its
+    /// filesystem there.
+    pub fn users(&self) -> Vec<[u8; UUID_SIZE]> {
+        let count = (self.nr_users as usize).min(MAX_USERS);
+        (0..count)
+            .map(|i| {
+                let at = SB_USERS + i * UUID_SIZE;
+                self.raw[at..at + UUID_SIZE].try_into().unwrap()
+            })
+            .collect()
+    }
+
+    /// Make `users` the journal's users (`s_nr_users`, `s_users`), as
+    /// `mke2fs -J device=` adds a filesystem to an external journal.
+    /// `encode` keeps them.
+    pub fn set_users(&mut self, users: &[[u8; UUID_SIZE]]) {
+        assert!(users.len() <= MAX_USERS, "a journal names at most 48 users");
+        self.nr_users = users.len() as u32;
+        let area = &mut self.raw[SB_USERS..SB_USERS + MAX_USERS * UUID_SIZE];
+        area.fill(0);
+        for (slot, user) in area.chunks_mut(UUID_SIZE).zip(users) {
+            slot.copy_from_slice(user);
+        }
+    }
+
     pub fn checksum_matches(&self) -> bool {
         !self.has_csum_v2or3() || self.stored_checksum() == superblock_checksum(&self.raw[..])
     }

@@ -23,7 +23,7 @@ use std::io::Write;
 /// Print the journal of `area` to `out`. Fails (after printing what it
 /// could) when the journal superblock is unusable.
 pub fn logdump(area: &JournalArea, out: &mut dyn Write) -> Result<()> {
-    let block = area.read_block(0)?;
+    let block = area.read_superblock_block()?;
     let superblock = JournalSuperblock::decode(&block)?;
     print_superblock(&superblock, out)?;
     let layout = match superblock.check(area.fs_block_size, area.blocks.len() as u64) {

@@ -58,21 +58,85 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-/// Where the journal lives: `blocks[i]` is the filesystem block holding
-/// journal block `i` (built by the caller from the journal inode's map).
+/// Where the journal lives: `blocks[i]` is the block of `dev` holding
+/// journal block `i`. For an internal journal, `dev` is the filesystem's
+/// device and the map comes from the journal inode; for an external one,
+/// `dev` joins the filesystem's device and the journal's
+/// (`dev::JoinedDevice`) and the map is the journal device's blocks in
+/// order, as jbd2 numbers them (`jbd2_journal_bmap` of a device journal is
+/// the identity).
 pub struct JournalArea {
     pub dev: Arc<dyn BlockDevice>,
     pub fs_block_size: u32,
     pub blocks: Vec<u64>,
+    /// The journal block holding the journal superblock: 0 for an internal
+    /// journal; on an external device the block after the ext4 superblock
+    /// that names the device (1 with 4 KiB blocks, 2 with 1 KiB).
+    superblock_index: u64,
+    /// Bytes of `dev` that belong to the filesystem: replay writes home
+    /// only below this.
+    home_end: u64,
+    /// Whether the journal is on a device of its own.
+    external: bool,
 }
 
 impl JournalArea {
+    /// An internal journal: `blocks` from the journal inode, on `dev`.
     pub fn new(dev: Arc<dyn BlockDevice>, fs_block_size: u32, blocks: Vec<u64>) -> Self {
+        let home_end = dev.size_bytes();
         JournalArea {
             dev,
             fs_block_size,
             blocks,
+            superblock_index: 0,
+            home_end,
+            external: false,
         }
+    }
+
+    /// An external journal: `len` journal blocks from byte `journal_base`
+    /// of `joined`, its superblock in block `superblock_index`; the
+    /// filesystem's bytes end at `home_end`.
+    pub fn external(
+        joined: Arc<dyn BlockDevice>,
+        fs_block_size: u32,
+        journal_base: u64,
+        len: u64,
+        superblock_index: u64,
+        home_end: u64,
+    ) -> Self {
+        let block_size = fs_block_size as u64;
+        assert!(journal_base.is_multiple_of(block_size) && journal_base >= home_end);
+        assert!(superblock_index < len);
+        let base_block = journal_base / block_size;
+        JournalArea {
+            dev: joined,
+            fs_block_size,
+            blocks: (base_block..base_block + len).collect(),
+            superblock_index,
+            home_end,
+            external: true,
+        }
+    }
+
+    /// Whether the journal is on a device of its own.
+    pub fn is_external(&self) -> bool {
+        self.external
+    }
+
+    /// The journal's blocks that are the filesystem's too, which the
+    /// filesystem must never allocate: all of them for an internal journal,
+    /// none for an external one.
+    pub fn blocks_in_filesystem(&self) -> &[u64] {
+        match self.external {
+            true => &[],
+            false => &self.blocks,
+        }
+    }
+
+    /// The block holding the journal superblock.
+    pub fn read_superblock_block(&self) -> Result<Vec<u8>> {
+        self.read_block(self.superblock_index)
     }
 
     /// Read journal block `index` (a position in the journal file).
@@ -96,9 +160,19 @@ impl JournalArea {
     /// Read and check the journal superblock; returns it with the log layout.
     pub fn load_superblock(&self) -> Result<(JournalSuperblock, LogLayout)> {
         ensure_format_journal(!self.blocks.is_empty(), 0, "the journal maps no blocks")?;
-        let block = self.read_block(0)?;
+        let block = self.read_superblock_block()?;
         let superblock = JournalSuperblock::decode(&block)?;
         let layout = superblock.check(self.fs_block_size, self.blocks.len() as u64)?;
+        // On an external device the log starts after the superblock's
+        // block (mke2fs sets s_first so); a log over it would overwrite it.
+        ensure_format_journal(
+            layout.first as u64 > self.superblock_index,
+            self.superblock_index,
+            &format!(
+                "the log starts at block {}, at or before the journal superblock",
+                layout.first
+            ),
+        )?;
         self.check_mapping(layout.total)?;
         Ok((superblock, layout))
     }
@@ -125,8 +199,7 @@ impl JournalArea {
     /// Store the journal superblock (its first 1024 bytes; the fields that
     /// change all lie in the first sector, so a torn write cannot mix them).
     fn write_superblock(&self, bytes: &[u8; SUPERBLOCK_SIZE]) -> Result<()> {
-        debug_assert!(!self.blocks.is_empty());
-        let offset = self.blocks[0] * self.fs_block_size as u64;
+        let offset = self.blocks[self.superblock_index as usize] * self.fs_block_size as u64;
         self.dev.write_at(offset, bytes)?;
         Ok(())
     }
@@ -769,7 +842,7 @@ impl Walk<'_, '_> {
         let fits = fs_block
             .checked_add(1)
             .and_then(|end| end.checked_mul(block_size))
-            .is_some_and(|end| end <= area.dev.size_bytes());
+            .is_some_and(|end| end <= area.home_end);
         if fits {
             area.dev.write_at(fs_block * block_size, data)?;
         }

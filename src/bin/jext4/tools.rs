@@ -33,6 +33,10 @@ pub struct ImageArgs {
     /// 131072 for block 32768 of a 4 KiB-block filesystem.
     #[arg(long, value_name = "N", global = true, value_parser = sb)]
     pub sb: Option<u64>,
+    /// The image's external journal (the mount's journal_path=): a device
+    /// or an image file. Found by its UUID among block devices otherwise.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub journal: Option<PathBuf>,
 }
 
 fn cache_size(text: &str) -> Result<u64, String> {
@@ -129,6 +133,8 @@ pub struct Session {
     pub commit: Option<u64>,
     /// The superblock copy to open images from (`--sb`).
     pub sb: Option<u64>,
+    /// The external journal of the images (`--journal`).
+    pub journal: Option<PathBuf>,
     /// What messages start with: "jext4 " (then the verb's name), or in
     /// the shell "jext4 shell: line N: ".
     pub label: String,
@@ -143,6 +149,7 @@ impl Session {
             cache_size: common.cache_size,
             commit: common.commit,
             sb: common.sb,
+            journal: common.journal.clone(),
             label: "jext4 ".into(),
             images: Vec::new(),
         }
@@ -185,6 +192,7 @@ impl Session {
         if let Some(sb) = self.sb {
             options.sb = sb;
         }
+        options.journal_path = self.journal.clone();
         let image = Image::options()
             .mount_options(options)
             .umask(0)
