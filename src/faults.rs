@@ -79,6 +79,10 @@
 //!   EA inode (ea_inode), or deleting its owner, drops one of the EA
 //!   inode's references, freeing it with the last; broken, the count stays
 //!   as it was, so an EA inode nothing names is left in use.
+//! - [`Fault::EaInodeShareUncounted`]: a value set equal to one an EA
+//!   inode holds shares that EA inode and takes one more of its
+//!   references; broken, the count stays, so the EA inode is freed while
+//!   the other place still names it.
 //! - [`Fault::ExternalJournalUnflushed`]: with the journal on a device of
 //!   its own, a barrier flushes both devices (`dev/joined.rs`); broken, it
 //!   flushes the filesystem's only, so a commit can be acknowledged, and
@@ -109,10 +113,11 @@ pub enum Fault {
     MetaBgFlatDescriptor = 1 << 15,
     EaInodeRefKept = 1 << 16,
     ExternalJournalUnflushed = 1 << 17,
+    EaInodeShareUncounted = 1 << 18,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 18] = [
+    pub const ALL: [Fault; 19] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -131,6 +136,7 @@ impl Fault {
         Fault::MetaBgFlatDescriptor,
         Fault::EaInodeRefKept,
         Fault::ExternalJournalUnflushed,
+        Fault::EaInodeShareUncounted,
     ];
 }
 

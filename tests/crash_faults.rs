@@ -269,6 +269,19 @@ fn an_ea_inode_reference_kept_is_caught() {
     assert_caught_on(Fault::EaInodeRefKept, &["xattrs"], 200, Mode::FullCommits);
 }
 
+/// ea_inode: a value set equal to one an EA inode holds shares it without
+/// taking a reference, so the EA inode is freed (or its count wrong) while
+/// another place names it.
+#[test]
+fn an_ea_inode_shared_without_a_reference_is_caught() {
+    assert_caught_on(
+        Fault::EaInodeShareUncounted,
+        &["xattrs"],
+        200,
+        Mode::FullCommits,
+    );
+}
+
 /// An external journal: a barrier that flushes the filesystem's device
 /// and not the journal's lets a commit be acknowledged, and checkpointed
 /// home, with its log still volatile.

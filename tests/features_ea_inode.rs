@@ -3,10 +3,10 @@
 //! value as the kernel reads it, through the library and through FUSE,
 //! leaving a read-only open byte-identical, and answers EUCLEAN, as the
 //! kernel does, for a value that no longer matches its EA inode's hash.
-//! It writes them as the kernel does: large values in new EA inodes,
-//! references dropped when a value is replaced or removed or its file
-//! deleted (a shared EA inode lives on for its other file), the last one
-//! freeing the EA inode; `e2fsck -fn` (which checks every EA inode's
+//! It writes them as the kernel does: large values in EA inodes (equal
+//! values sharing one), references dropped when a value is replaced or
+//! removed or its file deleted (a shared EA inode lives on for its other
+//! file), the last one freeing the EA inode; `e2fsck -fn` (which checks every EA inode's
 //! reference count and hash) is clean after each workload, and a kernel
 //! loop mount reads back every value jext4 wrote.
 
@@ -472,4 +472,82 @@ fn enospc_while_making_an_ea_inode_leaves_nothing_behind() {
             );
         }
     }
+}
+
+/// Equal values share one EA inode, as the kernel's do: jext4 sets one
+/// 10,000-byte value on three files (twice on one of them), and the four
+/// references cost one inode; e2fsck checks the count, the kernel reads
+/// every copy and drops three of the references (a removal, a file
+/// deleted), jext4 reads the last one and drops it, and the EA inode is
+/// freed with it.
+#[test]
+fn equal_values_share_one_ea_inode() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("ea-inode-share");
+    let image = common::mkfs(
+        scratch.path(),
+        "ea-share",
+        64,
+        &["-t", "ext4", "-b", "4096", "-O", "ea_inode"],
+    );
+    let free_inodes = |image: &Path| -> u64 {
+        let text = common::journal::debugfs_commands(image, "stats");
+        let line = text
+            .lines()
+            .find(|line| line.starts_with("Free inodes:"))
+            .unwrap();
+        line["Free inodes:".len()..].trim().parse().unwrap()
+    };
+    let empty = free_inodes(&image);
+    let value = e2e::pattern(21, 10_000);
+    let opened = Image::open(&image).unwrap();
+    for file in ["/f1", "/f2", "/f3"] {
+        opened.write(file, "contents\n").unwrap();
+        opened.set_xattr(file, "user.big", &value).unwrap();
+    }
+    opened.set_xattr("/f1", "user.again", &value).unwrap();
+    // Another value of the same length: an EA inode of its own.
+    opened
+        .set_xattr("/f2", "user.other", e2e::pattern(22, 10_000))
+        .unwrap();
+    opened.close().unwrap();
+    assert_eq!(
+        empty - free_inodes(&image),
+        3 + 2,
+        "three files and two EA inodes: the equal values did not share one"
+    );
+    e2e::fsck_clean(&image, "after jext4 shared an EA inode");
+
+    let mnt = scratch.path().join("mnt");
+    let kernel = KernelMount::mount(&image, &mnt, false);
+    for (file, name) in [
+        ("f1", "user.big"),
+        ("f1", "user.again"),
+        ("f2", "user.big"),
+        ("f3", "user.big"),
+    ] {
+        assert_eq!(
+            e2e::get_xattr(&kernel.path(file), name.as_bytes()).unwrap(),
+            value,
+            "the kernel reads {file} {name}"
+        );
+    }
+    e2e::remove_xattr(&kernel.path("f1"), "user.big").unwrap();
+    e2e::remove_xattr(&kernel.path("f1"), "user.again").unwrap();
+    std::fs::remove_file(kernel.path("f2")).unwrap();
+    kernel.unmount();
+    e2e::fsck_clean(&image, "after the kernel dropped three references");
+
+    let opened = Image::open(&image).unwrap();
+    assert_eq!(opened.xattr("/f3", "user.big").unwrap(), Some(value));
+    opened.remove_xattr("/f3", "user.big").unwrap();
+    opened.close().unwrap();
+    e2e::fsck_clean(&image, "after jext4 dropped the last reference");
+    assert_eq!(
+        empty - free_inodes(&image),
+        2,
+        "f1 and f3 left: the shared EA inode was not freed with its last reference"
+    );
 }

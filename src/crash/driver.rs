@@ -432,6 +432,20 @@ impl Lane {
 
     pub fn set_xattr(&mut self, rel: &str, name: &str, len: usize) -> Result<()> {
         let value = self.data(self.next_op(), 0, len);
+        self.set_xattr_value(rel, name, value)
+    }
+
+    /// `set_xattr` with a value that depends on `key` and `len` alone:
+    /// files given the same key hold equal values (which, in EA inodes,
+    /// share one).
+    pub fn set_shared_xattr(&mut self, rel: &str, name: &str, len: usize, key: u32) -> Result<()> {
+        // Op numbers count up from 0; keys count down from the top.
+        let value = self.data(u32::MAX - key, 0, len);
+        self.set_xattr_value(rel, name, value)
+    }
+
+    fn set_xattr_value(&mut self, rel: &str, name: &str, value: Vec<u8>) -> Result<()> {
+        let len = value.len();
         self.step(
             || format!("setxattr {rel} {name} ({len} bytes)"),
             &[rel],

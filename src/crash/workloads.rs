@@ -600,9 +600,10 @@ fn xattrs(seed: u64, _budget: usize) -> Vec<Scenario> {
 
 /// Values from a few bytes (in the inode) through a few hundred (in the
 /// xattr block) to tens of KiB (in EA inodes, on the template's ea_inode
-/// images), each step one transaction: a set, a removal, an fsync, or the
-/// file renamed over or deleted (its EA inodes' references dropped) and
-/// made again.
+/// images), some of them equal across files (one EA inode shared, its
+/// references counted), each step one transaction: a set, a removal, an
+/// fsync, or the file renamed over or deleted (its EA inodes' references
+/// dropped) and made again.
 fn xattrs_run(lane: &mut Lane, seed: u64) {
     let mut rng = Rng::derive(seed, "xattrs");
     let files = ["a", "b", "c", "d"];
@@ -615,7 +616,7 @@ fn xattrs_run(lane: &mut Lane, seed: u64) {
         let file = *rng.pick(&files);
         let name = *rng.pick(&names);
         match rng.below(10) {
-            0..=4 => {
+            0..=3 => {
                 let len = match rng.below(4) {
                     0 => rng.range(1, 100),
                     1 => rng.range(300, 900),
@@ -623,6 +624,12 @@ fn xattrs_run(lane: &mut Lane, seed: u64) {
                     _ => rng.range(8_000, 40_000),
                 };
                 let _ = lane.set_xattr(file, name, len as usize);
+            }
+            4 => {
+                // One of two values, each always of one length.
+                let key = rng.below(2) as u32;
+                let len = [5_000, 30_000][key as usize];
+                let _ = lane.set_shared_xattr(file, name, len, key);
             }
             5 => {
                 let _ = lane.remove_xattr(file, name);

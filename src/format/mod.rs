@@ -86,15 +86,18 @@ pub trait BlockAllocator {
         metadata: bool,
     ) -> Result<()>;
 
-    /// ea_inode: a new EA inode holding `value` for the attributes of
-    /// inode `owner`, its reference count 1 and `hash` (the value's
-    /// CRC32C) kept as the kernel keeps them (`ext4_xattr_inode_create`,
+    /// ea_inode: an EA inode holding `value` for an attribute of inode
+    /// `owner`, with one reference for it: an EA inode already holding an
+    /// equal value, its count one higher (the kernel's
+    /// `ext4_xattr_inode_lookup_create`, through its cache of EA inodes by
+    /// hash), or a new one, its count 1 and `hash` (the value's CRC32C)
+    /// kept as the kernel keeps them (`ext4_xattr_inode_create`,
     /// `ext4_xattr_inode_write`); returns its number. `also` blocks more,
     /// which the same change allocates after it (a new xattr block), are
     /// charged with the EA inode's, before anything is allocated: nothing
     /// then fails for want of space once the EA inode exists. Where the
     /// format layer runs without the filesystem around it, not offered.
-    fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32, also: u64) -> Result<u32> {
+    fn ea_inode_for(&mut self, owner: u32, value: &[u8], hash: u32, also: u64) -> Result<u32> {
         let _ = (owner, value, hash, also);
         Err(Error::NotSupported)
     }

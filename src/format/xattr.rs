@@ -41,7 +41,7 @@
 //! neither place, goes to an EA inode of its own, as
 //! `ext4_xattr_set_handle` decides; its entry (no value bytes) carries the
 //! hash of the EA inode's hash. The filesystem layer makes EA inodes and
-//! counts their references (`BlockAllocator::create_ea_inode`,
+//! counts their references (`BlockAllocator::ea_inode_for`,
 //! `change_ea_inode_refs`): a reference is held by each inode body that
 //! names the EA inode and by each xattr block (once, however many inodes
 //! share it). So a change drops the references its old places held and
@@ -49,8 +49,9 @@
 //! shared block (the copy takes one more of each), freeing a block.
 //! Reading goes through the filesystem layer too: `locate` names the EA
 //! inode and `check_ea_inode_value` holds what it read to the kernel's
-//! checks. jext4 never shares an EA inode between values itself (the
-//! kernel's mbcache does); it keeps the counts of those it finds shared.
+//! checks. Equal values share one EA inode, as the kernel's do: the
+//! filesystem layer finds one holding the same bytes by their hash
+//! (`ea_inode_for`), and the new place takes one more of its references.
 
 use super::acl;
 use super::csum::crc32c_raw;
@@ -1065,7 +1066,7 @@ fn set_stored(
                 && block.as_ref().is_none_or(|old| old.refcount != 1);
             let ea = ctx
                 .alloc
-                .create_ea_inode(ino, value, value_hash, u64::from(new_block))?;
+                .ea_inode_for(ino, value, value_hash, u64::from(new_block))?;
             created = Some(ea);
             let real = NewValue::InInode {
                 ino: ea,
@@ -1077,7 +1078,7 @@ fn set_stored(
         _ => plan,
     };
     // The references the changed places held, and those they will hold
-    // (the new EA inode's own is the one it was made with).
+    // (the new or shared EA inode's is the one `ea_inode_for` took).
     let mut held = Vec::new();
     let mut holding = Vec::new();
     if let Some(entries) = &plan.ibody {
@@ -1109,7 +1110,7 @@ fn set_stored(
     }
     if let Some(ea) = created {
         let at = holding.iter().position(|&other| other == ea);
-        debug_assert!(at.is_some(), "the new EA inode is named");
+        debug_assert!(at.is_some(), "the new or shared EA inode is named");
         if let Some(at) = at {
             holding.swap_remove(at);
         }

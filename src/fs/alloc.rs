@@ -1090,8 +1090,8 @@ impl BlockAllocator for Tx<'_, '_> {
         Tx::charge(self, blocks)
     }
 
-    fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32, also: u64) -> Result<u32> {
-        Tx::create_ea_inode(self, owner, value, hash, also)
+    fn ea_inode_for(&mut self, owner: u32, value: &[u8], hash: u32, also: u64) -> Result<u32> {
+        Tx::ea_inode_for(self, owner, value, hash, also)
     }
 
     fn change_ea_inode_refs(&mut self, owner: u32, ino: u32, delta: i32) -> Result<()> {

@@ -678,8 +678,8 @@ impl crate::format::BlockAllocator for FreeAsMetadata<'_, '_, '_> {
         self.0.charge(blocks)
     }
 
-    fn create_ea_inode(&mut self, owner: u32, value: &[u8], hash: u32, also: u64) -> Result<u32> {
-        self.0.create_ea_inode(owner, value, hash, also)
+    fn ea_inode_for(&mut self, owner: u32, value: &[u8], hash: u32, also: u64) -> Result<u32> {
+        self.0.ea_inode_for(owner, value, hash, also)
     }
 
     fn change_ea_inode_refs(&mut self, owner: u32, ino: u32, delta: i32) -> Result<()> {

@@ -275,6 +275,9 @@ pub(crate) struct Core {
     /// counts): the allocator does not hand them out again while named,
     /// or a stale name would reach a new, unrelated file (a leaf lock).
     pub remembered: Mutex<NumberMap<u32, u64>>,
+    /// EA inodes by the hash of their value, for equal values to share
+    /// one (a leaf lock).
+    pub ea_inodes: xattr::EaInodeCache,
     /// What block allocation did (`jext4 stats`).
     pub alloc_counters: alloc::AllocCounters,
     /// Files' preallocation windows (a leaf lock; their blocks are masked
@@ -383,6 +386,7 @@ impl Core {
             inode_tids: Mutex::new(inode::InodeTidMap::default()),
             open_orphans: Mutex::new(NumberSet::default()),
             remembered: Mutex::new(NumberMap::default()),
+            ea_inodes: xattr::EaInodeCache::default(),
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
             delayed: delalloc::Delayed::new(

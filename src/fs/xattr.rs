@@ -17,6 +17,79 @@ use crate::lock::Rank;
 /// the first attribute of the filesystem, the superblock's.
 const CREDITS_XATTR: u32 = xattr::SET_CREDITS + 2;
 const XATTR_SIZE_MAX: usize = 65536;
+/// EA inodes the cache of `EaInodeCache` remembers (the kernel's mbcache
+/// grows with memory and shrinks under pressure; a bound keeps this one
+/// within `cache_size`'s spirit: 16 bytes an entry).
+const EA_INODE_CACHE_ENTRIES: usize = 4096;
+
+/// EA inodes by the hash of their value, as the kernel's `ea_inode_cache`
+/// (an mbcache) keeps them: where a large value being set may already be
+/// stored, so that equal values share one EA inode. Filled as EA inodes
+/// are made and read, emptied of each as it is freed; a hint only, every
+/// candidate is checked under its lock before it is shared. The oldest
+/// entry goes first past `EA_INODE_CACHE_ENTRIES` (a leaf lock).
+#[derive(Default)]
+pub(crate) struct EaInodeCache {
+    entries: parking_lot::Mutex<EaEntries>,
+}
+
+#[derive(Default)]
+struct EaEntries {
+    by_hash: std::collections::HashMap<u32, Vec<u32>>,
+    /// (hash, ino) in the order they came.
+    order: std::collections::VecDeque<(u32, u32)>,
+}
+
+impl EaInodeCache {
+    fn insert(&self, hash: u32, ino: u32) {
+        let mut entries = self.entries.lock();
+        let inos = entries.by_hash.entry(hash).or_default();
+        if inos.contains(&ino) {
+            return;
+        }
+        inos.push(ino);
+        entries.order.push_back((hash, ino));
+        while entries.order.len() > EA_INODE_CACHE_ENTRIES {
+            let Some((old_hash, old_ino)) = entries.order.pop_front() else {
+                break;
+            };
+            entries.forget(old_hash, old_ino);
+        }
+        debug_assert!(entries.order.len() <= EA_INODE_CACHE_ENTRIES);
+    }
+
+    fn remove(&self, hash: u32, ino: u32) {
+        let mut entries = self.entries.lock();
+        if entries.forget(hash, ino) {
+            entries.order.retain(|&entry| entry != (hash, ino));
+        }
+    }
+
+    fn candidates(&self, hash: u32) -> Vec<u32> {
+        self.entries
+            .lock()
+            .by_hash
+            .get(&hash)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl EaEntries {
+    /// Drop `ino` from `hash`'s list; whether it was there.
+    fn forget(&mut self, hash: u32, ino: u32) -> bool {
+        let Some(inos) = self.by_hash.get_mut(&hash) else {
+            return false;
+        };
+        let before = inos.len();
+        inos.retain(|&other| other != ino);
+        let found = inos.len() < before;
+        if inos.is_empty() {
+            self.by_hash.remove(&hash);
+        }
+        found
+    }
+}
 
 impl Fs {
     // No `ext_attr` feature (old ext2 images, the Hurd's) is not "no
@@ -43,14 +116,19 @@ impl Fs {
         let _ea = self.core.inodes.read(value.ino, Rank::EaInode);
         let ea_inode = read_inode(&self.core, value.ino)?;
         let data = read_ea_value(&self.core, value.ino, &ea_inode, value.size as usize)?;
-        xattr::check_ea_inode_value(
+        let data = xattr::check_ea_inode_value(
             &self.core.geo,
             owner,
             inode.generation,
             value,
             &ea_inode,
             data,
-        )
+        )?;
+        // A value read may be shared by the next equal one set.
+        self.core
+            .ea_inodes
+            .insert(ea_inode.atime.sec as u32, value.ino);
+        Ok(data)
     }
 
     /// Names of all attributes, with their namespace prefixes.
@@ -185,7 +263,73 @@ fn set_ea_refs(ea_inode: &mut Inode, refs: u64) {
 }
 
 impl super::Tx<'_, '_> {
-    /// `BlockAllocator::create_ea_inode`: a regular file, mode 0600, owned
+    /// `BlockAllocator::ea_inode_for`: an EA inode already holding `value`
+    /// with one reference more, or a new one.
+    pub(crate) fn ea_inode_for(
+        &mut self,
+        owner: u32,
+        value: &[u8],
+        hash: u32,
+        also: u64,
+    ) -> Result<u32> {
+        if let Some(ino) = self.share_ea_inode(owner, value, hash, also)? {
+            return Ok(ino);
+        }
+        let ino = self.create_ea_inode(owner, value, hash, also)?;
+        self.core.ea_inodes.insert(hash, ino);
+        Ok(ino)
+    }
+
+    /// An EA inode the cache names for `hash` whose value is `value`,
+    /// checked under its lock as the kernel's `ext4_xattr_inode_cache_find`
+    /// checks it (in use, flagged EA_INODE, referenced, the same hash and
+    /// size, the same bytes), its count one higher; None when there is
+    /// none. A candidate that fails a check is forgotten, or skipped when
+    /// only its bytes differ (a hash collision). `also`, the xattr block
+    /// the change may allocate after, is charged first.
+    fn share_ea_inode(
+        &mut self,
+        owner: u32,
+        value: &[u8],
+        hash: u32,
+        also: u64,
+    ) -> Result<Option<u32>> {
+        let core = self.core;
+        for ino in core.ea_inodes.candidates(hash) {
+            if ino == owner || check_ea_ino(&core.geo, owner, ino).is_err() {
+                core.ea_inodes.remove(hash, ino);
+                continue;
+            }
+            let _ea = self.lock_write(ino, Rank::EaInode);
+            let usable = self.read_inode(ino).ok().filter(|ea_inode| {
+                ea_inode.mode != 0
+                    && ea_inode.links_count > 0
+                    && ea_inode.has_flag(flags::EA_INODE)
+                    && ea_refs(ea_inode) > 0
+                    && ea_inode.atime.sec as u32 == hash
+                    && ea_inode.size == value.len() as u64
+            });
+            let Some(mut ea_inode) = usable else {
+                core.ea_inodes.remove(hash, ino);
+                continue;
+            };
+            match read_ea_value(core, ino, &ea_inode, value.len()) {
+                Ok(stored) if stored == value => {}
+                _ => continue,
+            }
+            self.charge(also)?;
+            let refs = match crate::faults::active(crate::faults::Fault::EaInodeShareUncounted) {
+                true => ea_refs(&ea_inode),
+                false => ea_refs(&ea_inode) + 1,
+            };
+            set_ea_refs(&mut ea_inode, refs);
+            self.write_inode(ino, &ea_inode)?;
+            return Ok(Some(ino));
+        }
+        Ok(None)
+    }
+
+    /// A new EA inode for `value` (`ea_inode_for`): a regular file, mode 0600, owned
     /// as `owner` is, flagged EA_INODE, one link, its reference count 1 and
     /// the value's hash in `i_atime` (`ext4_xattr_inode_create`); the value
     /// is written in blocks through the cache, journaled as the kernel's
@@ -292,6 +436,7 @@ impl super::Tx<'_, '_> {
             return self.write_inode(ino, &ea_inode);
         }
         ea_inode.links_count = 0;
+        self.core.ea_inodes.remove(ea_inode.atime.sec as u32, ino);
         self.write_inode(ino, &ea_inode)?;
         self.evict_inode(ino, ea_inode)
     }
