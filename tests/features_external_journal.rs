@@ -284,3 +284,62 @@ fn the_image_tools_take_a_journal_file_and_refuse_the_wrong_ones() {
     );
     kernel.unmount();
 }
+
+/// The journal device found elsewhere than the number the superblock
+/// records: given by `journal_path=`, jext4 records its number, as the
+/// kernel does, and the kernel then finds it without the option.
+#[test]
+fn a_journal_device_that_moved_is_recorded_where_it_now_is() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("external-journal-moved");
+    let dir = scratch.path();
+    let journal_file = dir.join("journal.img");
+    journal_device(&journal_file, 4096);
+    let image = {
+        let journal = Loop::new(&journal_file);
+        filesystem_on(dir, "external-journal-moved", 4096, &journal)
+    };
+    let recorded = |image: &Path| -> String {
+        let output = e2e::run_ok("dumpe2fs", &["-h", e2e::path_str(image)]);
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        text.lines()
+            .find_map(|line| line.strip_prefix("Journal device:"))
+            .unwrap_or_else(|| panic!("no journal device in:\n{text}"))
+            .trim()
+            .to_string()
+    };
+    let before = recorded(&image);
+    // Whatever takes the old number first, the journal comes back under
+    // another.
+    let filler_file = dir.join("filler.img");
+    std::fs::write(&filler_file, vec![0u8; 1 << 20]).unwrap();
+    let _filler = Loop::new(&filler_file);
+    let journal = Loop::new(&journal_file);
+    let now = {
+        use std::os::unix::fs::MetadataExt;
+        let rdev = std::fs::metadata(journal.path()).unwrap().rdev();
+        format!("0x{:04x}", libc::major(rdev) << 8 | libc::minor(rdev))
+    };
+    if now == before {
+        common::skip("the journal's loop device got its old number back");
+        return;
+    }
+    let mnt = dir.join("mnt");
+    let mount = JextMount::mount(&image, &mnt, &format!("journal_path={}", journal.path()));
+    std::fs::write(mnt.join("file"), b"through the moved journal\n").unwrap();
+    mount.unmount();
+    assert_eq!(recorded(&image), now, "the journal's new device number");
+    fsck_clean(
+        &image,
+        &journal,
+        "after jext4 recorded the journal's number",
+    );
+    let kernel = KernelMount::mount(&image, &mnt, true);
+    assert_eq!(
+        std::fs::read(mnt.join("file")).unwrap(),
+        b"through the moved journal\n"
+    );
+    kernel.unmount();
+}

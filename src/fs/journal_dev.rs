@@ -30,6 +30,9 @@ pub struct ExternalJournal {
     label: JournalDeviceLabel,
     /// What the device was found as, for messages.
     name: String,
+    /// Its device number as the superblock records it, when it is a block
+    /// device.
+    number: Option<u32>,
 }
 
 impl std::fmt::Debug for ExternalJournal {
@@ -104,6 +107,7 @@ impl ExternalJournal {
             dev,
             label,
             name: "the journal device".into(),
+            number: None,
         };
         journal.check_against(sb)?;
         Ok(journal)
@@ -118,7 +122,21 @@ impl ExternalJournal {
         let name = path.display().to_string();
         let dev = crate::dev::open_image_claimed(path, read_only, claim)?;
         let label = read_label(&*dev)?.ok_or_else(|| not_a_journal(&name))?;
-        Ok(ExternalJournal { dev, label, name })
+        let number = block_device_number(path);
+        Ok(ExternalJournal {
+            dev,
+            label,
+            name,
+            number,
+        })
+    }
+
+    /// The device number the superblock should record for this journal
+    /// (`s_journal_dev`), when it records another: the kernel updates it
+    /// when `journal_path=` names the journal elsewhere
+    /// (`ext4_load_journal`), e2fsck when it finds the journal by UUID.
+    pub fn number_to_record(&self, sb: &Superblock) -> Option<u32> {
+        self.number.filter(|&number| number != sb.journal_dev)
     }
 
     /// The device the superblock names: its device number, then any block
@@ -139,8 +157,8 @@ impl ExternalJournal {
             "the journal is on an external device (UUID {}, device {}:{}) that was not \
              found: name it with -o journal_path=PATH (the tools' --journal PATH)",
             format_uuid(&wanted),
-            sb.journal_dev >> 8,
-            sb.journal_dev & 0xff
+            decode_device_number(sb.journal_dev).0,
+            decode_device_number(sb.journal_dev).1
         )))
     }
 
@@ -252,14 +270,42 @@ fn peek_label(path: &Path) -> Result<Option<JournalDeviceLabel>> {
     JournalDeviceLabel::decode(&bytes)
 }
 
-/// The device node of a device number as the superblock stores it (the
-/// old 16-bit `major << 8 | minor`, which mke2fs and the kernel write), if
+/// A device number as the superblock stores it: the kernel's
+/// `new_encode_dev` (minor's low byte, then the major, then the minor's
+/// upper bits: `major << 8 | minor` for small numbers, as mke2fs writes).
+fn encode_device_number(major: u32, minor: u32) -> u32 {
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+/// (major, minor) of a device number as the superblock stores it
+/// (`new_decode_dev`).
+fn decode_device_number(number: u32) -> (u32, u32) {
+    (
+        (number & 0xfff00) >> 8,
+        (number & 0xff) | ((number >> 12) & 0xfff00),
+    )
+}
+
+/// The device number of `path` when it is a block device.
+fn block_device_number(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.file_type().is_block_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    Some(encode_device_number(major, minor))
+}
+
+/// The device node of a device number as the superblock stores it, if
 /// the system has it.
 fn device_node(number: u32) -> Option<PathBuf> {
     if number == 0 {
         return None;
     }
-    let sys = format!("/sys/dev/block/{}:{}/uevent", number >> 8, number & 0xff);
+    let (major, minor) = decode_device_number(number);
+    let sys = format!("/sys/dev/block/{major}:{minor}/uevent");
     let uevent = std::fs::read_to_string(sys).ok()?;
     let name = uevent
         .lines()
@@ -311,6 +357,17 @@ mod tests {
         assert_eq!(device_node(0), None);
         // Major 255 minor 255 names no block device here.
         assert_eq!(device_node(0xffff), None);
+    }
+
+    #[test]
+    fn device_numbers_are_encoded_as_the_kernel_encodes_them() {
+        // loop0, as mke2fs records it; a minor past 255 (loop300).
+        assert_eq!(encode_device_number(7, 0), 0x0700);
+        assert_eq!(decode_device_number(0x0700), (7, 0));
+        let large = encode_device_number(7, 300);
+        assert_eq!(large, 0x2c | 7 << 8 | 0x100 << 12);
+        assert_eq!(decode_device_number(large), (7, 300));
+        assert_eq!(decode_device_number(encode_device_number(259, 5)), (259, 5));
     }
 
     #[test]

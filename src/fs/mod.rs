@@ -744,6 +744,7 @@ impl Fs {
             )?,
         };
         let external = external.as_ref();
+        let journal_number = external.and_then(|journal| journal.number_to_record(&sb));
         let mut forced_read_only = None;
         let fast_commit = settle_options(&sb, &*dev, &mut options, &mut forced_read_only)?;
         let geo = Geometry::from_superblock(&sb);
@@ -816,7 +817,7 @@ impl Fs {
         }
         fs.check_root()?;
         if !fs.core.options.read_only {
-            fs.mark_mounted()?;
+            fs.mark_mounted(journal_number)?;
             fs.recover_orphans()?;
         }
         if fs.core.delayed.enabled() {
@@ -850,7 +851,10 @@ impl Fs {
     /// "not clean" until unmount writes STATE_VALID back, as the kernel does
     /// for ext2; journaled, it stays valid and needs_recovery says a replay
     /// is due after a crash.
-    fn mark_mounted(&self) -> Result<()> {
+    ///
+    /// `journal_number`: an external journal's device number to record
+    /// where the superblock has another (`journal_dev.rs`).
+    fn mark_mounted(&self, journal_number: Option<u32>) -> Result<()> {
         let journaled = self.core.journal.is_journaled();
         self.transact(Scope::Housekeeping, 1, Caller::ROOT, |tx| {
             let mut sb = tx.core.sbi.lock();
@@ -865,6 +869,11 @@ impl Fs {
             self.mount_state.store(sb.state, Ordering::Release);
             if !journaled {
                 sb.state &= !STATE_VALID;
+            }
+            if let Some(number) = journal_number {
+                tracing::info!(number, "recording the external journal's device number");
+                let uuid = sb.journal_uuid;
+                sb.set_external_journal(uuid, number);
             }
             sb.mount_count = sb.mount_count.wrapping_add(1);
             sb.mount_time = inode::now_seconds();
