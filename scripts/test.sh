@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 # g++: the fuzz crate's libfuzzer-sys builds libFuzzer (checked below).
-ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils strace g++
+ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils strace g++ fsverity
 require_cargo
 
 echo "== cargo fmt --check"

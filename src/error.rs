@@ -150,6 +150,16 @@ pub enum Error {
     /// EOPNOTSUPP: not something this inode or image can do.
     #[error("operation not supported")]
     NotSupported,
+    /// EIO, as the kernel gives it: a block of an fs-verity file does not
+    /// match its Merkle tree (the file's data or its tree changed on disk).
+    /// Not a device failure: the filesystem stays writable.
+    #[error("fs-verity: block {block} of inode {ino} does not match its Merkle tree")]
+    VerityMismatch {
+        /// The file.
+        ino: u32,
+        /// The Merkle block of its data (4 KiB, or the block size below).
+        block: u64,
+    },
     /// ESTALE: the inode behind a number was freed meanwhile.
     #[error("stale file handle")]
     Stale,
@@ -249,6 +259,7 @@ impl Error {
             Error::TooManySymlinks => libc::ELOOP,
             Error::Busy => libc::EBUSY,
             Error::Closed => libc::EBADF,
+            Error::VerityMismatch { .. } => libc::EIO,
         }
     }
 
@@ -291,9 +302,11 @@ impl From<Error> for std::io::Error {
     fn from(error: Error) -> std::io::Error {
         match error {
             Error::Io(error) => error,
-            Error::Corrupt { .. } | Error::Unsupported(_) | Error::Invalid(_) | Error::Closed => {
-                std::io::Error::new(error.kind(), error)
-            }
+            Error::Corrupt { .. }
+            | Error::Unsupported(_)
+            | Error::Invalid(_)
+            | Error::Closed
+            | Error::VerityMismatch { .. } => std::io::Error::new(error.kind(), error),
             error => std::io::Error::from_raw_os_error(error.errno()),
         }
     }

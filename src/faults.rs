@@ -83,6 +83,10 @@
 //!   inode holds shares that EA inode and takes one more of its
 //!   references; broken, the count stays, so the EA inode is freed while
 //!   the other place still names it.
+//! - [`Fault::VerityFlagBeforeTree`]: enabling fs-verity sets the flag
+//!   in the transaction that commits after the Merkle tree is written;
+//!   broken, it is set first, so a crash leaves a verity file without its
+//!   tree.
 //! - [`Fault::ExternalJournalUnflushed`]: with the journal on a device of
 //!   its own, a barrier flushes both devices (`dev/joined.rs`); broken, it
 //!   flushes the filesystem's only, so a commit can be acknowledged, and
@@ -114,10 +118,11 @@ pub enum Fault {
     EaInodeRefKept = 1 << 16,
     ExternalJournalUnflushed = 1 << 17,
     EaInodeShareUncounted = 1 << 18,
+    VerityFlagBeforeTree = 1 << 19,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 19] = [
+    pub const ALL: [Fault; 20] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -137,6 +142,7 @@ impl Fault {
         Fault::EaInodeRefKept,
         Fault::ExternalJournalUnflushed,
         Fault::EaInodeShareUncounted,
+        Fault::VerityFlagBeforeTree,
     ];
 }
 

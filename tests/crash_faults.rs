@@ -282,6 +282,18 @@ fn an_ea_inode_shared_without_a_reference_is_caught() {
     );
 }
 
+/// fs-verity: the flag set before the Merkle tree is written leaves, after
+/// a crash, a verity file whose reads fail.
+#[test]
+fn a_verity_flag_set_before_its_tree_is_caught() {
+    assert_caught_on(
+        Fault::VerityFlagBeforeTree,
+        &["verity"],
+        200,
+        Mode::FullCommits,
+    );
+}
+
 /// An external journal: a barrier that flushes the filesystem's device
 /// and not the journal's lets a commit be acknowledged, and checkpointed
 /// home, with its log still volatile.

@@ -167,6 +167,23 @@ macro_rules! workload_tests {
     };
 }
 
+/// fs-verity's enable (its tree written past the end, then the flag):
+/// plain and fast-commit images at both block sizes, not every mode.
+mod verity {
+    #[test]
+    fn at_1k() {
+        super::check("verity", 1024, false)
+    }
+    #[test]
+    fn at_4k() {
+        super::check("verity", 4096, false)
+    }
+    #[test]
+    fn fast_commit_at_4k() {
+        super::check("verity", 4096, true)
+    }
+}
+
 workload_tests! {
     mailspool: "mailspool",
     lsm: "lsm",

@@ -458,6 +458,19 @@ impl Lane {
         )
     }
 
+    /// fs-verity on `rel` (its Merkle tree built, then the flag set).
+    pub fn enable_verity(&mut self, rel: &str) -> Result<()> {
+        self.step(
+            || format!("enable verity {rel}"),
+            &[rel],
+            |lane| {
+                let ino = lane.ino(rel)?;
+                lane.fs.enable_verity(ino, Caller::ROOT)?;
+                Ok(None)
+            },
+        )
+    }
+
     pub fn remove_xattr(&mut self, rel: &str, name: &str) -> Result<()> {
         self.step(
             || format!("removexattr {rel} {name}"),

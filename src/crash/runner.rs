@@ -832,12 +832,26 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
                 false
             }
         };
+    let wants_verity = config
+        .workloads
+        .iter()
+        .any(|workload| workload.name == "verity");
+    let kernel_verity = kernel
+        && wants_verity
+        && match tools::kernel_reads_verity(&scratch, &template, config.journal_at()) {
+            Ok(()) => true,
+            Err(error) => {
+                summary.kernel_skipped = Some(format!("verity workload: {error}"));
+                false
+            }
+        };
     let mut files = Files::new(&scratch)?;
     let context = Context {
         config,
         scratch: &scratch,
         template: &template,
         kernel,
+        kernel_verity,
     };
     // The budget is shared evenly; what a workload cannot use (its log has
     // fewer distinct states) goes to those after it.
@@ -860,6 +874,9 @@ struct Context<'a> {
     scratch: &'a Scratch,
     template: &'a [u8],
     kernel: bool,
+    /// The kernel reads fs-verity files (CONFIG_FS_VERITY): the verity
+    /// workload's kernel checks run only then.
+    kernel_verity: bool,
 }
 
 impl Context<'_> {
@@ -969,7 +986,7 @@ impl Context<'_> {
             scratch: self.scratch,
             recorded,
             marks: Marks::new(&recorded.log),
-            kernel: self.kernel,
+            kernel: self.kernel && (workload.name != "verity" || self.kernel_verity),
             files,
         };
         let mut base = Base::new(recorded.base.clone());

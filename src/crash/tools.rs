@@ -168,10 +168,12 @@ pub fn make_template_journaled(
     let block_size_arg = block_size.to_string();
     // ea_inode: the xattrs workload's large values go to EA inodes (the
     // other workloads' small ones never do).
+    // verity: the verity workload's files (a feature bit the others never
+    // see used).
     let mut features = String::from(if fast_commit {
-        "fast_commit,ea_inode"
+        "fast_commit,ea_inode,verity"
     } else {
-        "^fast_commit,ea_inode"
+        "^fast_commit,ea_inode,verity"
     });
     let mut extended = String::from(
         "nodiscard,lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0,\
@@ -479,6 +481,54 @@ pub fn kernel_available(
     mount.unmount()?;
     let _ = std::fs::remove_file(&image);
     Ok(())
+}
+
+/// Whether the kernel reads fs-verity files: a verity file jext4 made in a
+/// copy of `template`, read through a loop mount (a kernel without
+/// CONFIG_FS_VERITY refuses to open it: EOPNOTSUPP).
+pub fn kernel_reads_verity(
+    scratch: &Scratch,
+    template: &[u8],
+    journal_at: Option<u64>,
+) -> Result<(), String> {
+    let image = scratch.path("verity-probe.img");
+    std::fs::write(&image, template).map_err(|e| e.to_string())?;
+    let device: std::sync::Arc<dyn crate::dev::BlockDevice> =
+        std::sync::Arc::new(crate::dev::MemoryDevice::from_bytes(template.to_vec()));
+    let fs = super::runner::mount_split(
+        device.clone(),
+        journal_at,
+        crate::fs::MountOptions::default(),
+    )
+    .map_err(|e| format!("probe mount: {e}"))?;
+    let made = fs
+        .create(
+            crate::format::superblock::ROOT_INO,
+            b"probe",
+            0o644,
+            crate::fs::Caller::ROOT,
+        )
+        .and_then(|attr| {
+            fs.write(attr.ino, 0, b"probe\n", crate::fs::Caller::ROOT)?;
+            fs.enable_verity(attr.ino, crate::fs::Caller::ROOT)
+        });
+    let unmounted = fs.unmount();
+    made.and(unmounted)
+        .map_err(|e| format!("probe verity file: {e}"))?;
+    let mut bytes = vec![0u8; device.size_bytes() as usize];
+    device.read_at(0, &mut bytes).map_err(|e| e.to_string())?;
+    std::fs::write(&image, bytes).map_err(|e| e.to_string())?;
+    let mount = KernelMount::with_journal(&image, journal_at, &scratch.path("verity-probe.mnt"))?;
+    let read = std::fs::read(mount.point.join("probe"));
+    mount.unmount()?;
+    let _ = std::fs::remove_file(&image);
+    match read {
+        Ok(data) if data == b"probe\n" => Ok(()),
+        Ok(_) => Err("the kernel read a verity file differently".into()),
+        Err(error) => Err(format!(
+            "this kernel does not read fs-verity files ({error})"
+        )),
+    }
 }
 
 /// A mounted tree read through the kernel.

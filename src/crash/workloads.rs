@@ -121,6 +121,13 @@ pub const WORKLOADS: &[Workload] = &[
         states_per_scenario: 0,
     },
     Workload {
+        name: "verity",
+        about: "fs-verity enabled on files of every size (empty, one block, a tree of one and of two levels) among writes and renames; fsync and sync",
+        tear: true,
+        scenarios: verity,
+        states_per_scenario: 0,
+    },
+    Workload {
         name: "random",
         about: "random namespace and data operations with fsync, fdatasync and sync",
         tear: true,
@@ -647,6 +654,48 @@ fn xattrs_run(lane: &mut Lane, seed: u64) {
             8 => {
                 let _ = lane.unlink(file);
                 let _ = lane.create(file);
+            }
+            _ => {
+                let _ = lane.sync();
+            }
+        }
+    }
+    let _ = lane.sync();
+}
+
+fn verity(seed: u64, _budget: usize) -> Vec<Scenario> {
+    vec![Scenario::single(
+        "verity",
+        Box::new(|_| {}),
+        Box::new(move |lanes| verity_run(&mut lanes[0], seed)),
+    )]
+}
+
+/// Files of sizes that give every shape of Merkle tree (none for an empty
+/// or one-block file, one level, two), written, then made verity files —
+/// the tree past the end in transactions of its own, the flag in the
+/// last — between other files' writes, renames and fsyncs.
+fn verity_run(lane: &mut Lane, seed: u64) {
+    let mut rng = Rng::derive(seed, "verity");
+    let sizes = [0usize, 700, 4096, 9_000, 200_000, 600_000];
+    for (index, &size) in sizes.iter().enumerate() {
+        let name = format!("v{index}");
+        let _ = lane.create(&name);
+        if size > 0 {
+            let _ = lane.write(&name, 0, size);
+        }
+        if rng.below(2) == 0 {
+            let _ = lane.fsync(&name);
+        }
+        let _ = lane.create("other");
+        let _ = lane.append("other", rng.range(100, 5_000) as usize);
+        let _ = lane.enable_verity(&name);
+        match rng.below(3) {
+            0 => {
+                let _ = lane.fsync(&name);
+            }
+            1 => {
+                let _ = lane.rename(&name, &format!("renamed{index}"));
             }
             _ => {
                 let _ = lane.sync();

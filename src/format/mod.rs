@@ -35,6 +35,7 @@ pub mod mapping;
 pub mod mmp;
 pub mod orphan;
 pub mod superblock;
+pub mod verity;
 pub mod xattr;
 
 use crate::cache::{Buffer, BufferCache};

@@ -123,7 +123,8 @@ pub const RO_COMPAT_SUPPORTED: u32 = ro_compat::SPARSE_SUPER
     | ro_compat::EXTRA_ISIZE
     | ro_compat::METADATA_CSUM
     | ro_compat::ORPHAN_PRESENT
-    | ro_compat::PROJECT;
+    | ro_compat::PROJECT
+    | ro_compat::VERITY;
 
 fn feature_names(kind: &str, bits: u32) -> Vec<String> {
     let table: &[(u32, &str)] = match kind {

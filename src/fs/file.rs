@@ -67,6 +67,14 @@ impl Tx<'_, '_> {
         if !inode.is_reg() {
             return Err(Error::Invalid("not a regular file".into()));
         }
+        // fs-verity files are read-only (the kernel: EPERM), and so, while
+        // verity is being enabled on them, are the others (ETXTBSY).
+        if inode.has_flag(crate::format::inode::flags::VERITY) {
+            return Err(Error::NotPermitted);
+        }
+        if self.core.verity_enabling.lock().contains(&ino) {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ETXTBSY)));
+        }
         Ok(inode)
     }
 
@@ -391,7 +399,10 @@ impl Fs {
                 return Ok((Vec::new(), inode));
             }
             let end = file_size.min(offset.saturating_add(size as u64));
-            let data = self.read_range(ino, &inode, offset, end)?;
+            let data = match inode.has_flag(crate::format::inode::flags::VERITY) {
+                true => self.read_verified(ino, &inode, offset, end)?,
+                false => self.read_range(ino, &inode, offset, end)?,
+            };
             Ok((data, inode))
         })();
         drop(inode_lock);

@@ -40,6 +40,7 @@ mod orphan;
 mod prealloc;
 mod sb_info;
 mod system_zone;
+mod verity;
 pub mod walk;
 mod xattr;
 
@@ -278,6 +279,9 @@ pub(crate) struct Core {
     /// EA inodes by the hash of their value, for equal values to share
     /// one (a leaf lock).
     pub ea_inodes: xattr::EaInodeCache,
+    /// Files fs-verity is being enabled on: writes to them are refused
+    /// meanwhile (the kernel's deny_write_access; a leaf lock).
+    pub verity_enabling: Mutex<NumberSet<u32>>,
     /// What block allocation did (`jext4 stats`).
     pub alloc_counters: alloc::AllocCounters,
     /// Files' preallocation windows (a leaf lock; their blocks are masked
@@ -387,6 +391,7 @@ impl Core {
             open_orphans: Mutex::new(NumberSet::default()),
             remembered: Mutex::new(NumberMap::default()),
             ea_inodes: xattr::EaInodeCache::default(),
+            verity_enabling: Mutex::new(NumberSet::default()),
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
             delayed: delalloc::Delayed::new(

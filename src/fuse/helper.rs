@@ -35,6 +35,7 @@ pub const SUBCOMMANDS: &[&str] = &[
     "chown",
     "touch",
     "xattr",
+    "verity",
     "shell",
 ];
 

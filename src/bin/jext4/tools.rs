@@ -76,6 +76,9 @@ pub enum ToolCommand {
     Touch(verbs::TouchArgs),
     /// Get, set, list or remove extended attributes.
     Xattr(verbs::XattrArgs),
+    /// fs-verity: make files verity files (enable), print their digests
+    /// as `fsverity digest` does (measure).
+    Verity(verbs::VerityArgs),
     /// Run verbs read one per line from standard input, in one open of IMAGE.
     Shell(verbs::ShellArgs),
 }

@@ -98,6 +98,25 @@ pub struct LnArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct VerityArgs {
+    #[arg(value_enum)]
+    pub action: VerityAction,
+    #[arg(required = true, value_name = "IMAGE:PATH")]
+    pub paths: Vec<String>,
+    #[command(flatten)]
+    pub common: ImageArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum VerityAction {
+    /// Build the Merkle tree (SHA-256, no salt) and make the file read-only
+    /// and verified (needs the verity feature: `tune2fs -O verity`).
+    Enable,
+    /// Print `sha256:DIGEST PATH`, as `fsverity digest` prints it.
+    Measure,
+}
+
+#[derive(Args, Debug)]
 pub struct ChmodArgs {
     /// Octal (0755) or symbolic (u+x,go-w) mode.
     pub mode: String,
@@ -176,6 +195,7 @@ pub fn common_of(command: &ToolCommand) -> ImageArgs {
         ToolCommand::Chown(args) => args.common.clone(),
         ToolCommand::Touch(args) => args.common.clone(),
         ToolCommand::Xattr(args) => args.common.clone(),
+        ToolCommand::Verity(args) => args.common.clone(),
         ToolCommand::Shell(args) => args.common.clone(),
     }
 }
@@ -238,6 +258,7 @@ pub fn run(session: &mut Session, command: ToolCommand) -> u8 {
         ToolCommand::Chown(args) => chown(&mut verb, &args),
         ToolCommand::Touch(args) => touch(&mut verb, &args),
         ToolCommand::Xattr(args) => xattr(&mut verb, &args),
+        ToolCommand::Verity(args) => verity(&mut verb, &args),
         ToolCommand::Cp(_) | ToolCommand::Shell(_) => {
             verb.say(1, "not available here".into());
         }
@@ -260,6 +281,7 @@ fn verb_name(command: &ToolCommand) -> &'static str {
         ToolCommand::Chown(_) => "chown",
         ToolCommand::Touch(_) => "touch",
         ToolCommand::Xattr(_) => "xattr",
+        ToolCommand::Verity(_) => "verity",
         ToolCommand::Shell(_) => "shell",
     }
 }
@@ -741,6 +763,32 @@ fn ln(verb: &mut Verb<'_>, args: &LnArgs) {
             1,
             format!("failed to create {kind} '{shown}': {}", describe(&error)),
         );
+    }
+}
+
+// ---- verity ----
+
+fn verity(verb: &mut Verb<'_>, args: &VerityArgs) {
+    for arg in &args.paths {
+        let Some((path, image)) = verb.open(arg) else {
+            continue;
+        };
+        let done = image
+            .inode_of(path.trimmed(), true)
+            .and_then(|ino| match args.action {
+                VerityAction::Enable => image.fs().enable_verity(ino, image.caller()),
+                VerityAction::Measure => image.fs().verity_digest(ino).map(|digest| {
+                    let text = jext4::engine::format::verity::digest_text(&digest);
+                    println!("{text} {}", path.trimmed());
+                }),
+            });
+        match done {
+            Err(jext4::Error::NoAttribute) => {
+                verb.say(1, format!("'{arg}': not a verity file"));
+            }
+            Err(error) => verb.say(1, format!("'{arg}': {}", describe(&error))),
+            Ok(()) => {}
+        }
     }
 }
 

@@ -1,0 +1,199 @@
+//! fs-verity (`mke2fs -O verity`): jext4 enables verity on files of every
+//! tree shape (empty, under a block, one block, one level, two levels) at
+//! 1 KiB and 4 KiB blocks, and the digest it reports is the one
+//! `fsverity digest` computes from the same content (fsverity-utils, the
+//! oracle: this machine's kernel has no CONFIG_FS_VERITY); every file
+//! reads back as written, through the library and through a mount, and
+//! `e2fsck -fn` (which knows verity inodes' blocks past their end) is
+//! clean. A block changed on disk is EIO for the block's reads only, the
+//! filesystem staying writable; writes and truncates of a verity file are
+//! EPERM, and enable refuses what the kernel refuses.
+
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use common::e2e::{self, JextMount};
+use jext4::Image;
+use std::path::Path;
+
+const SIZES: &[usize] = &[0, 100, 1024, 4096, 5_000, 1 << 20, (1 << 20) + 1, 5_000_000];
+
+/// `fsverity digest` of `file` with Merkle blocks of `block_size`: the
+/// `sha256:HEX` it prints.
+fn fsverity_digest(file: &Path, block_size: u32) -> String {
+    let block = format!("--block-size={block_size}");
+    let output = e2e::run_ok("fsverity", &["digest", &block, e2e::path_str(file)]);
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn hex(digest: &[u8; 32]) -> String {
+    let text: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("sha256:{text}")
+}
+
+fn verity_image(dir: &Path, name: &str, block_size: &str) -> std::path::PathBuf {
+    common::mkfs(
+        dir,
+        name,
+        64,
+        &["-t", "ext4", "-b", block_size, "-O", "verity"],
+    )
+}
+
+#[test]
+fn digests_are_fsverity_utils_digests_and_files_read_back() {
+    if !e2e::require_e2e() || !common::require_tool("fsverity") {
+        return;
+    }
+    for block_size in ["1024", "4096"] {
+        let scratch = e2e::scratch(&format!("verity-{block_size}"));
+        let image = verity_image(scratch.path(), "verity", block_size);
+        // Merkle blocks of 4 KiB, or the filesystem's block below that.
+        let merkle = block_size.parse::<u32>().unwrap().min(4096);
+        let opened = Image::open(&image).unwrap();
+        let mut contents = Vec::new();
+        for (index, &size) in SIZES.iter().enumerate() {
+            let data = e2e::pattern(index as u64 + 40, size);
+            let name = format!("/f{index}");
+            opened.write(&name, &data).unwrap();
+            opened.enable_verity(&name).unwrap();
+            let host = scratch.path().join(format!("f{index}"));
+            std::fs::write(&host, &data).unwrap();
+            assert_eq!(
+                hex(&opened.verity_digest(&name).unwrap()),
+                fsverity_digest(&host, merkle),
+                "{block_size}-byte blocks, {size} bytes: digest"
+            );
+            assert_eq!(opened.read(&name).unwrap(), data, "{size} bytes read back");
+            contents.push((name, data));
+        }
+        opened.close().unwrap();
+        e2e::fsck_clean(&image, "after enabling verity");
+
+        // Again after a fresh open, and through a mount.
+        let opened = Image::open_read_only(&image).unwrap();
+        for (name, data) in &contents {
+            assert_eq!(&opened.read(name).unwrap(), data, "{name} after reopening");
+        }
+        drop(opened);
+        let mnt = scratch.path().join("mnt");
+        let mount = JextMount::mount(&image, &mnt, "");
+        for (name, data) in &contents {
+            let path = mnt.join(name.trim_start_matches('/'));
+            assert_eq!(&std::fs::read(&path).unwrap(), data, "{name} through FUSE");
+            let written = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .and_then(|mut file| std::io::Write::write_all(&mut file, b"more"));
+            assert_eq!(
+                written.map_err(|e| e.raw_os_error()),
+                Err(Some(libc::EPERM)),
+                "{name}: a write through FUSE"
+            );
+        }
+        mount.unmount();
+        e2e::fsck_clean(&image, "after the mount");
+    }
+}
+
+#[test]
+fn a_changed_block_is_eio_and_verity_files_stay_read_only() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("verity-damage");
+    let image = verity_image(scratch.path(), "verity-damage", "4096");
+    let opened = Image::open(&image).unwrap();
+    let data = e2e::pattern(7, 1 << 20);
+    opened.write("/big", &data).unwrap();
+    opened.enable_verity("/big").unwrap();
+    opened.write("/plain", "not verity\n").unwrap();
+    opened.create_dir("/dir").unwrap();
+
+    // What the kernel refuses.
+    let errno = |error: jext4::Error| error.raw_os_error();
+    assert_eq!(
+        opened.enable_verity("/big").map_err(errno),
+        Err(Some(libc::EEXIST))
+    );
+    assert_eq!(
+        opened.enable_verity("/dir").map_err(errno),
+        Err(Some(libc::EISDIR))
+    );
+    assert_eq!(
+        opened.verity_digest("/plain").map_err(errno),
+        Err(Some(libc::ENODATA))
+    );
+    let appended = opened
+        .open_with("/big", jext4::OpenOptions::new().append(true))
+        .and_then(|mut file| Ok(std::io::Write::write_all(&mut file, b"x")?));
+    assert_eq!(
+        appended.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EPERM))
+    );
+    let truncated = opened
+        .open_with("/big", jext4::OpenOptions::new().write(true))
+        .and_then(|file| file.set_len(10));
+    assert_eq!(
+        truncated.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EPERM))
+    );
+    // Its mode and xattrs still change, as in the kernel.
+    opened
+        .set_permissions("/big", std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .unwrap();
+    opened.close().unwrap();
+
+    // One byte of data block 100 changed on disk.
+    let output = e2e::run_ok("debugfs", &["-R", "bmap /big 100", e2e::path_str(&image)]);
+    let block: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let mut bytes = std::fs::read(&image).unwrap();
+    bytes[(block * 4096 + 7) as usize] ^= 0x40;
+    std::fs::write(&image, &bytes).unwrap();
+
+    let opened = Image::open(&image).unwrap();
+    let error = opened.read("/big").unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    // As std::io::Error: EIO's kind, the detail kept inside.
+    let io_error = std::io::Error::from(error);
+    assert_eq!(
+        io_error.kind(),
+        std::io::Error::from_raw_os_error(libc::EIO).kind()
+    );
+    assert!(io_error.to_string().contains("Merkle tree"), "{io_error}");
+    // The rest of the file and the filesystem are fine, and writable.
+    let mut file = opened.open_file("/big").unwrap();
+    let mut first = vec![0u8; 4096 * 100];
+    std::io::Read::read_exact(&mut file, &mut first).unwrap();
+    assert_eq!(first, data[..first.len()]);
+    drop(file);
+    opened
+        .write("/after", "written after the damage\n")
+        .unwrap();
+    opened.close().unwrap();
+    e2e::fsck_clean(&image, "after the damage (data blocks are not e2fsck's)");
+}
+
+#[test]
+fn enable_needs_the_feature_as_in_the_kernel() {
+    if !e2e::require_e2e() {
+        return;
+    }
+    let scratch = e2e::scratch("verity-feature");
+    let image = common::mkfs(scratch.path(), "no-verity", 32, &["-t", "ext4"]);
+    let opened = Image::open(&image).unwrap();
+    opened.write("/f", "data\n").unwrap();
+    let error = opened.enable_verity("/f").unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::EOPNOTSUPP));
+    assert!(error.to_string().contains("tune2fs -O verity"), "{error}");
+    opened.close().unwrap();
+}
