@@ -37,6 +37,12 @@ use std::collections::HashMap;
 const CREDITS_VERITY_STATE: u32 = 8;
 
 impl Fs {
+    /// The Merkle block size `enable_verity` writes: 4 KiB, or the
+    /// filesystem's block below that (the kernel's limit).
+    pub fn verity_block_size(&self) -> u32 {
+        1 << MERKLE_LOG_BLOCK_SIZE.min(self.core.geo.log_block_size as u8 + 10)
+    }
+
     /// `FS_IOC_ENABLE_VERITY` with SHA-256 and no salt: build the Merkle
     /// tree of regular file `ino` and make it a verity file. Refused as the
     /// kernel refuses it: EOPNOTSUPP without the `verity` feature (as the
@@ -124,7 +130,7 @@ impl Fs {
     /// past the end of a file of `size` bytes.
     fn write_verity_metadata(&self, ino: u32, size: u64, caller: Caller) -> Result<()> {
         let fs_block_size = self.core.geo.block_size as u64;
-        let log_block_size = MERKLE_LOG_BLOCK_SIZE.min(self.core.geo.log_block_size as u8 + 10);
+        let log_block_size = self.verity_block_size().trailing_zeros() as u8;
         let tree = Tree::new(size, log_block_size, &[]);
         tree.check_levels(ino)?;
         let merkle_block = tree.block_size as u64;
@@ -207,6 +213,12 @@ impl Fs {
             Ok(self.verity_descriptor(ino, &inode)?.digest())
         })();
         self.note_error(result)
+    }
+
+    /// Whether `ino` is an fs-verity file.
+    pub fn is_verity(&self, ino: u32) -> Result<bool> {
+        let _inode = self.core.inodes.read(ino, Rank::Inode);
+        Ok(self.read_file_inode(ino)?.has_flag(flags::VERITY))
     }
 
     fn read_file_inode(&self, ino: u32) -> Result<Inode> {

@@ -21,6 +21,72 @@ const fn ioc(direction: u32, kind: u8, number: u8, size: u32) -> u32 {
     direction << 30 | size << 16 | (kind as u32) << 8 | number as u32
 }
 
+const IOC_WRITE: u32 = 1;
+
+/// linux/fsverity.h: `_IOW('f', 133, struct fsverity_enable_arg)` (128
+/// bytes, then the salt and the signature, which FUSE passes after it).
+pub const FS_IOC_ENABLE_VERITY: u32 = ioc(IOC_WRITE, b'f', 133, 128);
+/// linux/fsverity.h: `_IOWR('f', 134, struct fsverity_digest)` (4 bytes:
+/// the algorithm and the caller's room for the digest, then the digest).
+pub const FS_IOC_MEASURE_VERITY: u32 = ioc(IOC_READ | IOC_WRITE, b'f', 134, 4);
+
+/// `struct fsverity_enable_arg` as jext4 can honour it: version 1,
+/// SHA-256, Merkle blocks of `block_size` (what `Fs::enable_verity`
+/// writes), no salt, no signature. EINVAL for what the kernel refuses as
+/// EINVAL, EOPNOTSUPP for what it would do and jext4 does not.
+pub fn check_enable_verity(arg: &[u8], block_size: u32) -> crate::Result<()> {
+    let field = |at: usize| -> u32 {
+        arg.get(at..at + 4)
+            .map_or(0, |bytes| u32::from_le_bytes(bytes.try_into().unwrap()))
+    };
+    let invalid = |why: &str| {
+        Err(crate::Error::Invalid(format!(
+            "FS_IOC_ENABLE_VERITY: {why}"
+        )))
+    };
+    if arg.len() < 128 {
+        return invalid("short argument");
+    }
+    // version 0, hash_algorithm 4, block_size 8, salt_size 12, salt_ptr
+    // 16, sig_size 24, __reserved1 28, sig_ptr 32, __reserved2 40..128.
+    if field(0) != 1 || field(28) != 0 || arg[40..128].iter().any(|&b| b != 0) {
+        return invalid("version or reserved fields");
+    }
+    if field(4) != 1 {
+        return invalid("hash algorithm (SHA-256 only)");
+    }
+    if field(8) != block_size {
+        return invalid(&format!(
+            "Merkle block size {} (this filesystem: {block_size})",
+            field(8)
+        ));
+    }
+    if field(12) != 0 || field(24) != 0 {
+        return Err(crate::Error::Unsupported(
+            "FS_IOC_ENABLE_VERITY: salts and built-in signatures are not supported".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The answer to `FS_IOC_MEASURE_VERITY` for `digest`, given the caller's
+/// `struct fsverity_digest` header: EOVERFLOW when its room is too small.
+pub fn measured(arg: &[u8], digest: &[u8; 32]) -> crate::Result<Vec<u8>> {
+    let room = arg
+        .get(2..4)
+        .map_or(0, |bytes| u16::from_le_bytes(bytes.try_into().unwrap()));
+    if (room as usize) < digest.len() {
+        return Err(crate::Error::Io(std::io::Error::from_raw_os_error(
+            libc::EOVERFLOW,
+        )));
+    }
+    let mut out = Vec::with_capacity(4 + digest.len());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&(digest.len() as u16).to_le_bytes());
+    out.extend_from_slice(digest);
+    Ok(out)
+}
+
 /// The ioctl type byte of jext4's requests.
 const KIND: u8 = b'j';
 
@@ -95,7 +161,43 @@ mod tests {
         // _IO('j', 1), _IOR('j', 2, char[16383]) and _IOR('j', 2,
         // char[8192]) as C computes them.
         assert_eq!(JEXT4_IOC_SYNC, 0x0000_6a01);
+        // linux/fsverity.h's numbers.
+        assert_eq!(FS_IOC_ENABLE_VERITY, 0x4080_6685);
+        assert_eq!(FS_IOC_MEASURE_VERITY, 0xc004_6686);
         assert_eq!(JEXT4_IOC_STATS, 0xbfff_6a02);
         assert_eq!(JEXT4_IOC_STATS_8K, 0x8000_0000 | 8192 << 16 | 0x6a02);
+    }
+
+    #[test]
+    fn verity_arguments_are_checked_as_the_kernel_checks_them() {
+        let mut arg = [0u8; 128];
+        arg[0] = 1;
+        arg[4] = 1;
+        arg[8..12].copy_from_slice(&4096u32.to_le_bytes());
+        assert!(check_enable_verity(&arg, 4096).is_ok());
+        assert!(matches!(
+            check_enable_verity(&arg, 1024),
+            Err(crate::Error::Invalid(_))
+        ));
+        let mut salted = arg;
+        salted[12] = 8;
+        assert!(matches!(
+            check_enable_verity(&salted, 4096),
+            Err(crate::Error::Unsupported(_))
+        ));
+        let mut reserved = arg;
+        reserved[100] = 1;
+        assert!(matches!(
+            check_enable_verity(&reserved, 4096),
+            Err(crate::Error::Invalid(_))
+        ));
+        let digest = [7u8; 32];
+        let out = measured(&[1, 0, 32, 0], &digest).unwrap();
+        assert_eq!(&out[..4], &[1, 0, 32, 0]);
+        assert_eq!(&out[4..], &digest);
+        assert_eq!(
+            measured(&[1, 0, 16, 0], &digest).unwrap_err().errno(),
+            libc::EOVERFLOW
+        );
     }
 }

@@ -222,9 +222,9 @@ impl Filesystem for DevSession {
             .link(&Origin::from(request), ino, newparent, newname, reply);
     }
 
-    fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _request: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _turn = self.turns.take();
-        self.adapter.open(ino, reply);
+        self.adapter.open(ino, flags.0, reply);
     }
 
     fn read(
@@ -363,12 +363,12 @@ impl Filesystem for DevSession {
         _fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
+        in_data: &[u8],
         out_size: u32,
         reply: ReplyIoctl,
     ) {
         let _turn = self.turns.take();
-        self.adapter.ioctl(ino, cmd, out_size, reply);
+        self.adapter.ioctl(ino, cmd, in_data, out_size, reply);
     }
 
     fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -813,9 +813,20 @@ impl FuseAdapter {
         });
     }
 
-    pub fn open(&self, ino: INodeNo, reply: impl OpenAnswer) {
+    /// open(2): an fs-verity file opened for writing or truncation is
+    /// EPERM, as the kernel's `fsverity_file_open` answers (the only check
+    /// of the flags the kernel leaves to the filesystem here).
+    pub fn open(&self, ino: INodeNo, flags: i32, reply: impl OpenAnswer) {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         self.guard(Operation::Open, move |clock| {
-            match clock.engine(|| self.fs.open_file(to_ext4(ino))) {
+            let opened = clock.engine(|| {
+                let ino = to_ext4(ino);
+                if writes && self.fs.is_verity(ino)? {
+                    return Err(Error::NotPermitted);
+                }
+                self.fs.open_file(ino)
+            });
+            match opened {
                 Ok(attr) => reply.opened(FileHandle(0), self.file_open_flags(&attr)),
                 Err(error) => reply.error(errno(&error)),
             }
@@ -986,8 +997,39 @@ impl FuseAdapter {
         });
     }
 
-    pub fn ioctl(&self, ino: INodeNo, cmd: u32, out_size: u32, reply: impl IoctlAnswer) {
+    pub fn ioctl(
+        &self,
+        ino: INodeNo,
+        cmd: u32,
+        data: &[u8],
+        out_size: u32,
+        reply: impl IoctlAnswer,
+    ) {
         self.guard(Operation::Ioctl, move |clock| match cmd {
+            // fs-verity: the kernel's FUSE passes these two with their
+            // variable parts (6.4+, `fuse_setup_enable_verity`).
+            control::FS_IOC_ENABLE_VERITY => {
+                let ino = to_ext4(ino);
+                let result = clock.engine(|| {
+                    control::check_enable_verity(data, self.fs.verity_block_size())?;
+                    self.fs.enable_verity(ino, Caller::ROOT)
+                });
+                match result {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
+            control::FS_IOC_MEASURE_VERITY => {
+                let ino = to_ext4(ino);
+                let result = clock.engine(|| self.fs.verity_digest(ino));
+                match result.and_then(|digest| control::measured(data, &digest)) {
+                    Ok(out) => {
+                        let length = out.len().min(out_size as usize);
+                        reply.ioctl(0, &out[..length]);
+                    }
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
             control::JEXT4_IOC_SYNC => {
                 match clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync())) {
                     Ok(()) => reply.ioctl(0, &[]),

@@ -738,7 +738,7 @@ fn dispatch(
         Request::Link { oldnodeid, newname } => {
             adapter.link(origin, INodeNo(oldnodeid), node, newname, answer)
         }
-        Request::Open => adapter.open(node, answer),
+        Request::Open { flags } => adapter.open(node, flags, answer),
         Request::Read { offset, size } => adapter.read(node, offset, size, answer),
         Request::Write {
             offset,
@@ -773,7 +773,11 @@ fn dispatch(
         Request::Create { name, mode, umask } => {
             adapter.create(origin, node, name, mode, umask, answer)
         }
-        Request::Ioctl { cmd, out_size } => adapter.ioctl(node, cmd, out_size, answer),
+        Request::Ioctl {
+            cmd,
+            data,
+            out_size,
+        } => adapter.ioctl(node, cmd, data, out_size, answer),
         Request::Fallocate {
             offset,
             length,

@@ -152,7 +152,10 @@ pub enum Request<'a> {
         oldnodeid: u64,
         newname: &'a OsStr,
     },
-    Open,
+    Open {
+        /// The open(2) flags (`fuse_open_in.flags`).
+        flags: i32,
+    },
     Read {
         offset: u64,
         size: u32,
@@ -202,6 +205,8 @@ pub enum Request<'a> {
     },
     Ioctl {
         cmd: u32,
+        /// What the caller passes in (the kernel copies it per `cmd`).
+        data: &'a [u8],
         out_size: u32,
     },
     Fallocate {
@@ -245,6 +250,9 @@ impl<'a> Request<'a> {
                 Self::decode_xattr(opcode, header, rest)
             }
             SETATTR => Some(Request::Setattr(decode_setattr(header)?)),
+            OPEN => Some(Request::Open {
+                flags: header.u32()? as i32,
+            }),
             _ => Some(Self::without_arguments(opcode)),
         }
     }
@@ -330,8 +338,13 @@ impl<'a> Request<'a> {
             },
             IOCTL => {
                 let (_flags, cmd) = (header.u32()?, header.u32()?);
-                let (_arg, _in_size, out_size) = (header.u64()?, header.u32()?, header.u32()?);
-                Request::Ioctl { cmd, out_size }
+                let (_arg, in_size, out_size) = (header.u64()?, header.u32()?, header.u32()?);
+                let data = rest.bytes(in_size as usize)?;
+                Request::Ioctl {
+                    cmd,
+                    data,
+                    out_size,
+                }
             }
             FALLOCATE => {
                 let (offset, length, mode) = (header.u64()?, header.u64()?, header.u32()?);
@@ -386,7 +399,6 @@ impl<'a> Request<'a> {
         match opcode {
             GETATTR => Request::Getattr,
             READLINK => Request::Readlink,
-            OPEN => Request::Open,
             STATFS => Request::Statfs,
             RELEASE => Request::Release,
             FLUSH => Request::Flush,
