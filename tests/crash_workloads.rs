@@ -124,6 +124,7 @@ fn check_images(
         summary.kernel_runs,
         summary
             .kernel_skipped
+            .or(summary.kernel_verity_skipped)
             .map_or(String::new(), |why| format!(" (kernel skipped: {why})")),
         summary.elapsed
     );

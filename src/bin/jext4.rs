@@ -375,10 +375,12 @@ fn crashtest(args: &CrashtestArgs) -> ExitCode {
                     "kernel replay"
                 },
                 summary.kernel_runs,
-                summary
-                    .kernel_skipped
-                    .as_ref()
-                    .map_or(String::new(), |why| format!(" (kernel skipped: {why})")),
+                match (&summary.kernel_skipped, &summary.kernel_verity_skipped) {
+                    (Some(why), _) => format!(" (kernel skipped: {why})"),
+                    (None, Some(why)) =>
+                        format!(" (kernel skipped for the verity workload: {why})"),
+                    (None, None) => String::new(),
+                },
                 summary.elapsed
             );
             println!(
