@@ -446,9 +446,13 @@ fn journal_out(file: &ImageFile, journal_at: Option<u64>) -> Result<Option<PathB
     let Some(at) = journal_at else {
         return Ok(None);
     };
-    let bytes = std::fs::read(&file.path).map_err(io_text)?;
+    use std::os::unix::fs::FileExt;
+    let image = std::fs::File::open(&file.path).map_err(io_text)?;
+    let len = image.metadata().map_err(io_text)?.len();
+    let mut journal = vec![0u8; len.saturating_sub(at) as usize];
+    image.read_exact_at(&mut journal, at).map_err(io_text)?;
     let path = file.path.with_extension("journal");
-    std::fs::write(&path, &bytes[at as usize..]).map_err(io_text)?;
+    std::fs::write(&path, &journal).map_err(io_text)?;
     Ok(Some(path))
 }
 

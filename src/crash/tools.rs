@@ -492,7 +492,6 @@ pub fn kernel_reads_verity(
     journal_at: Option<u64>,
 ) -> Result<(), String> {
     let image = scratch.path("verity-probe.img");
-    std::fs::write(&image, template).map_err(|e| e.to_string())?;
     let device: std::sync::Arc<dyn crate::dev::BlockDevice> =
         std::sync::Arc::new(crate::dev::MemoryDevice::from_bytes(template.to_vec()));
     let fs = super::runner::mount_split(

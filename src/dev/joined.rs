@@ -48,16 +48,6 @@ impl JoinedDevice {
         }
     }
 
-    /// Where the journal device's byte 0 is in the joined address space.
-    pub fn journal_base(&self) -> u64 {
-        self.journal_base
-    }
-
-    /// The filesystem's device.
-    pub fn fs(&self) -> &Arc<dyn BlockDevice> {
-        &self.fs
-    }
-
     /// The side a range of `len` bytes at `offset` lies on; a range that
     /// crosses from one device into the gap or the other is refused.
     fn side(&self, offset: u64, len: u64) -> io::Result<Side<'_>> {

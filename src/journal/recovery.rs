@@ -119,11 +119,6 @@ impl JournalArea {
         }
     }
 
-    /// Whether the journal is on a device of its own.
-    pub fn is_external(&self) -> bool {
-        self.external
-    }
-
     /// The journal's blocks that are the filesystem's too, which the
     /// filesystem must never allocate: all of them for an internal journal,
     /// none for an external one.
