@@ -10,6 +10,8 @@
 #![cfg(feature = "cli")]
 
 mod common;
+#[allow(dead_code)] // the image-tool tests' tree and snapshot, not all of it
+mod tools_support;
 
 use common::e2e::{self, KernelMount};
 use common::nbd::{Listen, NbdServer, download, servers_available, upload};
@@ -602,4 +604,87 @@ fn stats_of_an_unmounted_image_file_and_uri() {
     let (ok, live, said) = stats(e2e::path_str(&mountpoint));
     assert!(ok && field(&live, "mounted") == "true", "{said}");
     mount.unmount();
+}
+
+/// The image tools on an image behind NBD (`--image URI`, paths as
+/// `:PATH`): the image tools' tree (every kind of entry `cp -a` keeps)
+/// copied in with `cp -a` and a GNU tar archive of it unpacked with
+/// `tar -x`, listed, read and removed, the tree copied back out; then the
+/// image, downloaded, is `e2fsck -fn` clean and a kernel loop mount shows
+/// the tree as the source has it.
+#[test]
+fn image_tools_over_nbd() {
+    if !servers_available() || !e2e::require_e2e() {
+        return;
+    }
+    let dir = e2e::scratch("nbd-tools");
+    let served = serve(dir.path(), "tools", &["-t", "ext4"], Backend::Memory);
+    let uri = served.server.uri.clone();
+    let source = dir.path().join("source");
+    tools_support::build_tree(&source.join("tree"));
+    let wanted = tools_support::snapshot(&source.join("tree"));
+    let archive = dir.path().join("tree.tar");
+    e2e::run_ok(
+        "tar",
+        &[
+            "-cf",
+            e2e::path_str(&archive),
+            "-C",
+            e2e::path_str(&source),
+            "tree",
+        ],
+    );
+    let verb = |args: &[&str]| {
+        let mut all = vec![args[0], "--image", &uri];
+        all.extend_from_slice(&args[1..]);
+        e2e::run(common::server::JEXT4, &all)
+    };
+    let verb_ok = |args: &[&str]| {
+        let output = verb(args);
+        assert!(
+            output.status.success(),
+            "jext4 {args:?} over NBD failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    verb_ok(&["mkdir", "-p", ":/in/untar"]);
+    verb_ok(&["cp", "-a", e2e::path_str(&source.join("tree")), ":/in/tree"]);
+    verb_ok(&["tar", "-x", "-f", e2e::path_str(&archive), ":/in/untar"]);
+    let listing = verb_ok(&["ls", ":/in"]);
+    assert_eq!(listing.lines().collect::<Vec<_>>(), ["tree", "untar"]);
+    let listing = verb_ok(&["ls", ":/in/untar"]);
+    assert_eq!(listing.trim(), "tree");
+    // A file of the tree, read back by cat, is the source's.
+    let (name, bytes) = wanted
+        .keys()
+        .map(|relative| source.join("tree").join(relative))
+        .find(|path| path.symlink_metadata().unwrap().is_file())
+        .map(|path| (path.clone(), std::fs::read(&path).unwrap()))
+        .expect("the tree has a file");
+    let inside = format!(
+        ":/in/tree/{}",
+        name.strip_prefix(source.join("tree")).unwrap().display()
+    );
+    let cat = verb(&["cat", &inside]);
+    assert!(cat.status.success());
+    assert_eq!(cat.stdout, bytes, "cat {inside} over NBD");
+    verb_ok(&["rm", "-r", ":/in/untar"]);
+    let gone = verb(&["ls", ":/in/untar"]);
+    assert_eq!(gone.status.code(), Some(2), "ls of a removed directory");
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("No such file or directory"),
+        "{}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    verb_ok(&["cp", "-a", ":/in/tree", e2e::path_str(&out)]);
+    tools_support::assert_same(&wanted, &tools_support::snapshot(&out.join("tree")));
+    let raw = served.finish();
+    e2e::fsck_clean(&raw, "after the image tools over NBD");
+    let kernel = KernelMount::mount(&raw, &dir.path().join("kernel"), true);
+    let seen = tools_support::snapshot(&kernel.mountpoint.join("in/tree"));
+    kernel.unmount();
+    tools_support::assert_same(&wanted, &seen);
 }
