@@ -297,6 +297,8 @@ class FuseFs(Filesystem):
 class Fuse2fs(FuseFs):
     """fuse2fs from e2fsprogs, run in the foreground so the harness owns its pid."""
 
+    slow = True  # the image workloads' whole tree in the first round only
+
     def _mount(self, mount):
         import subprocess
 
@@ -734,6 +736,12 @@ GROUPS = {
     "bytelog": ["ext4-fc", "jext4-fc", "jext4-fc-shm", "jext4-bytelog"],
     # `--fs floor`: the FUSE floor beside jext4 and the kernel (issues 9-11).
     "floor": ["ext4", "ext4-fc", "jext4", "fusefloor", "fusefloor-1t", "fusefloor-pinned", "fusefloor-flush"],
+    # `--fs image`: the image tools' peers (issue 25; the builders are in
+    # imaging.py): `bench/run --only image --fs image`.
+    "image": ["ext4", "ext4-fc", "fuse2fs", "jext4", "jext4-lib", "mke2fs-d", "genext2fs", "e2tools", "debugfs"],
+    # `--fs lib`: metafsync and varmail through jext4's library against the
+    # kernel and jext4's FUSE mount: `bench/run --only metafsync,varmail --fs lib`.
+    "lib": ["ext4", "ext4-fc", "jext4-fc", "jext4-lib", "jext4-lib-fc"],
 }
 
 

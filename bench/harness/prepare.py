@@ -20,6 +20,9 @@ PACKAGE_OF = {
     "fs_mark": "fsmark",
     "db_bench": "rocksdb-tools",
     "xz": "xz-utils",
+    "genext2fs": "genext2fs",
+    "e2cp": "e2tools",
+    "e2mkdir": "e2tools",
 }
 KERNEL_SOURCE = "/usr/src/linux-source-6.1.tar.xz"
 

@@ -72,9 +72,10 @@ def workload_table(workload, aggregated, filesystems, runs):
     ratio_keys = workload.ratio_metrics or [metric.key for metric in metrics]
     labels = {metric.key: metric.label for metric in metrics}
     header = ["case", "filesystem"] + [metric.label for metric in metrics]
+    references = getattr(workload, "references", REFERENCES)
     for key in ratio_keys:
         prefix = f"{labels[key]} " if len(ratio_keys) > 1 else ""
-        header += [f"{prefix}÷ ext4", f"{prefix}÷ fuse2fs"]
+        header += [f"{prefix}÷ {reference}" for reference in references]
     header.append("spread")
     lines = [
         f"### {workload.name} — {workload.title}",
@@ -88,6 +89,10 @@ def workload_table(workload, aggregated, filesystems, runs):
         "|" + "---|" * len(header),
     ]
     cases = aggregated["cases"] or ["(all)"]
+    # A builder (imaging.py) has no mount: rows only where it runs.
+    import imaging
+
+    filesystems = [fs for fs in filesystems if imaging.applies(fs, workload)]
     for case in cases:
         for fs in filesystems:
             cell = aggregated["cells"].get((case, fs.name))
@@ -98,7 +103,7 @@ def workload_table(workload, aggregated, filesystems, runs):
             else:
                 row = [case, fs.name] + [number(cell["median"].get(metric.key)) for metric in metrics]
                 for key in ratio_keys:
-                    for reference in REFERENCES:
+                    for reference in references:
                         ref = aggregated["cells"].get((case, reference))
                         row.append(ratio(cell["median"].get(key), ref and ref["median"].get(key)))
                 first = cell["runs"][metrics[0].key]

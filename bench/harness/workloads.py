@@ -21,6 +21,8 @@ SIZES = {
         "image_gib": 1,
         # (label, tar member, rounds it runs in: None = every round)
         "untar": [("kernel/ subtree", "linux-source-6.1/kernel", None)],
+        # The image workloads (imaging.py), as untar's cases.
+        "import": [("kernel/ subtree", "linux-source-6.1/kernel", None)],
         "copy": [("kernel/ subtree", "linux-source-6.1/kernel")],
         "metafsync_threads": [1, 2],
         "varmail_threads": [1, 2],
@@ -65,6 +67,12 @@ SIZES = {
             ("drivers/net subtree", "linux-source-6.1/drivers/net", None),
         ],
         "copy": [("drivers/net subtree", "linux-source-6.1/drivers/net")],
+        # The image workloads (imaging.py): the whole tree in every round
+        # but for the slow ones (fuse2fs, genext2fs: first round only).
+        "import": [
+            ("whole tree", "linux-source-6.1", 1),
+            ("drivers/net subtree", "linux-source-6.1/drivers/net", None),
+        ],
         "metafsync_threads": [1, 2, 4, 8, 16],
         "varmail_threads": [1, 4, 16],
         "varmail_files": 1000,
@@ -139,6 +147,13 @@ class Context:
     stats: object = None
     # Unmount and mount the filesystem again (empties its caches).
     remount: object = None
+    # The run's working directory (images, mountpoints), for the image
+    # workloads, which mount by themselves.
+    workdir: Path = None
+    # A library-form run (imaging.Jext4Lib): the image the driver opens
+    # with --image, and the driver's peak RSS over the run.
+    library_image: Path = None
+    library_peak_kib: int = None
 
 
 def read_request_counts(ctx):
@@ -202,7 +217,13 @@ class Workload:
 
 
 def driver(ctx, subcommand, directory, *args, timeout=300):
-    """Runs one jext4-bench-driver workload and returns its JSON line."""
+    """Runs one jext4-bench-driver workload and returns its JSON line;
+    through jext4's library (`--image`) when ctx.library_image is set
+    (directory is then a path inside the image)."""
+    if ctx.library_image:
+        import imaging
+
+        return imaging.library_driver(ctx, subcommand, directory, args, timeout)
     result = run([ctx.driver, subcommand, "--dir", directory, *args], timeout=timeout)
     line = last_line(result.stdout, limit=10**7)
     try:
@@ -566,6 +587,7 @@ class MetaFsyncDirs(DirsSweep):
     title = "metadata + fsync with jext4's fast-commit figures: create, write 4 KiB, fsync, unlink, own directory"
     origin = "ext4 ByteLog RFC's meta_create_unlink_fsyncN; DJFS's MDTest"
     subcommand = "metafsync"
+    library = True  # jext4-lib runs it through the library (--image)
 
 
 class FsMarkDirs(Workload):
@@ -635,6 +657,7 @@ class MetaFsync(ThreadSweep):
     title = "metadata + fsync: N threads, own directory each: create, write 4 KiB, fsync, unlink"
     origin = "ext4 ByteLog RFC's meta_create_unlink_fsyncN; DJFS's MDTest"
     subcommand = "metafsync"
+    library = True  # jext4-lib runs it through the library (--image)
     threads_key = "metafsync_threads"
 
 
@@ -643,6 +666,7 @@ class Varmail(ThreadSweep):
     title = "varmail: create/append/fsync/read/delete in one shared directory"
     origin = "filebench's varmail personality (DJFS and FastCommit papers); ops = filebench flowops"
     subcommand = "varmail"
+    library = True  # jext4-lib runs it through the library (--image)
     threads_key = "varmail_threads"
 
     def extra_args(self, ctx):
@@ -843,7 +867,9 @@ class Apps(Workload):
         return float(match.group(1)), {}
 
 
-# oos.py builds on the classes above (a deliberate import at the end).
+# oos.py and imaging.py build on the classes above (deliberate imports at
+# the end).
+from imaging import WORKLOADS as IMAGE  # noqa: E402
 from oos import WORKLOADS as OUT_OF_SPACE  # noqa: E402
 
 DIRS = [Stream(), MetaFsyncDirs(), FsMarkDirs(), VarmailDirs(), EximDirs(), LsmDirs()]
@@ -852,7 +878,7 @@ for _workload in DIRS:
 
 ALL = [
     Untar(), CopyTree(), MetaWalk(), StatStorm(), MetaFsync(), Varmail(), Exim(), Lsm(), MessageJournal(), SmallWriters(), Fio(), Apps(),
-    *OUT_OF_SPACE, *DIRS,
+    *OUT_OF_SPACE, *DIRS, *IMAGE,
 ]
 DRIVER_WORKLOADS = {
     "metafsync", "varmail", "exim", "lsm", "msgjournal", "smallwriters", "blurt", "statstorm",
@@ -860,4 +886,9 @@ DRIVER_WORKLOADS = {
 }
 # `--only oos`: the out-of-space group; `--only dirs`: the per-directory
 # group of issue 9 (both opt-in: not part of a default run).
-GROUPS = {"oos": [w.name for w in OUT_OF_SPACE], "dirs": [w.name for w in DIRS]}
+GROUPS = {
+    "oos": [w.name for w in OUT_OF_SPACE],
+    "dirs": [w.name for w in DIRS],
+    # `--only image`: the image tools against their peers (issue 25).
+    "image": [w.name for w in IMAGE],
+}

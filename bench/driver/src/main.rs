@@ -8,6 +8,7 @@
 mod blurt;
 mod common;
 mod exim;
+mod files;
 mod floorfs;
 mod lsm;
 mod metafsync;
@@ -17,8 +18,11 @@ mod statstorm;
 mod stream;
 mod varmail;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use files::Host;
 
 use clap::{Parser, Subcommand};
 
@@ -33,8 +37,12 @@ struct Cli {
 enum Workload {
     /// N threads, each in its own directory: create, write 4 KiB, fsync, unlink.
     Metafsync {
+        /// With --image: a path inside the image.
         #[arg(long)]
         dir: PathBuf,
+        /// Run through jext4's library on this ext4 image, not on a mount.
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<PathBuf>,
         #[arg(long, default_value_t = 1)]
         threads: usize,
         #[arg(long, default_value_t = 2.0)]
@@ -42,8 +50,12 @@ enum Workload {
     },
     /// filebench varmail: create/append/fsync/read/delete in one directory.
     Varmail {
+        /// With --image: a path inside the image.
         #[arg(long)]
         dir: PathBuf,
+        /// Run through jext4's library on this ext4 image, not on a mount.
+        #[arg(long, value_name = "IMAGE")]
+        image: Option<PathBuf>,
         #[arg(long, default_value_t = 1)]
         threads: usize,
         #[arg(long, default_value_t = 2.0)]
@@ -173,20 +185,48 @@ enum Workload {
     },
 }
 
+/// Runs a workload through jext4's library on `image`: opened before,
+/// closed cleanly after (outside the workload's time, as an unmount is).
+fn through_library<W>(image: &Path, workload: W) -> std::io::Result<()>
+where
+    W: FnOnce(Arc<files::Image>) -> std::io::Result<()>,
+{
+    let store = Arc::new(files::Image::open(image)?);
+    workload(store.clone())?;
+    match Arc::try_unwrap(store) {
+        Ok(store) => store.close(),
+        Err(_) => Err(std::io::Error::other(
+            "a workload thread still holds the image",
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let result = match Cli::parse().workload {
         Workload::Metafsync {
             dir,
+            image,
             threads,
             seconds,
-        } => metafsync::run(dir, threads, seconds),
+        } => match image {
+            None => metafsync::run(Arc::new(Host), dir, threads, seconds),
+            Some(image) => {
+                through_library(&image, |store| metafsync::run(store, dir, threads, seconds))
+            }
+        },
         Workload::Varmail {
             dir,
+            image,
             threads,
             seconds,
             files,
             seed,
-        } => varmail::run(dir, threads, seconds, files, seed),
+        } => match image {
+            None => varmail::run(Arc::new(Host), dir, threads, seconds, files, seed),
+            Some(image) => through_library(&image, |store| {
+                varmail::run(store, dir, threads, seconds, files, seed)
+            }),
+        },
         Workload::Exim {
             dir,
             threads,

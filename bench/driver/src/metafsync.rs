@@ -2,19 +2,20 @@
 //! DJFS's MDTest pattern. Each thread owns a directory and repeats: create a
 //! file, write 4 KiB, fsync, close, unlink. One operation is one such cycle.
 
-use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use serde_json::json;
 
 use crate::common::{at, emit, pattern, run_threads};
+use crate::files::Files;
 
-pub fn run(dir: PathBuf, threads: usize, seconds: f64) -> io::Result<()> {
+pub fn run<F: Files>(files: Arc<F>, dir: PathBuf, threads: usize, seconds: f64) -> io::Result<()> {
     for index in 0..threads {
         let own = dir.join(format!("t{index}"));
-        fs::create_dir_all(&own).map_err(at(&own))?;
+        files.create_dir_all(&own).map_err(at(&own))?;
     }
     let block = pattern(4096, 7);
     let root = dir.clone();
@@ -23,15 +24,11 @@ pub fn run(dir: PathBuf, threads: usize, seconds: f64) -> io::Result<()> {
         let mut cycles = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let path = own.join(format!("f{cycles}"));
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-                .map_err(at(&path))?;
+            let mut file = files.create_new(&path).map_err(at(&path))?;
             file.write_all(&block).map_err(at(&path))?;
-            file.sync_all().map_err(at(&path))?;
+            files.sync_all(&file).map_err(at(&path))?;
             drop(file);
-            fs::remove_file(&path).map_err(at(&path))?;
+            files.remove_file(&path).map_err(at(&path))?;
             cycles += 1;
         }
         Ok(cycles)

@@ -9,7 +9,6 @@
 //! with `meanappendsize=16k`). A per-file lock stands in for filebench's
 //! "busy" flag so two threads never work on one file at once.
 
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -18,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::json;
 
 use crate::common::{Rng, at, emit, pattern, run_threads};
+use crate::files::Files;
 
 const APPEND_MAX: u64 = 16 * 1024;
 /// How many random picks a flowop tries before it gives up for this loop.
@@ -48,55 +48,57 @@ impl Fileset {
     }
 }
 
-fn append(path: &Path, file: &mut File, rng: &mut Rng, data: &[u8]) -> io::Result<()> {
+fn append(path: &Path, file: &mut impl Write, rng: &mut Rng, data: &[u8]) -> io::Result<()> {
     let len = 1 + rng.below(APPEND_MAX) as usize;
     file.write_all(&data[..len]).map_err(at(path))
 }
 
-fn read_whole(path: &Path, file: &mut File, buffer: &mut Vec<u8>) -> io::Result<()> {
+fn read_whole(path: &Path, file: &mut impl Read, buffer: &mut Vec<u8>) -> io::Result<()> {
     buffer.clear();
     file.read_to_end(buffer).map_err(at(path)).map(|_| ())
 }
 
 /// One pass of the flow; returns the number of flowops completed.
-fn flow(set: &Fileset, rng: &mut Rng, data: &[u8], buffer: &mut Vec<u8>) -> io::Result<u64> {
+fn flow<F: Files>(
+    files: &F,
+    set: &Fileset,
+    rng: &mut Rng,
+    data: &[u8],
+    buffer: &mut Vec<u8>,
+) -> io::Result<u64> {
     let mut ops = 0;
     if let Some((index, mut exists)) = set.pick(rng, true) {
         let path = set.path(index);
-        fs::remove_file(&path).map_err(at(&path))?;
+        files.remove_file(&path).map_err(at(&path))?;
         *exists = false;
         ops += 1;
     }
     if let Some((index, mut exists)) = set.pick(rng, false) {
         let path = set.path(index);
-        let mut file = File::create(&path).map_err(at(&path))?;
+        let mut file = files.create(&path).map_err(at(&path))?;
         *exists = true;
         append(&path, &mut file, rng, data)?;
-        file.sync_all().map_err(at(&path))?;
+        files.sync_all(&file).map_err(at(&path))?;
         ops += 4; // create, append, fsync, close
     }
     if let Some((index, _exists)) = set.pick(rng, true) {
         let path = set.path(index);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&path)
-            .map_err(at(&path))?;
+        let mut file = files.open_append(&path).map_err(at(&path))?;
         read_whole(&path, &mut file, buffer)?;
         append(&path, &mut file, rng, data)?;
-        file.sync_all().map_err(at(&path))?;
+        files.sync_all(&file).map_err(at(&path))?;
         ops += 5; // open, read whole, append, fsync, close
     }
     if let Some((index, _exists)) = set.pick(rng, true) {
         let path = set.path(index);
-        let mut file = File::open(&path).map_err(at(&path))?;
+        let mut file = files.open(&path).map_err(at(&path))?;
         read_whole(&path, &mut file, buffer)?;
         ops += 3; // open, read whole, close
     }
     Ok(ops)
 }
 
-fn populate(set: &Fileset, seed: u64, data: &[u8]) -> io::Result<()> {
+fn populate<F: Files>(files: &F, set: &Fileset, seed: u64, data: &[u8]) -> io::Result<()> {
     let mut rng = Rng::new(seed);
     for (index, exists) in set.exists.iter().enumerate() {
         // filebench's default prealloc=80: four files in five exist at start.
@@ -105,29 +107,36 @@ fn populate(set: &Fileset, seed: u64, data: &[u8]) -> io::Result<()> {
         }
         let path = set.path(index);
         let len = 1 + rng.below(2 * APPEND_MAX) as usize;
-        fs::write(&path, &data[..len]).map_err(at(&path))?;
+        files.write(&path, &data[..len]).map_err(at(&path))?;
         *exists.lock().expect("fileset lock") = true;
     }
     Ok(())
 }
 
-pub fn run(dir: PathBuf, threads: usize, seconds: f64, files: usize, seed: u64) -> io::Result<()> {
+pub fn run<F: Files>(
+    store: Arc<F>,
+    dir: PathBuf,
+    threads: usize,
+    seconds: f64,
+    files: usize,
+    seed: u64,
+) -> io::Result<()> {
     assert!(files > 0, "the fileset needs files");
     let set_dir = dir.join("varmail");
-    fs::create_dir_all(&set_dir).map_err(at(&set_dir))?;
+    store.create_dir_all(&set_dir).map_err(at(&set_dir))?;
     let set = Arc::new(Fileset {
         dir: set_dir,
         exists: (0..files).map(|_| Mutex::new(false)).collect(),
     });
     let data = Arc::new(pattern(2 * APPEND_MAX as usize, 3));
-    populate(&set, seed, &data)?;
+    populate(&*store, &set, seed, &data)?;
     let shared = set.clone();
     let result = run_threads(threads, seconds, move |index, stop| {
         let mut rng = Rng::new(seed ^ ((index as u64 + 1) << 32));
         let mut buffer = Vec::new();
         let mut ops = 0;
         while !stop.load(Ordering::Relaxed) {
-            ops += flow(&shared, &mut rng, &data, &mut buffer)?;
+            ops += flow(&*store, &shared, &mut rng, &data, &mut buffer)?;
         }
         Ok(ops)
     })?;
