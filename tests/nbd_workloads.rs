@@ -10,7 +10,6 @@
 #![cfg(feature = "cli")]
 
 mod common;
-#[allow(dead_code)] // the image-tool tests' tree and snapshot, not all of it
 mod tools_support;
 
 use common::e2e::{self, KernelMount};
