@@ -200,6 +200,10 @@ impl BufferCache {
     fn lookup_or_insert(&self, block: u64) -> Arc<Buffer> {
         let mut inner = self.inner.lock();
         if let Some(buffer) = inner.map.get(&block) {
+            debug_assert_eq!(
+                buffer.block, block,
+                "the cache filed a buffer under another block"
+            );
             buffer.referenced.store(true, Ordering::Relaxed);
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Arc::clone(buffer);
@@ -208,6 +212,9 @@ impl BufferCache {
         let buffer = Arc::new(Buffer::new(block, self.block_size));
         inner.map.insert(block, Arc::clone(&buffer));
         inner.clock.push_back(block);
+        // Every resident buffer is on the clock (which may also hold
+        // forgotten ones): one the hand never reaches is never evicted.
+        debug_assert!(inner.clock.len() >= inner.map.len());
         if inner.map.len() > self.capacity {
             self.evict(&mut inner);
         }
@@ -289,14 +296,35 @@ impl BufferCache {
 
     /// Drop the cached copy of a block that stops being metadata (freed), so
     /// that a stale copy can never be written over its next owner's data.
-    /// The journal must already have released its own references.
+    /// The journal must already be done with it, or have marked it freed
+    /// (revoked: never logged or written home again).
     pub fn forget(&self, block: u64) {
-        let mut inner = self.inner.lock();
-        inner.map.remove(&block);
+        let removed = self.inner.lock().map.remove(&block);
+        if cfg!(debug_assertions)
+            && let Some(buffer) = removed
+        {
+            // Outside `inner`, a leaf lock: the journal head ranks above it.
+            let head = buffer.journal.lock();
+            let held = head.running.is_some()
+                || head.committing.is_some()
+                || head.logging.is_some()
+                || head.checkpoint.is_some();
+            debug_assert!(
+                head.freed || !held,
+                "block {block} forgotten while the journal still means to write it: {:?}",
+                *head
+            );
+        }
     }
 
     /// Write a buffer's current bytes to its home location.
     pub fn write_home(&self, buffer: &Buffer) -> Result<()> {
+        // Bytes never read nor made would overwrite the block with zeros.
+        debug_assert!(
+            buffer.uptodate.load(Ordering::Acquire),
+            "block {} written home before its bytes were read or made",
+            buffer.block
+        );
         let data = buffer.data.read();
         self.dev
             .write_at(buffer.block * self.block_size as u64, &data)
