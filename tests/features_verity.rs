@@ -244,3 +244,42 @@ fn fsverity_enable_and_measure_work_through_a_mount() {
         fsverity_digest(&host, 4096)
     );
 }
+
+/// A verity file's descriptor is kept between reads; a new verity file
+/// given the freed number of an old one is read with its own (digest and
+/// bytes as fsverity-utils and the source say), never the old one's.
+#[test]
+fn a_freed_number_reused_by_a_new_verity_file_reads_its_own_tree() {
+    if !e2e::require_e2e() || !common::require_tool("fsverity") {
+        return;
+    }
+    let scratch = e2e::scratch("verity-reuse");
+    let image = verity_image(scratch.path(), "verity", "4096");
+    let opened = Image::open(&image).unwrap();
+    let mut numbers = Vec::new();
+    for (index, size) in [(1u64, 300_000usize), (2, 70_000)] {
+        let data = e2e::pattern(index + 90, size);
+        opened.write("/file", &data).unwrap();
+        opened.enable_verity("/file").unwrap();
+        let host = scratch.path().join(format!("file{index}"));
+        std::fs::write(&host, &data).unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                hex(&opened.verity_digest("/file").unwrap()),
+                fsverity_digest(&host, 4096),
+                "file {index}: digest"
+            );
+            assert_eq!(opened.read("/file").unwrap(), data, "file {index}: bytes");
+        }
+        numbers.push(opened.metadata("/file").unwrap().ino());
+        opened.remove_file("/file").unwrap();
+        // Durable: the freed number may be handed out again.
+        opened.sync().unwrap();
+    }
+    assert_eq!(
+        numbers[0], numbers[1],
+        "the second file did not reuse the number"
+    );
+    opened.close().unwrap();
+    e2e::fsck_clean(&image, "after the reuse");
+}

@@ -881,6 +881,7 @@ impl Tx<'_, '_> {
             core.damaged_indexes.lock().remove(&ino);
             core.incomplete_listings.lock().remove(&ino);
         }
+        core.verity_descriptors.forget(ino);
         // Data held by delayed allocation dies with the file, and its
         // reservation goes back.
         let reserved = core.delayed.discard(ino);

@@ -282,6 +282,8 @@ pub(crate) struct Core {
     /// Files fs-verity is being enabled on: writes to them are refused
     /// meanwhile (the kernel's deny_write_access; a leaf lock).
     pub verity_enabling: Mutex<NumberSet<u32>>,
+    /// Verity files' descriptors read lately (a leaf lock).
+    pub verity_descriptors: verity::Descriptors,
     /// What block allocation did (`jext4 stats`).
     pub alloc_counters: alloc::AllocCounters,
     /// Files' preallocation windows (a leaf lock; their blocks are masked
@@ -392,6 +394,7 @@ impl Core {
             remembered: Mutex::new(NumberMap::default()),
             ea_inodes: xattr::EaInodeCache::default(),
             verity_enabling: Mutex::new(NumberSet::default()),
+            verity_descriptors: verity::Descriptors::default(),
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
             delayed: delalloc::Delayed::new(

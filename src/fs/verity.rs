@@ -31,10 +31,47 @@ use crate::format::verity::{self, Descriptor, MERKLE_LOG_BLOCK_SIZE, Tree};
 use crate::journal::change::{Change, Ineligible};
 use crate::lock::Rank;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Credits of a transaction of the enable that touches the inode and the
 /// orphan records only.
 const CREDITS_VERITY_STATE: u32 = 8;
+
+/// Descriptors kept by `Descriptors`: past this many files, the next one
+/// starts the memory over.
+const DESCRIPTORS_KEPT: usize = 1024;
+
+/// The descriptors of verity files read lately, by inode number and
+/// generation: a verity file never changes, so each read need not walk
+/// its extents to the end and read the descriptor again. Dropped when
+/// the inode is freed (`release_inode`); the generation keeps a number
+/// given to a new file from matching an old entry meanwhile (a leaf lock).
+#[derive(Default)]
+pub(crate) struct Descriptors(
+    parking_lot::Mutex<crate::hash::NumberMap<u32, (u32, Arc<Descriptor>)>>,
+);
+
+impl Descriptors {
+    fn get(&self, ino: u32, generation: u32) -> Option<Arc<Descriptor>> {
+        match self.0.lock().get(&ino) {
+            Some((kept, descriptor)) if *kept == generation => Some(Arc::clone(descriptor)),
+            _ => None,
+        }
+    }
+
+    fn keep(&self, ino: u32, generation: u32, descriptor: &Arc<Descriptor>) {
+        let mut kept = self.0.lock();
+        if kept.len() >= DESCRIPTORS_KEPT {
+            kept.clear();
+        }
+        kept.insert(ino, (generation, Arc::clone(descriptor)));
+    }
+
+    /// `ino` was freed.
+    pub fn forget(&self, ino: u32) {
+        self.0.lock().remove(&ino);
+    }
+}
 
 impl Fs {
     /// The Merkle block size `enable_verity` writes: 4 KiB, or the
@@ -227,9 +264,21 @@ impl Fs {
         Ok(inode)
     }
 
-    /// The descriptor of verity file `ino`, found from the end of its
-    /// last extent (`ext4_get_verity_descriptor_location`).
-    fn verity_descriptor(&self, ino: u32, inode: &Inode) -> Result<Descriptor> {
+    /// The descriptor of verity file `ino`, kept from an earlier read or
+    /// found from the end of its last extent.
+    fn verity_descriptor(&self, ino: u32, inode: &Inode) -> Result<Arc<Descriptor>> {
+        let descriptors = &self.core.verity_descriptors;
+        if let Some(descriptor) = descriptors.get(ino, inode.generation) {
+            return Ok(descriptor);
+        }
+        let descriptor = Arc::new(self.load_verity_descriptor(ino, inode)?);
+        descriptors.keep(ino, inode.generation, &descriptor);
+        Ok(descriptor)
+    }
+
+    /// The descriptor of verity file `ino`, read from the end of its last
+    /// extent (`ext4_get_verity_descriptor_location`).
+    fn load_verity_descriptor(&self, ino: u32, inode: &Inode) -> Result<Descriptor> {
         let location = Location::Inode { ino };
         if !inode.uses_extents() {
             return Err(Error::corrupt(location, "fs-verity file without extents"));
