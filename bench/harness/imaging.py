@@ -345,17 +345,6 @@ class ImageWorkload(CopyTree):
         for _, member, _ in self.cases(ctx):
             self.extract(ctx, member)
 
-    def extract(self, ctx, member):
-        tree = self.source(ctx, member)
-        if tree.exists():
-            return
-        log(f"extracting {member} into {tree} (once)")
-        partial = tree.with_suffix(".part")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        run(["tar", "-xf", ctx.cache / "linux-source-6.1.tar", "-C", partial, member], timeout=900)
-        partial.rename(tree)
-
     def source_dir(self, ctx, member):
         """The tree itself (its last component is the member's)."""
         return self.source(ctx, member) / member

@@ -312,15 +312,19 @@ class CopyTree(Untar):
     def prepare(self, ctx):
         Untar.prepare(self, ctx)
         for _, member in ctx.sizes["copy"]:
-            tree = self.source(ctx, member)
-            if tree.exists():
-                continue
-            log(f"extracting {member} into {tree} (once)")
-            partial = tree.with_suffix(".part")
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir()
-            run(["tar", "-xf", ctx.cache / "linux-source-6.1.tar", "-C", partial, member], timeout=600)
-            partial.rename(tree)
+            self.extract(ctx, member)
+
+    def extract(self, ctx, member):
+        """The member extracted from the whole tarball under the cache, once."""
+        tree = self.source(ctx, member)
+        if tree.exists():
+            return
+        log(f"extracting {member} into {tree} (once)")
+        partial = tree.with_suffix(".part")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        run(["tar", "-xf", ctx.cache / "linux-source-6.1.tar", "-C", partial, member], timeout=900)
+        partial.rename(tree)
 
     def run(self, ctx, directory):
         results = []
