@@ -129,11 +129,13 @@ def abort_fuse_connection(mountpoint):
 
 
 class RssSampler(threading.Thread):
-    """Samples a FUSE server's VmHWM (peak resident set) every 0.2 s."""
+    """Samples a process's VmHWM (peak resident set) every `interval`
+    seconds (a FUSE server's: 0.2 s)."""
 
-    def __init__(self, pid):
+    def __init__(self, pid, interval=0.2):
         super().__init__(daemon=True)
         self.pid = pid
+        self.interval = interval
         self.peak_kib = 0
         self.halt = threading.Event()
 
@@ -147,7 +149,8 @@ class RssSampler(threading.Thread):
             pass
 
     def run(self):
-        while not self.halt.wait(0.2):
+        self.sample()
+        while not self.halt.wait(self.interval):
             self.sample()
 
     def stop(self):

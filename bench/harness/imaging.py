@@ -22,11 +22,12 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import filesystems as fsmod
-from util import Failure, Unavailable, last_line, log, run
+from util import Failure, Unavailable, fail_line, last_line, log, run
 from workloads import CopyTree, Metric, Untar
 
 # A builder is given this long for one case (genext2fs on the whole tree
@@ -36,43 +37,37 @@ BUILD_TIMEOUT = 1800
 
 def timed(argv, timeout=BUILD_TIMEOUT, env=None, output=None):
     """Runs argv to its end; returns (seconds, peak RSS KiB) of that one
-    process. The peak is the process's VmHWM, sampled every 10 ms: wait4's
-    ru_maxrss would not do, since Linux carries the forking harness's own
-    peak over into the child's at exec. With `output` (an open file), the
-    process's standard output goes there."""
+    process. The peak is the process's VmHWM, sampled every 10 ms by a
+    thread of its own while this one waits for the exit (so a short
+    process is not charged the sampling interval): wait4's ru_maxrss would
+    not do, since Linux carries the forking harness's own peak over into
+    the child at exec. With `output` (an open file), the process's
+    standard output goes there; its standard error goes to a file, read
+    after the exit (a pipe could fill and block it)."""
     argv = [str(arg) for arg in argv]
-    began = time.monotonic()
-    process = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=output or subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True, env=env,
-    )
-    deadline = began + timeout
-    peak = 0
-    while process.poll() is None:
-        peak = max(peak, vm_hwm_kib(process.pid))
-        if time.monotonic() > deadline:
+    with tempfile.TemporaryFile() as errors:
+        began = time.monotonic()
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=output or subprocess.DEVNULL, stderr=errors,
+            start_new_session=True, env=env,
+        )
+        sampler = fsmod.RssSampler(process.pid, interval=0.01)
+        sampler.start()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
             raise Failure(f"{os.path.basename(argv[0])} timed out after {timeout:.0f} s")
-        time.sleep(0.01)
-    seconds = time.monotonic() - began
-    stderr = process.stderr.read().decode(errors="replace")
-    process.stderr.close()
-    if process.returncode != 0:
-        raise Failure(f"{os.path.basename(argv[0])} exited {process.returncode}: {last_line(stderr)}")
-    return seconds, peak or None
-
-
-def vm_hwm_kib(pid):
-    """A live process's peak resident set (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+        finally:
+            sampler.halt.set()
+        seconds = time.monotonic() - began
+        sampler.join()
+        if process.returncode != 0:
+            errors.seek(0)
+            detail = last_line(errors.read().decode(errors="replace"))
+            raise Failure(f"{os.path.basename(argv[0])} exited {process.returncode}: {detail}")
+    return seconds, sampler.peak_kib or None
 
 
 def tree_counts(root):
@@ -142,7 +137,11 @@ class Jext4Lib(Builder):
         self.mkfs = mkfs
         self.binary = binary
 
+    build_error = None  # set by bench/run when its build failed
+
     def unavailable_reason(self):
+        if self.build_error:
+            return self.build_error
         if not Path(self.binary).is_file():
             return f"{self.binary} not found (cargo build --release)"
         return None
@@ -206,7 +205,6 @@ class E2tools(Builder):
             raise Unavailable("one process per entry: drivers/net only")
         self.make(image, image_bytes)
         began = time.monotonic()
-        peak = 0
         top = "/copy"
         peak = timed(["e2mkdir", f"{image}:{top}"])[1] or 0
         for directory, dirs, files in os.walk(source):
@@ -304,6 +302,13 @@ def mounted(fs, ctx, image, body):
     return time.monotonic() - began, mount.peak_rss_kib
 
 
+def warm(tree):
+    """The source's data in the page cache, so that the source side costs
+    the same for all (`tar -cf /dev/null` would read no data: GNU tar
+    skips it for /dev/null)."""
+    run(["sh", "-c", 'tar -cf - -C "$1" "$2" | cat >/dev/null', "warm", tree.parent, tree.name], timeout=900)
+
+
 def drop_caches():
     """The export starts cold: the image file out of the page cache."""
     run(["sync"], timeout=600)
@@ -316,6 +321,10 @@ def result(case, member, seconds, rss_kib, extra=None):
     if rss_kib:
         values["peak_rss_mib"] = rss_kib / 1024
     return {"case": case, "params": {"member": member}, "values": values, "extra": extra or {}}
+
+
+def failed(case, member, reason):
+    return {"case": case, "params": {"member": member}, "values": {}, "extra": {"failed": reason}}
 
 
 def unsupported(case, member, reason):
@@ -360,6 +369,12 @@ class ImageWorkload(CopyTree):
             except Unavailable as error:
                 results.append(unsupported(label, member, str(error)))
                 continue
+            except Failure as error:
+                # The other cases still run, and what is done is kept.
+                fail_line(f"{fs.name} {self.name} {label} round {ctx.round + 1}: {error}")
+                results.append(failed(label, member, str(error)))
+                image.unlink(missing_ok=True)
+                continue
             verdict = fs.check(image) if self.checks_image else "clean"
             verdicts.append(verdict)
             results.append(result(label, member, seconds, rss, extra))
@@ -377,8 +392,7 @@ class Import(ImageWorkload):
 
     def one(self, ctx, fs, image, label, member):
         source = self.source_dir(ctx, member)
-        # Warm the page cache so the source side costs the same for all.
-        run(["tar", "-cf", "/dev/null", "-C", source.parent, source.name], timeout=900)
+        warm(source)
         if is_builder(fs):
             seconds, rss = fs.import_tree(ctx, source, image, self.image_bytes(ctx), label)
         else:
@@ -390,6 +404,7 @@ class Import(ImageWorkload):
 class ImportTar(ImageWorkload):
     name = "import-tar"
     builder_method = "import_tar"
+    references = ("ext4", "ext4-fc")
     title = "import-tar: tar -x of a Linux 6.1 tarball (uncompressed) into a fresh image"
     origin = "issue 25 (image tools); Debian's linux-source-6.1"
 

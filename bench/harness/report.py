@@ -200,13 +200,15 @@ def requests_table(workloads, aggregated, filesystems):
 
 def integrity_table(records, filesystems, workloads):
     lines = [
-        "| filesystem | workload | check after unmount (per run) | FUSE server peak RSS (MiB) | wall time per run (s) |",
+        "| filesystem | workload | check after unmount (per run) | peak RSS: FUSE server or builder (MiB) | wall time per run (s) |",
         "|---|---|---|---|---|",
     ]
+    import imaging
+
     for fs in filesystems:
         for workload in workloads:
             mine = [r for r in records if r["fs"] == fs.name and r["workload"] == workload.name]
-            if not mine:
+            if not mine or not imaging.applies(fs, workload):
                 continue
             verdicts = []
             for record in mine:

@@ -591,7 +591,6 @@ class MetaFsyncDirs(DirsSweep):
     title = "metadata + fsync with jext4's fast-commit figures: create, write 4 KiB, fsync, unlink, own directory"
     origin = "ext4 ByteLog RFC's meta_create_unlink_fsyncN; DJFS's MDTest"
     subcommand = "metafsync"
-    library = True  # jext4-lib runs it through the library (--image)
 
 
 class FsMarkDirs(Workload):

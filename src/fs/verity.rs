@@ -426,3 +426,35 @@ fn check_enable(ino: u32, inode: &Inode) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn descriptor(data_size: u64) -> Arc<Descriptor> {
+        Arc::new(Descriptor {
+            log_block_size: MERKLE_LOG_BLOCK_SIZE,
+            data_size,
+            root_hash: [7; 32],
+            salt: Vec::new(),
+            sig_size: 0,
+        })
+    }
+
+    /// Either safeguard alone keeps an old file's descriptor from a new
+    /// file under its number: the generation, and the forgetting.
+    #[test]
+    fn kept_descriptors_match_number_and_generation() {
+        let kept = Descriptors::default();
+        kept.keep(12, 5, &descriptor(100));
+        assert_eq!(kept.get(12, 5).unwrap().data_size, 100);
+        assert!(kept.get(12, 6).is_none(), "another generation");
+        assert!(kept.get(13, 5).is_none(), "another number");
+        kept.forget(12);
+        assert!(kept.get(12, 5).is_none(), "freed");
+        for ino in 0..DESCRIPTORS_KEPT as u32 + 1 {
+            kept.keep(ino, 1, &descriptor(ino as u64));
+        }
+        assert!(kept.0.lock().len() <= DESCRIPTORS_KEPT, "bounded");
+    }
+}
