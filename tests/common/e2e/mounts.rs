@@ -193,29 +193,50 @@ impl KernelMount {
 
     /// The same with mount `options` besides `loop`.
     pub fn mount_with(image: &Path, mountpoint: &Path, options: &str) -> KernelMount {
+        KernelMount::try_mount_with(image, mountpoint, options).unwrap_or_else(|refused| {
+            panic!(
+                "mount -o loop,{options} {} failed ({}):\n{}{}",
+                image.display(),
+                refused.status,
+                String::from_utf8_lossy(&refused.stdout),
+                String::from_utf8_lossy(&refused.stderr)
+            )
+        })
+    }
+
+    /// `mount_with`, where the kernel may refuse: then its output, and no
+    /// loop device left bound to the image.
+    pub fn try_mount_with(
+        image: &Path,
+        mountpoint: &Path,
+        options: &str,
+    ) -> Result<KernelMount, Output> {
         fs::create_dir_all(mountpoint).expect("creating the mount point");
         let options = if options.is_empty() {
             "loop".to_string()
         } else {
             format!("loop,{options}")
         };
-        let options = options.as_str();
-        run_ok(
+        let output = run(
             "mount",
             &[
                 "-t",
                 "ext4",
                 "-o",
-                options,
+                &options,
                 path_str(image),
                 path_str(mountpoint),
             ],
         );
-        KernelMount {
+        if !output.status.success() {
+            detach_loops(image);
+            return Err(output);
+        }
+        Ok(KernelMount {
             image: image.to_path_buf(),
             mountpoint: mountpoint.to_path_buf(),
             mounted: true,
-        }
+        })
     }
 
     pub fn path(&self, relative: &str) -> PathBuf {
