@@ -128,6 +128,23 @@ def abort_fuse_connection(mountpoint):
         log(f"could not abort the FUSE connection of {mountpoint}: {error}")
 
 
+def sparse_image(image, size_bytes):
+    """A fresh sparse image file of `size_bytes`, in place of any old one."""
+    image.unlink(missing_ok=True)
+    with open(image, "wb") as sparse:
+        sparse.truncate(size_bytes)
+
+
+def binary_unavailable(fs):
+    """Why a jext4 binary `fs` runs cannot: its build failed, or it is not
+    there; None when it can."""
+    if fs.build_error:
+        return fs.build_error
+    if not Path(fs.binary).is_file():
+        return f"{fs.binary} not found (cargo build --release)"
+    return None
+
+
 class RssSampler(threading.Thread):
     """Samples a process's VmHWM (peak resident set) every `interval`
     seconds (a FUSE server's: 0.2 s)."""
@@ -192,9 +209,7 @@ class Filesystem:
         return None
 
     def make(self, image, size_bytes):
-        image.unlink(missing_ok=True)
-        with open(image, "wb") as sparse:
-            sparse.truncate(size_bytes)
+        sparse_image(image, size_bytes)
         run(self.mkfs + [image], timeout=120)
 
     def mount(self, image, mountpoint):
@@ -349,11 +364,7 @@ class Jext4(FuseFs):
         self.build_error = None
 
     def unavailable_reason(self):
-        if self.build_error:
-            return self.build_error
-        if not Path(self.binary).is_file():
-            return f"{self.binary} not found (cargo build --release)"
-        return None
+        return binary_unavailable(self)
 
     def _mount(self, mount):
         argv = [self.binary, "mount"]

@@ -18,13 +18,13 @@ is the writer's own (the FUSE server's for a FUSE mount, the tool's for a
 builder, none for a kernel mount, whose memory is the page cache).
 """
 
+import json
 import os
 import shutil
 import stat
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 import filesystems as fsmod
 from util import Failure, Unavailable, fail_line, last_line, log, run
@@ -140,11 +140,7 @@ class Jext4Lib(Builder):
     build_error = None  # set by bench/run when its build failed
 
     def unavailable_reason(self):
-        if self.build_error:
-            return self.build_error
-        if not Path(self.binary).is_file():
-            return f"{self.binary} not found (cargo build --release)"
-        return None
+        return fsmod.binary_unavailable(self)
 
     def import_tree(self, ctx, source, image, image_bytes, case):
         self.make(image, image_bytes)
@@ -166,9 +162,7 @@ class Mke2fsD(Builder):
         super().__init__("mke2fs-d", "mke2fs -t ext4 -d SOURCE (e2fsprogs; mkfs included), options as for kernel ext4", ["mke2fs"])
 
     def import_tree(self, ctx, source, image, image_bytes, case):
-        image.unlink(missing_ok=True)
-        with open(image, "wb") as sparse:
-            sparse.truncate(image_bytes)
+        fsmod.sparse_image(image, image_bytes)
         # -d takes the directory's contents as the root's: give it the
         # source's parent so the tree lands as one directory, as with cp.
         return timed(self.mkfs + ["-d", source.parent, image])
@@ -268,10 +262,7 @@ def applies(fs, workload):
 
 def library_driver(ctx, subcommand, directory, args, timeout):
     """A driver workload through the library on ctx.library_image: its
-    JSON line and the driver's peak RSS (KiB)."""
-    import json
-    import tempfile
-
+    JSON line; the driver's peak RSS (KiB) goes to ctx.library_peak_kib."""
     with tempfile.TemporaryFile(mode="w+") as output:
         _, peak = timed(
             [ctx.driver, subcommand, "--image", ctx.library_image, "--dir", directory, *args],
@@ -375,13 +366,10 @@ class ImageWorkload(CopyTree):
                 results.append(failed(label, member, str(error)))
                 image.unlink(missing_ok=True)
                 continue
-            verdict = fs.check(image) if self.checks_image else "clean"
-            verdicts.append(verdict)
+            verdicts.append(fs.check(image))
             results.append(result(label, member, seconds, rss, extra))
             image.unlink(missing_ok=True)
         return results, verdicts
-
-    checks_image = True
 
 
 class Import(ImageWorkload):
@@ -433,9 +421,7 @@ class Export(ImageWorkload):
         source = self.source_dir(ctx, member)
         if fs.family != "ext":
             raise Unavailable("the image is ext4 (made by mke2fs -d)")
-        image.unlink(missing_ok=True)
-        with open(image, "wb") as sparse:
-            sparse.truncate(self.image_bytes(ctx))
+        fsmod.sparse_image(image, self.image_bytes(ctx))
         run(fsmod.MKFS_EXT4 + ["-d", source.parent, image], timeout=BUILD_TIMEOUT)
         out = fsmod.ram_images(ctx.workdir) / "export"
         shutil.rmtree(out, ignore_errors=True)
