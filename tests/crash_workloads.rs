@@ -8,10 +8,10 @@
 //! everything acknowledged. The other block size of each mode is the long
 //! run's (`jext4 crashtest --block-size 1024 --delalloc`, `--meta-bg`).
 //!
-//! The CI budget: `STATES` states per workload and block size (about 4,600
-//! in all), `FAST_COMMIT_STATES` on fast_commit and delalloc images but for
-//! the per-directory workloads (multi-threaded, across directories), which
-//! get `STATES` there too; `jext4 crashtest
+//! The CI budget (about 13,700 states planned in all): `STATES` states per
+//! workload and block size, `FAST_COMMIT_STATES` on fast_commit and
+//! delalloc images but for the per-directory workloads (multi-threaded,
+//! across directories), which get `STATES` there too; `jext4 crashtest
 //! --workload all --states 10000 [--fast-commit]` is the long run (docs/
 //! testing.md, "Crash states").
 
