@@ -91,6 +91,10 @@
 //!   its own, a barrier flushes both devices (`dev/joined.rs`); broken, it
 //!   flushes the filesystem's only, so a commit can be acknowledged, and
 //!   its blocks checkpointed home, while its log is still volatile.
+//! - [`Fault::InlineDirConvertDropsValue`]: an inline directory that
+//!   outgrows its inode moves to a block with all its names, those of
+//!   `i_block` and those of the `system.data` value; broken, the value's
+//!   are left behind, so names the directory held vanish.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -119,10 +123,11 @@ pub enum Fault {
     ExternalJournalUnflushed = 1 << 17,
     EaInodeShareUncounted = 1 << 18,
     VerityFlagBeforeTree = 1 << 19,
+    InlineDirConvertDropsValue = 1 << 20,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 20] = [
+    pub const ALL: [Fault; 21] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -143,6 +148,7 @@ impl Fault {
         Fault::ExternalJournalUnflushed,
         Fault::EaInodeShareUncounted,
         Fault::VerityFlagBeforeTree,
+        Fault::InlineDirConvertDropsValue,
     ];
 }
 

@@ -29,6 +29,8 @@ enum Mode {
     MetaBg,
     /// Full commits, the journal on a device of its own.
     ExternalJournal,
+    /// Full commits on inline_data images.
+    InlineData,
 }
 
 /// Run `workloads` with `fault` on in `mode`; return the first failure's
@@ -52,6 +54,7 @@ fn first_failure(
     config.delalloc = mode == Mode::Delalloc;
     config.meta_bg = mode == Mode::MetaBg;
     config.external_journal = mode == Mode::ExternalJournal;
+    config.inline_data = mode == Mode::InlineData;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -258,6 +261,18 @@ fn a_descriptor_written_outside_its_meta_group_is_caught() {
         &["untar", "mailspool"],
         200,
         Mode::MetaBg,
+    );
+}
+
+/// inline_data: a directory that outgrows its inode moved to a block
+/// without the names its `system.data` value held loses them.
+#[test]
+fn an_inline_directory_converted_without_its_value_is_caught() {
+    assert_caught_on(
+        Fault::InlineDirConvertDropsValue,
+        &["untar", "dirsync"],
+        100,
+        Mode::InlineData,
     );
 }
 

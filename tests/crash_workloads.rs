@@ -3,12 +3,14 @@
 //! delayed allocation (`-o delalloc`, with and without fast commits) and
 //! on meta_bg images with several meta groups (`META_BG_STATES`); and with
 //! the journal on a device of its own (`EXTERNAL_JOURNAL_STATES`, 1 KiB,
-//! and 4 KiB with fast commits): each planned crash state recovers (jext4,
+//! and 4 KiB with fast commits); and on inline_data images
+//! (`INLINE_DATA_STATES`, 1 KiB): each planned crash state recovers (jext4,
 //! and e2fsck and the kernel on samples) to a clean filesystem that keeps
 //! everything acknowledged. The other block size of each mode is the long
-//! run's (`jext4 crashtest --block-size 1024 --delalloc`, `--meta-bg`).
+//! run's (`jext4 crashtest --block-size 1024 --delalloc`, `--meta-bg`,
+//! `--block-size 4096 --inline-data`).
 //!
-//! The CI budget (about 13,700 states planned in all): `STATES` states per
+//! The CI budget (about 14,400 states planned in all): `STATES` states per
 //! workload and block size, `FAST_COMMIT_STATES` on fast_commit and
 //! delalloc images but for the per-directory workloads (multi-threaded,
 //! across directories), which get `STATES` there too; `jext4 crashtest
@@ -29,6 +31,9 @@ const META_BG_STATES: usize = 60;
 /// With an external journal: the second device's barriers and the
 /// journal's place on it, not other commits.
 const EXTERNAL_JOURNAL_STATES: usize = 30;
+/// On inline_data images: inline files and directories, and their moves
+/// to blocks, not other commits.
+const INLINE_DATA_STATES: usize = 40;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
 const PER_DIRECTORY: &[&str] = &[
@@ -52,6 +57,10 @@ fn check_meta_bg(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::MetaBg);
 }
 
+fn check_inline_data(workload: &str, block_size: u32) {
+    check_images(workload, block_size, false, false, Images::InlineData);
+}
+
 fn check_external_journal(workload: &str, block_size: u32, fast_commit: bool) {
     check_images(
         workload,
@@ -68,6 +77,7 @@ enum Images {
     Plain,
     MetaBg,
     ExternalJournal,
+    InlineData,
 }
 
 fn check_images(
@@ -85,6 +95,8 @@ fn check_images(
         META_BG_STATES
     } else if images == Images::ExternalJournal {
         EXTERNAL_JOURNAL_STATES
+    } else if images == Images::InlineData {
+        INLINE_DATA_STATES
     } else if (fast_commit || delalloc) && !PER_DIRECTORY.contains(&workload) {
         FAST_COMMIT_STATES
     } else {
@@ -95,6 +107,7 @@ fn check_images(
     config.delalloc = delalloc;
     config.meta_bg = meta_bg;
     config.external_journal = images == Images::ExternalJournal;
+    config.inline_data = images == Images::InlineData;
     // A failing state's disks and log, to look at with `jext4 logdump`.
     config.keep = std::env::var_os("JEXT4_CRASH_KEEP").map(Into::into);
     let summary = run(&config, &mut |_| {}).unwrap();
@@ -119,6 +132,7 @@ fn check_images(
             Images::Plain => "",
             Images::MetaBg => " meta_bg",
             Images::ExternalJournal => " external journal",
+            Images::InlineData => " inline_data",
         },
         summary.states,
         summary.replay_runs,
@@ -160,6 +174,9 @@ macro_rules! workload_tests {
         }
         mod external_journal_fast_commit_at_4k {
             $(#[test] fn $name() { super::check_external_journal($workload, 4096, true) })*
+        }
+        mod inline_data_at_1k {
+            $(#[test] fn $name() { super::check_inline_data($workload, 1024) })*
         }
     };
 }

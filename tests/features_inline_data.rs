@@ -1,6 +1,7 @@
 //! inline_data: images whose small files, directories and
 //! symlinks live in their inodes (`i_block` and the `system.data` xattr),
-//! read by jext4 exactly as a kernel loop mount reads them.
+//! read and written by jext4 exactly as a kernel loop mount reads and
+//! writes them.
 //!
 //! - The kernel writes a tree (files of every size around the inline
 //!   limits, directories that stay in `i_block`, spill into system.data or
@@ -10,8 +11,13 @@
 //! - `mke2fs -d` builds an image from a host tree (e2fsprogs also makes
 //!   inline symlinks) → jext4 shows the host tree.
 //! - Readdir cookies of inline directories resume where they were, with and
-//!   without dir_index.
-//! - Until jext4 writes inline data, a mount is read-only and says so.
+//!   without dir_index, also across the move of a directory to a block.
+//! - jext4 writes the same tree as the kernel: the same files and
+//!   directories inline, with the same inline sizes, the same ones moved
+//!   to blocks; and the same changes to a tree the kernel wrote (names
+//!   added until a directory moves to a block, names removed, a directory
+//!   moved to another parent, inline files cut, grown, appended past the
+//!   inode and fallocated). `e2fsck -fn` is clean after each.
 
 // The jext4 binary, or the mounts and helpers of tests/common that use it.
 #![cfg(feature = "cli")]
@@ -189,6 +195,12 @@ fn seeks(root: &Path, listing: &Listing) -> Seeks {
     answers
 }
 
+/// Whether the open image's `path` still has its data inline.
+fn has_inline_flag_open(image: &Image, path: &str) -> bool {
+    let ino = image.inode_of(path, true).unwrap();
+    image.fs().getattr(ino).unwrap().flags & 0x1000_0000 != 0
+}
+
 /// What debugfs says of `path`: its inline data size, or None.
 fn inline_size(image: &Path, path: &str) -> Option<u64> {
     let stat = debugfs_stat(image, path);
@@ -240,11 +252,61 @@ fn jext4_view(image: &Path) -> (Listing, Seeks, XattrNames, String) {
     let listing = tree(&server.mountpoint);
     let answers = seeks(&server.mountpoint, &listing);
     let names = xattr_names(&server.mountpoint, &listing);
-    let write = std::fs::write(server.mountpoint.join("new-file"), b"x");
     let ending = server.unmount();
-    let error = write.expect_err("a write to an inline_data mount");
-    assert_eq!(error.raw_os_error(), Some(libc::EROFS), "{error}");
     (listing, answers, names, ending.log)
+}
+
+/// Every path of `listing` with what debugfs says of its inline data:
+/// the inline flag and the inline size.
+fn inline_layout(image: &Path, listing: &Listing) -> Vec<(String, bool, Option<u64>)> {
+    listing
+        .iter()
+        .map(|(path, ..)| {
+            let at = format!("/{path}");
+            (
+                path.clone(),
+                has_inline_flag(image, &at),
+                inline_size(image, &at),
+            )
+        })
+        .collect()
+}
+
+/// Changes to a populated tree that take inline files and directories
+/// through every path: names added until directories move to blocks,
+/// names removed from both regions, a directory moved to another parent
+/// (its ".." in i_block), a directory removed, inline files cut, grown by
+/// truncation past their bytes, appended past the inode, fallocated, and
+/// rewritten in place.
+fn mutate(root: &Path) {
+    for i in 0..12 {
+        std::fs::write(root.join(format!("few/added-{i}")), pattern(i, i * 9)).unwrap();
+    }
+    std::fs::remove_file(root.join("spill/0000000001")).unwrap();
+    std::fs::remove_file(root.join("spill/0000000004")).unwrap();
+    std::fs::write(root.join("spill/x"), b"short").unwrap();
+    std::fs::rename(root.join("few/sub"), root.join("spill/sub")).unwrap();
+    std::fs::remove_dir(root.join("empty")).unwrap();
+    std::fs::create_dir(root.join("new-empty")).unwrap();
+    let open = |name: &str| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(root.join(name))
+            .unwrap()
+    };
+    open("file100").set_len(30).unwrap();
+    open("file61").set_len(2000).unwrap();
+    open("file127").set_len(0).unwrap();
+    std::io::Write::write_all(&mut open("file127"), b"again").unwrap();
+    let appended = std::fs::OpenOptions::new()
+        .append(true)
+        .open(root.join("file59"))
+        .unwrap();
+    std::io::Write::write_all(&mut &appended, &pattern(3, 300)).unwrap();
+    // SAFETY: fallocate on a descriptor the closure's file owns.
+    let fallocated = unsafe { libc::fallocate(open("file6").as_raw_fd(), 0, 0, 8192) };
+    assert_eq!(fallocated, 0, "{}", std::io::Error::last_os_error());
+    std::os::unix::fs::FileExt::write_at(&open("file60"), b"XY", 10).unwrap();
 }
 
 #[test]
@@ -285,10 +347,97 @@ fn kernel_written_tree_reads_the_same() {
             "{name}: some attribute is listed"
         );
         assert!(
-            log.contains("inline_data") && log.contains("read-only"),
-            "{name}: the mount says it is read-only:\n{log}"
+            !log.contains("read-only"),
+            "{name}: the mount is read-write:\n{log}"
         );
         common::assert_fsck_clean(&image);
+    }
+}
+
+/// jext4 writes the tree the kernel writes, and the same inline layout:
+/// which files and directories are inline, at which sizes, and which
+/// moved to blocks.
+#[test]
+fn jext4_writes_what_the_kernel_writes() {
+    if !kernel_available() || !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in VARIANTS {
+        let kernels = mkfs(dir.path(), &format!("k-{name}"), args);
+        {
+            let _kernel = kernel_lock();
+            let mount = Mount::new(&kernels, "rw").unwrap();
+            populate(&mount.point);
+            set_xattrs(&mount.point);
+            mount.unmount();
+        }
+        let ours = mkfs(dir.path(), &format!("j-{name}"), args);
+        let server = Server::start(&ours, "");
+        populate(&server.mountpoint);
+        set_xattrs(&server.mountpoint);
+        server.unmount();
+        common::assert_fsck_clean(&ours);
+        let (theirs_view, ours_view) = {
+            let _kernel = kernel_lock();
+            (kernel_view(&kernels), kernel_view(&ours))
+        };
+        assert_eq!(ours_view, theirs_view, "{name}: the tree the kernel reads");
+        let layout = inline_layout(&kernels, &theirs_view.0);
+        assert!(
+            layout
+                .iter()
+                .any(|(_, _, size)| size.is_some_and(|s| s > 60))
+        );
+        assert_eq!(
+            inline_layout(&ours, &ours_view.0),
+            layout,
+            "{name}: the inline layout"
+        );
+    }
+}
+
+/// The kernel writes a tree; then the same changes (`mutate`) through the
+/// kernel and through jext4 leave the same tree and the same inline
+/// layout, and jext4's image is clean.
+#[test]
+fn jext4_changes_what_the_kernel_wrote_as_the_kernel_does() {
+    if !kernel_available() || !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in VARIANTS {
+        let kernels = mkfs(dir.path(), &format!("mk-{name}"), args);
+        {
+            let _kernel = kernel_lock();
+            let mount = Mount::new(&kernels, "rw").unwrap();
+            populate(&mount.point);
+            set_xattrs(&mount.point);
+            mount.unmount();
+        }
+        let ours = dir.path().join(format!("mj-{name}.img"));
+        std::fs::copy(&kernels, &ours).unwrap();
+        {
+            let _kernel = kernel_lock();
+            let mount = Mount::new(&kernels, "rw").unwrap();
+            mutate(&mount.point);
+            mount.unmount();
+        }
+        let server = Server::start(&ours, "");
+        mutate(&server.mountpoint);
+        server.unmount();
+        common::assert_fsck_clean(&kernels);
+        common::assert_fsck_clean(&ours);
+        let (theirs_view, ours_view) = {
+            let _kernel = kernel_lock();
+            (kernel_view(&kernels), kernel_view(&ours))
+        };
+        assert_eq!(ours_view, theirs_view, "{name}: the tree after the changes");
+        assert_eq!(
+            inline_layout(&ours, &ours_view.0),
+            inline_layout(&kernels, &theirs_view.0),
+            "{name}: the inline layout after the changes"
+        );
     }
 }
 
@@ -376,9 +525,43 @@ fn readdir_cookies_resume() {
                 );
             }
         }
-        let written = opened.write("/few/new", b"x");
-        assert!(written.is_err(), "{name}: a write on a read-only mount");
+        // A listing goes on where it was after the directory moved to a
+        // block meanwhile: every name after the cookie still comes.
+        let ino = opened.inode_of("/spill", true).unwrap();
+        let mut before = Vec::new();
+        fs.readdir(ino, 0, &mut |entry| {
+            before.push(entry);
+            true
+        })
+        .unwrap();
+        for i in 0..40 {
+            opened
+                .write(format!("/spill/added-name-{i:03}"), b"x")
+                .unwrap();
+        }
+        assert!(
+            !has_inline_flag_open(&opened, "/spill"),
+            "{name}: moved to a block"
+        );
+        let cookie = before[3].next;
+        let mut after = Vec::new();
+        fs.readdir(ino, cookie, &mut |entry| {
+            after.push(entry.name);
+            true
+        })
+        .unwrap();
+        for entry in &before[4..] {
+            assert!(
+                after.contains(&entry.name),
+                "{name}: {:?} after the move",
+                String::from_utf8_lossy(&entry.name)
+            );
+        }
+        for entry in &before[..4] {
+            assert!(!after.contains(&entry.name), "{name}: listed twice");
+        }
         opened.close().unwrap();
+        common::assert_fsck_clean(&image);
     }
 }
 

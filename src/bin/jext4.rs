@@ -153,6 +153,11 @@ struct CrashtestArgs {
     /// device=`); e2fsck and the kernel get it as a loop device.
     #[arg(long, conflicts_with = "bytelog")]
     external_journal: bool,
+    /// Images with inline_data: small files and directories live in their
+    /// inodes, and move to blocks as they grow (full commits only: jext4
+    /// writes no fast commits there yet).
+    #[arg(long, conflicts_with = "bytelog")]
+    inline_data: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -283,6 +288,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::engine::crash::Config
     config.fast_commit_global = args.fast_commit_global;
     config.delalloc = args.delalloc;
     config.meta_bg = args.meta_bg;
+    config.inline_data = args.inline_data;
     config.external_journal = args.external_journal;
     Ok(config)
 }

@@ -104,7 +104,7 @@ pub struct Config {
     /// metadata until their data is written out (`oracle::Window`).
     pub delalloc: bool,
     /// Images with meta_bg and no resize_inode, four descriptors to a
-    /// block and 256-block groups (`tools::make_template_with`), so that
+    /// block and 256-block groups (`tools::Shape`), so that
     /// the 16 MiB image has several meta groups.
     pub meta_bg: bool,
     /// The journal on a device of its own (`mke2fs -J device=`): recorded
@@ -112,6 +112,9 @@ pub struct Config {
     /// to e2fsck and the kernel as a loop device over the image file's
     /// journal part.
     pub external_journal: bool,
+    /// Images with inline_data: small files and directories live in their
+    /// inodes, and move to blocks as they grow.
+    pub inline_data: bool,
 }
 
 impl Config {
@@ -137,6 +140,7 @@ impl Config {
             delalloc: false,
             meta_bg: false,
             external_journal: false,
+            inline_data: false,
         }
     }
 
@@ -173,6 +177,7 @@ pub struct Failure {
     pub delalloc: bool,
     pub meta_bg: bool,
     pub external_journal: bool,
+    pub inline_data: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -193,7 +198,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{} --seed {} --states {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             match (self.fast_commit, self.bytelog, self.fast_commit_global) {
@@ -206,6 +211,11 @@ impl std::fmt::Display for Failure {
             if self.meta_bg { " --meta-bg" } else { "" },
             if self.external_journal {
                 " --external-journal"
+            } else {
+                ""
+            },
+            if self.inline_data {
+                " --inline-data"
             } else {
                 ""
             },
@@ -823,14 +833,13 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
                 .into(),
         );
     }
-    let template = tools::make_template_journaled(
-        &scratch,
-        config.block_size,
-        IMAGE_MIB,
-        config.fast_commit_images(),
-        config.meta_bg,
-        config.external_journal,
-    )?;
+    let shape = tools::Shape {
+        fast_commit: config.fast_commit_images(),
+        meta_bg: config.meta_bg,
+        external_journal: config.external_journal,
+        inline_data: config.inline_data,
+    };
+    let template = tools::make_template_shaped(&scratch, config.block_size, IMAGE_MIB, &shape)?;
     let mut summary = Summary::default();
     let kernel = config.sampling.kernel_every > 0
         && match tools::kernel_available(&scratch, &template, config.journal_at()) {
@@ -902,6 +911,7 @@ impl Context<'_> {
             fast_commit_global: self.config.fast_commit_global,
             delalloc: self.config.delalloc,
             meta_bg: self.config.meta_bg,
+            inline_data: self.config.inline_data,
             external_journal: self.config.external_journal,
             seed: self.config.seed,
             states: budget,

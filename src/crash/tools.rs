@@ -91,7 +91,11 @@ pub fn make_template(
     mib: u64,
     fast_commit: bool,
 ) -> Result<Vec<u8>, String> {
-    make_template_with(scratch, block_size, mib, fast_commit, false)
+    let shape = Shape {
+        fast_commit,
+        ..Shape::default()
+    };
+    make_template_shaped(scratch, block_size, mib, &shape)
 }
 
 /// Blocks per group of the meta_bg template: 64 groups at 1 KiB blocks,
@@ -126,33 +130,38 @@ fn external_journal_uuid() -> String {
     )
 }
 
-/// `make_template`, and with `meta_bg` the feature without resize_inode,
-/// in a geometry that gives the image several meta groups (the groups
-/// and descriptor blocks the kernel's mke2fs default would make appear
-/// only in much larger images).
-pub fn make_template_with(
-    scratch: &Scratch,
-    block_size: u32,
-    mib: u64,
-    fast_commit: bool,
-    meta_bg: bool,
-) -> Result<Vec<u8>, String> {
-    make_template_journaled(scratch, block_size, mib, fast_commit, meta_bg, false)
+/// What a template has besides its size and block size.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Shape {
+    /// The fast_commit feature.
+    pub fast_commit: bool,
+    /// meta_bg without resize_inode, in a geometry that gives the image
+    /// several meta groups (the groups and descriptor blocks the kernel's
+    /// mke2fs default would make appear only in much larger images).
+    pub meta_bg: bool,
+    /// The journal on a device of its own: the template is the
+    /// filesystem's `mib` MiB followed by the journal device's
+    /// `EXTERNAL_JOURNAL_MIB`, linked as `mke2fs -J device=` links them
+    /// (`link_external_journal`; mke2fs itself wants a block device, and
+    /// loop devices shared between test threads race).
+    pub external_journal: bool,
+    /// inline_data: small files and directories in their inodes.
+    pub inline_data: bool,
 }
 
-/// `make_template_with`, and with `external_journal` the journal on a
-/// device of its own: the template is the filesystem's `mib` MiB followed
-/// by the journal device's `EXTERNAL_JOURNAL_MIB`, linked as `mke2fs -J
-/// device=` links them (`link_external_journal`; mke2fs itself wants a
-/// block device, and loop devices shared between test threads race).
-pub fn make_template_journaled(
+/// `make_template` of any `Shape`.
+pub fn make_template_shaped(
     scratch: &Scratch,
     block_size: u32,
     mib: u64,
-    fast_commit: bool,
-    meta_bg: bool,
-    external_journal: bool,
+    shape: &Shape,
 ) -> Result<Vec<u8>, String> {
+    let Shape {
+        fast_commit,
+        meta_bg,
+        external_journal,
+        inline_data,
+    } = *shape;
     let path = scratch.path(&format!("template-{block_size}.img"));
     let stale: Vec<u8> = STALE_PATTERN
         .iter()
@@ -189,6 +198,9 @@ pub fn make_template_journaled(
     }
     if external_journal {
         features.push_str(",^has_journal");
+    }
+    if inline_data {
+        features.push_str(",inline_data");
     }
     let path_arg = path_str(&path)?;
     args.extend([

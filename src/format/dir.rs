@@ -33,7 +33,9 @@
 use super::csum::crc32c_raw;
 use super::htree;
 use super::inline;
-use super::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
+use super::inode::{
+    I_BLOCK_SIZE, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
+};
 use super::superblock::{Geometry, compat, incompat};
 use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::cache::{Buffer, BufferCache};
@@ -104,6 +106,21 @@ pub trait DirBlocks {
     /// system.data value); `None` for a directory of blocks.
     fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
         Ok(None)
+    }
+    /// The most bytes the directory may keep inline (`inline::max_size`):
+    /// 0 where nothing may be.
+    fn inline_max(&self) -> Result<usize> {
+        Ok(0)
+    }
+    /// Make `bytes` the directory's inline bytes, and its size
+    /// (`inline::store`).
+    fn store_inline(&mut self, _bytes: &[u8]) -> Result<()> {
+        Err(Error::NotSupported)
+    }
+    /// Take the directory out of inline data (`inline::destroy`): it maps
+    /// nothing and its size is 0, for `append_block` to give it block 0.
+    fn destroy_inline(&mut self) -> Result<()> {
+        Err(Error::NotSupported)
     }
 }
 
@@ -655,8 +672,21 @@ pub(crate) fn find_slot(
     lblk: u64,
     name: &[u8],
 ) -> Result<Option<Record>> {
+    find_slot_in(fmt, block, 0, fmt.leaf_space(), lblk, name)
+}
+
+/// `find_slot` among the records tiling `block[start..end]` (a leaf, or a
+/// region of an inline directory).
+pub(crate) fn find_slot_in(
+    fmt: &Format,
+    block: &[u8],
+    start: usize,
+    end: usize,
+    lblk: u64,
+    name: &[u8],
+) -> Result<Option<Record>> {
     let needed = record_len(name.len());
-    for record in Records::leaf(fmt, block, lblk) {
+    for record in Records::range(fmt, block, start, end, lblk) {
         let record = record?;
         if record.is_live() && record.name(block) == name {
             return Err(Error::Exists);
@@ -696,9 +726,21 @@ pub(crate) fn delete_record(
     lblk: u64,
     offset: usize,
 ) -> Result<()> {
+    delete_record_in(fmt, block, 0, fmt.leaf_space(), lblk, offset)
+}
+
+/// `delete_record` among the records tiling `block[start..end]`.
+pub(crate) fn delete_record_in(
+    fmt: &Format,
+    block: &mut [u8],
+    start: usize,
+    end: usize,
+    lblk: u64,
+    offset: usize,
+) -> Result<()> {
     let mut previous: Option<Record> = None;
     let mut found = None;
-    for record in Records::leaf(fmt, block, lblk) {
+    for record in Records::range(fmt, block, start, end, lblk) {
         let record = record?;
         if record.offset == offset {
             found = Some(record);
@@ -869,7 +911,6 @@ pub fn add_entry(
     file_type: u8,
 ) -> Result<()> {
     check_name(name)?;
-    refuse_inline(d)?;
     let fmt = Format::of(d);
     debug_assert!(ino != 0 && ino <= fmt.inodes_count, "entry for inode {ino}");
     let entry = DirEntry {
@@ -877,7 +918,10 @@ pub fn add_entry(
         file_type: if fmt.filetype { file_type } else { FT_UNKNOWN },
         name: name.to_vec(),
     };
-    insert_entry(d, handle, &fmt, &entry)?;
+    match d.inline_bytes()? {
+        Some(bytes) => add_inline(d, handle, &fmt, bytes, &entry)?,
+        None => insert_entry(d, handle, &fmt, &entry)?,
+    }
     handle.note(Change::Link {
         parent: d.dir_ino(),
         ino,
@@ -885,6 +929,45 @@ pub fn add_entry(
         dir: file_type == FT_DIR,
     });
     Ok(())
+}
+
+/// Add `entry` to an inline directory: in the inode while it has room
+/// (`inline::add`), else after moving the directory to a block.
+fn add_inline(
+    d: &mut dyn DirBlocks,
+    handle: &Handle<'_>,
+    fmt: &Format,
+    mut bytes: Vec<u8>,
+    entry: &DirEntry,
+) -> Result<()> {
+    let room = d.inline_max()?.saturating_sub(I_BLOCK_SIZE);
+    if inline::add(fmt, &mut bytes, entry, room)? {
+        return d.store_inline(&bytes);
+    }
+    convert_inline(d, handle, fmt, &bytes)?;
+    insert_entry(d, handle, fmt, entry)
+}
+
+/// Move an inline directory to a block of its own
+/// (ext4_convert_inline_dir_to_block), in the caller's transaction: the
+/// inode loses its inline bytes in the same commit that logs the block
+/// holding them. The block is worked out before anything changes.
+fn convert_inline(
+    d: &mut dyn DirBlocks,
+    handle: &Handle<'_>,
+    fmt: &Format,
+    bytes: &[u8],
+) -> Result<()> {
+    let mut converted = vec![0u8; fmt.block_size];
+    inline::to_block(fmt, bytes, &mut converted)?;
+    d.destroy_inline()?;
+    debug_assert_eq!(d.block_count(), 0);
+    let (lblk, buffer) = d.append_block(handle)?;
+    debug_assert_eq!(lblk, 0);
+    modify_leaf(handle, fmt, &buffer, |block| {
+        block.copy_from_slice(&converted);
+        Ok(())
+    })
 }
 
 /// Put `entry` in free space of an existing block, turn a full
@@ -951,8 +1034,23 @@ pub fn add_entry_max_new_blocks(geo: &Geometry) -> u32 {
 /// change, so that a full volume fails it whole.
 pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
     check_name(name)?;
-    refuse_inline(d)?;
     let fmt = Format::of(d);
+    if let Some(mut bytes) = d.inline_bytes()? {
+        // A stand-in entry: only the name's length decides where it goes.
+        let entry = DirEntry {
+            ino: fmt.ino,
+            file_type: FT_UNKNOWN,
+            name: name.to_vec(),
+        };
+        let room = d.inline_max()?.saturating_sub(I_BLOCK_SIZE);
+        // Moved to a block, the directory maps that one block from an
+        // empty root in i_block: no mapping block behind it.
+        return Ok(if inline::add(&fmt, &mut bytes, &entry, room)? {
+            0
+        } else {
+            1
+        });
+    }
     let blocks = if uses_htree(d, &fmt) && !d.index_damaged() {
         htree::add_new_blocks(d, &fmt, name)?
     } else {
@@ -987,17 +1085,7 @@ fn refuse_damaged_index(d: &dyn DirBlocks, fmt: &Format) -> Result<()> {
 /// knows the directory: callers ask before they change anything, so that
 /// a refusal leaves nothing to undo.
 pub fn check_addable(d: &dyn DirBlocks) -> Result<()> {
-    refuse_inline(d)?;
     refuse_damaged_index(d, &Format::of(d))
-}
-
-/// Inline directories are read, not yet changed: a mount that would change
-/// them is read-only (`Superblock::check_features`).
-fn refuse_inline(d: &dyn DirBlocks) -> Result<()> {
-    match d.inline_bytes()? {
-        Some(_) => Err(Error::NotSupported),
-        None => Ok(()),
-    }
 }
 
 /// `insert_entry`'s choice for a linear directory, without the change.
@@ -1038,13 +1126,17 @@ pub fn remove_entry(
     if is_dot_or_dotdot(name) {
         return Err(Error::Invalid("cannot remove \".\" or \"..\"".into()));
     }
-    refuse_inline(d)?;
     let fmt = Format::of(d);
     let location = lookup(d, name)?.ok_or(Error::NotFound)?;
-    let buffer = read_leaf(d, &fmt, location.lblk)?;
-    modify_leaf(handle, &fmt, &buffer, |block| {
-        delete_record(&fmt, block, location.lblk, location.offset)
-    })?;
+    if let Some(mut bytes) = d.inline_bytes()? {
+        inline::remove(&fmt, &mut bytes, location.offset)?;
+        d.store_inline(&bytes)?;
+    } else {
+        let buffer = read_leaf(d, &fmt, location.lblk)?;
+        modify_leaf(handle, &fmt, &buffer, |block| {
+            delete_record(&fmt, block, location.lblk, location.offset)
+        })?;
+    }
     handle.note(Change::Unlink {
         parent: d.dir_ino(),
         ino: location.ino,
@@ -1066,16 +1158,23 @@ pub fn replace_entry(
     if is_dot_or_dotdot(name) {
         return Err(Error::Invalid("replace \"..\" with set_parent".into()));
     }
-    refuse_inline(d)?;
     let fmt = Format::of(d);
     debug_assert!(ino != 0 && ino <= fmt.inodes_count);
     let location = lookup(d, name)?.ok_or(Error::NotFound)?;
-    let buffer = read_leaf(d, &fmt, location.lblk)?;
-    modify_leaf(handle, &fmt, &buffer, |block| {
+    let repoint = |block: &mut [u8]| {
         put_u32(block, location.offset, ino);
         block[location.offset + 7] = if fmt.filetype { file_type } else { 0 };
-        Ok(())
-    })?;
+    };
+    if let Some(mut bytes) = d.inline_bytes()? {
+        repoint(&mut bytes);
+        d.store_inline(&bytes)?;
+    } else {
+        let buffer = read_leaf(d, &fmt, location.lblk)?;
+        modify_leaf(handle, &fmt, &buffer, |block| {
+            repoint(block);
+            Ok(())
+        })?;
+    }
     let parent = d.dir_ino();
     handle.note(Change::Unlink {
         parent,
@@ -1092,7 +1191,10 @@ pub fn replace_entry(
     Ok(location)
 }
 
-/// First block with "." and ".." for a new directory (appends block 0 via d.append_block).
+/// A new directory's "." and "..": in the inode where the filesystem
+/// keeps small directories inline and the inode has room
+/// (ext4_try_create_inline_dir), else in a first block (appended via
+/// d.append_block).
 pub fn init_dir(
     d: &mut dyn DirBlocks,
     handle: &Handle<'_>,
@@ -1102,6 +1204,13 @@ pub fn init_dir(
     let fmt = Format::of(d);
     if d.block_count() != 0 {
         return Err(Error::Invalid("directory already has blocks".into()));
+    }
+    debug_assert!(
+        d.inline_bytes()?.is_none(),
+        "a new directory is not inline yet"
+    );
+    if d.inline_max()? >= I_BLOCK_SIZE {
+        return d.store_inline(&inline::new_dir(parent_ino));
     }
     let (lblk, buffer) = d.append_block(handle)?;
     debug_assert_eq!(lblk, 0);
@@ -1155,10 +1264,14 @@ pub fn parent(d: &mut dyn DirBlocks) -> Result<u32> {
 /// Point ".." at `parent_ino`: the directory moved to another parent,
 /// which fast commits cannot express (`EXT4_FC_REASON_RENAME_DIR`).
 pub fn set_parent(d: &mut dyn DirBlocks, handle: &Handle<'_>, parent_ino: u32) -> Result<()> {
-    refuse_inline(d)?;
     handle.note(Change::Ineligible(Ineligible::RenameDir));
     let fmt = Format::of(d);
     debug_assert!(parent_ino != 0 && parent_ino <= fmt.inodes_count);
+    if let Some(mut bytes) = d.inline_bytes()? {
+        inline::parent(&fmt, &bytes)?;
+        inline::set_parent(&mut bytes, parent_ino);
+        return d.store_inline(&bytes);
+    }
     let buffer = read_block0(d, &fmt)?;
     let indexed = uses_htree(d, &fmt);
     let (_, dotdot) = dot_records(&fmt, &buffer.read(), indexed)?;

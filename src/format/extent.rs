@@ -1238,6 +1238,12 @@ pub fn depth(inode: &Inode) -> u16 {
     get_u16(&inode.block, 6)
 }
 
+/// The entries of the inode's root node as its header records them (0:
+/// the tree maps nothing).
+pub fn root_entries(inode: &Inode) -> u16 {
+    get_u16(&inode.block, 2)
+}
+
 pub fn for_each_block(
     geo: &Geometry,
     cache: &BufferCache,

@@ -107,11 +107,8 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::CSUM_SEED
     | incompat::LARGEDIR
     | incompat::EA_INODE
+    | incompat::INLINE_DATA
     | incompat::BYTELOG;
-
-/// INCOMPAT features this build reads but does not write yet: a mount of
-/// an image that has one is read-only.
-pub const INCOMPAT_READ_ONLY: u32 = incompat::INLINE_DATA;
 
 /// RO_COMPAT features this build keeps consistent when writing. Any other
 /// bit allows read-only mounts only.
@@ -662,7 +659,7 @@ impl Superblock {
     /// filesystem may be mounted read-write, `Ok(false)` if only read-only,
     /// and an error naming the feature if not at all.
     pub fn check_features(&self) -> Result<bool> {
-        let unknown_incompat = self.feature_incompat & !(INCOMPAT_SUPPORTED | INCOMPAT_READ_ONLY);
+        let unknown_incompat = self.feature_incompat & !INCOMPAT_SUPPORTED;
         if unknown_incompat != 0 {
             let names = feature_names("incompat", unknown_incompat).join(", ");
             let hint = if unknown_incompat & incompat::JOURNAL_DEV != 0 {
@@ -674,13 +671,7 @@ impl Superblock {
                 "filesystem uses feature {names}, which jext4 does not support{hint}"
             )));
         }
-        Ok(self.feature_ro_compat & !RO_COMPAT_SUPPORTED == 0
-            && self.feature_incompat & INCOMPAT_READ_ONLY == 0)
-    }
-
-    /// Names of INCOMPAT features this build only reads (a read-only mount).
-    pub fn read_only_incompat_features(&self) -> Vec<String> {
-        feature_names("incompat", self.feature_incompat & INCOMPAT_READ_ONLY)
+        Ok(self.feature_ro_compat & !RO_COMPAT_SUPPORTED == 0)
     }
 
     /// Every feature set, by the names mke2fs and dumpe2fs use: compat,

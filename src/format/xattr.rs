@@ -846,6 +846,68 @@ pub fn inline_data_value(geo: &Geometry, ino: u32, inode: &Inode) -> Result<Opti
     }
 }
 
+/// The longest value `system.data` can have in the inode body next to the
+/// body's other attributes (get_max_inline_xattr_value_size): the body's
+/// room less theirs and the entry's own, in whole 4-byte words. 0 for an
+/// inode without a body area (128-byte inodes, `i_extra_isize` 0).
+pub fn inline_data_room(geo: &Geometry, ino: u32, inode: &Inode) -> Result<usize> {
+    let Some(ibody) = load_ibody(geo, ino, inode)? else {
+        return Ok(0);
+    };
+    let others: Vec<Entry> = ibody
+        .entries
+        .into_iter()
+        .filter(|entry| !entry.is(name_index::SYSTEM, INLINE_DATA_NAME))
+        .collect();
+    let taken = needed_bytes(&others) + entry_len(INLINE_DATA_NAME.len());
+    Ok(ibody.capacity.saturating_sub(taken) / PAD * PAD)
+}
+
+/// Set `system.data` to `value`, or remove it (`None`), in the inode body
+/// and only there (the kernel never looks for it in the block); the
+/// body's other entries stay as they are. `Error::NoSpace` when it does not
+/// fit (`inline_data_room` says how much does). Its `e_hash` is 0: the
+/// kernel rewrites inline bytes in place without rehashing, and e2fsck
+/// takes 0 for "not hashed" in the body.
+pub fn set_inline_data_value(
+    geo: &Geometry,
+    ino: u32,
+    inode: &mut Inode,
+    value: Option<&[u8]>,
+) -> Result<()> {
+    let Some(ibody) = load_ibody(geo, ino, inode)? else {
+        return match value {
+            Some(_) => Err(Error::NoSpace),
+            None => Ok(()),
+        };
+    };
+    let mut entries = ibody.entries;
+    let at = entries
+        .iter()
+        .position(|entry| entry.is(name_index::SYSTEM, INLINE_DATA_NAME));
+    match (at, value) {
+        (Some(at), Some(value)) => {
+            entries[at].value = Value::Stored(value.to_vec());
+            entries[at].hash = 0;
+        }
+        (None, Some(value)) => entries.push(Entry {
+            index: name_index::SYSTEM,
+            name: INLINE_DATA_NAME.to_vec(),
+            value: Value::Stored(value.to_vec()),
+            hash: 0,
+        }),
+        (Some(at), None) => {
+            entries.remove(at);
+        }
+        (None, None) => return Ok(()),
+    }
+    if needed_bytes(&entries) > ibody.capacity {
+        return Err(Error::NoSpace);
+    }
+    store_ibody(inode, &entries);
+    Ok(())
+}
+
 /// Full names of the inode's attributes, body entries first, then block
 /// entries, like ext4_listxattr. Names of namespaces the kernel has no
 /// handler for (`system.data`, encryption contexts) are left out. Filtering

@@ -173,6 +173,9 @@ impl DirBlocks for DirReader<'_> {
     fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
         inline_bytes(self.core, self.ino, self.inode)
     }
+    fn inline_max(&self) -> Result<usize> {
+        inline::max_size(&self.core.geo, self.ino, self.inode)
+    }
 }
 
 pub(crate) struct DirWriter<'t, 'a, 'j> {
@@ -270,6 +273,21 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
     }
     fn inline_bytes(&self) -> Result<Option<Vec<u8>>> {
         inline_bytes(self.tx.core, self.ino, self.inode)
+    }
+    fn inline_max(&self) -> Result<usize> {
+        inline::max_size(&self.tx.core.geo, self.ino, self.inode)
+    }
+    fn store_inline(&mut self, bytes: &[u8]) -> Result<()> {
+        // A directory's size is its inline bytes' (e2fsck: 60 plus the
+        // value's length, exactly).
+        inline::store(&self.tx.core.geo, self.ino, self.inode, bytes)?;
+        self.inode.size = bytes.len() as u64;
+        Ok(())
+    }
+    fn destroy_inline(&mut self) -> Result<()> {
+        inline::destroy(&self.tx.core.geo, self.ino, self.inode)?;
+        self.inode.size = 0;
+        Ok(())
     }
 }
 

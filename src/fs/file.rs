@@ -198,6 +198,9 @@ impl Tx<'_, '_> {
     /// Set the size: cut blocks past the new end, zero the tail of the last
     /// partial block, or extend sparsely.
     pub fn truncate_to(&mut self, ino: u32, inode: &mut Inode, size: u64) -> Result<()> {
+        if inode.has_inline_data() {
+            return self.truncate_inline(ino, inode, size);
+        }
         let geo = &self.core.geo;
         let block_size = geo.block_size as u64;
         if size > max_file_size(geo, inode) {
@@ -534,10 +537,13 @@ impl Fs {
                         let setid = setid_bits_to_drop(inode, &caller, false);
                         written.privileges_killed = tx.kill_privileges(ino, inode, setid)?;
                     }
-                    let written = match tx.write_delayed(ino, inode, position, chunk)? {
-                        Placement::Held(bytes) => bytes,
-                        Placement::Direct => tx.write_data(ino, inode, position, chunk)?,
-                        Placement::WriteOutFirst => return Ok(None),
+                    let written = match tx.write_inline(ino, inode, position, chunk)? {
+                        Some(bytes) => bytes,
+                        None => match tx.write_delayed(ino, inode, position, chunk)? {
+                            Placement::Held(bytes) => bytes,
+                            Placement::Direct => tx.write_data(ino, inode, position, chunk)?,
+                            Placement::WriteOutFirst => return Ok(None),
+                        },
                     };
                     let now = Timestamp::now();
                     inode.mtime = now;
@@ -700,6 +706,10 @@ impl Tx<'_, '_> {
     ) -> Result<()> {
         {
             let tx = self;
+            if inode.has_inline_data() {
+                // ext4_fallocate: every mode moves the data to a block first.
+                tx.convert_inline_file(ino, inode)?;
+            }
             if !inode.uses_extents() {
                 return Err(Error::NotSupported); // as the kernel on block-mapped files
             }

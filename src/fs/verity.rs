@@ -117,6 +117,15 @@ impl Fs {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             check_enable(ino, &inode)?;
+            // ext4_begin_enable_verity: inline data moves to a block first.
+            if inode.has_inline_data() {
+                tx.convert_inline_file(ino, &mut inode)?;
+            }
+            if !inode.uses_extents() {
+                return Err(Error::Unsupported(format!(
+                    "inode {ino}: fs-verity needs an extent-mapped file"
+                )));
+            }
             tx.handle.note(Change::Ineligible(Ineligible::Orphan));
             if crate::faults::active(crate::faults::Fault::VerityFlagBeforeTree) {
                 inode.flags |= flags::VERITY;
@@ -418,11 +427,6 @@ fn check_enable(ino: u32, inode: &Inode) -> Result<()> {
     }
     if inode.has_flag(flags::VERITY) {
         return Err(Error::Exists);
-    }
-    if !inode.uses_extents() || inode.has_inline_data() {
-        return Err(Error::Unsupported(format!(
-            "inode {ino}: fs-verity needs an extent-mapped file"
-        )));
     }
     Ok(())
 }
