@@ -311,3 +311,81 @@ fn cp_into_a_directory_with_a_default_acl_does_as_the_kernel() {
     opened.close().unwrap();
     common::assert_fsck_clean(&image);
 }
+
+/// Where `cp -a` puts things, as GNU cp puts them on the host: a source
+/// into an existing directory, to a new name, its contents with `DIR/.`
+/// (into an existing directory, a new one, and the image's root), and a
+/// trailing slash. Both ways: into an image and out of it.
+#[test]
+fn cp_lands_entries_where_gnu_cp_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("src");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    std::fs::write(source.join("a"), b"a").unwrap();
+    std::fs::write(source.join("sub/b"), b"b").unwrap();
+    let src = source.to_str().unwrap();
+    let names = |root: &Path| -> Vec<String> {
+        tools_support::walk(root)
+            .iter()
+            .map(|path| path.strip_prefix(root).unwrap().display().to_string())
+            .filter(|name| !name.starts_with("lost+found"))
+            .collect()
+    };
+    // (source as written, destination under the root, whether the
+    // destination directory exists first).
+    let cases: &[(String, &str, bool)] = &[
+        (src.to_string(), "/dest", true),
+        (src.to_string(), "/dest", false),
+        (format!("{src}/."), "/dest", true),
+        (format!("{src}/."), "/dest", false),
+        (format!("{src}/."), "/", true),
+        (format!("{src}/"), "/dest", true),
+        (format!("{src}/./"), "/dest", true),
+    ];
+    for (index, (from, to, exists)) in cases.iter().enumerate() {
+        let host = dir.path().join(format!("host{index}"));
+        std::fs::create_dir(&host).unwrap();
+        if *exists && *to != "/" {
+            std::fs::create_dir(host.join(&to[1..])).unwrap();
+        }
+        let host_dest = format!("{}{to}", host.display());
+        let status = Command::new("cp")
+            .args(["-a", from, &host_dest])
+            .status()
+            .unwrap();
+        assert!(status.success(), "cp -a {from} {host_dest}");
+        let image = common::mkfs(dir.path(), &format!("land{index}"), 16, &["-t", "ext4"]);
+        if *exists && *to != "/" {
+            let (code, _, stderr) = jext4_tool(&["mkdir", &arg(&image, to)]);
+            assert_eq!(code, 0, "{stderr}");
+        }
+        let (code, _, stderr) = jext4_tool(&["cp", "-a", from, &arg(&image, to)]);
+        assert_eq!(code, 0, "cp -a {from} IMAGE:{to}: {stderr}");
+        common::assert_fsck_clean(&image);
+        let out = dir.path().join(format!("out{index}"));
+        let (code, _, stderr) =
+            jext4_tool(&["cp", "-a", &arg(&image, "/."), out.to_str().unwrap()]);
+        assert_eq!(code, 0, "cp -a IMAGE:/. {}: {stderr}", out.display());
+        assert_eq!(
+            names(&out),
+            names(&host),
+            "cp -a {from} {to} (exists: {exists})"
+        );
+        // Out of the image: the same rules with the image as the source.
+        let back = dir.path().join(format!("back{index}"));
+        std::fs::create_dir(&back).unwrap();
+        let (code, _, stderr) = jext4_tool(&[
+            "cp",
+            "-a",
+            &arg(&image, &format!("{to}/.")),
+            back.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(
+            names(&back),
+            names(Path::new(&host_dest)),
+            "cp -a IMAGE:{to}/. {}",
+            back.display()
+        );
+    }
+}

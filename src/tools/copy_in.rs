@@ -52,7 +52,12 @@ pub fn copy_in(
         path: dest.to_string(),
         error,
     };
-    let (parent, name) = image.parent_and_name(dest).map_err(failure)?;
+    // The root has no parent to make it in: it is its own "." there, which
+    // makes the copy merge into it (`cp -a DIR/. IMAGE:/`).
+    let (parent, name) = match imagepath::trim_slashes(dest) {
+        "/" => (crate::format::superblock::ROOT_INO, &b"."[..]),
+        _ => image.parent_and_name(dest).map_err(failure)?,
+    };
     let meta = match std::fs::symlink_metadata(source) {
         Ok(meta) => meta,
         Err(error) => {

@@ -379,6 +379,9 @@ fn copy_sources_in(
                 continue;
             }
             let target = match dest_is_dir {
+                // cp's "DIR/.": the directory's contents go into the target
+                // itself (Path::file_name would skip the ".").
+                true if names_dot(source) => dest.trimmed().to_string(),
                 true => {
                     let name = host.file_name().map(|n| n.to_string_lossy().into_owned());
                     let Some(name) = name else {
@@ -465,6 +468,7 @@ fn copy_sources_out(
             continue;
         }
         let target = match dest_is_dir {
+            true if names_dot(&source.path) => dest.to_path_buf(),
             true => dest.join(jext4::engine::tools::imagepath::file_name(&source.path)),
             false => dest.to_path_buf(),
         };
@@ -480,6 +484,14 @@ fn copy_sources_out(
         true => Ok(reports),
         false => Err(failed.join(&format!("\n{}cp: ", session.label))),
     }
+}
+
+/// Whether a source's last component, as written, is "." (`DIR/.`, `.`):
+/// cp copies such a directory's contents into the target directory
+/// itself, not into a new entry of it.
+fn names_dot(source: &str) -> bool {
+    let trimmed = source.trim_end_matches('/');
+    trimmed == "." || trimmed.ends_with("/.")
 }
 
 /// `IMAGE:PATH` as the user wrote it.
