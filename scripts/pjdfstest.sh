@@ -5,6 +5,7 @@
 # PJDFSTEST_TRANSPORT=uring serves the mount through FUSE over io_uring: the
 # kernel's module parameter is switched on for the run and restored after
 # (a kernel without it has no FUSE over io_uring: the run is skipped).
+# PJDFSTEST_FEATURES=inline_data,... adds mke2fs features to the image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -44,7 +45,9 @@ if [ "$transport" = uring ]; then
 fi
 
 truncate -s 256M "$work/pjdfstest.img"
-mkfs.ext4 -q -F "$work/pjdfstest.img"
+features=${PJDFSTEST_FEATURES:+-O $PJDFSTEST_FEATURES}
+# shellcheck disable=SC2086 # features: -O and its list, or nothing
+mkfs.ext4 -q -F $features "$work/pjdfstest.img"
 # allow_other: the suite switches to unprivileged users.
 "$jext4" mount -o "allow_other,fuse_transport=$transport" "$work/pjdfstest.img" "$mnt"
 "$jext4" stats "$mnt" | grep -qx "fuse_transport $transport" || {
@@ -55,7 +58,7 @@ chmod 777 "$mnt"
 (cd "$mnt" && "$tools/bin/pjdfstest" -c "$OLDPWD/tests/pjdfstest/jext4.toml" -p "$mnt") 2>&1 | tee "$work/pjdfstest.log" | grep -E "FAILED|Summary" || true
 "$jext4" umount "$mnt"
 summary=$(grep "^Summary" "$work/pjdfstest.log" || echo "Summary: missing")
-echo "pjdfstest ($transport): $summary"
+echo "pjdfstest ($transport${PJDFSTEST_FEATURES:+, $PJDFSTEST_FEATURES}): $summary"
 case "$summary" in
     "Summary: 0 failed,"*) ;;
     *) echo "pjdfstest reported failures" >&2; exit 1 ;;
