@@ -95,6 +95,9 @@
 //!   outgrows its inode moves to a block with all its names, those of
 //!   `i_block` and those of the `system.data` value; broken, the value's
 //!   are left behind, so names the directory held vanish.
+//! - [`Fault::QuotaChargedLate`]: an operation's quota usage is written to
+//!   the quota files in its own transaction; broken, it waits for the next
+//!   operation's, so a crash between them leaves usage and blocks apart.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -124,10 +127,11 @@ pub enum Fault {
     EaInodeShareUncounted = 1 << 18,
     VerityFlagBeforeTree = 1 << 19,
     InlineDirConvertDropsValue = 1 << 20,
+    QuotaChargedLate = 1 << 21,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 22] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -149,6 +153,7 @@ impl Fault {
         Fault::EaInodeShareUncounted,
         Fault::VerityFlagBeforeTree,
         Fault::InlineDirConvertDropsValue,
+        Fault::QuotaChargedLate,
     ];
 }
 

@@ -31,6 +31,8 @@ enum Mode {
     ExternalJournal,
     /// Full commits on inline_data images.
     InlineData,
+    /// Full commits on images with user, group and project quotas.
+    Quota,
 }
 
 /// Run `workloads` with `fault` on in `mode`; return the first failure's
@@ -55,6 +57,7 @@ fn first_failure(
     config.meta_bg = mode == Mode::MetaBg;
     config.external_journal = mode == Mode::ExternalJournal;
     config.inline_data = mode == Mode::InlineData;
+    config.quota = mode == Mode::Quota;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -273,6 +276,18 @@ fn an_inline_directory_converted_without_its_value_is_caught() {
         &["untar", "dirsync"],
         100,
         Mode::InlineData,
+    );
+}
+
+/// quota: usage written a transaction after the change it counts leaves,
+/// after a crash between the two, counts e2fsck finds wrong.
+#[test]
+fn quota_usage_written_apart_from_its_change_is_caught() {
+    assert_caught_on(
+        Fault::QuotaChargedLate,
+        &["untar", "mailspool"],
+        100,
+        Mode::Quota,
     );
 }
 

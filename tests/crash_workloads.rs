@@ -3,14 +3,15 @@
 //! delayed allocation (`-o delalloc`, with and without fast commits) and
 //! on meta_bg images with several meta groups (`META_BG_STATES`); and with
 //! the journal on a device of its own (`EXTERNAL_JOURNAL_STATES`, 1 KiB,
-//! and 4 KiB with fast commits); and on inline_data images
-//! (`INLINE_DATA_STATES`, 1 KiB): each planned crash state recovers (jext4,
+//! and 4 KiB with fast commits); on inline_data images
+//! (`INLINE_DATA_STATES`, 1 KiB) and on quota images (`QUOTA_STATES`, 4
+//! KiB): each planned crash state recovers (jext4,
 //! and e2fsck and the kernel on samples) to a clean filesystem that keeps
 //! everything acknowledged. The other block size of each mode is the long
 //! run's (`jext4 crashtest --block-size 1024 --delalloc`, `--meta-bg`,
-//! `--block-size 4096 --inline-data`).
+//! `--block-size 4096 --inline-data`, `--block-size 1024 --quota`).
 //!
-//! The CI budget (about 14,400 states planned in all): `STATES` states per
+//! The CI budget (about 15,100 states planned in all): `STATES` states per
 //! workload and block size, `FAST_COMMIT_STATES` on fast_commit and
 //! delalloc images but for the per-directory workloads (multi-threaded,
 //! across directories), which get `STATES` there too; `jext4 crashtest
@@ -34,6 +35,8 @@ const EXTERNAL_JOURNAL_STATES: usize = 30;
 /// On inline_data images: inline files and directories, and their moves
 /// to blocks, not other commits.
 const INLINE_DATA_STATES: usize = 40;
+/// On quota images: every state's usage counts, which e2fsck checks.
+const QUOTA_STATES: usize = 40;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
 const PER_DIRECTORY: &[&str] = &[
@@ -57,6 +60,10 @@ fn check_meta_bg(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::MetaBg);
 }
 
+fn check_quota(workload: &str, block_size: u32) {
+    check_images(workload, block_size, false, false, Images::Quota);
+}
+
 fn check_inline_data(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::InlineData);
 }
@@ -78,6 +85,7 @@ enum Images {
     MetaBg,
     ExternalJournal,
     InlineData,
+    Quota,
 }
 
 fn check_images(
@@ -97,6 +105,8 @@ fn check_images(
         EXTERNAL_JOURNAL_STATES
     } else if images == Images::InlineData {
         INLINE_DATA_STATES
+    } else if images == Images::Quota {
+        QUOTA_STATES
     } else if (fast_commit || delalloc) && !PER_DIRECTORY.contains(&workload) {
         FAST_COMMIT_STATES
     } else {
@@ -108,6 +118,7 @@ fn check_images(
     config.meta_bg = meta_bg;
     config.external_journal = images == Images::ExternalJournal;
     config.inline_data = images == Images::InlineData;
+    config.quota = images == Images::Quota;
     // A failing state's disks and log, to look at with `jext4 logdump`.
     config.keep = std::env::var_os("JEXT4_CRASH_KEEP").map(Into::into);
     let summary = run(&config, &mut |_| {}).unwrap();
@@ -133,6 +144,7 @@ fn check_images(
             Images::MetaBg => " meta_bg",
             Images::ExternalJournal => " external journal",
             Images::InlineData => " inline_data",
+            Images::Quota => " quota",
         },
         summary.states,
         summary.replay_runs,
@@ -177,6 +189,9 @@ macro_rules! workload_tests {
         }
         mod inline_data_at_1k {
             $(#[test] fn $name() { super::check_inline_data($workload, 1024) })*
+        }
+        mod quota_at_4k {
+            $(#[test] fn $name() { super::check_quota($workload, 4096) })*
         }
     };
 }

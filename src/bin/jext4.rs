@@ -158,6 +158,11 @@ struct CrashtestArgs {
     /// writes no fast commits there yet).
     #[arg(long, conflicts_with = "bytelog")]
     inline_data: bool,
+    /// Images with user, group and project quotas (quota, project; no
+    /// ea_inode): e2fsck checks every state's usage counts (full commits
+    /// only: jext4 writes no fast commits there yet).
+    #[arg(long, conflicts_with = "bytelog")]
+    quota: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -289,6 +294,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::engine::crash::Config
     config.delalloc = args.delalloc;
     config.meta_bg = args.meta_bg;
     config.inline_data = args.inline_data;
+    config.quota = args.quota;
     config.external_journal = args.external_journal;
     Ok(config)
 }

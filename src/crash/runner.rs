@@ -115,6 +115,9 @@ pub struct Config {
     /// Images with inline_data: small files and directories live in their
     /// inodes, and move to blocks as they grow.
     pub inline_data: bool,
+    /// Images with user, group and project quotas (quota, project):
+    /// e2fsck checks every state's usage counts.
+    pub quota: bool,
 }
 
 impl Config {
@@ -141,6 +144,7 @@ impl Config {
             meta_bg: false,
             external_journal: false,
             inline_data: false,
+            quota: false,
         }
     }
 
@@ -178,6 +182,7 @@ pub struct Failure {
     pub meta_bg: bool,
     pub external_journal: bool,
     pub inline_data: bool,
+    pub quota: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -198,7 +203,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{} --seed {} --states {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             match (self.fast_commit, self.bytelog, self.fast_commit_global) {
@@ -219,6 +224,7 @@ impl std::fmt::Display for Failure {
             } else {
                 ""
             },
+            if self.quota { " --quota" } else { "" },
             self.seed,
             self.states,
             self.state
@@ -838,6 +844,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
         meta_bg: config.meta_bg,
         external_journal: config.external_journal,
         inline_data: config.inline_data,
+        quota: config.quota,
     };
     let template = tools::make_template_shaped(&scratch, config.block_size, IMAGE_MIB, &shape)?;
     let mut summary = Summary::default();
@@ -912,6 +919,7 @@ impl Context<'_> {
             delalloc: self.config.delalloc,
             meta_bg: self.config.meta_bg,
             inline_data: self.config.inline_data,
+            quota: self.config.quota,
             external_journal: self.config.external_journal,
             seed: self.config.seed,
             states: budget,

@@ -147,6 +147,8 @@ pub struct Shape {
     pub external_journal: bool,
     /// inline_data: small files and directories in their inodes.
     pub inline_data: bool,
+    /// quota and project: user, group and project quota files.
+    pub quota: bool,
 }
 
 /// `make_template` of any `Shape`.
@@ -161,6 +163,7 @@ pub fn make_template_shaped(
         meta_bg,
         external_journal,
         inline_data,
+        quota,
     } = *shape;
     let path = scratch.path(&format!("template-{block_size}.img"));
     let stale: Vec<u8> = STALE_PATTERN
@@ -201,6 +204,11 @@ pub fn make_template_shaped(
     }
     if inline_data {
         features.push_str(",inline_data");
+    }
+    if quota {
+        // Not with ea_inode: jext4 mounts that pair read-only.
+        features = features.replace("ea_inode,", "");
+        features.push_str(",quota,project");
     }
     let path_arg = path_str(&path)?;
     args.extend([

@@ -205,6 +205,12 @@ impl Inode {
         Self::decode_checking(geo, ino, bytes, true)
     }
 
+    /// `decode` without the checksum: bytes the caller trusts (a slot of
+    /// a cached table block it is about to overwrite).
+    pub fn decode_unchecked(geo: &Geometry, ino: u32, bytes: &[u8]) -> Result<Self> {
+        Self::decode_checking(geo, ino, bytes, false)
+    }
+
     /// Decode inode `ino` from its slot at byte `offset` of its cached
     /// table block (`bytes`, read under `buffer`'s lock). The checksum is
     /// verified the first time the slot is read after the block came from

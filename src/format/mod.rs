@@ -34,6 +34,7 @@ pub mod inode;
 pub mod mapping;
 pub mod mmp;
 pub mod orphan;
+pub mod quota;
 pub mod superblock;
 pub mod verity;
 pub mod xattr;

@@ -121,6 +121,7 @@ pub const RO_COMPAT_SUPPORTED: u32 = ro_compat::SPARSE_SUPER
     | ro_compat::METADATA_CSUM
     | ro_compat::ORPHAN_PRESENT
     | ro_compat::PROJECT
+    | ro_compat::QUOTA
     | ro_compat::VERITY;
 
 fn feature_names(kind: &str, bits: u32) -> Vec<String> {
@@ -246,6 +247,9 @@ const S_CHECKSUM_SEED: usize = 0x270;
 const S_WTIME_HI: usize = 0x274;
 const S_MTIME_HI: usize = 0x275;
 const S_ORPHAN_FILE_INUM: usize = 0x280;
+const S_USR_QUOTA_INUM: usize = 0x240;
+const S_GRP_QUOTA_INUM: usize = 0x244;
+const S_PRJ_QUOTA_INUM: usize = 0x26C;
 // The error record (ext4.h, EXT4_S_ERR_START..EXT4_S_ERR_END, then the
 // time and code bytes after s_checksum_seed).
 const S_ERROR_COUNT: usize = 0x194;
@@ -358,6 +362,8 @@ pub struct Superblock {
     pub overhead_clusters: u32,
     pub checksum_seed: u32,
     pub orphan_file_inum: u32,
+    /// The quota files' inodes, user, group and project (0: none).
+    pub quota_inums: [u32; 3],
     /// Seconds between updates of the MMP block (`mmp` feature).
     pub mmp_update_interval: u16,
     /// The MMP block (`mmp` feature).
@@ -495,6 +501,11 @@ impl Superblock {
             overhead_clusters: get_u32(&raw[..], S_OVERHEAD_CLUSTERS),
             checksum_seed: get_u32(&raw[..], S_CHECKSUM_SEED),
             orphan_file_inum: get_u32(&raw[..], S_ORPHAN_FILE_INUM),
+            quota_inums: [
+                get_u32(&raw[..], S_USR_QUOTA_INUM),
+                get_u32(&raw[..], S_GRP_QUOTA_INUM),
+                get_u32(&raw[..], S_PRJ_QUOTA_INUM),
+            ],
             mmp_update_interval: get_u16(&raw[..], S_MMP_UPDATE_INTERVAL),
             mmp_block: get_u64(&raw[..], S_MMP_BLOCK),
             raw,
@@ -671,7 +682,7 @@ impl Superblock {
                 "filesystem uses feature {names}, which jext4 does not support{hint}"
             )));
         }
-        Ok(self.feature_ro_compat & !RO_COMPAT_SUPPORTED == 0)
+        Ok(self.read_only_features().is_empty())
     }
 
     /// Every feature set, by the names mke2fs and dumpe2fs use: compat,
@@ -683,9 +694,15 @@ impl Superblock {
         names
     }
 
-    /// Names of RO_COMPAT features that force a read-only mount.
+    /// Names of RO_COMPAT features that force a read-only mount. quota
+    /// with ea_inode is one: jext4 does not charge an xattr value's EA
+    /// inode to its owner's inode count (ext4_xattr_inode_alloc_quota).
     pub fn read_only_features(&self) -> Vec<String> {
-        feature_names("ro_compat", self.feature_ro_compat & !RO_COMPAT_SUPPORTED)
+        let mut names = feature_names("ro_compat", self.feature_ro_compat & !RO_COMPAT_SUPPORTED);
+        if self.has_ro_compat(ro_compat::QUOTA) && self.has_incompat(incompat::EA_INODE) {
+            names.push("quota (with ea_inode)".into());
+        }
+        names
     }
 
     pub fn has_compat(&self, mask: u32) -> bool {
@@ -1032,6 +1049,10 @@ pub struct Geometry {
     pub sparse_super2_backups: [u32; 2],
     pub journal_inum: u32,
     pub orphan_file_inum: u32,
+    /// The quota files' inodes with the quota feature, user, group and
+    /// project (0: that type has none; the project file needs the project
+    /// feature too).
+    pub quota_inums: [u32; 3],
 }
 
 impl Geometry {
@@ -1113,6 +1134,17 @@ impl Geometry {
                 sb.orphan_file_inum
             } else {
                 0
+            },
+            quota_inums: match sb.has_ro_compat(ro_compat::QUOTA) {
+                true => {
+                    let project = sb.has_ro_compat(ro_compat::PROJECT);
+                    [
+                        sb.quota_inums[0],
+                        sb.quota_inums[1],
+                        if project { sb.quota_inums[2] } else { 0 },
+                    ]
+                }
+                false => [0; 3],
             },
         }
     }

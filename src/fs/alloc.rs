@@ -696,6 +696,7 @@ impl Tx<'_, '_> {
                 continue;
             }
             if let Some(ino) = self.alloc_inode_in(group, is_dir)? {
+                self.note_inode_allocated(ino);
                 return Ok(ino);
             }
         }
@@ -882,6 +883,7 @@ impl Tx<'_, '_> {
             core.incomplete_listings.lock().remove(&ino);
         }
         core.verity_descriptors.forget(ino);
+        self.charge_inode_release(ino)?;
         // Data held by delayed allocation dies with the file, and its
         // reservation goes back.
         let reserved = core.delayed.discard(ino);

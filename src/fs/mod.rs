@@ -39,6 +39,7 @@ mod mmp;
 mod namei;
 mod orphan;
 mod prealloc;
+mod quota;
 mod sb_info;
 mod system_zone;
 mod verity;
@@ -285,6 +286,8 @@ pub(crate) struct Core {
     pub verity_enabling: Mutex<NumberSet<u32>>,
     /// Verity files' descriptors read lately (a leaf lock).
     pub verity_descriptors: verity::Descriptors,
+    /// The quota files and their state (`quota.rs`).
+    pub quotas: quota::Quotas,
     /// What block allocation did (`jext4 stats`).
     pub alloc_counters: alloc::AllocCounters,
     /// Files' preallocation windows (a leaf lock; their blocks are masked
@@ -396,6 +399,7 @@ impl Core {
             ea_inodes: xattr::EaInodeCache::default(),
             verity_enabling: Mutex::new(NumberSet::default()),
             verity_descriptors: verity::Descriptors::default(),
+            quotas: quota::Quotas::new(&geo),
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
             delayed: delalloc::Delayed::new(
@@ -669,6 +673,21 @@ pub(crate) struct Tx<'a, 'j> {
     /// Large inodes to free in chunks once this operation's handle is
     /// stopped (they are on the orphan records).
     pub deferred_evictions: Vec<u32>,
+    /// Quota usage this operation changed, for `apply_quota`.
+    pub quota: quota::Pending,
+}
+
+impl Drop for Tx<'_, '_> {
+    fn drop(&mut self) {
+        // Every operation's charges reach the quota files before its
+        // handle stops (`transact`): none may be lost on the way.
+        if !std::thread::panicking() {
+            debug_assert!(
+                self.quota.is_settled(),
+                "quota charges of an operation were never applied"
+            );
+        }
+    }
 }
 
 impl<'a, 'j> Tx<'a, 'j> {
@@ -683,6 +702,7 @@ impl<'a, 'j> Tx<'a, 'j> {
             unmetered: false,
             space_wait: None,
             deferred_evictions: Vec::new(),
+            quota: quota::Pending::default(),
         }
     }
 
@@ -945,6 +965,10 @@ impl Fs {
             return Err(Error::ReadOnly);
         }
         let mut attempt = 0;
+        let credits = match self.core.quotas.enabled() {
+            true => credits + quota::QUOTA_CREDITS,
+            false => credits,
+        };
         loop {
             let handle = self.core.journal.start(credits)?;
             self.enter_scope(&handle, scope);
@@ -954,6 +978,12 @@ impl Fs {
                 let mut tx = Tx::new(&self.core, &handle, caller);
                 tx.draws_on_emergency_reserve = releases_space;
                 let result = body(&mut tx);
+                // Whatever the body changed, failed or not, is charged in
+                // its own transaction.
+                let result = match (result, tx.apply_quota()) {
+                    (Ok(value), Ok(())) => Ok(value),
+                    (Ok(_), Err(error)) | (Err(error), _) => Err(error),
+                };
                 deferred.append(&mut tx.deferred_evictions);
                 // Before the handle stops: at lock-down every charge of the
                 // transaction is allocated or back.
@@ -1465,8 +1495,13 @@ fn fast_commit_lines(
 fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
     let feature = sb.has_compat(superblock::compat::FAST_COMMIT);
     // jext4's fast-commit replay does not rebuild inline inodes yet (nor
-    // take the kernel's records of them): every commit is a full one.
-    let inline_data = sb.has_incompat(superblock::incompat::INLINE_DATA);
+    // take the kernel's records of them), nor recount quota usage: every
+    // commit is a full one there.
+    let full_only = match () {
+        _ if sb.has_incompat(superblock::incompat::INLINE_DATA) => Some("inline_data"),
+        _ if sb.has_ro_compat(superblock::ro_compat::QUOTA) => Some("quota"),
+        _ => None,
+    };
     if options.bytelog {
         let refusal = if options.read_only {
             Some("a read-only mount writes no fast commits")
@@ -1478,8 +1513,8 @@ fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
             )
         } else if options.fast_commit == Some(false) {
             Some("it writes fast commits, and fast_commit=off was asked for")
-        } else if inline_data {
-            Some("jext4 writes no fast commits on inline_data filesystems yet")
+        } else if full_only.is_some() {
+            Some("jext4 writes no fast commits on inline_data or quota filesystems yet")
         } else {
             None
         };
@@ -1495,9 +1530,9 @@ fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
         ));
     }
     let wanted = feature && options.fast_commit != Some(false) && !options.read_only;
-    if wanted && inline_data {
+    if let (true, Some(feature)) = (wanted, full_only) {
         tracing::info!(
-            "fast_commit: jext4 writes no fast commits on inline_data filesystems yet; \
+            "fast_commit: jext4 writes no fast commits on {feature} filesystems yet; \
              every commit is a full one"
         );
         return Ok(false);
@@ -1599,8 +1634,12 @@ impl Fs {
             // replays what was accepted within a budget before the crash.
             tx.draws_on_emergency_reserve = true;
             tx.unmetered = true;
-            let value = body(&mut tx)?;
+            let value = body(&mut tx);
+            let applied = tx.apply_quota();
+            let value = value?;
+            applied?;
             debug_assert!(tx.deferred_evictions.is_empty());
+            drop(tx);
             handle.stop()?;
             Ok(value)
         })();

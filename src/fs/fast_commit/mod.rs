@@ -111,16 +111,23 @@ pub(crate) fn replay(
     if log.records.is_empty() {
         return Ok(());
     }
-    if sb.has_incompat(crate::format::superblock::incompat::INLINE_DATA) {
-        // The kernel's replay adds names to inline directories and
-        // rewrites inline inodes, which jext4 does not write yet. (e2fsck
-        // 1.47.0's replay drops the system.data of an inline inode it
-        // rewrites, which the kernel then refuses: not a way out.)
-        return Err(Error::Unsupported(
-            "the journal holds fast commits of an inline_data filesystem, which jext4 does \
-             not replay yet: replay them with a kernel mount first"
-                .into(),
-        ));
+    let refused = match () {
+        // The kernel's replay rewrites inline inodes whole, which jext4's
+        // does not yet. (e2fsck 1.47.0's replay drops the system.data of
+        // an inline inode it rewrites, which the kernel then refuses: not
+        // a way out.)
+        _ if sb.has_incompat(crate::format::superblock::incompat::INLINE_DATA) => {
+            Some("inline_data")
+        }
+        // Replayed inodes would have to be charged to their owners.
+        _ if sb.has_ro_compat(crate::format::superblock::ro_compat::QUOTA) => Some("quota"),
+        _ => None,
+    };
+    if let Some(feature) = refused {
+        return Err(Error::Unsupported(format!(
+            "the journal holds fast commits of a {feature} filesystem, which jext4 does not \
+             replay yet: replay them with a kernel mount first"
+        )));
     }
     let overlay = Arc::new(OverlayDevice::new(Arc::clone(&area.dev), geo.block_size));
     let journal_blocks = BlockRanges::from_blocks(&area.blocks);

@@ -1,0 +1,411 @@
+//! Quota usage (RO_COMPAT_QUOTA): the space and inodes each user, group
+//! and project uses, kept in the quota files (`format::quota`) in the same
+//! transaction as the change that uses them, so that no crash leaves the
+//! counts and the blocks apart.
+//!
+//! The counts follow the inodes as they are written, which is what the
+//! kernel charges and e2fsck recounts (e2fsck pass 1, quota_data_add):
+//! every in-use inode but the reserved ones (the root excepted) and the
+//! quota files themselves counts one inode, and its `i_blocks` in bytes,
+//! for its owner, its group and its project.
+//! - `Tx::store_inode` compares the inode with what the inode table held
+//!   and charges the difference: blocks gained or lost, and on a change
+//!   of owner, group or project everything moved from the old id to the
+//!   new one. An inode this transaction allocated held nothing before:
+//!   its first write charges it whole, with its inode.
+//! - `Tx::release_inode` takes back what the freed inode still held.
+//! - At the end of the operation (`Fs::transact`), before its handle
+//!   stops, the charges of each id are added to its entry — made if it
+//!   has none — in the quota file, whose blocks are journaled metadata.
+//!
+//! Limits are kept as they are; they are not enforced yet (no EDQUOT), and
+//! entries whose usage drops to zero stay (the kernel deletes those with
+//! no limits; e2fsck takes either).
+
+use super::{Core, Tx};
+use crate::cache::Buffer;
+use crate::error::{Error, Location, Result};
+use crate::format::inode::{Inode, flags};
+use crate::format::mapping::{self, Lookup};
+use crate::format::quota::{self, Info, QUOTA_BLOCK, QuotaBlocks, QuotaType};
+use crate::format::superblock::{Geometry, ROOT_INO};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Journal credits an operation's quota update may use: for each type,
+/// two ids' entries, the tree path of one new id, the info block, and the
+/// allocator's blocks for growing the file.
+pub const QUOTA_CREDITS: u32 = 3 * (2 + quota::INSERT_BLOCKS_MAX + 1 + 3);
+
+/// Entry offsets each quota file keeps in memory (ids seen lately): a
+/// bound, whatever the number of ids.
+const OFFSETS_KEPT_MAX: usize = 4096;
+
+/// One type's quota file.
+struct QuotaFile {
+    qtype: QuotaType,
+    ino: u32,
+    /// The file's info and where entries are, under one lock: a leaf
+    /// lock but for the allocator's group locks a new block takes.
+    state: Mutex<FileState>,
+}
+
+struct FileState {
+    info: Option<Info>,
+    offsets: HashMap<u32, u64>,
+}
+
+/// The quota files this filesystem keeps (none without the feature).
+#[derive(Default)]
+pub(crate) struct Quotas {
+    files: Vec<QuotaFile>,
+    /// Charges held back by the fault `QuotaChargedLate` (crash tests).
+    carried: Mutex<Vec<Charge>>,
+}
+
+impl Quotas {
+    pub fn new(geo: &Geometry) -> Quotas {
+        let files = QuotaType::ALL
+            .iter()
+            .zip(geo.quota_inums)
+            .filter(|(_, ino)| *ino != 0)
+            .map(|(&qtype, ino)| QuotaFile {
+                qtype,
+                ino,
+                state: Mutex::new(FileState {
+                    info: None,
+                    offsets: HashMap::new(),
+                }),
+            })
+            .collect();
+        Quotas {
+            files,
+            carried: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.files.is_empty()
+    }
+
+    fn is_quota_file(&self, ino: u32) -> bool {
+        self.files.iter().any(|file| file.ino == ino)
+    }
+}
+
+/// What one inode is charged for: its ids and its bytes, when it counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Usage {
+    ids: [u32; 3],
+    bytes: i64,
+}
+
+/// One id's charges within an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Charge {
+    qtype: QuotaType,
+    id: u32,
+    space: i64,
+    inodes: i64,
+}
+
+/// The charges an operation gathers, and the inodes it allocated that have
+/// not been written yet.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    charges: Vec<Charge>,
+    fresh: Vec<u32>,
+}
+
+impl Pending {
+    /// No charge left to apply (allocated inodes never written carry
+    /// none).
+    pub fn is_settled(&self) -> bool {
+        self.charges.is_empty()
+    }
+
+    fn add(&mut self, qtype: QuotaType, id: u32, space: i64, inodes: i64) {
+        if space == 0 && inodes == 0 {
+            return;
+        }
+        match self
+            .charges
+            .iter_mut()
+            .find(|charge| charge.qtype == qtype && charge.id == id)
+        {
+            Some(charge) => {
+                charge.space += space;
+                charge.inodes += inodes;
+            }
+            None => self.charges.push(Charge {
+                qtype,
+                id,
+                space,
+                inodes,
+            }),
+        }
+    }
+
+    /// `usage` counted (`sign` 1) or taken back (-1), with its inode.
+    fn count(&mut self, quotas: &Quotas, usage: Usage, sign: i64) {
+        for file in &quotas.files {
+            let id = usage.ids[file.qtype as usize];
+            self.add(file.qtype, id, sign * usage.bytes, sign);
+        }
+    }
+}
+
+/// The usage of `inode` (number `ino`), or None when it counts for no one.
+fn usage_of(core: &Core, ino: u32, inode: &Inode) -> Option<Usage> {
+    let geo = &core.geo;
+    let counted = (ino == ROOT_INO || ino >= geo.first_ino)
+        && inode.mode != 0
+        && !core.quotas.is_quota_file(ino)
+        && ino != geo.orphan_file_inum
+        && !inode.has_flag(flags::EA_INODE);
+    counted.then(|| Usage {
+        ids: [inode.uid, inode.gid, inode.projid],
+        bytes: (inode.blocks * 512) as i64,
+    })
+}
+
+impl Tx<'_, '_> {
+    /// Charge the change of inode `ino` from what the table held (`old`,
+    /// its raw bytes there) to `new` (`store_inode`, before it writes).
+    pub(super) fn charge_inode_write(&mut self, ino: u32, old: &[u8], new: &Inode) {
+        let core = self.core;
+        if !core.quotas.enabled() {
+            return;
+        }
+        let fresh = match self.quota.fresh.iter().position(|&other| other == ino) {
+            Some(at) => {
+                self.quota.fresh.swap_remove(at);
+                true
+            }
+            None => false,
+        };
+        let before = match fresh {
+            true => None,
+            false => Inode::decode_unchecked(&core.geo, ino, old)
+                .ok()
+                .and_then(|old| usage_of(core, ino, &old)),
+        };
+        let after = usage_of(core, ino, new);
+        if before == after {
+            return;
+        }
+        if let Some(before) = before {
+            self.quota.count(&core.quotas, before, -1);
+        }
+        if let Some(after) = after {
+            self.quota.count(&core.quotas, after, 1);
+        }
+    }
+
+    /// A newly allocated inode: it held nothing before its first write.
+    pub(super) fn note_inode_allocated(&mut self, ino: u32) {
+        if self.core.quotas.enabled() {
+            self.quota.fresh.push(ino);
+        }
+    }
+
+    /// An inode about to be freed: what it still holds goes back.
+    pub(super) fn charge_inode_release(&mut self, ino: u32) -> Result<()> {
+        let core = self.core;
+        if !core.quotas.enabled() {
+            return Ok(());
+        }
+        if let Some(at) = self.quota.fresh.iter().position(|&other| other == ino) {
+            // Never written: never charged.
+            self.quota.fresh.swap_remove(at);
+            return Ok(());
+        }
+        let inode = self.read_inode(ino)?;
+        if let Some(usage) = usage_of(core, ino, &inode) {
+            self.quota.count(&core.quotas, usage, -1);
+        }
+        Ok(())
+    }
+
+    /// Add this operation's charges to the quota files (`Fs::transact`,
+    /// before the handle stops).
+    pub(super) fn apply_quota(&mut self) -> Result<()> {
+        let core = self.core;
+        if !core.quotas.enabled() || self.quota.charges.is_empty() {
+            return Ok(());
+        }
+        let mut charges = std::mem::take(&mut self.quota.charges);
+        if crate::faults::active(crate::faults::Fault::QuotaChargedLate) {
+            // The fault: this operation's charges wait for the next one's
+            // transaction, and that one's are written now.
+            std::mem::swap(&mut charges, &mut core.quotas.carried.lock());
+        }
+        for file in &core.quotas.files {
+            let mine: Vec<Charge> = charges
+                .iter()
+                .filter(|charge| {
+                    charge.qtype == file.qtype && (charge.space, charge.inodes) != (0, 0)
+                })
+                .copied()
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            self.apply_to(file, &mine)?;
+        }
+        Ok(())
+    }
+
+    fn apply_to(&mut self, file: &QuotaFile, charges: &[Charge]) -> Result<()> {
+        let mut state = file.state.lock();
+        let mut blocks = FileBlocks::open(self, file.ino)?;
+        let mut info = match state.info {
+            Some(info) => info,
+            None => quota::read_info(&mut blocks, file.qtype)?,
+        };
+        let before = info;
+        for charge in charges {
+            let offset = match state.offsets.get(&charge.id) {
+                Some(&offset) => offset,
+                None => {
+                    let offset = match quota::find(&mut blocks, &info, charge.id)? {
+                        Some(offset) => offset,
+                        None => quota::insert(&mut blocks, &mut info, charge.id)?,
+                    };
+                    if state.offsets.len() >= OFFSETS_KEPT_MAX {
+                        state.offsets.clear();
+                    }
+                    state.offsets.insert(charge.id, offset);
+                    offset
+                }
+            };
+            let mut dquot = quota::read_entry(&mut blocks, offset)?;
+            debug_assert_eq!(dquot.id, charge.id);
+            dquot.space = add_signed(dquot.space, charge.space);
+            dquot.inodes = add_signed(dquot.inodes, charge.inodes);
+            quota::write_entry(&mut blocks, offset, &dquot)?;
+        }
+        if info != before {
+            quota::write_info(&mut blocks, &info)?;
+        }
+        blocks.close()?;
+        state.info = Some(info);
+        Ok(())
+    }
+}
+
+/// `count + delta`, never below zero: a file that already disagreed with
+/// the filesystem stays as close to it as it can.
+fn add_signed(count: u64, delta: i64) -> u64 {
+    if delta >= 0 {
+        count.saturating_add(delta as u64)
+    } else {
+        count.saturating_sub(delta.unsigned_abs())
+    }
+}
+
+/// A quota file's blocks through the transaction: read through the cache,
+/// changed under the handle (quota files are journaled metadata, as the
+/// kernel's ext4_quota_write makes them), grown block by block.
+struct FileBlocks<'t, 'a, 'j> {
+    tx: &'t mut Tx<'a, 'j>,
+    ino: u32,
+    inode: Inode,
+    changed: bool,
+}
+
+impl<'t, 'a, 'j> FileBlocks<'t, 'a, 'j> {
+    fn open(tx: &'t mut Tx<'a, 'j>, ino: u32) -> Result<Self> {
+        let inode = tx.read_inode(ino)?;
+        if !inode.is_reg() || inode.has_inline_data() {
+            return Err(Error::corrupt(
+                Location::Inode { ino },
+                "quota file is not a regular file mapping blocks",
+            ));
+        }
+        Ok(FileBlocks {
+            tx,
+            ino,
+            inode,
+            changed: false,
+        })
+    }
+
+    /// The filesystem block holding quota block `block`, and where in it.
+    fn place(&self, block: u32) -> (u64, usize) {
+        let bytes = block as u64 * QUOTA_BLOCK as u64;
+        let block_size = self.tx.core.geo.block_size as u64;
+        (bytes / block_size, (bytes % block_size) as usize)
+    }
+
+    fn buffer(&mut self, lblk: u64, create: bool) -> Result<Option<Arc<Buffer>>> {
+        let core = self.tx.core;
+        match core.lookup(self.ino, &self.inode, lblk)? {
+            Lookup::Mapped(extent) if !extent.unwritten => {
+                Ok(Some(core.cache.read(extent.physical)?))
+            }
+            _ if !create => Ok(None),
+            Lookup::Mapped(_) => Err(Error::corrupt(
+                Location::Inode { ino: self.ino },
+                "quota file has an unwritten extent",
+            )),
+            Lookup::Hole { .. } => {
+                let geo = &core.geo;
+                let goal = geo.group_first_block(geo.group_of_inode(self.ino));
+                // The file's blocks are the filesystem's own, as a
+                // directory's are: the emergency reserve covers them.
+                let reserve = std::mem::replace(&mut self.tx.draws_on_emergency_reserve, true);
+                let extent = {
+                    let mut ctx = self.tx.meta_ctx();
+                    mapping::allocate(&mut ctx, self.ino, &mut self.inode, lblk, 1, goal, false)
+                };
+                self.tx.draws_on_emergency_reserve = reserve;
+                let extent = extent?;
+                self.changed = true;
+                let buffer = core.cache.get_for_overwrite(extent.physical)?;
+                self.tx.handle.get_create_access(&buffer)?.fill(0);
+                buffer.set_verified();
+                Ok(Some(buffer))
+            }
+        }
+    }
+
+    /// Write the quota inode back if the file grew.
+    fn close(self) -> Result<()> {
+        if self.changed {
+            self.tx.write_inode(self.ino, &self.inode)?;
+        }
+        Ok(())
+    }
+}
+
+impl QuotaBlocks for FileBlocks<'_, '_, '_> {
+    fn ino(&self) -> u32 {
+        self.ino
+    }
+
+    fn read(&mut self, block: u32) -> Result<[u8; QUOTA_BLOCK]> {
+        let mut bytes = [0u8; QUOTA_BLOCK];
+        if (block as u64 + 1) * QUOTA_BLOCK as u64 > self.inode.size {
+            return Ok(bytes);
+        }
+        let (lblk, at) = self.place(block);
+        if let Some(buffer) = self.buffer(lblk, false)? {
+            bytes.copy_from_slice(&buffer.read()[at..at + QUOTA_BLOCK]);
+        }
+        Ok(bytes)
+    }
+
+    fn write(&mut self, block: u32, bytes: &[u8; QUOTA_BLOCK]) -> Result<()> {
+        let (lblk, at) = self.place(block);
+        let buffer = self.buffer(lblk, true)?.expect("created");
+        self.tx.handle.get_write_access(&buffer)?[at..at + QUOTA_BLOCK].copy_from_slice(bytes);
+        let end = (block as u64 + 1) * QUOTA_BLOCK as u64;
+        if end > self.inode.size {
+            self.inode.size = end;
+            self.changed = true;
+        }
+        Ok(())
+    }
+}

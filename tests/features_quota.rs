@@ -1,0 +1,198 @@
+//! quota (user, group and project quota files): jext4 keeps every id's
+//! usage as the kernel charges it and e2fsck recounts it. This kernel has
+//! no CONFIG_QUOTA (it refuses these images), so e2fsck is the oracle:
+//! `e2fsck -fn` recomputes the inodes and bytes of each id and compares
+//! them with the files, and debugfs `list_quota` shows what they hold.
+//!
+//! - A workload through the library (files of every size, hard links, an
+//!   xattr block, renames over files, truncates, removals, owners and
+//!   groups changed back and forth) leaves counts e2fsck agrees with, on
+//!   journaled and unjournaled images, 1 and 4 KiB blocks, with and
+//!   without project quotas, and on an image `mke2fs -d` filled (whose
+//!   quota files e2fsck recounts first: mke2fs 1.47.0 leaves them wrong).
+//! - The same through a FUSE mount, with owners from `chown`.
+//! - quota with ea_inode (whose EA inodes jext4 does not charge yet)
+//!   mounts read-only, saying so.
+
+// The jext4 binary, or the mounts and helpers of tests/common that use it.
+#![cfg(feature = "cli")]
+
+mod common;
+
+use common::server::{Server, fuse_available};
+use jext4::Image;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+const VARIANTS: &[(&str, &[&str])] = &[
+    ("4k", &["-t", "ext4", "-O", "quota,project", "-b", "4096"]),
+    ("1k", &["-t", "ext4", "-O", "quota", "-b", "1024"]),
+    (
+        "nojournal",
+        &["-t", "ext4", "-O", "quota,^has_journal", "-b", "4096"],
+    ),
+];
+
+/// What debugfs `list_quota TYPE` says: (id, bytes, inodes) per id.
+fn list_quota(image: &Path, qtype: &str) -> Vec<(u32, u64, u64)> {
+    let output = std::process::Command::new("debugfs")
+        .args(["-R", &format!("lq {qtype}")])
+        .arg(image)
+        .output()
+        .expect("running debugfs");
+    assert!(output.status.success(), "debugfs lq {qtype}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let id = fields.first()?.parse().ok()?;
+            Some((
+                id,
+                fields.get(1)?.parse().ok()?,
+                fields.get(4)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn usage_of(listing: &[(u32, u64, u64)], id: u32) -> (u64, u64) {
+    listing
+        .iter()
+        .find(|(of, ..)| *of == id)
+        .map_or((0, 0), |(_, bytes, inodes)| (*bytes, *inodes))
+}
+
+/// Changes that move usage every way: data, metadata blocks, owners.
+fn workload(image: &Image) {
+    image.create_dir_all("/home/a/deep").unwrap();
+    image.create_dir("/home/b").unwrap();
+    for (index, size) in [0usize, 1, 4095, 4096, 70_000, 300_000].iter().enumerate() {
+        let contents: Vec<u8> = (0..*size).map(|i| (i * 7 + index) as u8).collect();
+        image.write(format!("/home/a/f{index}"), &contents).unwrap();
+        image.write(format!("/home/b/g{index}"), &contents).unwrap();
+    }
+    image.set_owner("/home/a", Some(1000), Some(1000)).unwrap();
+    for index in 0..6 {
+        image
+            .set_owner(format!("/home/a/f{index}"), Some(1000), Some(100))
+            .unwrap();
+    }
+    image.set_owner("/home/b/g5", Some(2000), None).unwrap();
+    image.hard_link("/home/a/f4", "/home/b/link").unwrap();
+    image
+        .set_xattr("/home/a/f3", "user.big", vec![b'x'; 700])
+        .unwrap();
+    image.rename("/home/b/g4", "/home/a/f2").unwrap();
+    image.remove_file("/home/a/f1").unwrap();
+    let file = image
+        .open_with("/home/a/f5", jext4::OpenOptions::new().write(true))
+        .unwrap();
+    file.set_len(10_000).unwrap();
+    drop(file);
+    image.set_owner("/home/b/g5", Some(0), Some(2000)).unwrap();
+    image.write("/home/a/deep/late", b"late").unwrap();
+    image.remove_dir_all("/home/b").unwrap();
+}
+
+#[test]
+fn usage_follows_a_library_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in VARIANTS {
+        let image_path = common::mkfs(dir.path(), name, 32, args);
+        let image = Image::open(&image_path).unwrap();
+        workload(&image);
+        image.close().unwrap();
+        common::assert_fsck_clean(&image_path);
+        let users = list_quota(&image_path, "user");
+        // /home/a, f0, f3, f4 (linked too, counted once) and f5 (cut to
+        // 10,000 bytes): f1 removed, f2 renamed over by root's g4.
+        let (bytes, inodes) = usage_of(&users, 1000);
+        assert_eq!(inodes, 5, "{name}: uid 1000's inodes: {users:?}");
+        assert!(bytes > 80_000, "{name}: uid 1000's bytes: {users:?}");
+        assert_eq!(usage_of(&users, 2000), (0, 0), "{name}: {users:?}");
+        let groups = list_quota(&image_path, "group");
+        assert_eq!(usage_of(&groups, 100).1, 4, "{name}: gid 100: {groups:?}");
+    }
+}
+
+#[test]
+fn usage_follows_changes_to_a_mke2fs_d_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    for index in 0..20 {
+        std::fs::write(
+            source.join(format!("sub/f{index}")),
+            vec![7u8; index * 1500],
+        )
+        .unwrap();
+    }
+    let source_arg = source.to_str().unwrap();
+    let image_path = common::mkfs(
+        dir.path(),
+        "d",
+        32,
+        &["-t", "ext4", "-O", "quota,project", "-d", source_arg],
+    );
+    // mke2fs 1.47.0 -d leaves the quota files counting only the root and
+    // lost+found: e2fsck -fy recounts them first.
+    let fixed = std::process::Command::new("e2fsck")
+        .args(["-fy", image_path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(fixed.status.code().unwrap() <= 1, "{fixed:?}");
+    common::assert_fsck_clean(&image_path);
+    let image = Image::open(&image_path).unwrap();
+    for index in 0..10 {
+        image.remove_file(format!("/sub/f{index}")).unwrap();
+    }
+    workload(&image);
+    image.close().unwrap();
+    common::assert_fsck_clean(&image_path);
+}
+
+#[test]
+fn usage_follows_a_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::mkfs(dir.path(), "mount", 32, VARIANTS[0].1);
+    let server = Server::start(&image, "");
+    let root = &server.mountpoint;
+    std::fs::create_dir(root.join("d")).unwrap();
+    for index in 0..30 {
+        let path = root.join(format!("d/f{index}"));
+        std::fs::write(&path, vec![1u8; index * 1000]).unwrap();
+        std::os::unix::fs::chown(&path, Some(3000 + index as u32 % 3), Some(400)).unwrap();
+    }
+    for index in 0..10 {
+        std::fs::remove_file(root.join(format!("d/f{index}"))).unwrap();
+    }
+    let owner = std::fs::metadata(root.join("d/f29")).unwrap().uid();
+    assert_eq!(owner, 3002);
+    server.unmount();
+    common::assert_fsck_clean(&image);
+    let users = list_quota(&image, "user");
+    let inodes: u64 = (3000..3003).map(|id| usage_of(&users, id).1).sum();
+    assert_eq!(inodes, 20, "{users:?}");
+}
+
+#[test]
+fn quota_with_ea_inode_mounts_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let image_path = common::mkfs(
+        dir.path(),
+        "ea",
+        32,
+        &["-t", "ext4", "-O", "quota,ea_inode"],
+    );
+    let refused = Image::open(&image_path).map(|_| ()).unwrap_err();
+    assert!(
+        refused.to_string().contains("quota (with ea_inode)"),
+        "{refused}"
+    );
+    let image = Image::open_read_only(&image_path).unwrap();
+    assert!(image.read_dir("/").unwrap().count() > 0);
+    image.close().unwrap();
+}
