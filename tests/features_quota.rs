@@ -196,3 +196,75 @@ fn quota_with_ea_inode_mounts_read_only() {
     assert!(image.read_dir("/").unwrap().count() > 0);
     image.close().unwrap();
 }
+
+/// `jext4 quota set` writes limits that debugfs reads back, a usage above
+/// a new soft limit starts its grace time, and `jext4 quota report` shows
+/// them with repquota -n's columns; an image without quotas is one line.
+#[test]
+fn limits_set_and_reported_by_the_quota_verb() {
+    let dir = tempfile::tempdir().unwrap();
+    let image_path = common::mkfs(dir.path(), "verb", 32, VARIANTS[0].1);
+    let image = Image::open(&image_path).unwrap();
+    image.write("/big", vec![3u8; 50_000]).unwrap();
+    image.set_owner("/big", Some(1234), Some(55)).unwrap();
+    image.close().unwrap();
+    let jext4 = |args: &[&str]| {
+        let output = std::process::Command::new(common::server::JEXT4)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            output.status.code().unwrap(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let image_arg = image_path.to_str().unwrap();
+    let (code, _, stderr) = jext4(&[
+        "quota", "set", "-u", image_arg, "1234", "10", "100", "0", "7",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = jext4(&["quota", "set", "-g", image_arg, "99", "5", "6", "7", "8"]);
+    assert_eq!(code, 0, "{stderr}");
+    common::assert_fsck_clean(&image_path);
+    let output = std::process::Command::new("debugfs")
+        .args(["-R", "lq user", image_arg])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&output.stdout);
+    let line = listed
+        .lines()
+        .find(|line| line.split_whitespace().next() == Some("1234"))
+        .unwrap_or_else(|| panic!("uid 1234 in:\n{listed}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    // id, space (bytes), soft, hard, inodes, soft, hard.
+    assert_eq!(fields[2..4], ["10", "100"], "{line}");
+    assert_eq!(fields[4..7], ["1", "0", "7"], "{line}");
+    let (code, report, stderr) = jext4(&["quota", "report", image_arg]);
+    assert_eq!(code, 0, "{stderr}");
+    let line = report
+        .lines()
+        .find(|line| line.starts_with("#1234"))
+        .unwrap_or_else(|| panic!("#1234 in:\n{report}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    // Over the soft limit: "+-", 13 blocks of 4 KiB used, a grace time
+    // of 7 days.
+    assert_eq!(
+        fields[..6],
+        ["#1234", "+-", "52", "10", "100", "7days"],
+        "{report}"
+    );
+    let (_, groups, _) = jext4(&["quota", "report", "-g", image_arg]);
+    assert!(
+        groups
+            .lines()
+            .any(|line| line.split_whitespace().collect::<Vec<_>>()
+                == ["#99", "--", "0", "5", "6", "0", "7", "8"]),
+        "{groups}"
+    );
+    let plain = common::mkfs(dir.path(), "plain", 16, &["-t", "ext4"]);
+    let (code, _, stderr) = jext4(&["quota", "report", plain.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("keeps no user quotas"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}

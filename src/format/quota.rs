@@ -111,6 +111,12 @@ pub struct Dquot {
 impl Dquot {
     pub fn decode(bytes: &[u8]) -> Dquot {
         debug_assert_eq!(bytes.len(), ENTRY_SIZE);
+        // v2r1_disk2memdqblk: the all-zero entry `encode` marked with an
+        // inode grace time of 1 reads back as all zeros.
+        let marked = get_u64(bytes, 64) == 1 && bytes[..64].iter().all(|&byte| byte == 0);
+        if marked {
+            return Dquot::default();
+        }
         Dquot {
             id: get_u32(bytes, 0),
             inode_hard: get_u64(bytes, 8),
@@ -504,9 +510,12 @@ mod tests {
         let mut expected = ids.to_vec();
         expected.sort();
         assert_eq!(all, expected);
-        // id 0 with nothing used does not read as a free entry.
+        // id 0 with nothing used does not read as a free entry, and reads
+        // back as nothing used.
         let zero = find(&mut file, &info, 0).unwrap().unwrap();
-        assert_eq!(read_entry(&mut file, zero).unwrap().inode_time, 1);
+        let (block, at) = split(zero);
+        assert_eq!(get_u64(&file.read(block).unwrap(), at + 64), 1);
+        assert_eq!(read_entry(&mut file, zero).unwrap(), Dquot::default());
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub use journal::{
     recover_journal, recover_journal_with,
 };
 pub use namei::RenameFlags;
+pub use quota::{QuotaLimits, QuotaReport};
 
 use crate::cache::BufferCache;
 use crate::dev::BlockDevice;

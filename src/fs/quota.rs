@@ -409,3 +409,145 @@ impl QuotaBlocks for FileBlocks<'_, '_, '_> {
         Ok(())
     }
 }
+
+/// Limits to set on one id (setquota's order; space in 1 KiB blocks, as
+/// quotactl's Q_SETQUOTA takes it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QuotaLimits {
+    pub space_soft: u64,
+    pub space_hard: u64,
+    pub inode_soft: u64,
+    pub inode_hard: u64,
+}
+
+/// One type's quota file as `jext4 quota report` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaReport {
+    pub info: Info,
+    /// Every entry, by id.
+    pub entries: Vec<quota::Dquot>,
+}
+
+impl Quotas {
+    fn file(&self, qtype: QuotaType) -> Option<&QuotaFile> {
+        self.files.iter().find(|file| file.qtype == qtype)
+    }
+}
+
+/// A quota file's blocks read through the cache, outside a transaction.
+struct ReadBlocks<'c> {
+    core: &'c Core,
+    ino: u32,
+    inode: Inode,
+}
+
+impl QuotaBlocks for ReadBlocks<'_> {
+    fn ino(&self) -> u32 {
+        self.ino
+    }
+
+    fn read(&mut self, block: u32) -> Result<[u8; QUOTA_BLOCK]> {
+        let mut bytes = [0u8; QUOTA_BLOCK];
+        let offset = block as u64 * QUOTA_BLOCK as u64;
+        if offset + QUOTA_BLOCK as u64 > self.inode.size {
+            return Ok(bytes);
+        }
+        let block_size = self.core.geo.block_size as u64;
+        let (lblk, at) = (offset / block_size, (offset % block_size) as usize);
+        if let Lookup::Mapped(extent) = self.core.lookup(self.ino, &self.inode, lblk)?
+            && !extent.unwritten
+        {
+            let buffer = self.core.cache.read(extent.physical)?;
+            bytes.copy_from_slice(&buffer.read()[at..at + QUOTA_BLOCK]);
+        }
+        Ok(bytes)
+    }
+
+    fn write(&mut self, _block: u32, _bytes: &[u8; QUOTA_BLOCK]) -> Result<()> {
+        Err(Error::ReadOnly)
+    }
+}
+
+impl super::Fs {
+    /// `qtype`'s quota file: its info and every entry. `Error::NotSupported`
+    /// when the filesystem keeps no such file (no quota feature, or no
+    /// project quotas).
+    pub fn quota_report(&self, qtype: QuotaType) -> Result<QuotaReport> {
+        let core = &self.core;
+        let file = core.quotas.file(qtype).ok_or(Error::NotSupported)?;
+        // Under the file's lock: no operation's charges land meanwhile.
+        let _state = file.state.lock();
+        let inode = super::inode::read_inode(core, file.ino)?;
+        let mut blocks = ReadBlocks {
+            core,
+            ino: file.ino,
+            inode,
+        };
+        let info = quota::read_info(&mut blocks, qtype)?;
+        let mut entries = quota::entries(&mut blocks, &info)?;
+        entries.sort_by_key(|entry| entry.id);
+        Ok(QuotaReport { info, entries })
+    }
+
+    /// Set `id`'s limits in `qtype`'s quota file, as Q_SETQUOTA does
+    /// (dquot_set_dqblk): a grace period starts for a usage above a new
+    /// soft limit, and ends for one within it.
+    pub fn set_quota_limits(&self, qtype: QuotaType, id: u32, limits: QuotaLimits) -> Result<()> {
+        if self.core.quotas.file(qtype).is_none() {
+            return Err(Error::NotSupported);
+        }
+        self.transact(
+            super::Scope::Housekeeping,
+            QUOTA_CREDITS,
+            super::Caller::ROOT,
+            |tx| tx.set_limits(qtype, id, limits),
+        )
+    }
+}
+
+impl Tx<'_, '_> {
+    fn set_limits(&mut self, qtype: QuotaType, id: u32, limits: QuotaLimits) -> Result<()> {
+        let core = self.core;
+        let file = core
+            .quotas
+            .file(qtype)
+            .expect("checked by set_quota_limits");
+        let mut state = file.state.lock();
+        let mut blocks = FileBlocks::open(self, file.ino)?;
+        let mut info = match state.info {
+            Some(info) => info,
+            None => quota::read_info(&mut blocks, qtype)?,
+        };
+        let before = info;
+        let offset = match quota::find(&mut blocks, &info, id)? {
+            Some(offset) => offset,
+            None => quota::insert(&mut blocks, &mut info, id)?,
+        };
+        let mut dquot = quota::read_entry(&mut blocks, offset)?;
+        dquot.space_soft = limits.space_soft;
+        dquot.space_hard = limits.space_hard;
+        dquot.inode_soft = limits.inode_soft;
+        dquot.inode_hard = limits.inode_hard;
+        let now = crate::format::inode::Timestamp::now().sec.max(0) as u64;
+        let over_space = limits.space_soft > 0 && dquot.space > limits.space_soft * 1024;
+        dquot.block_time = match (over_space, dquot.block_time) {
+            (false, _) => 0,
+            (true, 0) => now + info.block_grace as u64,
+            (true, started) => started,
+        };
+        let over_inodes = limits.inode_soft > 0 && dquot.inodes > limits.inode_soft;
+        dquot.inode_time = match (over_inodes, dquot.inode_time) {
+            (false, _) => 0,
+            (true, 0) => now + info.inode_grace as u64,
+            (true, started) => started,
+        };
+        quota::write_entry(&mut blocks, offset, &dquot)?;
+        if info != before {
+            quota::write_info(&mut blocks, &info)?;
+        }
+        blocks.close()?;
+        state.info = Some(info);
+        state.offsets.insert(id, offset);
+        Ok(())
+    }
+}

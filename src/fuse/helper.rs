@@ -36,6 +36,7 @@ pub const SUBCOMMANDS: &[&str] = &[
     "touch",
     "xattr",
     "verity",
+    "quota",
     "shell",
 ];
 

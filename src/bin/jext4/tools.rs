@@ -79,6 +79,9 @@ pub enum ToolCommand {
     /// fs-verity: make files verity files (enable), print their digests
     /// as `fsverity digest` does (measure).
     Verity(verbs::VerityArgs),
+    /// Quotas: report each id's usage and limits (as `repquota -n`), set
+    /// an id's limits (as `setquota`).
+    Quota(verbs::QuotaArgs),
     /// Run verbs read one per line from standard input, in one open of IMAGE.
     Shell(verbs::ShellArgs),
 }

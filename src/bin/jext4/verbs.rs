@@ -9,7 +9,8 @@ use clap::{Args, Parser};
 use jext4::Error;
 use jext4::Image;
 use jext4::engine::format::inode::Timestamp;
-use jext4::engine::fs::{Attr, FileKind, SetAttr, TimeSet};
+use jext4::engine::format::quota::QuotaType;
+use jext4::engine::fs::{Attr, FileKind, QuotaLimits, QuotaReport, SetAttr, TimeSet};
 use jext4::engine::tools::imagepath::{file_name, join};
 use jext4::engine::tools::{ImagePath, describe};
 use std::io::Write;
@@ -117,6 +118,65 @@ pub enum VerityAction {
 }
 
 #[derive(Args, Debug)]
+pub struct QuotaArgs {
+    #[command(subcommand)]
+    pub action: QuotaAction,
+    #[command(flatten)]
+    pub common: ImageArgs,
+}
+
+/// Which quota file: one of -u, -g, -P (user by default for a report).
+#[derive(Args, Debug, Clone)]
+#[group(multiple = false)]
+pub struct QuotaKind {
+    /// User quotas.
+    #[arg(short = 'u', long = "user")]
+    pub user: bool,
+    /// Group quotas.
+    #[arg(short = 'g', long = "group")]
+    pub group: bool,
+    /// Project quotas.
+    #[arg(short = 'P', long = "project")]
+    pub project: bool,
+}
+
+impl QuotaKind {
+    fn qtype(&self) -> QuotaType {
+        match (self.group, self.project) {
+            (true, _) => QuotaType::Group,
+            (_, true) => QuotaType::Project,
+            _ => QuotaType::User,
+        }
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum QuotaAction {
+    /// Print every id's usage and limits, with repquota -n's columns
+    /// (space in KiB).
+    Report {
+        #[command(flatten)]
+        kind: QuotaKind,
+        #[arg(value_name = "IMAGE")]
+        image: std::path::PathBuf,
+    },
+    /// Set an id's limits, in setquota's order: space soft and hard limits
+    /// in KiB, then inode soft and hard limits (0: none).
+    Set {
+        #[command(flatten)]
+        kind: QuotaKind,
+        #[arg(value_name = "IMAGE")]
+        image: std::path::PathBuf,
+        /// The user, group or project id.
+        id: u32,
+        block_soft: u64,
+        block_hard: u64,
+        inode_soft: u64,
+        inode_hard: u64,
+    },
+}
+
+#[derive(Args, Debug)]
 pub struct ChmodArgs {
     /// Octal (0755) or symbolic (u+x,go-w) mode.
     pub mode: String,
@@ -196,6 +256,7 @@ pub fn common_of(command: &ToolCommand) -> ImageArgs {
         ToolCommand::Touch(args) => args.common.clone(),
         ToolCommand::Xattr(args) => args.common.clone(),
         ToolCommand::Verity(args) => args.common.clone(),
+        ToolCommand::Quota(args) => args.common.clone(),
         ToolCommand::Shell(args) => args.common.clone(),
     }
 }
@@ -259,6 +320,7 @@ pub fn run(session: &mut Session, command: ToolCommand) -> u8 {
         ToolCommand::Touch(args) => touch(&mut verb, &args),
         ToolCommand::Xattr(args) => xattr(&mut verb, &args),
         ToolCommand::Verity(args) => verity(&mut verb, &args),
+        ToolCommand::Quota(args) => quota(&mut verb, &args.action),
         ToolCommand::Cp(_) | ToolCommand::Shell(_) => {
             verb.say(1, "not available here".into());
         }
@@ -282,6 +344,7 @@ fn verb_name(command: &ToolCommand) -> &'static str {
         ToolCommand::Touch(_) => "touch",
         ToolCommand::Xattr(_) => "xattr",
         ToolCommand::Verity(_) => "verity",
+        ToolCommand::Quota(_) => "quota",
         ToolCommand::Shell(_) => "shell",
     }
 }
@@ -789,6 +852,116 @@ fn verity(verb: &mut Verb<'_>, args: &VerityArgs) {
             Err(error) => verb.say(1, format!("'{arg}': {}", describe(&error))),
             Ok(()) => {}
         }
+    }
+}
+
+// ---- quota ----
+
+fn quota(verb: &mut Verb<'_>, action: &QuotaAction) {
+    let (image_path, qtype) = match action {
+        QuotaAction::Report { kind, image } | QuotaAction::Set { kind, image, .. } => {
+            (image, kind.qtype())
+        }
+    };
+    let image = match verb.session.image(image_path) {
+        Ok(image) => image,
+        Err(message) => return verb.say(1, message),
+    };
+    let done = match action {
+        QuotaAction::Report { .. } => image
+            .fs()
+            .quota_report(qtype)
+            .map(|report| print_quota_report(image_path, qtype, &report)),
+        QuotaAction::Set {
+            id,
+            block_soft,
+            block_hard,
+            inode_soft,
+            inode_hard,
+            ..
+        } => {
+            let limits = QuotaLimits {
+                space_soft: *block_soft,
+                space_hard: *block_hard,
+                inode_soft: *inode_soft,
+                inode_hard: *inode_hard,
+            };
+            image.fs().set_quota_limits(qtype, *id, limits)
+        }
+    };
+    match done {
+        Err(Error::NotSupported) => verb.say(
+            1,
+            format!(
+                "{}: the filesystem keeps no {} quotas",
+                image_path.display(),
+                qtype.name()
+            ),
+        ),
+        Err(error) => verb.say(1, format!("{}: {}", image_path.display(), describe(&error))),
+        Ok(()) => {}
+    }
+}
+
+/// repquota -n's report: a header, then one line per id.
+fn print_quota_report(image: &std::path::Path, qtype: QuotaType, report: &QuotaReport) {
+    let days = |seconds: u32| match seconds {
+        0 => "0seconds".to_string(),
+        s if s % 86400 == 0 => format!("{}days", s / 86400),
+        s if s % 3600 == 0 => format!("{}hours", s / 3600),
+        s => format!("{s}seconds"),
+    };
+    println!(
+        "*** Report for {} quotas on device {}",
+        qtype.name(),
+        image.display()
+    );
+    println!(
+        "Block grace time: {}; Inode grace time: {}",
+        days(report.info.block_grace),
+        days(report.info.inode_grace)
+    );
+    println!("                        Block limits                File limits");
+    let label = match qtype {
+        QuotaType::User => "User",
+        QuotaType::Group => "Group",
+        QuotaType::Project => "Project",
+    };
+    println!("{label:<16}used    soft    hard  grace    used  soft  hard  grace");
+    println!("{}", "-".repeat(70));
+    for entry in &report.entries {
+        let used = entry.space.div_ceil(1024);
+        let over_space = entry.space_soft > 0 && used > entry.space_soft;
+        let over_inodes = entry.inode_soft > 0 && entry.inodes > entry.inode_soft;
+        let line = format!(
+            "{:<10}{}{} {:>7} {:>7} {:>7} {:>6} {:>7} {:>5} {:>5} {:>6}",
+            format!("#{}", entry.id),
+            if over_space { '+' } else { '-' },
+            if over_inodes { '+' } else { '-' },
+            used,
+            entry.space_soft,
+            entry.space_hard,
+            grace_left(entry.block_time),
+            entry.inodes,
+            entry.inode_soft,
+            entry.inode_hard,
+            grace_left(entry.inode_time),
+        );
+        println!("{}", line.trim_end());
+    }
+}
+
+/// What repquota prints of a grace deadline: nothing when none runs,
+/// "none" once it passed, else the time left.
+fn grace_left(deadline: u64) -> String {
+    if deadline == 0 {
+        return String::new();
+    }
+    let now = Timestamp::now().sec.max(0) as u64;
+    match deadline.checked_sub(now) {
+        None | Some(0) => "none".into(),
+        Some(left) if left >= 86400 => format!("{}days", left.div_ceil(86400)),
+        Some(left) => format!("{:02}:{:02}", left / 3600, left % 3600 / 60),
     }
 }
 
