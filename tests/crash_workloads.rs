@@ -132,8 +132,16 @@ fn check_images(
     );
     assert_eq!(summary.fsck_runs, summary.states);
     assert!(summary.replay_runs + summary.replay_skipped > 0);
-    if let Some(why) = &summary.kernel_skipped {
-        common::skip(&format!("kernel replay: {why}"));
+    match (&summary.kernel_skipped, images) {
+        // A kernel without CONFIG_QUOTA (this machine's) refuses quota
+        // images: e2fsck, which recounts every id, is the oracle there.
+        (Some(why), Images::Quota) => {
+            eprintln!("{workload}: no kernel replay of quota images: {why}")
+        }
+        (Some(why), _) => {
+            common::skip(&format!("kernel replay: {why}"));
+        }
+        (None, _) => {}
     }
     eprintln!(
         "{workload} {block_size}{}{}{}: {} states, {} e2fsck replays ({} left to the kernel), {} kernel replays{} in {:.1?}",
