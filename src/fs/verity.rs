@@ -33,6 +33,10 @@ use crate::lock::Rank;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Write-outs an enable tries before it gives up to a file written all
+/// the while (EBUSY).
+const ENABLE_WRITE_OUT_TRIES: u32 = 4;
+
 /// Credits of a transaction of the enable that touches the inode and the
 /// orphan records only.
 const CREDITS_VERITY_STATE: u32 = 8;
@@ -101,8 +105,23 @@ impl Fs {
                     .into(),
             ));
         }
-        if !self.core.verity_enabling.lock().insert(ino) {
-            return Err(Error::Busy);
+        // Held data is written out first (the tree covers what reads
+        // return), before writes are refused: the write-out is a write of
+        // the file too. One that slipped in meanwhile is written out again.
+        let mut attempts = 0;
+        loop {
+            self.fsync(ino, false)?;
+            if !self.core.verity_enabling.lock().insert(ino) {
+                return Err(Error::Busy);
+            }
+            if !self.core.delayed.holds(ino) {
+                break;
+            }
+            self.core.verity_enabling.lock().remove(&ino);
+            attempts += 1;
+            if attempts == ENABLE_WRITE_OUT_TRIES {
+                return Err(Error::Busy);
+            }
         }
         let result = self.enable_verity_steps(ino, caller);
         self.core.verity_enabling.lock().remove(&ino);
@@ -110,13 +129,16 @@ impl Fs {
     }
 
     fn enable_verity_steps(&self, ino: u32, caller: Caller) -> Result<()> {
-        // Held data first: the tree covers what reads return.
-        self.fsync(ino, false)?;
         let block_size = self.core.geo.block_size as u64;
         let size = self.transact(Scope::File(ino), CREDITS_VERITY_STATE, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             check_enable(ino, &inode)?;
+            // A write that passed its check as the enable began may have
+            // held data since: the tree must cover it.
+            if tx.core.delayed.holds(ino) {
+                return Err(Error::Busy);
+            }
             // ext4_begin_enable_verity: inline data moves to a block first.
             if inode.has_inline_data() {
                 tx.convert_inline_file(ino, &mut inode)?;
