@@ -184,6 +184,15 @@ pub enum Error {
 /// reason (in use, permission denied, not found, read-only, bad input).
 pub fn io_error_is_failure(error: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
+    // Answers the filesystem gives as the kernel's ext4 does, not device
+    // failures: a link or rename across a project boundary, a write to a
+    // file verity is being enabled on, a project id in a small inode.
+    if matches!(
+        error.raw_os_error(),
+        Some(libc::EXDEV | libc::ETXTBSY | libc::EOVERFLOW)
+    ) {
+        return false;
+    }
     !matches!(
         error.kind(),
         PermissionDenied

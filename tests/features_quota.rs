@@ -268,3 +268,75 @@ fn limits_set_and_reported_by_the_quota_verb() {
     assert!(stderr.contains("keeps no user quotas"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
+
+/// Project ids through a mount, with the tools users have: `chattr +P -p`
+/// on a directory (FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR), new entries
+/// inheriting it, `xfs_io -c chproj` on a file, `lsattr -p`; a hard link
+/// into the project is EXDEV and mv copies instead, as the kernel makes
+/// them; a flag jext4 does not keep (+i) is EOPNOTSUPP; the filesystem
+/// stays writable, and e2fsck agrees with the project usage.
+#[test]
+fn project_ids_through_a_mount() {
+    if !fuse_available() || !common::require_tool("chattr") || !common::require_tool("xfs_io") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::mkfs(dir.path(), "project", 32, VARIANTS[0].1);
+    let server = Server::start(&image, "");
+    let root = server.mountpoint.clone();
+    let run = |program: &str, args: &[&str]| {
+        let output = std::process::Command::new(program)
+            .args(args)
+            .env("LC_ALL", "C")
+            .output()
+            .unwrap();
+        (
+            output.status.code().unwrap(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let at = |name: &str| root.join(name).to_str().unwrap().to_string();
+    std::fs::create_dir(root.join("proj")).unwrap();
+    std::fs::write(root.join("outside"), b"outside").unwrap();
+    let (code, _, stderr) = run("chattr", &["+P", "-p", "42", &at("proj")]);
+    assert_eq!(code, 0, "chattr +P -p 42: {stderr}");
+    std::fs::write(root.join("proj/inherits"), vec![5u8; 9000]).unwrap();
+    std::fs::create_dir(root.join("proj/sub")).unwrap();
+    std::fs::write(root.join("own"), b"own").unwrap();
+    let (code, _, stderr) = run("xfs_io", &["-c", "chproj 7", &at("own")]);
+    assert_eq!(code, 0, "xfs_io chproj: {stderr}");
+    let (code, listing, stderr) = run("lsattr", &["-p", &at("proj")]);
+    assert_eq!(code, 0, "{stderr}");
+    let projects: Vec<(String, String)> = listing
+        .lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (
+                fields[0].to_string(),
+                fields[2].rsplit('/').next().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        projects.contains(&("42".into(), "inherits".into())),
+        "{listing}"
+    );
+    assert!(projects.contains(&("42".into(), "sub".into())), "{listing}");
+    let (_, own, _) = run("lsattr", &["-p", &at("own")]);
+    assert!(own.trim_start().starts_with("7 "), "{own}");
+    let linked = std::fs::hard_link(root.join("outside"), root.join("proj/linked"));
+    assert_eq!(linked.unwrap_err().raw_os_error(), Some(libc::EXDEV));
+    let (code, _, stderr) = run("mv", &[&at("outside"), &at("proj/")]);
+    assert_eq!(code, 0, "mv into the project: {stderr}");
+    let (code, _, stderr) = run("chattr", &["+i", &at("own")]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("Operation not supported"), "{stderr}");
+    std::fs::write(root.join("after"), b"still writable").unwrap();
+    server.unmount();
+    common::assert_fsck_clean(&image);
+    let projects = list_quota(&image, "project");
+    // proj, inherits, sub and the moved copy of outside; own is 7's.
+    assert_eq!(usage_of(&projects, 42).1, 4, "{projects:?}");
+    assert_eq!(usage_of(&projects, 7).1, 1, "{projects:?}");
+}

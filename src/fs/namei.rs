@@ -123,6 +123,16 @@ impl Tx<'_, '_> {
         dir::lookup(&mut DirReader::new(self.core, dir_ino, dir_inode), name)
     }
 
+    /// ext4_link and ext4_rename: into a directory whose project its new
+    /// entries inherit (+P) goes only what is of that project; the rest
+    /// is EXDEV (mv then copies, and the copy takes the project).
+    fn check_project_boundary(&self, dir_inode: &Inode, inode: &Inode) -> Result<()> {
+        if dir_inode.has_flag(flags::PROJINHERIT) && dir_inode.projid != inode.projid {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EXDEV)));
+        }
+        Ok(())
+    }
+
     fn dir_sync_wanted(&self, dir_inode: &Inode) {
         if self.core.options.dirsync || dir_inode.has_flag(flags::DIRSYNC) {
             self.handle.set_sync();
@@ -529,6 +539,7 @@ impl Fs {
                 return Err(Error::NotFound); // unlinked while open
             }
             let mut parent_inode = tx.writable_dir(new_parent)?;
+            tx.check_project_boundary(&parent_inode, &inode)?;
             if tx
                 .find_entry(new_parent, &parent_inode, new_name)?
                 .is_some()
@@ -962,6 +973,17 @@ impl Fs {
             } else {
                 Some(tx.writable_dir(new_parent)?)
             };
+            // The entry must fit its new directory's project (with
+            // RENAME_EXCHANGE, both ways), as ext4_rename checks it.
+            let target_dir = new_dir.as_ref().unwrap_or(&old_dir);
+            if let Some(found) = tx.find_entry(old_parent, &old_dir, old_name)? {
+                tx.check_project_boundary(target_dir, &tx.read_inode(found.ino)?)?;
+            }
+            if flags.exchange
+                && let Some(found) = tx.find_entry(new_parent, target_dir, new_name)?
+            {
+                tx.check_project_boundary(&old_dir, &tx.read_inode(found.ino)?)?;
+            }
             let mut dirs = RenameDirs {
                 old_parent,
                 new_parent,

@@ -551,3 +551,119 @@ impl Tx<'_, '_> {
         Ok(())
     }
 }
+
+/// ext4's inode flags and the FS_XFLAG_* bits FS_IOC_FSGETXATTR shows them
+/// as (ext4_iflags_to_xflags).
+const XFLAGS: [(u32, u32); 7] = [
+    (flags::SYNC, 0x0000_0020),
+    (flags::IMMUTABLE, 0x0000_0008),
+    (flags::APPEND, 0x0000_0010),
+    (0x0000_0040, 0x0000_0080), // EXT4_NODUMP_FL, FS_XFLAG_NODUMP
+    (flags::NOATIME, 0x0000_0040),
+    (flags::PROJINHERIT, FS_XFLAG_PROJINHERIT),
+    (0x0200_0000, 0x0000_8000), // EXT4_DAX_FL, FS_XFLAG_DAX
+];
+
+/// EXT4_FL_USER_VISIBLE and EXT4_FL_USER_MODIFIABLE (fs/ext4/ext4.h).
+const FL_USER_VISIBLE: u32 = 0x705B_DFFF;
+const FL_USER_MODIFIABLE: u32 = 0x604B_C0FF;
+
+/// FS_XFLAG_PROJINHERIT: new entries of the directory take its project.
+pub const FS_XFLAG_PROJINHERIT: u32 = 0x0000_0200;
+
+fn xflags_of(inode: &Inode) -> u32 {
+    XFLAGS
+        .iter()
+        .filter(|(flag, _)| inode.has_flag(*flag))
+        .fold(0, |xflags, (_, xflag)| xflags | xflag)
+}
+
+impl super::Fs {
+    /// FS_IOC_FSGETXATTR: the inode's flags as FS_XFLAG_* bits, and its
+    /// project id.
+    pub fn fs_xattr(&self, ino: u32) -> Result<(u32, u32)> {
+        let _inode = self.core.inodes.read(ino, crate::lock::Rank::Inode);
+        let inode = super::inode::read_inode(&self.core, ino)?;
+        super::inode::check_live(ino, &inode)?;
+        Ok((xflags_of(&inode), inode.projid))
+    }
+
+    /// FS_IOC_FSSETXATTR for what jext4 keeps: the project id (its quota
+    /// usage moves with it) and a directory's FS_XFLAG_PROJINHERIT (+P),
+    /// as ext4_ioctl_setproject and ext4_fileattr_set do. Other flag
+    /// changes are EOPNOTSUPP (jext4 does not enforce them yet); a project
+    /// id without the project feature is EOPNOTSUPP, and in an inode
+    /// without room for one EOVERFLOW. The caller's permission is the
+    /// kernel's VFS's to check (inode_owner_or_capable, before FUSE passes
+    /// the request on).
+    /// FS_IOC_GETFLAGS: the inode's flags a user may see
+    /// (EXT4_FL_USER_VISIBLE), as `lsattr` shows them.
+    pub fn inode_flags(&self, ino: u32) -> Result<u32> {
+        let _inode = self.core.inodes.read(ino, crate::lock::Rank::Inode);
+        let inode = super::inode::read_inode(&self.core, ino)?;
+        super::inode::check_live(ino, &inode)?;
+        Ok(inode.flags & FL_USER_VISIBLE)
+    }
+
+    /// FS_IOC_SETFLAGS (`chattr`), for what jext4 keeps: a directory's
+    /// +P (EXT4_PROJINHERIT_FL). A change of another flag a user may set
+    /// (EXT4_FL_USER_MODIFIABLE) is EOPNOTSUPP; the others are not the
+    /// caller's and stay as they are, as in ext4_fileattr_set.
+    pub fn set_inode_flags(&self, ino: u32, new: u32) -> Result<()> {
+        let (xflags, projid) = self.fs_xattr(ino)?;
+        let inode = super::inode::read_inode(&self.core, ino)?;
+        let changed = (new ^ inode.flags) & FL_USER_MODIFIABLE;
+        if changed & !flags::PROJINHERIT != 0 {
+            return Err(Error::NotSupported);
+        }
+        let xflags = match new & flags::PROJINHERIT != 0 {
+            true => xflags | FS_XFLAG_PROJINHERIT,
+            false => xflags & !FS_XFLAG_PROJINHERIT,
+        };
+        self.set_fs_xattr(ino, xflags, projid)
+    }
+
+    pub fn set_fs_xattr(&self, ino: u32, xflags: u32, projid: u32) -> Result<()> {
+        let geo = &self.core.geo;
+        let project = geo.has_ro_compat(crate::format::superblock::ro_compat::PROJECT);
+        self.transact(super::Scope::File(ino), 2, super::Caller::ROOT, |tx| {
+            let _inode = tx.lock_write(ino, crate::lock::Rank::Inode);
+            let mut inode = tx.read_live_inode(ino)?;
+            let current = xflags_of(&inode);
+            let inherit = match inode.is_dir() {
+                true => FS_XFLAG_PROJINHERIT,
+                // ext4_mask_flags: only directories keep it.
+                false => 0,
+            };
+            if (xflags ^ current) & !inherit != 0 {
+                return Err(Error::NotSupported);
+            }
+            if projid != inode.projid {
+                if !project {
+                    return Err(Error::NotSupported);
+                }
+                if inode.extra_isize < PROJID_EXTRA_ISIZE {
+                    return Err(Error::Io(std::io::Error::from_raw_os_error(
+                        libc::EOVERFLOW,
+                    )));
+                }
+                inode.projid = projid;
+            }
+            if xflags & inherit != 0 {
+                inode.flags |= flags::PROJINHERIT;
+            } else {
+                inode.flags &= !flags::PROJINHERIT;
+            }
+            inode.ctime = crate::format::inode::Timestamp::now();
+            if inode.is_dir() {
+                tx.handle.note(crate::journal::change::Change::Ineligible(
+                    crate::journal::change::Ineligible::DirAttributes,
+                ));
+            }
+            tx.write_inode(ino, &inode)
+        })
+    }
+}
+
+/// The `i_extra_isize` that reaches past `i_projid` (EXT4_FITS_IN_INODE).
+const PROJID_EXTRA_ISIZE: u16 = 32;

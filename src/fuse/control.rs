@@ -30,6 +30,46 @@ pub const FS_IOC_ENABLE_VERITY: u32 = ioc(IOC_WRITE, b'f', 133, 128);
 /// the algorithm and the caller's room for the digest, then the digest).
 pub const FS_IOC_MEASURE_VERITY: u32 = ioc(IOC_READ | IOC_WRITE, b'f', 134, 4);
 
+/// linux/fs.h: `_IOR('X', 31, struct fsxattr)` and `_IOW('X', 32, ...)`
+/// (28 bytes: xflags, extsize, nextents, projid, cowextsize, padding):
+/// what `chattr -p`, `lsattr -p` and `xfs_io -c chproj` use, and what the
+/// kernel's FUSE sends for FS_IOC_FSGETXATTR / FSSETXATTR on a file of the
+/// mount (fuse_fileattr_get, _set).
+pub const FS_IOC_FSGETXATTR: u32 = ioc(IOC_READ, b'X', 31, FSXATTR_SIZE);
+pub const FS_IOC_FSSETXATTR: u32 = ioc(IOC_WRITE, b'X', 32, FSXATTR_SIZE);
+const FSXATTR_SIZE: u32 = 28;
+/// linux/fs.h: `_IOR('f', 1, long)`, `_IOW('f', 2, long)` (`lsattr`,
+/// `chattr`); the kernel's FUSE passes an int (fuse_fileattr_get).
+pub const FS_IOC_GETFLAGS: u32 = ioc(IOC_READ, b'f', 1, 8);
+pub const FS_IOC_SETFLAGS: u32 = ioc(IOC_WRITE, b'f', 2, 8);
+
+/// The int of FS_IOC_SETFLAGS; EINVAL when short.
+pub fn parse_flags(bytes: &[u8]) -> crate::Result<u32> {
+    bytes
+        .get(..4)
+        .map(|int| u32::from_le_bytes(int.try_into().unwrap()))
+        .ok_or_else(|| crate::Error::Invalid("FS_IOC_SETFLAGS: short argument".into()))
+}
+
+/// A `struct fsxattr` with `xflags` and `projid` (the rest 0).
+pub fn fsxattr(xflags: u32, projid: u32) -> Vec<u8> {
+    let mut bytes = vec![0u8; FSXATTR_SIZE as usize];
+    bytes[0..4].copy_from_slice(&xflags.to_le_bytes());
+    bytes[12..16].copy_from_slice(&projid.to_le_bytes());
+    bytes
+}
+
+/// The xflags and projid of a `struct fsxattr`; EINVAL when short.
+pub fn parse_fsxattr(bytes: &[u8]) -> crate::Result<(u32, u32)> {
+    if bytes.len() < FSXATTR_SIZE as usize {
+        return Err(crate::Error::Invalid(
+            "FS_IOC_FSSETXATTR: short argument".into(),
+        ));
+    }
+    let field = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    Ok((field(0), field(12)))
+}
+
 /// `struct fsverity_enable_arg` as jext4 can honour it: version 1,
 /// SHA-256, Merkle blocks of `block_size` (what `Fs::enable_verity`
 /// writes), no salt, no signature. EINVAL for what the kernel refuses as

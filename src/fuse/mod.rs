@@ -1030,6 +1030,47 @@ impl FuseAdapter {
                     Err(error) => reply.error(errno(&error)),
                 }
             }
+            control::FS_IOC_GETFLAGS => match clock.engine(|| self.fs.inode_flags(to_ext4(ino))) {
+                Ok(flags) => {
+                    let out = flags.to_le_bytes();
+                    let length = out.len().min(out_size as usize);
+                    reply.ioctl(0, &out[..length]);
+                }
+                Err(error) => reply.error(errno(&error)),
+            },
+            control::FS_IOC_SETFLAGS => {
+                let result = clock.engine(|| {
+                    let flags = control::parse_flags(data)?;
+                    self.fs.set_inode_flags(to_ext4(ino), flags)
+                });
+                match result {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
+            // Project ids and +P (`chattr -p`, `xfs_io -c chproj`).
+            control::FS_IOC_FSGETXATTR => {
+                let ino = to_ext4(ino);
+                match clock.engine(|| self.fs.fs_xattr(ino)) {
+                    Ok((xflags, projid)) => {
+                        let out = control::fsxattr(xflags, projid);
+                        let length = out.len().min(out_size as usize);
+                        reply.ioctl(0, &out[..length]);
+                    }
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
+            control::FS_IOC_FSSETXATTR => {
+                let ino = to_ext4(ino);
+                let result = clock.engine(|| {
+                    let (xflags, projid) = control::parse_fsxattr(data)?;
+                    self.fs.set_fs_xattr(ino, xflags, projid)
+                });
+                match result {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(error) => reply.error(errno(&error)),
+                }
+            }
             control::JEXT4_IOC_SYNC => {
                 match clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync())) {
                     Ok(()) => reply.ioctl(0, &[]),
@@ -1041,8 +1082,7 @@ impl FuseAdapter {
                 let length = report.len().min(out_size as usize);
                 reply.ioctl(length as i32, &report.as_bytes()[..length]);
             }
-            // What ext4 does not know either (FS_IOC_GETFLAGS and its
-            // kin are not implemented here yet).
+            // What ext4 does not know either.
             _ => {
                 clock.fail();
                 reply.error(Errno::from_i32(libc::ENOTTY))
