@@ -173,6 +173,18 @@ pub enum Error {
     /// EBUSY.
     #[error("device or resource busy")]
     Busy,
+    /// EXDEV: a link or rename into a directory whose project its entries
+    /// inherit (+P), of something of another project.
+    #[error("invalid cross-device link")]
+    CrossDevice,
+    /// ETXTBSY: a write to a file fs-verity is being enabled on.
+    #[error("text file busy")]
+    TextFileBusy,
+    /// EOVERFLOW: a value the on-disk field cannot hold (a project id in an
+    /// inode without room for one, a verity digest larger than the
+    /// caller's buffer).
+    #[error("value too large for defined data type")]
+    Overflow,
     /// The image was closed (`Image::close`) while a `File` of it was
     /// still open: EBADF, as an operation on a closed descriptor.
     #[error("the image is closed")]
@@ -184,15 +196,6 @@ pub enum Error {
 /// reason (in use, permission denied, not found, read-only, bad input).
 pub fn io_error_is_failure(error: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
-    // Answers the filesystem gives as the kernel's ext4 does, not device
-    // failures: a link or rename across a project boundary, a write to a
-    // file verity is being enabled on, a project id in a small inode.
-    if matches!(
-        error.raw_os_error(),
-        Some(libc::EXDEV | libc::ETXTBSY | libc::EOVERFLOW)
-    ) {
-        return false;
-    }
     !matches!(
         error.kind(),
         PermissionDenied
@@ -267,6 +270,9 @@ impl Error {
             Error::InvalidMove => libc::EINVAL,
             Error::TooManySymlinks => libc::ELOOP,
             Error::Busy => libc::EBUSY,
+            Error::CrossDevice => libc::EXDEV,
+            Error::TextFileBusy => libc::ETXTBSY,
+            Error::Overflow => libc::EOVERFLOW,
             Error::Closed => libc::EBADF,
             Error::VerityMismatch { .. } => libc::EIO,
         }
@@ -363,6 +369,8 @@ mod tests {
             (Error::ReadOnly, ReadOnlyFilesystem, libc::EROFS),
             (Error::PermissionDenied, PermissionDenied, libc::EACCES),
             (Error::Invalid("x".into()), InvalidInput, libc::EINVAL),
+            (Error::CrossDevice, CrossesDevices, libc::EXDEV),
+            (Error::TextFileBusy, ExecutableFileBusy, libc::ETXTBSY),
         ];
         for (error, kind, errno) in cases {
             assert_eq!(error.kind(), kind, "{error}");

@@ -73,7 +73,7 @@ impl Tx<'_, '_> {
             return Err(Error::NotPermitted);
         }
         if self.core.verity_enabling.lock().contains(&ino) {
-            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ETXTBSY)));
+            return Err(Error::TextFileBusy);
         }
         Ok(inode)
     }

@@ -1101,16 +1101,8 @@ impl Fs {
                 self.record_error(error, abort);
                 true
             }
-            // Not I/O errors but the filesystem's own answers: ENXIO
-            // (SEEK_DATA past the last data), EXDEV (a link or rename
-            // across a project boundary), ETXTBSY (a write while verity is
-            // being enabled), EOVERFLOW (a project id in a small inode).
-            Error::Io(io_error)
-                if !matches!(
-                    io_error.raw_os_error(),
-                    Some(libc::ENXIO | libc::EXDEV | libc::ETXTBSY | libc::EOVERFLOW)
-                ) =>
-            {
+            // ENXIO is SEEK_DATA's answer past the last data, not an I/O error.
+            Error::Io(io_error) if io_error.raw_os_error() != Some(libc::ENXIO) => {
                 if !self.device_failed.swap(true, Ordering::AcqRel) {
                     tracing::error!(error = %io_error, "device I/O error; filesystem is now read-only");
                 }

@@ -128,7 +128,7 @@ impl Tx<'_, '_> {
     /// is EXDEV (mv then copies, and the copy takes the project).
     fn check_project_boundary(&self, dir_inode: &Inode, inode: &Inode) -> Result<()> {
         if dir_inode.has_flag(flags::PROJINHERIT) && dir_inode.projid != inode.projid {
-            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EXDEV)));
+            return Err(Error::CrossDevice);
         }
         Ok(())
     }

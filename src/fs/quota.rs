@@ -643,9 +643,7 @@ impl super::Fs {
                     return Err(Error::NotSupported);
                 }
                 if inode.extra_isize < PROJID_EXTRA_ISIZE {
-                    return Err(Error::Io(std::io::Error::from_raw_os_error(
-                        libc::EOVERFLOW,
-                    )));
+                    return Err(Error::Overflow);
                 }
                 inode.projid = projid;
             }

@@ -116,9 +116,7 @@ pub fn measured(arg: &[u8], digest: &[u8; 32]) -> crate::Result<Vec<u8>> {
         .get(2..4)
         .map_or(0, |bytes| u16::from_le_bytes(bytes.try_into().unwrap()));
     if (room as usize) < digest.len() {
-        return Err(crate::Error::Io(std::io::Error::from_raw_os_error(
-            libc::EOVERFLOW,
-        )));
+        return Err(crate::Error::Overflow);
     }
     let mut out = Vec::with_capacity(4 + digest.len());
     out.extend_from_slice(&1u16.to_le_bytes());
