@@ -1495,14 +1495,7 @@ fn fast_commit_lines(
 /// without it is refused (the kernel has no way to replay them there).
 fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
     let feature = sb.has_compat(superblock::compat::FAST_COMMIT);
-    // jext4's fast-commit replay does not rebuild inline inodes yet (nor
-    // take the kernel's records of them), nor recount quota usage: every
-    // commit is a full one there.
-    let full_only = match () {
-        _ if sb.has_incompat(superblock::incompat::INLINE_DATA) => Some("inline_data"),
-        _ if sb.has_ro_compat(superblock::ro_compat::QUOTA) => Some("quota"),
-        _ => None,
-    };
+    let full_only = fast_commit::unsupported_feature(sb);
     if options.bytelog {
         let refusal = if options.read_only {
             Some("a read-only mount writes no fast commits")

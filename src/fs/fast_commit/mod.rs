@@ -92,6 +92,23 @@ struct ReplayStats {
 /// Replay the fast commits of `fast_commit` (called by recovery after the
 /// block replay, before the journal reset), on the filesystem whose
 /// superblock copy in use is at byte `superblock_offset` (`sb=`).
+/// A feature of `sb` with which jext4 neither writes fast commits (every
+/// commit is a full one) nor replays them:
+/// - inline_data: the kernel's replay rewrites inline inodes whole, which
+///   jext4's does not yet (e2fsck 1.47.0's replay drops the system.data of
+///   an inline inode it rewrites, which the kernel then refuses: not a way
+///   out either);
+/// - quota: replayed inodes would have to be charged to their owners.
+pub(crate) fn unsupported_feature(sb: &superblock::Superblock) -> Option<&'static str> {
+    if sb.has_incompat(superblock::incompat::INLINE_DATA) {
+        Some("inline_data")
+    } else if sb.has_ro_compat(superblock::ro_compat::QUOTA) {
+        Some("quota")
+    } else {
+        None
+    }
+}
+
 pub(crate) fn replay(
     area: &JournalArea,
     fast_commit: &FastCommitArea,
@@ -111,19 +128,7 @@ pub(crate) fn replay(
     if log.records.is_empty() {
         return Ok(());
     }
-    let refused = match () {
-        // The kernel's replay rewrites inline inodes whole, which jext4's
-        // does not yet. (e2fsck 1.47.0's replay drops the system.data of
-        // an inline inode it rewrites, which the kernel then refuses: not
-        // a way out.)
-        _ if sb.has_incompat(crate::format::superblock::incompat::INLINE_DATA) => {
-            Some("inline_data")
-        }
-        // Replayed inodes would have to be charged to their owners.
-        _ if sb.has_ro_compat(crate::format::superblock::ro_compat::QUOTA) => Some("quota"),
-        _ => None,
-    };
-    if let Some(feature) = refused {
+    if let Some(feature) = unsupported_feature(&sb) {
         return Err(Error::Unsupported(format!(
             "the journal holds fast commits of a {feature} filesystem, which jext4 does not \
              replay yet: replay them with a kernel mount first"
