@@ -247,12 +247,8 @@ impl Tx<'_, '_> {
         let geo = &self.core.geo;
         let (block, offset) = inode_location(geo, &self.core.groups, ino);
         let buffer = self.core.cache.read(block)?;
-        if self.core.quotas.enabled() {
-            // Quota usage follows what the table held and what it will.
-            let size = geo.inode_size as usize;
-            let old = buffer.read()[offset..offset + size].to_vec();
-            self.charge_inode_write(ino, &old, inode);
-        }
+        // Quota usage follows what the table held and what it will.
+        self.charge_inode_write(ino, &buffer, offset, inode);
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
             if self.core.orphans.on_list(ino) {

@@ -171,9 +171,16 @@ fn usage_of(core: &Core, ino: u32, inode: &Inode) -> Option<Usage> {
 }
 
 impl Tx<'_, '_> {
-    /// Charge the change of inode `ino` from what the table held (`old`,
-    /// its raw bytes there) to `new` (`store_inode`, before it writes).
-    pub(super) fn charge_inode_write(&mut self, ino: u32, old: &[u8], new: &Inode) {
+    /// Charge the change of inode `ino` from what the table held (its
+    /// slot at byte `offset` of `table`) to `new` (`store_inode`, before
+    /// it writes).
+    pub(super) fn charge_inode_write(
+        &mut self,
+        ino: u32,
+        table: &Buffer,
+        offset: usize,
+        new: &Inode,
+    ) {
         let core = self.core;
         if !core.quotas.enabled() {
             return;
@@ -187,9 +194,12 @@ impl Tx<'_, '_> {
         };
         let before = match fresh {
             true => None,
-            false => Inode::decode_unchecked(&core.geo, ino, old)
-                .ok()
-                .and_then(|old| usage_of(core, ino, &old)),
+            false => {
+                let size = core.geo.inode_size as usize;
+                let old =
+                    Inode::decode_unchecked(&core.geo, ino, &table.read()[offset..offset + size]);
+                old.ok().and_then(|old| usage_of(core, ino, &old))
+            }
         };
         let after = usage_of(core, ino, new);
         if before == after {
@@ -258,40 +268,80 @@ impl Tx<'_, '_> {
     }
 
     fn apply_to(&mut self, file: &QuotaFile, charges: &[Charge]) -> Result<()> {
+        self.edit_quota_file(file, |editor| {
+            for charge in charges {
+                editor.change(charge.id, |dquot, _| {
+                    dquot.space = add_signed(dquot.space, charge.space);
+                    dquot.inodes = add_signed(dquot.inodes, charge.inodes);
+                })?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Run `edit` on quota file `file`, under its lock: with its info (read
+    /// once a mount), and its entries found, or made, by id. The info goes
+    /// back to the file if it changed, the quota inode if the file grew.
+    fn edit_quota_file(
+        &mut self,
+        file: &QuotaFile,
+        edit: impl FnOnce(&mut Editor<'_, '_, '_, '_>) -> Result<()>,
+    ) -> Result<()> {
         let mut state = file.state.lock();
         let mut blocks = FileBlocks::open(self, file.ino)?;
-        let mut info = match state.info {
+        let info = match state.info {
             Some(info) => info,
             None => quota::read_info(&mut blocks, file.qtype)?,
         };
         let before = info;
-        for charge in charges {
-            let offset = match state.offsets.get(&charge.id) {
-                Some(&offset) => offset,
-                None => {
-                    let offset = match quota::find(&mut blocks, &info, charge.id)? {
-                        Some(offset) => offset,
-                        None => quota::insert(&mut blocks, &mut info, charge.id)?,
-                    };
-                    if state.offsets.len() >= OFFSETS_KEPT_MAX {
-                        state.offsets.clear();
-                    }
-                    state.offsets.insert(charge.id, offset);
-                    offset
-                }
-            };
-            let mut dquot = quota::read_entry(&mut blocks, offset)?;
-            debug_assert_eq!(dquot.id, charge.id);
-            dquot.space = add_signed(dquot.space, charge.space);
-            dquot.inodes = add_signed(dquot.inodes, charge.inodes);
-            quota::write_entry(&mut blocks, offset, &dquot)?;
-        }
+        let mut editor = Editor {
+            blocks,
+            info,
+            offsets: &mut state.offsets,
+        };
+        edit(&mut editor)?;
+        let Editor {
+            mut blocks, info, ..
+        } = editor;
         if info != before {
             quota::write_info(&mut blocks, &info)?;
         }
         blocks.close()?;
         state.info = Some(info);
         Ok(())
+    }
+}
+
+/// A quota file being changed (`Tx::edit_quota_file`).
+struct Editor<'s, 't, 'a, 'j> {
+    blocks: FileBlocks<'t, 'a, 'j>,
+    info: Info,
+    /// Where entries are, by id (at most `OFFSETS_KEPT_MAX`).
+    offsets: &'s mut HashMap<u32, u64>,
+}
+
+impl Editor<'_, '_, '_, '_> {
+    /// Change `id`'s entry (made if it has none) with `change`, which also
+    /// sees the file's info.
+    fn change(&mut self, id: u32, change: impl FnOnce(&mut quota::Dquot, &Info)) -> Result<()> {
+        let offset = match self.offsets.get(&id) {
+            Some(&offset) => offset,
+            None => {
+                let offset = match quota::find(&mut self.blocks, &self.info, id)? {
+                    Some(offset) => offset,
+                    None => quota::insert(&mut self.blocks, &mut self.info, id)?,
+                };
+                if self.offsets.len() >= OFFSETS_KEPT_MAX {
+                    self.offsets.clear();
+                }
+                self.offsets.insert(id, offset);
+                offset
+            }
+        };
+        let mut dquot = quota::read_entry(&mut self.blocks, offset)?;
+        debug_assert_eq!(dquot.id, id);
+        change(&mut dquot, &self.info);
+        quota::write_entry(&mut self.blocks, offset, &dquot)
     }
 }
 
@@ -332,20 +382,12 @@ impl<'t, 'a, 'j> FileBlocks<'t, 'a, 'j> {
         })
     }
 
-    /// The filesystem block holding quota block `block`, and where in it.
-    fn place(&self, block: u32) -> (u64, usize) {
-        let bytes = block as u64 * QUOTA_BLOCK as u64;
-        let block_size = self.tx.core.geo.block_size as u64;
-        (bytes / block_size, (bytes % block_size) as usize)
-    }
-
-    fn buffer(&mut self, lblk: u64, create: bool) -> Result<Option<Arc<Buffer>>> {
+    /// Filesystem block `lblk` of the file, mapped (and zeroed) if it is
+    /// a hole.
+    fn buffer(&mut self, lblk: u64) -> Result<Arc<Buffer>> {
         let core = self.tx.core;
         match core.lookup(self.ino, &self.inode, lblk)? {
-            Lookup::Mapped(extent) if !extent.unwritten => {
-                Ok(Some(core.cache.read(extent.physical)?))
-            }
-            _ if !create => Ok(None),
+            Lookup::Mapped(extent) if !extent.unwritten => core.cache.read(extent.physical),
             Lookup::Mapped(_) => Err(Error::corrupt(
                 Location::Inode { ino: self.ino },
                 "quota file has an unwritten extent",
@@ -366,7 +408,7 @@ impl<'t, 'a, 'j> FileBlocks<'t, 'a, 'j> {
                 let buffer = core.cache.get_for_overwrite(extent.physical)?;
                 self.tx.handle.get_create_access(&buffer)?.fill(0);
                 buffer.set_verified();
-                Ok(Some(buffer))
+                Ok(buffer)
             }
         }
     }
@@ -386,20 +428,12 @@ impl QuotaBlocks for FileBlocks<'_, '_, '_> {
     }
 
     fn read(&mut self, block: u32) -> Result<[u8; QUOTA_BLOCK]> {
-        let mut bytes = [0u8; QUOTA_BLOCK];
-        if (block as u64 + 1) * QUOTA_BLOCK as u64 > self.inode.size {
-            return Ok(bytes);
-        }
-        let (lblk, at) = self.place(block);
-        if let Some(buffer) = self.buffer(lblk, false)? {
-            bytes.copy_from_slice(&buffer.read()[at..at + QUOTA_BLOCK]);
-        }
-        Ok(bytes)
+        read_quota_block(self.tx.core, self.ino, &self.inode, block)
     }
 
     fn write(&mut self, block: u32, bytes: &[u8; QUOTA_BLOCK]) -> Result<()> {
-        let (lblk, at) = self.place(block);
-        let buffer = self.buffer(lblk, true)?.expect("created");
+        let (lblk, at) = place(&self.tx.core.geo, block);
+        let buffer = self.buffer(lblk)?;
         self.tx.handle.get_write_access(&buffer)?[at..at + QUOTA_BLOCK].copy_from_slice(bytes);
         let end = (block as u64 + 1) * QUOTA_BLOCK as u64;
         if end > self.inode.size {
@@ -434,6 +468,30 @@ impl Quotas {
     }
 }
 
+/// The filesystem block holding quota block `block`, and where in it.
+fn place(geo: &Geometry, block: u32) -> (u64, usize) {
+    let bytes = block as u64 * QUOTA_BLOCK as u64;
+    let block_size = geo.block_size as u64;
+    (bytes / block_size, (bytes % block_size) as usize)
+}
+
+/// Quota block `block` of quota file `ino`, read through the cache: zeros
+/// past the file's end or in a hole.
+fn read_quota_block(core: &Core, ino: u32, inode: &Inode, block: u32) -> Result<[u8; QUOTA_BLOCK]> {
+    let mut bytes = [0u8; QUOTA_BLOCK];
+    if (block as u64 + 1) * QUOTA_BLOCK as u64 > inode.size {
+        return Ok(bytes);
+    }
+    let (lblk, at) = place(&core.geo, block);
+    if let Lookup::Mapped(extent) = core.lookup(ino, inode, lblk)?
+        && !extent.unwritten
+    {
+        let buffer = core.cache.read(extent.physical)?;
+        bytes.copy_from_slice(&buffer.read()[at..at + QUOTA_BLOCK]);
+    }
+    Ok(bytes)
+}
+
 /// A quota file's blocks read through the cache, outside a transaction.
 struct ReadBlocks<'c> {
     core: &'c Core,
@@ -447,20 +505,7 @@ impl QuotaBlocks for ReadBlocks<'_> {
     }
 
     fn read(&mut self, block: u32) -> Result<[u8; QUOTA_BLOCK]> {
-        let mut bytes = [0u8; QUOTA_BLOCK];
-        let offset = block as u64 * QUOTA_BLOCK as u64;
-        if offset + QUOTA_BLOCK as u64 > self.inode.size {
-            return Ok(bytes);
-        }
-        let block_size = self.core.geo.block_size as u64;
-        let (lblk, at) = (offset / block_size, (offset % block_size) as usize);
-        if let Lookup::Mapped(extent) = self.core.lookup(self.ino, &self.inode, lblk)?
-            && !extent.unwritten
-        {
-            let buffer = self.core.cache.read(extent.physical)?;
-            bytes.copy_from_slice(&buffer.read()[at..at + QUOTA_BLOCK]);
-        }
-        Ok(bytes)
+        read_quota_block(self.core, self.ino, &self.inode, block)
     }
 
     fn write(&mut self, _block: u32, _bytes: &[u8; QUOTA_BLOCK]) -> Result<()> {
@@ -507,48 +552,36 @@ impl super::Fs {
 
 impl Tx<'_, '_> {
     fn set_limits(&mut self, qtype: QuotaType, id: u32, limits: QuotaLimits) -> Result<()> {
-        let core = self.core;
-        let file = core
+        let file = self
+            .core
             .quotas
             .file(qtype)
             .expect("checked by set_quota_limits");
-        let mut state = file.state.lock();
-        let mut blocks = FileBlocks::open(self, file.ino)?;
-        let mut info = match state.info {
-            Some(info) => info,
-            None => quota::read_info(&mut blocks, qtype)?,
-        };
-        let before = info;
-        let offset = match quota::find(&mut blocks, &info, id)? {
-            Some(offset) => offset,
-            None => quota::insert(&mut blocks, &mut info, id)?,
-        };
-        let mut dquot = quota::read_entry(&mut blocks, offset)?;
-        dquot.space_soft = limits.space_soft;
-        dquot.space_hard = limits.space_hard;
-        dquot.inode_soft = limits.inode_soft;
-        dquot.inode_hard = limits.inode_hard;
         let now = crate::format::inode::Timestamp::now().sec.max(0) as u64;
-        let over_space = limits.space_soft > 0 && dquot.space > limits.space_soft * 1024;
-        dquot.block_time = match (over_space, dquot.block_time) {
-            (false, _) => 0,
-            (true, 0) => now + info.block_grace as u64,
-            (true, started) => started,
-        };
-        let over_inodes = limits.inode_soft > 0 && dquot.inodes > limits.inode_soft;
-        dquot.inode_time = match (over_inodes, dquot.inode_time) {
-            (false, _) => 0,
-            (true, 0) => now + info.inode_grace as u64,
-            (true, started) => started,
-        };
-        quota::write_entry(&mut blocks, offset, &dquot)?;
-        if info != before {
-            quota::write_info(&mut blocks, &info)?;
-        }
-        blocks.close()?;
-        state.info = Some(info);
-        state.offsets.insert(id, offset);
-        Ok(())
+        self.edit_quota_file(file, |editor| {
+            editor.change(id, |dquot, info| {
+                dquot.space_soft = limits.space_soft;
+                dquot.space_hard = limits.space_hard;
+                dquot.inode_soft = limits.inode_soft;
+                dquot.inode_hard = limits.inode_hard;
+                let over_space = limits.space_soft > 0 && dquot.space > limits.space_soft * 1024;
+                dquot.block_time =
+                    grace_deadline(over_space, dquot.block_time, now, info.block_grace);
+                let over_inodes = limits.inode_soft > 0 && dquot.inodes > limits.inode_soft;
+                dquot.inode_time =
+                    grace_deadline(over_inodes, dquot.inode_time, now, info.inode_grace);
+            })
+        })
+    }
+}
+
+/// A grace deadline after a limit changed: none within the soft limit, the
+/// running one kept, or one starting now above it.
+fn grace_deadline(over: bool, running: u64, now: u64, grace: u32) -> u64 {
+    match (over, running) {
+        (false, _) => 0,
+        (true, 0) => now + grace as u64,
+        (true, running) => running,
     }
 }
 
@@ -583,9 +616,33 @@ impl super::Fs {
     /// project id.
     pub fn fs_xattr(&self, ino: u32) -> Result<(u32, u32)> {
         let _inode = self.core.inodes.read(ino, crate::lock::Rank::Inode);
-        let inode = super::inode::read_inode(&self.core, ino)?;
-        super::inode::check_live(ino, &inode)?;
+        let inode = self.read_file_inode(ino)?;
         Ok((xflags_of(&inode), inode.projid))
+    }
+
+    /// FS_IOC_GETFLAGS: the inode's flags a user may see
+    /// (EXT4_FL_USER_VISIBLE), as `lsattr` shows them.
+    pub fn inode_flags(&self, ino: u32) -> Result<u32> {
+        let _inode = self.core.inodes.read(ino, crate::lock::Rank::Inode);
+        Ok(self.read_file_inode(ino)?.flags & FL_USER_VISIBLE)
+    }
+
+    /// FS_IOC_SETFLAGS (`chattr`), for what jext4 keeps: a directory's
+    /// +P (EXT4_PROJINHERIT_FL). A change of another flag a user may set
+    /// (EXT4_FL_USER_MODIFIABLE) is EOPNOTSUPP; the others are not the
+    /// caller's and stay as they are, as in ext4_fileattr_set.
+    pub fn set_inode_flags(&self, ino: u32, new: u32) -> Result<()> {
+        self.change_attributes(ino, |inode| {
+            let changed = (new ^ inode.flags) & FL_USER_MODIFIABLE;
+            if changed & !flags::PROJINHERIT != 0 {
+                return Err(Error::NotSupported);
+            }
+            let xflags = match new & flags::PROJINHERIT != 0 {
+                true => xflags_of(inode) | FS_XFLAG_PROJINHERIT,
+                false => xflags_of(inode) & !FS_XFLAG_PROJINHERIT,
+            };
+            Ok((xflags, inode.projid))
+        })
     }
 
     /// FS_IOC_FSSETXATTR for what jext4 keeps: the project id (its quota
@@ -596,39 +653,23 @@ impl super::Fs {
     /// without room for one EOVERFLOW. The caller's permission is the
     /// kernel's VFS's to check (inode_owner_or_capable, before FUSE passes
     /// the request on).
-    /// FS_IOC_GETFLAGS: the inode's flags a user may see
-    /// (EXT4_FL_USER_VISIBLE), as `lsattr` shows them.
-    pub fn inode_flags(&self, ino: u32) -> Result<u32> {
-        let _inode = self.core.inodes.read(ino, crate::lock::Rank::Inode);
-        let inode = super::inode::read_inode(&self.core, ino)?;
-        super::inode::check_live(ino, &inode)?;
-        Ok(inode.flags & FL_USER_VISIBLE)
-    }
-
-    /// FS_IOC_SETFLAGS (`chattr`), for what jext4 keeps: a directory's
-    /// +P (EXT4_PROJINHERIT_FL). A change of another flag a user may set
-    /// (EXT4_FL_USER_MODIFIABLE) is EOPNOTSUPP; the others are not the
-    /// caller's and stay as they are, as in ext4_fileattr_set.
-    pub fn set_inode_flags(&self, ino: u32, new: u32) -> Result<()> {
-        let (xflags, projid) = self.fs_xattr(ino)?;
-        let inode = super::inode::read_inode(&self.core, ino)?;
-        let changed = (new ^ inode.flags) & FL_USER_MODIFIABLE;
-        if changed & !flags::PROJINHERIT != 0 {
-            return Err(Error::NotSupported);
-        }
-        let xflags = match new & flags::PROJINHERIT != 0 {
-            true => xflags | FS_XFLAG_PROJINHERIT,
-            false => xflags & !FS_XFLAG_PROJINHERIT,
-        };
-        self.set_fs_xattr(ino, xflags, projid)
-    }
-
     pub fn set_fs_xattr(&self, ino: u32, xflags: u32, projid: u32) -> Result<()> {
+        self.change_attributes(ino, |_| Ok((xflags, projid)))
+    }
+
+    /// Give inode `ino` the FS_XFLAG_* flags and project id `wanted` says
+    /// from its current state (`set_fs_xattr`, `set_inode_flags`).
+    fn change_attributes(
+        &self,
+        ino: u32,
+        wanted: impl Fn(&Inode) -> Result<(u32, u32)>,
+    ) -> Result<()> {
         let geo = &self.core.geo;
         let project = geo.has_ro_compat(crate::format::superblock::ro_compat::PROJECT);
         self.transact(super::Scope::File(ino), 2, super::Caller::ROOT, |tx| {
             let _inode = tx.lock_write(ino, crate::lock::Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
+            let (xflags, projid) = wanted(&inode)?;
             let current = xflags_of(&inode);
             let inherit = match inode.is_dir() {
                 true => FS_XFLAG_PROJINHERIT,

@@ -289,7 +289,9 @@ impl Fs {
         Ok(self.read_file_inode(ino)?.has_flag(flags::VERITY))
     }
 
-    fn read_file_inode(&self, ino: u32) -> Result<Inode> {
+    /// An inode in use, read outside a transaction (the caller holds its
+    /// lock).
+    pub(super) fn read_file_inode(&self, ino: u32) -> Result<Inode> {
         let inode = super::inode::read_inode(&self.core, ino)?;
         super::inode::check_live(ino, &inode)?;
         Ok(inode)
