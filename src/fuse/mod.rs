@@ -521,6 +521,18 @@ fn reply_empty(reply: impl EmptyAnswer, result: crate::Result<()>) {
     }
 }
 
+/// An ioctl's answer: result 0 with what fits of `out` in the caller's
+/// `out_size` bytes, or the error's errno.
+fn reply_ioctl(reply: impl IoctlAnswer, result: crate::Result<Vec<u8>>, out_size: u32) {
+    match result {
+        Ok(out) => {
+            let length = out.len().min(out_size as usize);
+            reply.ioctl(0, &out[..length]);
+        }
+        Err(error) => reply.error(errno(&error)),
+    }
+}
+
 fn reply_xattr(reply: impl XattrAnswer, result: crate::Result<Vec<u8>>, size: u32) {
     match result {
         Ok(data) if size == 0 => reply.size(data.len() as u32),
@@ -1014,68 +1026,46 @@ impl FuseAdapter {
                     control::check_enable_verity(data, self.fs.verity_block_size())?;
                     self.fs.enable_verity(ino, Caller::ROOT)
                 });
-                match result {
-                    Ok(()) => reply.ioctl(0, &[]),
-                    Err(error) => reply.error(errno(&error)),
-                }
+                reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
             }
             control::FS_IOC_MEASURE_VERITY => {
                 let ino = to_ext4(ino);
                 let result = clock.engine(|| self.fs.verity_digest(ino));
-                match result.and_then(|digest| control::measured(data, &digest)) {
-                    Ok(out) => {
-                        let length = out.len().min(out_size as usize);
-                        reply.ioctl(0, &out[..length]);
-                    }
-                    Err(error) => reply.error(errno(&error)),
-                }
+                let out = result.and_then(|digest| control::measured(data, &digest));
+                reply_ioctl(reply, out, out_size);
             }
-            control::FS_IOC_GETFLAGS => match clock.engine(|| self.fs.inode_flags(to_ext4(ino))) {
-                Ok(flags) => {
-                    let out = flags.to_le_bytes();
-                    let length = out.len().min(out_size as usize);
-                    reply.ioctl(0, &out[..length]);
-                }
-                Err(error) => reply.error(errno(&error)),
-            },
+            control::FS_IOC_GETFLAGS => {
+                let result = clock.engine(|| self.fs.inode_flags(to_ext4(ino)));
+                reply_ioctl(
+                    reply,
+                    result.map(|flags| flags.to_le_bytes().to_vec()),
+                    out_size,
+                );
+            }
             control::FS_IOC_SETFLAGS => {
                 let result = clock.engine(|| {
                     let flags = control::parse_flags(data)?;
                     self.fs.set_inode_flags(to_ext4(ino), flags)
                 });
-                match result {
-                    Ok(()) => reply.ioctl(0, &[]),
-                    Err(error) => reply.error(errno(&error)),
-                }
+                reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
             }
             // Project ids and +P (`chattr -p`, `xfs_io -c chproj`).
             control::FS_IOC_FSGETXATTR => {
-                let ino = to_ext4(ino);
-                match clock.engine(|| self.fs.fs_xattr(ino)) {
-                    Ok((xflags, projid)) => {
-                        let out = control::fsxattr(xflags, projid);
-                        let length = out.len().min(out_size as usize);
-                        reply.ioctl(0, &out[..length]);
-                    }
-                    Err(error) => reply.error(errno(&error)),
-                }
+                let result = clock.engine(|| self.fs.fs_xattr(to_ext4(ino)));
+                let out = result.map(|(xflags, projid)| control::fsxattr(xflags, projid));
+                reply_ioctl(reply, out, out_size);
             }
             control::FS_IOC_FSSETXATTR => {
-                let ino = to_ext4(ino);
                 let result = clock.engine(|| {
                     let (xflags, projid) = control::parse_fsxattr(data)?;
-                    self.fs.set_fs_xattr(ino, xflags, projid)
+                    self.fs.set_fs_xattr(to_ext4(ino), xflags, projid)
                 });
-                match result {
-                    Ok(()) => reply.ioctl(0, &[]),
-                    Err(error) => reply.error(errno(&error)),
-                }
+                reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
             }
             control::JEXT4_IOC_SYNC => {
-                match clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync())) {
-                    Ok(()) => reply.ioctl(0, &[]),
-                    Err(error) => reply.error(errno(&error)),
-                }
+                let result =
+                    clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync()));
+                reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
             }
             control::JEXT4_IOC_STATS | control::JEXT4_IOC_STATS_8K => {
                 let report = clock.timed(|| self.stats_report());
