@@ -940,12 +940,16 @@ fn add_inline(
     mut bytes: Vec<u8>,
     entry: &DirEntry,
 ) -> Result<()> {
-    let room = d.inline_max()?.saturating_sub(I_BLOCK_SIZE);
-    if inline::add(fmt, &mut bytes, entry, room)? {
+    if inline::add(fmt, &mut bytes, entry, inline_room(d)?)? {
         return d.store_inline(&bytes);
     }
     convert_inline(d, handle, fmt, &bytes)?;
     insert_entry(d, handle, fmt, entry)
+}
+
+/// The bytes an inline directory's `system.data` value may grow to.
+fn inline_room(d: &dyn DirBlocks) -> Result<usize> {
+    Ok(d.inline_max()?.saturating_sub(I_BLOCK_SIZE))
 }
 
 /// Move an inline directory to a block of its own
@@ -1042,10 +1046,9 @@ pub fn add_entry_cost(d: &mut dyn DirBlocks, name: &[u8]) -> Result<u64> {
             file_type: FT_UNKNOWN,
             name: name.to_vec(),
         };
-        let room = d.inline_max()?.saturating_sub(I_BLOCK_SIZE);
         // Moved to a block, the directory maps that one block from an
         // empty root in i_block: no mapping block behind it.
-        return Ok(if inline::add(&fmt, &mut bytes, &entry, room)? {
+        return Ok(if inline::add(&fmt, &mut bytes, &entry, inline_room(d)?)? {
             0
         } else {
             1
