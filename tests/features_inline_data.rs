@@ -236,6 +236,14 @@ fn mkfs(dir: &Path, name: &str, args: &[&str]) -> std::path::PathBuf {
     common::mkfs(dir, name, 32, args)
 }
 
+/// Run `work` on a read-write kernel loop mount of `image`.
+fn through_the_kernel(image: &Path, work: impl FnOnce(&Path)) {
+    let _kernel = kernel_lock();
+    let mount = Mount::new(image, "rw").unwrap();
+    work(&mount.point);
+    mount.unmount();
+}
+
 /// The kernel's view and its SEEK answers, from a read-only loop mount.
 fn kernel_view(image: &Path) -> (Listing, Seeks, XattrNames) {
     let mount = Mount::new(image, "ro").unwrap();
@@ -317,13 +325,10 @@ fn kernel_written_tree_reads_the_same() {
     let dir = tempfile::tempdir().unwrap();
     for (name, args) in VARIANTS {
         let image = mkfs(dir.path(), name, args);
-        {
-            let _kernel = kernel_lock();
-            let mount = Mount::new(&image, "rw").unwrap();
-            populate(&mount.point);
-            set_xattrs(&mount.point);
-            mount.unmount();
-        }
+        through_the_kernel(&image, |root| {
+            populate(root);
+            set_xattrs(root);
+        });
         common::assert_fsck_clean(&image);
         // The tree covers what it means to: inline files with and without
         // system.data, a directory spilling into it, one that outgrew it.
@@ -365,13 +370,10 @@ fn jext4_writes_what_the_kernel_writes() {
     let dir = tempfile::tempdir().unwrap();
     for (name, args) in VARIANTS {
         let kernels = mkfs(dir.path(), &format!("k-{name}"), args);
-        {
-            let _kernel = kernel_lock();
-            let mount = Mount::new(&kernels, "rw").unwrap();
-            populate(&mount.point);
-            set_xattrs(&mount.point);
-            mount.unmount();
-        }
+        through_the_kernel(&kernels, |root| {
+            populate(root);
+            set_xattrs(root);
+        });
         let ours = mkfs(dir.path(), &format!("j-{name}"), args);
         let server = Server::start(&ours, "");
         populate(&server.mountpoint);
@@ -408,21 +410,13 @@ fn jext4_changes_what_the_kernel_wrote_as_the_kernel_does() {
     let dir = tempfile::tempdir().unwrap();
     for (name, args) in VARIANTS {
         let kernels = mkfs(dir.path(), &format!("mk-{name}"), args);
-        {
-            let _kernel = kernel_lock();
-            let mount = Mount::new(&kernels, "rw").unwrap();
-            populate(&mount.point);
-            set_xattrs(&mount.point);
-            mount.unmount();
-        }
+        through_the_kernel(&kernels, |root| {
+            populate(root);
+            set_xattrs(root);
+        });
         let ours = dir.path().join(format!("mj-{name}.img"));
         std::fs::copy(&kernels, &ours).unwrap();
-        {
-            let _kernel = kernel_lock();
-            let mount = Mount::new(&kernels, "rw").unwrap();
-            mutate(&mount.point);
-            mount.unmount();
-        }
+        through_the_kernel(&kernels, mutate);
         let server = Server::start(&ours, "");
         mutate(&server.mountpoint);
         server.unmount();

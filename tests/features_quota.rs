@@ -18,11 +18,14 @@
 #![cfg(feature = "cli")]
 
 mod common;
+#[path = "tools_support/mod.rs"]
+mod tools_support;
 
 use common::server::{Server, fuse_available};
 use jext4::Image;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use tools_support::jext4_tool;
 
 const VARIANTS: &[(&str, &[&str])] = &[
     ("4k", &["-t", "ext4", "-O", "quota,project", "-b", "4096"]),
@@ -208,23 +211,13 @@ fn limits_set_and_reported_by_the_quota_verb() {
     image.write("/big", vec![3u8; 50_000]).unwrap();
     image.set_owner("/big", Some(1234), Some(55)).unwrap();
     image.close().unwrap();
-    let jext4 = |args: &[&str]| {
-        let output = std::process::Command::new(common::server::JEXT4)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            output.status.code().unwrap(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
-    };
     let image_arg = image_path.to_str().unwrap();
-    let (code, _, stderr) = jext4(&[
+    let (code, _, stderr) = jext4_tool(&[
         "quota", "set", "-u", image_arg, "1234", "10", "100", "0", "7",
     ]);
     assert_eq!(code, 0, "{stderr}");
-    let (code, _, stderr) = jext4(&["quota", "set", "-g", image_arg, "99", "5", "6", "7", "8"]);
+    let (code, _, stderr) =
+        jext4_tool(&["quota", "set", "-g", image_arg, "99", "5", "6", "7", "8"]);
     assert_eq!(code, 0, "{stderr}");
     common::assert_fsck_clean(&image_path);
     let output = std::process::Command::new("debugfs")
@@ -240,7 +233,7 @@ fn limits_set_and_reported_by_the_quota_verb() {
     // id, space (bytes), soft, hard, inodes, soft, hard.
     assert_eq!(fields[2..4], ["10", "100"], "{line}");
     assert_eq!(fields[4..7], ["1", "0", "7"], "{line}");
-    let (code, report, stderr) = jext4(&["quota", "report", image_arg]);
+    let (code, report, stderr) = jext4_tool(&["quota", "report", image_arg]);
     assert_eq!(code, 0, "{stderr}");
     let line = report
         .lines()
@@ -254,7 +247,7 @@ fn limits_set_and_reported_by_the_quota_verb() {
         ["#1234", "+-", "52", "10", "100", "7days"],
         "{report}"
     );
-    let (_, groups, _) = jext4(&["quota", "report", "-g", image_arg]);
+    let (_, groups, _) = jext4_tool(&["quota", "report", "-g", image_arg]);
     assert!(
         groups
             .lines()
@@ -263,7 +256,7 @@ fn limits_set_and_reported_by_the_quota_verb() {
         "{groups}"
     );
     let plain = common::mkfs(dir.path(), "plain", 16, &["-t", "ext4"]);
-    let (code, _, stderr) = jext4(&["quota", "report", plain.to_str().unwrap()]);
+    let (code, _, stderr) = jext4_tool(&["quota", "report", plain.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(stderr.contains("keeps no user quotas"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

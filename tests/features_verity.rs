@@ -37,6 +37,24 @@ fn hex(digest: &[u8; 32]) -> String {
     format!("sha256:{text}")
 }
 
+/// `path`'s digest in the image is what `fsverity digest` prints for
+/// `data`, written to `host`, with `merkle`-byte Merkle blocks.
+fn assert_fsverity_digest(
+    image: &Image,
+    path: &str,
+    data: &[u8],
+    host: &Path,
+    merkle: u32,
+    what: &str,
+) {
+    std::fs::write(host, data).unwrap();
+    assert_eq!(
+        hex(&image.verity_digest(path).unwrap()),
+        fsverity_digest(host, merkle),
+        "{what}"
+    );
+}
+
 fn verity_image(dir: &Path, name: &str, block_size: &str) -> std::path::PathBuf {
     common::mkfs(
         dir,
@@ -64,11 +82,13 @@ fn digests_are_fsverity_utils_digests_and_files_read_back() {
             opened.write(&name, &data).unwrap();
             opened.enable_verity(&name).unwrap();
             let host = scratch.path().join(format!("f{index}"));
-            std::fs::write(&host, &data).unwrap();
-            assert_eq!(
-                hex(&opened.verity_digest(&name).unwrap()),
-                fsverity_digest(&host, merkle),
-                "{block_size}-byte blocks, {size} bytes: digest"
+            assert_fsverity_digest(
+                &opened,
+                &name,
+                &data,
+                &host,
+                merkle,
+                &format!("{block_size}-byte blocks, {size} bytes: digest"),
             );
             assert_eq!(opened.read(&name).unwrap(), data, "{size} bytes read back");
             contents.push((name, data));
@@ -308,12 +328,8 @@ fn enable_writes_out_held_and_inline_data_first() {
             opened.write(&path, &data).unwrap();
             opened.enable_verity(&path).unwrap();
             let host = dir.path().join(format!("{name}-f{index}"));
-            std::fs::write(&host, &data).unwrap();
-            assert_eq!(
-                hex(&opened.verity_digest(&path).unwrap()),
-                fsverity_digest(&host, 1024),
-                "{name}: {size} bytes"
-            );
+            let what = format!("{name}: {size} bytes");
+            assert_fsverity_digest(&opened, &path, &data, &host, 1024, &what);
             assert_eq!(opened.read(&path).unwrap(), data, "{name}: {size} bytes");
         }
         opened.close().unwrap();
