@@ -567,7 +567,7 @@ impl Tx<'_, '_> {
             return Ok(false);
         };
         self.claim_reserved(chunk.claim);
-        let result = self.with_regular_file(ino, |tx, inode| {
+        let result = self.with_file(ino, super::file::Writer::HeldData, |tx, inode| {
             for (start, bytes) in &chunk.runs {
                 let at = start * tx.core.geo.block_size as u64;
                 // Only what lies within the size: the rest of the last

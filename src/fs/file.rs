@@ -58,8 +58,19 @@ pub(super) fn max_file_size(geo: &Geometry, inode: &Inode) -> u64 {
     mapping::max_blocks(geo, inode).saturating_mul(geo.block_size as u64)
 }
 
+/// Who changes a regular file's data (`Tx::with_file`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Writer {
+    /// A caller's write, truncate or fallocate.
+    Caller,
+    /// The write-out of data delayed allocation holds: data the file
+    /// already has, which an fs-verity enable writes out before it reads
+    /// the file (it may not wait for writes it refuses).
+    HeldData,
+}
+
 impl Tx<'_, '_> {
-    fn regular_file(&self, ino: u32) -> Result<Inode> {
+    fn regular_file(&self, ino: u32, writer: Writer) -> Result<Inode> {
         let inode = self.read_live_inode(ino)?;
         if inode.is_dir() {
             return Err(Error::IsDirectory);
@@ -72,7 +83,7 @@ impl Tx<'_, '_> {
         if inode.has_flag(crate::format::inode::flags::VERITY) {
             return Err(Error::NotPermitted);
         }
-        if self.core.verity_enabling.lock().contains(&ino) {
+        if writer == Writer::Caller && self.core.verity_enabling.lock().contains(&ino) {
             return Err(Error::TextFileBusy);
         }
         Ok(inode)
@@ -158,7 +169,17 @@ impl Tx<'_, '_> {
         ino: u32,
         body: impl FnOnce(&mut Self, &mut Inode) -> Result<R>,
     ) -> Result<R> {
-        let mut inode = self.regular_file(ino)?;
+        self.with_file(ino, Writer::Caller, body)
+    }
+
+    /// `with_regular_file` for `writer`.
+    pub(super) fn with_file<R>(
+        &mut self,
+        ino: u32,
+        writer: Writer,
+        body: impl FnOnce(&mut Self, &mut Inode) -> Result<R>,
+    ) -> Result<R> {
+        let mut inode = self.regular_file(ino, writer)?;
         let before = (inode.size, inode.blocks, inode.block);
         self.mapping_changed = false;
         let result = body(self, &mut inode);

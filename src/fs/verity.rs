@@ -33,10 +33,6 @@ use crate::lock::Rank;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Write-outs an enable tries before it gives up to a file written all
-/// the while (EBUSY).
-const ENABLE_WRITE_OUT_TRIES: u32 = 4;
-
 /// Credits of a transaction of the enable that touches the inode and the
 /// orphan records only.
 const CREDITS_VERITY_STATE: u32 = 8;
@@ -105,23 +101,8 @@ impl Fs {
                     .into(),
             ));
         }
-        // Held data is written out first (the tree covers what reads
-        // return), before writes are refused: the write-out is a write of
-        // the file too. One that slipped in meanwhile is written out again.
-        let mut attempts = 0;
-        loop {
-            self.fsync(ino, false)?;
-            if !self.core.verity_enabling.lock().insert(ino) {
-                return Err(Error::Busy);
-            }
-            if !self.core.delayed.holds(ino) {
-                break;
-            }
-            self.core.verity_enabling.lock().remove(&ino);
-            attempts += 1;
-            if attempts == ENABLE_WRITE_OUT_TRIES {
-                return Err(Error::Busy);
-            }
+        if !self.core.verity_enabling.lock().insert(ino) {
+            return Err(Error::Busy);
         }
         let result = self.enable_verity_steps(ino, caller);
         self.core.verity_enabling.lock().remove(&ino);
@@ -129,6 +110,9 @@ impl Fs {
     }
 
     fn enable_verity_steps(&self, ino: u32, caller: Caller) -> Result<()> {
+        // Held data first, now that writes are refused: the tree covers
+        // what reads return (the write-out is not refused, `Writer`).
+        self.fsync(ino, false)?;
         let block_size = self.core.geo.block_size as u64;
         let size = self.transact(Scope::File(ino), CREDITS_VERITY_STATE, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
