@@ -185,6 +185,11 @@ pub enum Error {
     /// caller's buffer).
     #[error("value too large for defined data type")]
     Overflow,
+    /// EDQUOT: the change would take a user, group or project past its
+    /// hard quota limit, or past its soft limit once the grace time ran
+    /// out (the kernel's check_bdq and check_idq).
+    #[error("disk quota exceeded")]
+    QuotaExceeded,
     /// The image was closed (`Image::close`) while a `File` of it was
     /// still open: EBADF, as an operation on a closed descriptor.
     #[error("the image is closed")]
@@ -273,6 +278,7 @@ impl Error {
             Error::CrossDevice => libc::EXDEV,
             Error::TextFileBusy => libc::ETXTBSY,
             Error::Overflow => libc::EOVERFLOW,
+            Error::QuotaExceeded => libc::EDQUOT,
             Error::Closed => libc::EBADF,
             Error::VerityMismatch { .. } => libc::EIO,
         }
@@ -371,6 +377,7 @@ mod tests {
             (Error::Invalid("x".into()), InvalidInput, libc::EINVAL),
             (Error::CrossDevice, CrossesDevices, libc::EXDEV),
             (Error::TextFileBusy, ExecutableFileBusy, libc::ETXTBSY),
+            (Error::QuotaExceeded, QuotaExceeded, libc::EDQUOT),
         ];
         for (error, kind, errno) in cases {
             assert_eq!(error.kind(), kind, "{error}");

@@ -333,3 +333,448 @@ fn project_ids_through_a_mount() {
     assert_eq!(usage_of(&projects, 42).1, 4, "{projects:?}");
     assert_eq!(usage_of(&projects, 7).1, 1, "{projects:?}");
 }
+
+use jext4::engine::format::quota::QuotaType;
+use jext4::engine::fs::{Caller, QuotaLimits};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+
+/// `path` opened with every type's limits enforced (`-o
+/// usrquota,grpquota,prjquota`).
+/// `project`: the image keeps project quotas.
+fn enforcing(path: &Path, project: bool) -> Image {
+    Image::options()
+        .quota_limits(true, true, project)
+        .open(path)
+        .unwrap()
+}
+
+/// `image`'s engine, its operations run as uid and gid `id` (not exempt
+/// from limits: a library caller other than uid 0).
+fn as_user(image: &Image, id: u32) -> Image {
+    Image::from_fs(image.fs().clone(), Caller::new(id, id))
+}
+
+/// Space in KiB and inodes, hard limits only.
+fn hard(space_kib: u64, inodes: u64) -> QuotaLimits {
+    QuotaLimits {
+        space_hard: space_kib,
+        inode_hard: inodes,
+        ..QuotaLimits::default()
+    }
+}
+
+/// Write `total` bytes to `path` in 16 KiB writes until one fails: the
+/// bytes written, and the error that stopped them.
+fn write_until_refused(image: &Image, path: &str, total: usize) -> (u64, Option<std::io::Error>) {
+    let mut file = image.create_file(path).unwrap();
+    let mut written = 0u64;
+    let chunk = vec![0x5au8; 16 * 1024];
+    while (written as usize) < total {
+        match file.write(&chunk) {
+            Ok(0) => break,
+            Ok(bytes) => written += bytes as u64,
+            Err(error) => return (written, Some(error)),
+        }
+    }
+    (written, None)
+}
+
+fn assert_edquot<T: std::fmt::Debug>(result: Result<T, impl Into<std::io::Error>>, what: &str) {
+    match result {
+        Ok(value) => panic!("{what}: want EDQUOT, got {value:?}"),
+        Err(error) => {
+            let error: std::io::Error = error.into();
+            assert_eq!(error.raw_os_error(), Some(libc::EDQUOT), "{what}: {error}");
+        }
+    }
+}
+
+/// Hard limits as the kernel's check_bdq and check_idq hold them: a user's
+/// writes stop at its space limit exactly (a short write, then EDQUOT),
+/// its creates at its inode limit (files, directories, symlinks), and a
+/// failed create leaves nothing behind; root is bound by no limit, and
+/// the user can still delete when over. e2fsck agrees with the counts.
+#[test]
+fn hard_limits_stop_a_user_where_the_kernel_stops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, args) in [VARIANTS[0], VARIANTS[1]] {
+        let image_path = common::mkfs(dir.path(), &format!("hard-{name}"), 32, args);
+        let root = enforcing(&image_path, name == "4k");
+        root.create_dir("/home").unwrap();
+        root.set_permissions("/home", PermissionsExt::from_mode(0o777))
+            .unwrap();
+        root.fs()
+            .set_quota_limits(QuotaType::User, 1000, hard(200, 6))
+            .unwrap();
+        let user = as_user(&root, 1000);
+        user.create_dir("/home/u").unwrap();
+        let (written, error) = write_until_refused(&user, "/home/u/big", 1 << 20);
+        assert_edquot(
+            error.map_or(Ok(()), Err),
+            &format!("{name}: writing past 200 KiB"),
+        );
+        let (bytes, inodes) = reported(&root, QuotaType::User, 1000);
+        // Every byte of the limit used: the directory's block and the
+        // file's blocks.
+        assert_eq!(bytes, 200 * 1024, "{name}: uid 1000 after the write");
+        assert_eq!(inodes, 2, "{name}");
+        assert_eq!(user.metadata("/home/u/big").unwrap().len(), written);
+        assert!(written > 150 * 1024, "{name}: {written}");
+        // Creates: four more inodes, then EDQUOT for each kind.
+        for index in 0..4 {
+            user.write(format!("/home/u/small{index}"), b"").unwrap();
+        }
+        assert_edquot(user.write("/home/u/one-more", b""), "a seventh inode");
+        assert_edquot(user.create_dir("/home/u/subdir"), "mkdir past the limit");
+        assert_edquot(
+            user.symlink("target", "/home/u/link"),
+            "symlink past the limit",
+        );
+        assert!(!user.exists("/home/u/one-more"));
+        // Root is bound by none, in the user's own directory too.
+        root.write("/home/u/roots", vec![1u8; 64 * 1024]).unwrap();
+        root.set_owner("/home/u/roots", Some(1000), None).unwrap();
+        // Over the limit now: the user may still delete, and then write.
+        assert_edquot(user.write("/home/u/small0", b"x"), "writing over the limit");
+        user.remove_file("/home/u/big").unwrap();
+        user.remove_file("/home/u/roots").unwrap();
+        user.write("/home/u/again", vec![2u8; 8192]).unwrap();
+        drop(user);
+        root.close().unwrap();
+        common::assert_fsck_clean(&image_path);
+        let users = list_quota(&image_path, "user");
+        assert_eq!(usage_of(&users, 1000).1, 6, "{name}: {users:?}");
+    }
+}
+
+/// What the open image's quota file says of `id`: (bytes, inodes).
+fn reported(image: &Image, qtype: QuotaType, id: u32) -> (u64, u64) {
+    let report = image.fs().quota_report(qtype).unwrap();
+    report
+        .entries
+        .iter()
+        .find(|entry| entry.id == id)
+        .map_or((0, 0), |entry| (entry.space, entry.inodes))
+}
+
+/// Soft limits with a grace time, as check_bdq keeps them: past the soft
+/// limit while the grace time runs, refused once it ran out (but up to
+/// the soft limit), the grace time ended by coming back within it; the
+/// grace time set with `jext4 quota grace` and reported by `quota report`.
+#[test]
+fn soft_limits_hold_once_the_grace_time_ran_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let image_path = common::mkfs(dir.path(), "soft", 32, VARIANTS[0].1);
+    let image_arg = image_path.to_str().unwrap();
+    let (code, _, stderr) = jext4_tool(&["quota", "grace", "-u", image_arg, "2", "2"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) =
+        jext4_tool(&["quota", "set", "-u", image_arg, "2000", "64", "0", "3", "0"]);
+    assert_eq!(code, 0, "{stderr}");
+    let root = enforcing(&image_path, true);
+    let report = root.fs().quota_report(QuotaType::User).unwrap();
+    assert_eq!((report.info.block_grace, report.info.inode_grace), (2, 2));
+    root.create_dir("/u").unwrap();
+    root.set_owner("/u", Some(2000), Some(2000)).unwrap();
+    let user = as_user(&root, 2000);
+    // Past both soft limits within the grace time: allowed.
+    user.write("/u/a", vec![1u8; 100 * 1024]).unwrap();
+    user.write("/u/b", b"").unwrap();
+    user.write("/u/c", b"").unwrap();
+    let entry = |image: &Image| {
+        let report = image.fs().quota_report(QuotaType::User).unwrap();
+        *report
+            .entries
+            .iter()
+            .find(|entry| entry.id == 2000)
+            .unwrap()
+    };
+    let started = entry(&root);
+    assert!(
+        started.block_time > 0 && started.inode_time > 0,
+        "{started:?}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(3100));
+    // The grace time ran out: no block and no inode more.
+    let mut file = user
+        .open_with("/u/b", jext4::OpenOptions::new().write(true))
+        .unwrap();
+    assert_edquot(file.write(b"x"), "a block past an expired soft limit");
+    drop(file);
+    assert_edquot(
+        user.write("/u/d", b""),
+        "an inode past an expired soft limit",
+    );
+    // Back within the soft limits: the grace times end, and writes go
+    // up to the soft limit.
+    user.remove_file("/u/c").unwrap();
+    let file = user
+        .open_with("/u/a", jext4::OpenOptions::new().write(true))
+        .unwrap();
+    file.set_len(8 * 1024).unwrap();
+    drop(file);
+    let within = entry(&root);
+    assert_eq!((within.block_time, within.inode_time), (0, 0), "{within:?}");
+    user.write("/u/b", vec![2u8; 40 * 1024]).unwrap();
+    drop(user);
+    root.close().unwrap();
+    common::assert_fsck_clean(&image_path);
+    let (code, report, stderr) = jext4_tool(&["quota", "report", image_arg]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        report.contains("Block grace time: 2seconds; Inode grace time: 2seconds"),
+        "{report}"
+    );
+}
+
+/// Project quotas, the container runtimes' directory-tree limit: a tree
+/// given a project (+P) stops taking data at the project's limit whoever
+/// writes it, and a file moved into the project by its owner
+/// (FS_IOC_FSSETXATTR) must fit (dquot_transfer); so must a file given to
+/// a group by chgrp.
+#[test]
+fn project_and_group_limits_hold_for_the_tree_and_transfers() {
+    let dir = tempfile::tempdir().unwrap();
+    let image_path = common::mkfs(dir.path(), "project-limit", 32, VARIANTS[0].1);
+    let root = enforcing(&image_path, true);
+    root.create_dir("/tree").unwrap();
+    root.set_owner("/tree", Some(1000), Some(1000)).unwrap();
+    let tree = root.metadata("/tree").unwrap().ino() as u32;
+    root.fs()
+        .set_fs_xattr(tree, 0x200, 42, Caller::ROOT)
+        .unwrap();
+    root.fs()
+        .set_quota_limits(QuotaType::Project, 42, hard(128, 0))
+        .unwrap();
+    let user = as_user(&root, 1000);
+    user.create_dir("/tree/sub").unwrap();
+    let (written, error) = write_until_refused(&user, "/tree/sub/data", 1 << 20);
+    assert_edquot(
+        error.map_or(Ok(()), Err),
+        "writing past the project's limit",
+    );
+    // The tree's two directories and the data: 128 KiB.
+    assert_eq!(written, 128 * 1024 - 2 * 4096);
+    assert_eq!(reported(&root, QuotaType::Project, 42).0, 128 * 1024);
+    // A file of the user's own, outside the tree, cannot join the project.
+    root.write("/outside", vec![3u8; 8192]).unwrap();
+    root.set_owner("/outside", Some(1000), Some(1000)).unwrap();
+    let outside = root.metadata("/outside").unwrap().ino() as u32;
+    let user_caller = Caller::new(1000, 1000);
+    assert_edquot(
+        root.fs().set_fs_xattr(outside, 0, 42, user_caller),
+        "moving a file into a full project",
+    );
+    assert_eq!(root.fs().fs_xattr(outside).unwrap().1, 0);
+    // chgrp to a group at its limit: refused, and nothing changed.
+    root.fs()
+        .set_quota_limits(QuotaType::Group, 77, hard(4, 0))
+        .unwrap();
+    assert_edquot(
+        user.set_owner("/outside", None, Some(77)),
+        "chgrp to a group over its limit",
+    );
+    assert_eq!(root.metadata("/outside").unwrap().gid(), 1000);
+    root.set_owner("/outside", None, Some(77)).unwrap();
+    drop(user);
+    root.close().unwrap();
+    common::assert_fsck_clean(&image_path);
+}
+
+/// Writers of one user on several threads together stop at its limit:
+/// what each was granted and has not yet added to the quota file counts
+/// for the others (the kernel's reserved space).
+#[test]
+fn concurrent_writers_of_one_user_stay_within_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let image_path = common::mkfs(dir.path(), "concurrent", 64, VARIANTS[0].1);
+    let root = enforcing(&image_path, true);
+    root.create_dir("/u").unwrap();
+    root.set_owner("/u", Some(1000), Some(1000)).unwrap();
+    root.fs()
+        .set_quota_limits(QuotaType::User, 1000, hard(2048, 0))
+        .unwrap();
+    let user = as_user(&root, 1000);
+    let totals: Vec<u64> = std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..4)
+            .map(|index| {
+                let user = &user;
+                scope.spawn(move || {
+                    let (written, error) =
+                        write_until_refused(user, &format!("/u/w{index}"), 8 << 20);
+                    assert_edquot(error.map_or(Ok(()), Err), "a writer");
+                    written
+                })
+            })
+            .collect();
+        writers
+            .into_iter()
+            .map(|writer| writer.join().unwrap())
+            .collect()
+    });
+    let (bytes, _) = reported(&root, QuotaType::User, 1000);
+    assert!(bytes <= 2048 * 1024, "over the limit: {bytes}");
+    // Within a few blocks of it (each writer's last grant may be cut).
+    assert!(bytes > 2000 * 1024, "stopped early: {bytes} ({totals:?})");
+    drop(user);
+    root.close().unwrap();
+    common::assert_fsck_clean(&image_path);
+}
+
+/// Through a mount, as a user (setpriv): `dd` stops with "Disk quota
+/// exceeded", and root's writes go on.
+#[test]
+fn edquot_through_a_mount() {
+    if !fuse_available() || !common::require_tool("setpriv") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::mkfs(dir.path(), "mounted", 32, VARIANTS[0].1);
+    let (code, _, stderr) = jext4_tool(&[
+        "quota",
+        "set",
+        "-u",
+        image.to_str().unwrap(),
+        "65534",
+        "0",
+        "256",
+        "0",
+        "0",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let server = Server::start(&image, "allow_other,usrquota");
+    let root = server.mountpoint.clone();
+    std::fs::create_dir(root.join("nobody")).unwrap();
+    std::os::unix::fs::chown(root.join("nobody"), Some(65534), Some(65534)).unwrap();
+    let target = root.join("nobody/fill");
+    let output = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dd"])
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", target.display()))
+        .args(["bs=64k", "count=64"])
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "dd as nobody was not stopped");
+    assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    let size = std::fs::metadata(&target).unwrap().len();
+    assert_eq!(size, 256 * 1024 - 4096, "nobody's file");
+    std::fs::write(root.join("nobody/roots"), vec![0u8; 512 * 1024]).unwrap();
+    server.unmount();
+    common::assert_fsck_clean(&image);
+}
+
+/// As in the kernel, limits hold only where the mount asks for them
+/// (usrquota, grpquota, prjquota; `quota` is usrquota): without, usage is
+/// kept and nothing is refused. prjquota without project quotas is
+/// refused, as the kernel refuses it.
+#[test]
+fn limits_hold_only_where_the_mount_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let image_path = common::mkfs(dir.path(), "options", 32, VARIANTS[0].1);
+    let root = Image::open(&image_path).unwrap();
+    root.create_dir("/u").unwrap();
+    root.set_owner("/u", Some(1000), Some(1000)).unwrap();
+    root.fs()
+        .set_quota_limits(QuotaType::User, 1000, hard(16, 0))
+        .unwrap();
+    root.fs()
+        .set_quota_limits(QuotaType::Group, 1000, hard(16, 0))
+        .unwrap();
+    let user = as_user(&root, 1000);
+    user.write("/u/free", vec![1u8; 64 * 1024]).unwrap();
+    drop(user);
+    root.close().unwrap();
+    // Group limits enforced alone: the group's limit holds.
+    let group_only = Image::options()
+        .quota_limits(false, true, false)
+        .open(&image_path)
+        .unwrap();
+    let user = as_user(&group_only, 1000);
+    assert_edquot(user.write("/u/more", vec![1u8; 4096]), "grpquota");
+    drop(user);
+    group_only.close().unwrap();
+    common::assert_fsck_clean(&image_path);
+    let plain = common::mkfs(dir.path(), "no-project", 16, VARIANTS[1].1);
+    let refused = Image::options()
+        .quota_limits(false, false, true)
+        .open(&plain)
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EINVAL));
+    assert!(
+        refused.to_string().contains("no project quotas"),
+        "{refused}"
+    );
+}
+
+/// `df` of a project directory (+P) on a prjquota mount shows its
+/// project's limits, as ext4_statfs_project reports them: the blocks and
+/// inodes the limits allow, less what the project uses; the root shows
+/// the filesystem's. With the project's limit reached, a write there is
+/// EDQUOT while root's directory still takes data.
+#[test]
+fn statfs_of_a_project_directory_shows_its_limits() {
+    if !fuse_available() || !common::require_tool("chattr") || !common::require_tool("setpriv") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::mkfs(dir.path(), "df", 32, VARIANTS[0].1);
+    let (code, _, stderr) = jext4_tool(&[
+        "quota",
+        "set",
+        "-P",
+        image.to_str().unwrap(),
+        "42",
+        "0",
+        "1024",
+        "0",
+        "100",
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let server = Server::start(&image, "prjquota,allow_other");
+    let root = server.mountpoint.clone();
+    std::fs::create_dir(root.join("proj")).unwrap();
+    let status = std::process::Command::new("chattr")
+        .args(["+P", "-p", "42"])
+        .arg(root.join("proj"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::write(root.join("proj/data"), vec![7u8; 100 * 1024]).unwrap();
+    let statvfs = |path: &Path| {
+        let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut stat) }, 0);
+        (
+            stat.f_blocks,
+            stat.f_bfree,
+            stat.f_bavail,
+            stat.f_files,
+            stat.f_ffree,
+        )
+    };
+    // 1024 KiB of 4 KiB blocks; the directory and 25 data blocks used;
+    // 100 inodes, two used.
+    assert_eq!(statvfs(&root.join("proj")), (256, 230, 230, 100, 98));
+    let whole = statvfs(&root);
+    assert!(whole.0 > 6000 && whole.3 > 8000, "{whole:?}");
+    // A user fills the project (root would be bound by no limit).
+    std::os::unix::fs::chown(root.join("proj"), Some(65534), Some(65534)).unwrap();
+    let output = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dd"])
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", root.join("proj/more").display()))
+        .args(["bs=64k", "count=64"])
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    assert_eq!(statvfs(&root.join("proj")).1, 0);
+    std::fs::write(root.join("elsewhere"), vec![9u8; 1 << 20]).unwrap();
+    server.unmount();
+    common::assert_fsck_clean(&image);
+}

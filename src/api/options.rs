@@ -112,6 +112,15 @@ impl ImageOptions {
         self
     }
 
+    /// Enforce the quota limits of users, groups and projects (`-o
+    /// usrquota,grpquota,prjquota`): a change that would take an id past
+    /// its limits is EDQUOT, unless the image's caller is uid 0. Off by
+    /// default, as in the kernel (usage is kept either way).
+    pub fn quota_limits(&mut self, user: bool, group: bool, project: bool) -> &mut Self {
+        self.mount.quota_limits = [user, group, project];
+        self
+    }
+
     /// The external journal's device or image file (`-o journal_path=`),
     /// for an image whose journal is on a device of its own; without it
     /// the journal is looked for among the block devices, by the number

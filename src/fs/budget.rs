@@ -382,6 +382,12 @@ impl Tx<'_, '_> {
         let budget = &self.core.sbi.budget;
         match budget.charge(more, self.withheld()) {
             Ok(()) => {
+                // The quota limits of the blocks' owner next (EDQUOT
+                // before anything changed, as ENOSPC).
+                if let Err(error) = self.grant_subject_blocks(more) {
+                    budget.refund(more);
+                    return Err(error);
+                }
                 self.prepaid += more;
                 Ok(())
             }
@@ -425,7 +431,38 @@ impl Tx<'_, '_> {
     /// free, and `df` would not say 100 % at the ENOSPC (how many extents
     /// a file has depends on timing: a search steps over blocks a
     /// checkpoint pass is writing).
+    ///
+    /// The blocks newly charged are then granted within the quota limits
+    /// of the operation's subject (`quota/limits.rs`): the run is cut to
+    /// what they leave, and what the cut took goes back to the budget.
     pub fn charge_run(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
+        let before = self.prepaid;
+        let covered = self.charge_run_space(fixed, flexible)?;
+        let newly = self.prepaid - before;
+        if newly == 0 {
+            return Ok(covered);
+        }
+        let newly_fixed = fixed.saturating_sub(before).min(newly);
+        let newly_flexible = newly - newly_fixed;
+        let held_flexible = covered - newly_flexible;
+        let at_least = u64::from(held_flexible == 0 && newly_flexible > 0);
+        match self.grant_subject_run(newly_fixed, newly_flexible, at_least) {
+            Ok(granted) => {
+                let cut = newly_flexible - granted;
+                self.core.sbi.budget.refund(cut);
+                self.prepaid -= cut;
+                Ok(covered - cut)
+            }
+            Err(error) => {
+                self.core.sbi.budget.refund(newly);
+                self.prepaid = before;
+                Err(error)
+            }
+        }
+    }
+
+    /// `charge_run` against the space budget alone.
+    fn charge_run_space(&mut self, fixed: u64, flexible: u64) -> Result<u64> {
         if self.is_unmetered() || fixed + flexible <= self.prepaid {
             return Ok(flexible);
         }
@@ -491,7 +528,10 @@ impl Tx<'_, '_> {
             if available == 0 {
                 return Err(Error::NoSpace);
             }
-            return Ok(count.min(available.min(u32::MAX as u64) as u32));
+            let count = count.min(available.min(u32::MAX as u64) as u32);
+            // Nothing was charged: the quota limits are met here, at the
+            // allocation, as the kernel meets them.
+            return Ok(self.grant_subject_run(0, count as u64, 1)? as u32);
         }
         if count as u64 > self.prepaid {
             debug_assert!(

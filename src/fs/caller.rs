@@ -12,6 +12,10 @@
 /// group the caller is not in.
 const CAP_FSETID: u32 = 4;
 
+/// CAP_SYS_RESOURCE: quota limits do not apply (the kernel's
+/// `ignore_hardlimit`).
+const CAP_SYS_RESOURCE: u32 = 24;
+
 /// Identity of the caller of one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
@@ -76,6 +80,20 @@ impl Caller {
         }
     }
 
+    /// May the caller go past quota limits (CAP_SYS_RESOURCE, the kernel's
+    /// `ignore_hardlimit`)? A front end's caller is asked through `/proc`
+    /// (a thread that is gone may not: the safe side); a library caller
+    /// (`tid` None) is who it says it is: uid 0 may, as `mke2fs -d` and
+    /// the image tools write an image whatever its limits.
+    pub fn capable_sys_resource(&self) -> bool {
+        match self.tid {
+            None => self.uid == 0,
+            Some(_) => self
+                .status()
+                .is_some_and(|status| status_capable(&status, CAP_SYS_RESOURCE)),
+        }
+    }
+
     fn status(&self) -> Option<String> {
         let path = match self.tid {
             Some(tid) => format!("/proc/{tid}/status"),
@@ -127,6 +145,8 @@ mod tests {
         assert!(!status_in_group_or_capable("", 7));
         assert!(status_capable(only_fsetid, CAP_FSETID));
         assert!(!status_capable(user, CAP_FSETID));
+        assert!(status_capable(root, CAP_SYS_RESOURCE));
+        assert!(!status_capable(only_fsetid, CAP_SYS_RESOURCE));
         // The caller's own group needs no /proc at all.
         let caller = Caller {
             tid: Some(u32::MAX),

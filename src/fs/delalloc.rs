@@ -473,6 +473,13 @@ impl Tx<'_, '_> {
         if sync || large || !inode.uses_extents() || inline || low {
             return Ok(not_held);
         }
+        // An id with quota limits meets them at the write, exactly
+        // (`quota/limits.rs`): none of its data is held.
+        if let Some(ids) = self.quota_subject()
+            && self.quota_limits_any(ids)?
+        {
+            return Ok(not_held);
+        }
         let block_size = self.core.geo.block_size as u64;
         let end = offset + data.len() as u64;
         if end > max_file_size(&self.core.geo, inode) {

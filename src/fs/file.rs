@@ -124,7 +124,7 @@ impl Tx<'_, '_> {
                             // written — unless a commit makes room: then
                             // `Fs::transact` commits and writes the chunk
                             // again (rewriting what this try wrote).
-                            Err(Error::NoSpace)
+                            Err(Error::NoSpace | Error::QuotaExceeded)
                                 if position > offset && self.space_wait.is_none() =>
                             {
                                 break;
@@ -182,7 +182,15 @@ impl Tx<'_, '_> {
         let mut inode = self.regular_file(ino, writer)?;
         let before = (inode.size, inode.blocks, inode.block);
         self.mapping_changed = false;
-        let result = body(self, &mut inode);
+        let result = match writer {
+            // A caller's blocks count against the file's quota limits; the
+            // write-out of held data is the data's, taken already.
+            Writer::Caller => {
+                let subject = self.quota_ids(ino, &inode);
+                self.with_quota_subject(subject, |tx| body(tx, &mut inode))
+            }
+            Writer::HeldData => body(self, &mut inode),
+        };
         if !self.mapping_changed && before == (inode.size, inode.blocks, inode.block) {
             self.write_inode_timestamps(ino, &inode)?;
         } else {
@@ -596,7 +604,7 @@ impl Fs {
                     break;
                 }
                 // A short write is a success for what was written.
-                Err(Error::NoSpace | Error::FileTooBig) if done > 0 => break,
+                Err(Error::NoSpace | Error::FileTooBig | Error::QuotaExceeded) if done > 0 => break,
                 Err(error) => return Err(error),
             }
         }

@@ -613,6 +613,13 @@ impl Fs {
                     tx.handle
                         .note(Change::Ineligible(Ineligible::DirAttributes));
                 }
+                // dquot_transfer first: a new owner or group over its quota
+                // limits refuses the whole change (EDQUOT).
+                if changes.uid.is_some() || changes.gid.is_some() {
+                    let uid = changes.uid.unwrap_or(inode.uid);
+                    let gid = changes.gid.unwrap_or(inode.gid);
+                    tx.grant_transfer(ino, &inode, [uid, gid, inode.projid])?;
+                }
                 let now = Timestamp::now();
                 let mut changed = false;
                 if let Some(mode) = changes.mode {

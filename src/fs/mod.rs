@@ -128,6 +128,10 @@ pub struct MountOptions {
     /// environment): operations then find out they are out of space when
     /// an allocation fails, part-way.
     pub space_budget: bool,
+    /// Quota limits enforced, by type (user, group, project: `-o usrquota`
+    /// or `quota`, `grpquota`, `prjquota`), as the kernel enforces them
+    /// only when mounted with these; usage is kept whatever they say.
+    pub quota_limits: [bool; 3],
     /// Delayed allocation (`-o delalloc`, `delalloc.rs`): writes into
     /// holes and past the end are held in memory and given blocks when
     /// written out. Off by default; it needs the space budget.
@@ -219,6 +223,7 @@ impl Default for MountOptions {
             fast_commit_global: false,
             bytelog: false,
             space_budget: true,
+            quota_limits: [false; 3],
             delalloc: false,
             read_only_fallback: false,
             sb: superblock::PRIMARY_SB_OPTION,
@@ -400,7 +405,7 @@ impl Core {
             ea_inodes: xattr::EaInodeCache::default(),
             verity_enabling: Mutex::new(NumberSet::default()),
             verity_descriptors: verity::Descriptors::default(),
-            quotas: quota::Quotas::new(&geo),
+            quotas: quota::Quotas::new(&geo, options.quota_limits)?,
             alloc_counters: alloc::AllocCounters::default(),
             windows: prealloc::Windows::default(),
             delayed: delalloc::Delayed::new(
@@ -1403,6 +1408,16 @@ impl Fs {
             free_files: core.sbi.free_inodes(),
             name_max: format::dir::NAME_MAX as u32,
         }
+    }
+
+    /// `statfs` of the path whose inode is `ino`: the filesystem's
+    /// figures, or for a directory whose project its entries inherit (+P)
+    /// with project limits enforced, its project's (`quota/limits.rs`),
+    /// as ext4_statfs reports them.
+    pub fn statfs_at(&self, ino: u32) -> Result<StatFs> {
+        let mut stat = self.statfs();
+        self.limit_statfs_to_project(ino, &mut stat)?;
+        Ok(stat)
     }
 }
 

@@ -11,6 +11,7 @@ use super::delalloc::WriteOut;
 use super::dirops::{DirReader, DirWriter};
 use super::inode::FileKind;
 use super::inode::{Attr, attr_of, attr_unlocked, check_live, read_inode};
+use super::quota::Ask;
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
 use crate::faults;
@@ -99,7 +100,25 @@ impl Tx<'_, '_> {
     fn charge_entry(&mut self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<()> {
         dir::check_addable(&DirReader::new(self.core, dir, dir_inode))?;
         let bound = entry_cost_bound(&self.core.geo, dir_inode);
-        self.charge_bounded(bound, |tx| tx.entry_cost(dir, dir_inode, name))
+        self.charge_bounded(bound, |tx| tx.entry_cost(dir, dir_inode, name))?;
+        self.grant_entry(dir, dir_inode, name)
+    }
+
+    /// Grant adding entry `name` to directory `dir` within the quota limits
+    /// of the directory's ids, whose blocks it may add (the kernel's
+    /// `ext4_append` charges them): worked out exactly, and only for ids
+    /// with limits.
+    fn grant_entry(&mut self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<()> {
+        let Some(ids) = self.quota_ids(dir, dir_inode) else {
+            return Ok(());
+        };
+        if !self.quota_limits_any(ids)? {
+            return Ok(());
+        }
+        let blocks = self.entry_cost(dir, dir_inode, name)?;
+        let bytes = blocks * self.core.geo.block_size as u64;
+        self.grant_quota(ids.map(Some), Ask::exact(bytes, 0))
+            .map(|_| ())
     }
 
     /// A directory inode that can take a new entry.
@@ -160,30 +179,35 @@ impl Tx<'_, '_> {
         }
     }
 
+    /// The owner, group and project a new inode in directory `parent`
+    /// takes: the caller's, the directory's group under a setgid directory
+    /// (BSD group semantics), the directory's project under +P.
+    fn new_inode_ids(&self, parent: &Inode) -> [u32; 3] {
+        let gid = match parent.mode & 0o2000 != 0 {
+            true => parent.gid,
+            false => self.caller.gid,
+        };
+        let projid = match parent.has_flag(flags::PROJINHERIT) {
+            true => parent.projid,
+            false => 0,
+        };
+        [self.caller.uid, gid, projid]
+    }
+
     fn new_inode(&mut self, parent: &Inode, mode: u16) -> Inode {
         let geo = &self.core.geo;
         let now = Timestamp::now();
         let mut inode = Inode::new(geo);
         inode.mode = mode;
-        inode.uid = self.caller.uid;
-        inode.gid = self.caller.gid;
-        if parent.mode & 0o2000 != 0 {
-            // BSD group semantics under a setgid directory.
-            inode.gid = parent.gid;
-            if mode & fmt::S_IFMT == fmt::S_IFDIR {
-                inode.mode |= 0o2000;
-            }
+        [inode.uid, inode.gid, inode.projid] = self.new_inode_ids(parent);
+        if parent.mode & 0o2000 != 0 && mode & fmt::S_IFMT == fmt::S_IFDIR {
+            inode.mode |= 0o2000;
         }
         inode.atime = now;
         inode.mtime = now;
         inode.ctime = now;
         inode.crtime = now;
         inode.generation = self.next_generation();
-        inode.projid = if parent.has_flag(flags::PROJINHERIT) {
-            parent.projid
-        } else {
-            0
-        };
         // ext4_mask_flags: what a child inherits depends on its type.
         let inherited = parent.flags & flags::INHERITED;
         inode.flags = match mode & fmt::S_IFMT {
@@ -229,6 +253,15 @@ impl Tx<'_, '_> {
         self.charge_bounded(bound, |tx| {
             Ok(content + tx.entry_cost(parent, &parent_inode, name)?)
         })?;
+        // And within the quota limits: the new inode and its content for
+        // its ids (ext4_new_inode's dquot_alloc_inode), the directory's
+        // growth for the directory's.
+        if self.core.quotas.limits_enforced() {
+            let ids = self.new_inode_ids(&parent_inode);
+            let bytes = content * self.core.geo.block_size as u64;
+            self.grant_quota(ids.map(Some), Ask::exact(bytes, 1))?;
+            self.grant_entry(parent, &parent_inode, name)?;
+        }
         let ino = self.alloc_inode(parent, is_dir)?;
         faults::panic_point(faults::PanicPoint::Create);
         let _inode = self.lock_write(ino, Rank::Inode);

@@ -180,14 +180,16 @@ impl Fs {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
-            let result = {
+            // A new xattr block counts against the inode's quota limits.
+            let subject = tx.quota_ids(ino, &inode);
+            let result = tx.with_quota_subject(subject, |tx| {
                 let mut ctx = tx.meta_ctx();
                 if name == ACL_ACCESS {
                     acl::set_access(&mut ctx, ino, &mut inode, value, &caller)
                 } else {
                     xattr::set(&mut ctx, ino, &mut inode, name, value, mode)
                 }
-            };
+            });
             if result.is_ok() {
                 inode.ctime = Timestamp::now();
             }

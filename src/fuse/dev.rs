@@ -358,7 +358,7 @@ impl Filesystem for DevSession {
 
     fn ioctl(
         &self,
-        _request: &Request,
+        request: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -368,12 +368,13 @@ impl Filesystem for DevSession {
         reply: ReplyIoctl,
     ) {
         let _turn = self.turns.take();
-        self.adapter.ioctl(ino, cmd, in_data, out_size, reply);
+        self.adapter
+            .ioctl(&Origin::from(request), ino, cmd, in_data, out_size, reply);
     }
 
-    fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, _request: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let _turn = self.turns.take();
-        self.adapter.statfs(reply);
+        self.adapter.statfs(ino, reply);
     }
 
     fn setxattr(

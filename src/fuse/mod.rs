@@ -1011,6 +1011,7 @@ impl FuseAdapter {
 
     pub fn ioctl(
         &self,
+        origin: &Origin,
         ino: INodeNo,
         cmd: u32,
         data: &[u8],
@@ -1045,7 +1046,7 @@ impl FuseAdapter {
             control::FS_IOC_SETFLAGS => {
                 let result = clock.engine(|| {
                     let flags = control::parse_flags(data)?;
-                    self.fs.set_inode_flags(to_ext4(ino), flags)
+                    self.fs.set_inode_flags(to_ext4(ino), flags, caller(origin))
                 });
                 reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
             }
@@ -1058,7 +1059,8 @@ impl FuseAdapter {
             control::FS_IOC_FSSETXATTR => {
                 let result = clock.engine(|| {
                     let (xflags, projid) = control::parse_fsxattr(data)?;
-                    self.fs.set_fs_xattr(to_ext4(ino), xflags, projid)
+                    self.fs
+                        .set_fs_xattr(to_ext4(ino), xflags, projid, caller(origin))
                 });
                 reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
             }
@@ -1080,9 +1082,14 @@ impl FuseAdapter {
         });
     }
 
-    pub fn statfs(&self, reply: impl StatfsAnswer) {
+    /// The figures of the filesystem, or of the project whose directory
+    /// `ino` is (FUSE_STATFS carries the inode of the path asked about).
+    pub fn statfs(&self, ino: INodeNo, reply: impl StatfsAnswer) {
         self.guard(Operation::Statfs, move |clock| {
-            let stat = clock.timed(|| self.fs.statfs());
+            let stat = match clock.engine(|| self.fs.statfs_at(to_ext4(ino))) {
+                Ok(stat) => stat,
+                Err(error) => return reply.error(errno(&error)),
+            };
             reply.statfs(&StatfsFigures {
                 blocks: stat.blocks,
                 free_blocks: stat.free_blocks,

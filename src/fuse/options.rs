@@ -265,6 +265,11 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             }
             ("bytelog", None) => engine.bytelog = true,
             ("delalloc", None) => engine.delalloc = true,
+            // Quota limits, enforced only where asked, as the kernel's.
+            ("quota" | "usrquota", None) => engine.quota_limits[0] = true,
+            ("grpquota", None) => engine.quota_limits[1] = true,
+            ("prjquota", None) => engine.quota_limits[2] = true,
+            ("noquota", None) => engine.quota_limits = [false; 3],
             ("nodelalloc", None) => engine.delalloc = false,
             ("fast_commit", Some("off")) => engine.fast_commit = Some(false),
             ("fast_commit", Some(other)) => {
@@ -365,6 +370,11 @@ fn is_flag_option(name: &str) -> bool {
             | "journal_async_commit"
             | "noload"
             | "norecovery"
+            | "quota"
+            | "usrquota"
+            | "grpquota"
+            | "prjquota"
+            | "noquota"
     )
 }
 
@@ -388,6 +398,11 @@ mod tests {
         assert!(parse_mount_options(&["ro=1".into()]).is_err());
         assert!(parse_mount_options(&["data=journal".into()]).is_err());
         assert!(parse_mount_options(&["data=writeback".into()]).is_ok());
+        let quota = |list: &str| parse_mount_options(&[list.into()]).map(|(e, _)| e.quota_limits);
+        assert_eq!(quota("usrquota,prjquota").unwrap(), [true, false, true]);
+        assert_eq!(quota("quota,grpquota").unwrap(), [true, true, false]);
+        assert_eq!(quota("usrquota,noquota").unwrap(), [false; 3]);
+        assert!(quota("usrquota=1").is_err());
         // Numbers bounded as the kernel bounds them, refused by name.
         for bad in [
             "commit=9223372036854775807",

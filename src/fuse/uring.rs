@@ -752,7 +752,7 @@ fn dispatch(
             fuser::WriteFlags::from_bits_retain(write_flags),
             answer,
         ),
-        Request::Statfs => adapter.statfs(answer),
+        Request::Statfs => adapter.statfs(node, answer),
         Request::Release => adapter.release(node, answer),
         Request::Fsync { datasync } => adapter.fsync(node, datasync, answer),
         Request::Setxattr { name, value, flags } => {
@@ -777,7 +777,7 @@ fn dispatch(
             cmd,
             data,
             out_size,
-        } => adapter.ioctl(node, cmd, data, out_size, answer),
+        } => adapter.ioctl(origin, node, cmd, data, out_size, answer),
         Request::Fallocate {
             offset,
             length,

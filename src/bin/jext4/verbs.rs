@@ -174,6 +174,17 @@ pub enum QuotaAction {
         inode_soft: u64,
         inode_hard: u64,
     },
+    /// Set how long a usage may stay past a soft limit, in seconds, in
+    /// setquota -t's order: the block grace time, then the inode grace
+    /// time.
+    Grace {
+        #[command(flatten)]
+        kind: QuotaKind,
+        #[arg(value_name = "IMAGE")]
+        image: std::path::PathBuf,
+        block_grace: u32,
+        inode_grace: u32,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -859,9 +870,9 @@ fn verity(verb: &mut Verb<'_>, args: &VerityArgs) {
 
 fn quota(verb: &mut Verb<'_>, action: &QuotaAction) {
     let (image_path, qtype) = match action {
-        QuotaAction::Report { kind, image } | QuotaAction::Set { kind, image, .. } => {
-            (image, kind.qtype())
-        }
+        QuotaAction::Report { kind, image }
+        | QuotaAction::Set { kind, image, .. }
+        | QuotaAction::Grace { kind, image, .. } => (image, kind.qtype()),
     };
     let image = match verb.session.image(image_path) {
         Ok(image) => image,
@@ -888,6 +899,13 @@ fn quota(verb: &mut Verb<'_>, action: &QuotaAction) {
             };
             image.fs().set_quota_limits(qtype, *id, limits)
         }
+        QuotaAction::Grace {
+            block_grace,
+            inode_grace,
+            ..
+        } => image
+            .fs()
+            .set_quota_grace(qtype, *block_grace, *inode_grace),
     };
     match done {
         Err(Error::NotSupported) => verb.say(

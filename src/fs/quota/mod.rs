@@ -18,11 +18,14 @@
 //!   stops, the charges of each id are added to its entry — made if it
 //!   has none — in the quota file, whose blocks are journaled metadata.
 //!
-//! Limits are kept as they are; they are not enforced yet (no EDQUOT), and
-//! entries whose usage drops to zero stay (the kernel deletes those with
-//! no limits; e2fsck takes either).
+//! Limits are enforced in `limits.rs`. Entries whose usage drops to zero
+//! stay (the kernel deletes those with no limits; e2fsck takes either).
 
-use super::{Core, Tx};
+mod limits;
+
+pub(crate) use limits::Ask;
+
+use super::{Caller, Core, Tx};
 use crate::cache::Buffer;
 use crate::error::{Error, Location, Result};
 use crate::format::inode::{Inode, flags};
@@ -46,6 +49,8 @@ const OFFSETS_KEPT_MAX: usize = 4096;
 struct QuotaFile {
     qtype: QuotaType,
     ino: u32,
+    /// Its limits are enforced (`limits.rs`), not only its usage kept.
+    limits_enforced: bool,
     /// The file's info and where entries are, under one lock: a leaf
     /// lock but for the allocator's group locks a new block takes.
     state: Mutex<FileState>,
@@ -54,6 +59,22 @@ struct QuotaFile {
 struct FileState {
     info: Option<Info>,
     offsets: HashMap<u32, u64>,
+    /// What running operations were granted, by id (`limits.rs`).
+    held: HashMap<u32, limits::Held>,
+    /// Whether an id's entry sets limits, for ids seen lately (at most
+    /// `limits::LIMITED_KEPT_MAX`).
+    limited: HashMap<u32, bool>,
+}
+
+impl FileState {
+    /// Remember that `id`'s entry is at `offset` (at most
+    /// `OFFSETS_KEPT_MAX` ids).
+    fn remember_offset(&mut self, id: u32, offset: u64) {
+        if self.offsets.len() >= OFFSETS_KEPT_MAX {
+            self.offsets.clear();
+        }
+        self.offsets.insert(id, offset);
+    }
 }
 
 /// The quota files this filesystem keeps (none without the feature).
@@ -65,7 +86,30 @@ pub(crate) struct Quotas {
 }
 
 impl Quotas {
-    pub fn new(geo: &Geometry) -> Quotas {
+    /// The files `geo` names; `limits` says, by type, whether their
+    /// limits are enforced (the mount's `usrquota`, `grpquota`,
+    /// `prjquota`).
+    ///
+    /// prjquota on an image without project quotas is refused, as the
+    /// kernel refuses it (EINVAL); usrquota and grpquota without quota
+    /// files are the kernel's old-style quotas, which need quotactl: they
+    /// enforce nothing, and the log says so.
+    pub fn new(geo: &Geometry, limits: [bool; 3]) -> Result<Quotas> {
+        if limits[QuotaType::Project as usize] && geo.quota_inums[QuotaType::Project as usize] == 0
+        {
+            return Err(Error::Invalid(
+                "prjquota: the filesystem keeps no project quotas (mke2fs -O quota,project)".into(),
+            ));
+        }
+        for qtype in [QuotaType::User, QuotaType::Group] {
+            if limits[qtype as usize] && geo.quota_inums[qtype as usize] == 0 {
+                tracing::warn!(
+                    "{} quota limits asked for, but the filesystem keeps no {} quota file: none are enforced",
+                    qtype.name(),
+                    qtype.name()
+                );
+            }
+        }
         let files = QuotaType::ALL
             .iter()
             .zip(geo.quota_inums)
@@ -73,16 +117,24 @@ impl Quotas {
             .map(|(&qtype, ino)| QuotaFile {
                 qtype,
                 ino,
+                limits_enforced: limits[qtype as usize],
                 state: Mutex::new(FileState {
                     info: None,
                     offsets: HashMap::new(),
+                    held: HashMap::new(),
+                    limited: HashMap::new(),
                 }),
             })
             .collect();
-        Quotas {
+        Ok(Quotas {
             files,
             carried: Mutex::new(Vec::new()),
-        }
+        })
+    }
+
+    /// Are the limits of any type enforced?
+    pub fn limits_enforced(&self) -> bool {
+        self.files.iter().any(|file| file.limits_enforced)
     }
 
     pub fn enabled(&self) -> bool {
@@ -111,18 +163,25 @@ pub(crate) struct Charge {
 }
 
 /// The charges an operation gathers, and the inodes it allocated that have
-/// not been written yet.
+/// not been written yet; what its limits granted it (`limits.rs`).
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     charges: Vec<Charge>,
     fresh: Vec<u32>,
+    /// Grants held for this operation, by type and id.
+    held: Vec<Charge>,
+    /// The ids the blocks it charges count against, while it changes a
+    /// file (`Tx::with_quota_subject`).
+    subject: Option<[u32; 3]>,
+    /// Whether the caller is bound by no limit, once asked.
+    exempt: Option<bool>,
 }
 
 impl Pending {
-    /// No charge left to apply (allocated inodes never written carry
-    /// none).
+    /// No charge left to apply and no grant left held (allocated inodes
+    /// never written carry none).
     pub fn is_settled(&self) -> bool {
-        self.charges.is_empty()
+        self.charges.is_empty() && self.held.is_empty()
     }
 
     fn add(&mut self, qtype: QuotaType, id: u32, space: i64, inodes: i64) {
@@ -239,8 +298,14 @@ impl Tx<'_, '_> {
     }
 
     /// Add this operation's charges to the quota files (`Fs::transact`,
-    /// before the handle stops).
-    pub(super) fn apply_quota(&mut self) -> Result<()> {
+    /// before the handle stops), then let its grants go.
+    pub(in crate::engine::fs) fn apply_quota(&mut self) -> Result<()> {
+        let applied = self.apply_charges();
+        self.release_quota_grants();
+        applied
+    }
+
+    fn apply_charges(&mut self) -> Result<()> {
         let core = self.core;
         if !core.quotas.enabled() || self.quota.charges.is_empty() {
             return Ok(());
@@ -268,11 +333,13 @@ impl Tx<'_, '_> {
     }
 
     fn apply_to(&mut self, file: &QuotaFile, charges: &[Charge]) -> Result<()> {
+        let now = limits::now_secs();
         self.edit_quota_file(file, |editor| {
             for charge in charges {
-                editor.change(charge.id, |dquot, _| {
+                editor.change(charge.id, |dquot, info| {
                     dquot.space = add_signed(dquot.space, charge.space);
                     dquot.inodes = add_signed(dquot.inodes, charge.inodes);
+                    limits::update_grace(dquot, info, now);
                 })?;
             }
             Ok(())
@@ -297,7 +364,7 @@ impl Tx<'_, '_> {
         let mut editor = Editor {
             blocks,
             info,
-            offsets: &mut state.offsets,
+            state: &mut state,
         };
         edit(&mut editor)?;
         let Editor {
@@ -316,25 +383,22 @@ impl Tx<'_, '_> {
 struct Editor<'s, 't, 'a, 'j> {
     blocks: FileBlocks<'t, 'a, 'j>,
     info: Info,
-    /// Where entries are, by id (at most `OFFSETS_KEPT_MAX`).
-    offsets: &'s mut HashMap<u32, u64>,
+    /// Where entries are, by id, and which set limits.
+    state: &'s mut FileState,
 }
 
 impl Editor<'_, '_, '_, '_> {
     /// Change `id`'s entry (made if it has none) with `change`, which also
     /// sees the file's info.
     fn change(&mut self, id: u32, change: impl FnOnce(&mut quota::Dquot, &Info)) -> Result<()> {
-        let offset = match self.offsets.get(&id) {
+        let offset = match self.state.offsets.get(&id) {
             Some(&offset) => offset,
             None => {
                 let offset = match quota::find(&mut self.blocks, &self.info, id)? {
                     Some(offset) => offset,
                     None => quota::insert(&mut self.blocks, &mut self.info, id)?,
                 };
-                if self.offsets.len() >= OFFSETS_KEPT_MAX {
-                    self.offsets.clear();
-                }
-                self.offsets.insert(id, offset);
+                self.state.remember_offset(id, offset);
                 offset
             }
         };
@@ -544,8 +608,28 @@ impl super::Fs {
         self.transact(
             super::Scope::Housekeeping,
             QUOTA_CREDITS,
-            super::Caller::ROOT,
+            Caller::ROOT,
             |tx| tx.set_limits(qtype, id, limits),
+        )
+    }
+
+    /// Set `qtype`'s grace times, in seconds (`setquota -t`, Q_SETINFO):
+    /// how long a usage may stay past a soft limit. Grace times running
+    /// keep their deadlines, as the kernel's do.
+    pub fn set_quota_grace(
+        &self,
+        qtype: QuotaType,
+        block_grace: u32,
+        inode_grace: u32,
+    ) -> Result<()> {
+        if self.core.quotas.file(qtype).is_none() {
+            return Err(Error::NotSupported);
+        }
+        self.transact(
+            super::Scope::Housekeeping,
+            QUOTA_CREDITS,
+            Caller::ROOT,
+            |tx| tx.set_grace(qtype, block_grace, inode_grace),
         )
     }
 }
@@ -557,31 +641,34 @@ impl Tx<'_, '_> {
             .quotas
             .file(qtype)
             .expect("checked by set_quota_limits");
-        let now = crate::format::inode::Timestamp::now().sec.max(0) as u64;
+        let now = limits::now_secs();
         self.edit_quota_file(file, |editor| {
+            editor.state.limited.remove(&id);
             editor.change(id, |dquot, info| {
                 dquot.space_soft = limits.space_soft;
                 dquot.space_hard = limits.space_hard;
                 dquot.inode_soft = limits.inode_soft;
                 dquot.inode_hard = limits.inode_hard;
-                let over_space = limits.space_soft > 0 && dquot.space > limits.space_soft * 1024;
-                dquot.block_time =
-                    grace_deadline(over_space, dquot.block_time, now, info.block_grace);
-                let over_inodes = limits.inode_soft > 0 && dquot.inodes > limits.inode_soft;
-                dquot.inode_time =
-                    grace_deadline(over_inodes, dquot.inode_time, now, info.inode_grace);
+                // dquot_set_dqblk: a grace time starts afresh for a usage
+                // past a soft limit just set, and none runs within one.
+                dquot.block_time = 0;
+                dquot.inode_time = 0;
+                limits::update_grace(dquot, info, now);
             })
         })
     }
-}
 
-/// A grace deadline after a limit changed: none within the soft limit, the
-/// running one kept, or one starting now above it.
-fn grace_deadline(over: bool, running: u64, now: u64, grace: u32) -> u64 {
-    match (over, running) {
-        (false, _) => 0,
-        (true, 0) => now + grace as u64,
-        (true, running) => running,
+    fn set_grace(&mut self, qtype: QuotaType, block_grace: u32, inode_grace: u32) -> Result<()> {
+        let file = self
+            .core
+            .quotas
+            .file(qtype)
+            .expect("checked by set_quota_grace");
+        self.edit_quota_file(file, |editor| {
+            editor.info.block_grace = block_grace;
+            editor.info.inode_grace = inode_grace;
+            Ok(())
+        })
     }
 }
 
@@ -631,8 +718,8 @@ impl super::Fs {
     /// +P (EXT4_PROJINHERIT_FL). A change of another flag a user may set
     /// (EXT4_FL_USER_MODIFIABLE) is EOPNOTSUPP; the others are not the
     /// caller's and stay as they are, as in ext4_fileattr_set.
-    pub fn set_inode_flags(&self, ino: u32, new: u32) -> Result<()> {
-        self.change_attributes(ino, |inode| {
+    pub fn set_inode_flags(&self, ino: u32, new: u32, caller: Caller) -> Result<()> {
+        self.change_attributes(ino, caller, |inode| {
             let changed = (new ^ inode.flags) & FL_USER_MODIFIABLE;
             if changed & !flags::PROJINHERIT != 0 {
                 return Err(Error::NotSupported);
@@ -653,8 +740,12 @@ impl super::Fs {
     /// without room for one EOVERFLOW. The caller's permission is the
     /// kernel's VFS's to check (inode_owner_or_capable, before FUSE passes
     /// the request on).
-    pub fn set_fs_xattr(&self, ino: u32, xflags: u32, projid: u32) -> Result<()> {
-        self.change_attributes(ino, |_| Ok((xflags, projid)))
+    ///
+    /// A new project id must take the inode's usage within its quota
+    /// limits (EDQUOT, as `dquot_transfer`), unless `caller` is bound by
+    /// none.
+    pub fn set_fs_xattr(&self, ino: u32, xflags: u32, projid: u32, caller: Caller) -> Result<()> {
+        self.change_attributes(ino, caller, |_| Ok((xflags, projid)))
     }
 
     /// Give inode `ino` the FS_XFLAG_* flags and project id `wanted` says
@@ -662,11 +753,12 @@ impl super::Fs {
     fn change_attributes(
         &self,
         ino: u32,
+        caller: Caller,
         wanted: impl Fn(&Inode) -> Result<(u32, u32)>,
     ) -> Result<()> {
         let geo = &self.core.geo;
         let project = geo.has_ro_compat(crate::format::superblock::ro_compat::PROJECT);
-        self.transact(super::Scope::File(ino), 2, super::Caller::ROOT, |tx| {
+        self.transact(super::Scope::File(ino), 2, caller, |tx| {
             let _inode = tx.lock_write(ino, crate::lock::Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             let (xflags, projid) = wanted(&inode)?;
@@ -686,6 +778,7 @@ impl super::Fs {
                 if inode.extra_isize < PROJID_EXTRA_ISIZE {
                     return Err(Error::Overflow);
                 }
+                tx.grant_transfer(ino, &inode, [inode.uid, inode.gid, projid])?;
                 inode.projid = projid;
             }
             if xflags & inherit != 0 {
