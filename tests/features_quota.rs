@@ -778,3 +778,70 @@ fn statfs_of_a_project_directory_shows_its_limits() {
     server.unmount();
     common::assert_fsck_clean(&image);
 }
+
+/// `jext4 quota set|grace|report MOUNTPOINT`: the same requests through
+/// the mount's server (FUSE passes no quotactl), allowed to CAP_SYS_ADMIN
+/// as quotactl is: a limit set on the mount binds at once (usrquota), the
+/// report shows it; a user is refused with EPERM; a directory not on a
+/// jext4 mount is named as such.
+#[test]
+fn quota_verbs_on_a_mount() {
+    if !fuse_available() || !common::require_tool("setpriv") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = common::mkfs(dir.path(), "verbs-mounted", 32, VARIANTS[0].1);
+    let server = Server::start(&image, "allow_other,usrquota");
+    let root = server.mountpoint.clone();
+    let at = root.to_str().unwrap();
+    std::fs::create_dir(root.join("nobody")).unwrap();
+    std::os::unix::fs::chown(root.join("nobody"), Some(65534), Some(65534)).unwrap();
+    let (code, _, stderr) = jext4_tool(&["quota", "set", "-u", at, "65534", "0", "64", "0", "10"]);
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = jext4_tool(&["quota", "grace", "-u", at, "3600", "60"]);
+    assert_eq!(code, 0, "{stderr}");
+    let output = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dd"])
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", root.join("nobody/fill").display()))
+        .args(["bs=64k", "count=4"])
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("Disk quota exceeded"), "{stderr}");
+    let (code, report, stderr) = jext4_tool(&["quota", "report", at]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        report.contains("Block grace time: 1hours; Inode grace time: 60seconds"),
+        "{report}"
+    );
+    let line = report
+        .lines()
+        .find(|line| line.starts_with("#65534"))
+        .unwrap_or_else(|| panic!("#65534 in:\n{report}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    // The directory and the file: 64 KiB, the hard limit; two inodes.
+    assert_eq!(
+        fields,
+        ["#65534", "--", "64", "0", "64", "2", "0", "10"],
+        "{report}"
+    );
+    // quotactl's permission: CAP_SYS_ADMIN.
+    let output = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_jext4"))
+        .args(["quota", "report", at])
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr.contains("Operation not permitted"), "{stderr}");
+    let elsewhere = dir.path().to_str().unwrap();
+    let (code, _, stderr) = jext4_tool(&["quota", "report", elsewhere]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("not on a jext4 mount"), "{stderr}");
+    server.unmount();
+    common::assert_fsck_clean(&image);
+}

@@ -16,6 +16,9 @@ const CAP_FSETID: u32 = 4;
 /// `ignore_hardlimit`).
 const CAP_SYS_RESOURCE: u32 = 24;
 
+/// CAP_SYS_ADMIN: quotactl's limits and reports.
+const CAP_SYS_ADMIN: u32 = 21;
+
 /// Identity of the caller of one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
@@ -86,11 +89,21 @@ impl Caller {
     /// (`tid` None) is who it says it is: uid 0 may, as `mke2fs -d` and
     /// the image tools write an image whatever its limits.
     pub fn capable_sys_resource(&self) -> bool {
+        self.capable(CAP_SYS_RESOURCE)
+    }
+
+    /// May the caller administer the filesystem's quotas (CAP_SYS_ADMIN,
+    /// as quotactl's Q_SETQUOTA asks)? Asked as `capable_sys_resource`.
+    pub fn capable_sys_admin(&self) -> bool {
+        self.capable(CAP_SYS_ADMIN)
+    }
+
+    fn capable(&self, capability: u32) -> bool {
         match self.tid {
             None => self.uid == 0,
             Some(_) => self
                 .status()
-                .is_some_and(|status| status_capable(&status, CAP_SYS_RESOURCE)),
+                .is_some_and(|status| status_capable(&status, capability)),
         }
     }
 

@@ -419,6 +419,15 @@ fn caller(origin: &Origin) -> Caller {
     }
 }
 
+/// quotactl's check for limits and reports (check_quotactl_permission):
+/// CAP_SYS_ADMIN, or EPERM.
+fn quota_admin(origin: &Origin) -> crate::Result<()> {
+    match caller(origin).capable_sys_admin() {
+        true => Ok(()),
+        false => Err(Error::NotPermitted),
+    }
+}
+
 /// `caller` with the umask that create, mknod and mkdir carry: with
 /// FUSE_DONT_MASK the kernel leaves the mode unmasked, because only the
 /// server knows whether the directory's default ACL replaces the umask.
@@ -1068,6 +1077,31 @@ impl FuseAdapter {
                 let result =
                     clock.engine(|| self.fs.getattr(to_ext4(ino)).and_then(|_| self.fs.sync()));
                 reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
+            }
+            control::JEXT4_IOC_QUOTA_SET => {
+                let result = clock.engine(|| {
+                    quota_admin(origin)?;
+                    let (qtype, id, limits) = control::parse_quota_set(data)?;
+                    self.fs.set_quota_limits(qtype, id, limits)
+                });
+                reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
+            }
+            control::JEXT4_IOC_QUOTA_GRACE => {
+                let result = clock.engine(|| {
+                    quota_admin(origin)?;
+                    let (qtype, block, inode) = control::parse_quota_grace(data)?;
+                    self.fs.set_quota_grace(qtype, block, inode)
+                });
+                reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
+            }
+            control::JEXT4_IOC_QUOTA_PAGE => {
+                let result = clock.engine(|| {
+                    quota_admin(origin)?;
+                    let (qtype, first) = control::parse_quota_page(data)?;
+                    let report = self.fs.quota_report(qtype)?;
+                    Ok(control::quota_page(&report, first))
+                });
+                reply_ioctl(reply, result, out_size);
             }
             control::JEXT4_IOC_STATS | control::JEXT4_IOC_STATS_8K => {
                 let report = clock.timed(|| self.stats_report());

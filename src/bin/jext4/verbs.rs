@@ -869,12 +869,17 @@ fn verity(verb: &mut Verb<'_>, args: &VerityArgs) {
 // ---- quota ----
 
 fn quota(verb: &mut Verb<'_>, action: &QuotaAction) {
-    let (image_path, qtype) = match action {
+    let (target, qtype) = match action {
         QuotaAction::Report { kind, image }
         | QuotaAction::Set { kind, image, .. }
         | QuotaAction::Grace { kind, image, .. } => (image, kind.qtype()),
     };
-    let image = match verb.session.image(image_path) {
+    // A directory is a mount point (or a directory on a mount): its server
+    // is asked through ioctls, FUSE passing no quotactl.
+    if target.is_dir() {
+        return quota_on_mount(verb, action, target, qtype);
+    }
+    let image = match verb.session.image(target) {
         Ok(image) => image,
         Err(message) => return verb.say(1, message),
     };
@@ -882,23 +887,8 @@ fn quota(verb: &mut Verb<'_>, action: &QuotaAction) {
         QuotaAction::Report { .. } => image
             .fs()
             .quota_report(qtype)
-            .map(|report| print_quota_report(image_path, qtype, &report)),
-        QuotaAction::Set {
-            id,
-            block_soft,
-            block_hard,
-            inode_soft,
-            inode_hard,
-            ..
-        } => {
-            let limits = QuotaLimits {
-                space_soft: *block_soft,
-                space_hard: *block_hard,
-                inode_soft: *inode_soft,
-                inode_hard: *inode_hard,
-            };
-            image.fs().set_quota_limits(qtype, *id, limits)
-        }
+            .map(|report| print_quota_report(target, qtype, &report)),
+        QuotaAction::Set { id, .. } => image.fs().set_quota_limits(qtype, *id, limits_of(action)),
         QuotaAction::Grace {
             block_grace,
             inode_grace,
@@ -908,17 +898,73 @@ fn quota(verb: &mut Verb<'_>, action: &QuotaAction) {
             .set_quota_grace(qtype, *block_grace, *inode_grace),
     };
     match done {
-        Err(Error::NotSupported) => verb.say(
-            1,
-            format!(
-                "{}: the filesystem keeps no {} quotas",
-                image_path.display(),
-                qtype.name()
-            ),
-        ),
-        Err(error) => verb.say(1, format!("{}: {}", image_path.display(), describe(&error))),
+        Err(Error::NotSupported) => verb.say(1, no_such_quotas(target, qtype)),
+        Err(error) => verb.say(1, format!("{}: {}", target.display(), describe(&error))),
         Ok(()) => {}
     }
+}
+
+/// The limits a `quota set` gives.
+fn limits_of(action: &QuotaAction) -> QuotaLimits {
+    match action {
+        QuotaAction::Set {
+            block_soft,
+            block_hard,
+            inode_soft,
+            inode_hard,
+            ..
+        } => QuotaLimits {
+            space_soft: *block_soft,
+            space_hard: *block_hard,
+            inode_soft: *inode_soft,
+            inode_hard: *inode_hard,
+        },
+        _ => QuotaLimits::default(),
+    }
+}
+
+fn no_such_quotas(target: &std::path::Path, qtype: QuotaType) -> String {
+    format!(
+        "{}: the filesystem keeps no {} quotas",
+        target.display(),
+        qtype.name()
+    )
+}
+
+/// `quota` on a mount: the same requests, through its server.
+fn quota_on_mount(
+    verb: &mut Verb<'_>,
+    action: &QuotaAction,
+    mountpoint: &std::path::Path,
+    qtype: QuotaType,
+) {
+    use jext4::engine::fuse::control;
+    let done = match action {
+        QuotaAction::Report { .. } => control::quota_report(mountpoint, qtype)
+            .map(|report| print_quota_report(mountpoint, qtype, &report)),
+        QuotaAction::Set { id, .. } => {
+            control::quota_set(mountpoint, qtype, *id, &limits_of(action))
+        }
+        QuotaAction::Grace {
+            block_grace,
+            inode_grace,
+            ..
+        } => control::quota_grace(mountpoint, qtype, *block_grace, *inode_grace),
+    };
+    let Err(error) = done else {
+        return;
+    };
+    let message = match error.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => no_such_quotas(mountpoint, qtype),
+        Some(libc::ENOTTY) => format!("{}: not on a jext4 mount", mountpoint.display()),
+        Some(errno) => format!(
+            "{}: {}",
+            mountpoint.display(),
+            jext4::engine::tools::strerror(errno)
+        ),
+        None => format!("{}: {error}", mountpoint.display()),
+    };
+    verb.say(1, message)
 }
 
 /// repquota -n's report: a header, then one line per id.
