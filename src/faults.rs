@@ -98,6 +98,9 @@
 //! - [`Fault::QuotaChargedLate`]: an operation's quota usage is written to
 //!   the quota files in its own transaction; broken, it waits for the next
 //!   operation's, so a crash between them leaves usage and blocks apart.
+//! - [`Fault::EaInodeQuotaUncharged`]: with quota and ea_inode, each
+//!   value kept in an EA inode counts one inode for its owner; broken,
+//!   the count misses the values set and removed.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -128,10 +131,11 @@ pub enum Fault {
     VerityFlagBeforeTree = 1 << 19,
     InlineDirConvertDropsValue = 1 << 20,
     QuotaChargedLate = 1 << 21,
+    EaInodeQuotaUncharged = 1 << 22,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 22] = [
+    pub const ALL: [Fault; 23] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -154,6 +158,7 @@ impl Fault {
         Fault::VerityFlagBeforeTree,
         Fault::InlineDirConvertDropsValue,
         Fault::QuotaChargedLate,
+        Fault::EaInodeQuotaUncharged,
     ];
 }
 

@@ -291,6 +291,13 @@ fn quota_usage_written_apart_from_its_change_is_caught() {
     );
 }
 
+/// quota with ea_inode: values kept in EA inodes not counted for their
+/// owners leave inode counts e2fsck finds wrong.
+#[test]
+fn ea_inode_values_uncounted_in_quota_are_caught() {
+    assert_caught_on(Fault::EaInodeQuotaUncharged, &["xattrs"], 100, Mode::Quota);
+}
+
 /// ea_inode: a replaced, removed or deleted value whose EA inode keeps
 /// its reference leaves an EA inode nothing names in use (e2fsck: its
 /// reference count is wrong).

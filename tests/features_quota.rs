@@ -11,8 +11,7 @@
 //!   without project quotas, and on an image `mke2fs -d` filled (whose
 //!   quota files e2fsck recounts first: mke2fs 1.47.0 leaves them wrong).
 //! - The same through a FUSE mount, with owners from `chown`.
-//! - quota with ea_inode (whose EA inodes jext4 does not charge yet)
-//!   mounts read-only, saying so.
+//! - quota with ea_inode: values in EA inodes count for their owners.
 
 // The jext4 binary, or the mounts and helpers of tests/common that use it.
 #![cfg(feature = "cli")]
@@ -181,23 +180,61 @@ fn usage_follows_a_mount() {
     assert_eq!(inodes, 20, "{users:?}");
 }
 
+/// quota with ea_inode: each value an attribute keeps in an EA inode
+/// counts one inode for the attribute's owner (the kernel's
+/// ext4_xattr_inode_alloc_quota, e2fsck's ea_ibody_quota and
+/// ea_block_quota), shared EA inodes once per owner; the EA inodes count
+/// for no one. Values set, shared, replaced, removed, their owners changed
+/// and deleted leave counts e2fsck agrees with.
 #[test]
-fn quota_with_ea_inode_mounts_read_only() {
+fn ea_inode_values_count_for_their_owners() {
     let dir = tempfile::tempdir().unwrap();
-    let image_path = common::mkfs(
-        dir.path(),
-        "ea",
-        32,
-        &["-t", "ext4", "-O", "quota,ea_inode"],
-    );
-    let refused = Image::open(&image_path).map(|_| ()).unwrap_err();
-    assert!(
-        refused.to_string().contains("quota (with ea_inode)"),
-        "{refused}"
-    );
-    let image = Image::open_read_only(&image_path).unwrap();
-    assert!(image.read_dir("/").unwrap().count() > 0);
-    image.close().unwrap();
+    for block_size in ["1024", "4096"] {
+        let image_path = common::mkfs(
+            dir.path(),
+            &format!("ea-{block_size}"),
+            32,
+            &["-t", "ext4", "-O", "quota,ea_inode", "-b", block_size],
+        );
+        let image = Image::open(&image_path).unwrap();
+        image.create_dir("/u").unwrap();
+        let big = |seed: u8| vec![seed; 9000];
+        for name in ["a", "b", "c", "d"] {
+            let path = format!("/u/{name}");
+            image.write(&path, b"data").unwrap();
+            image.set_owner(&path, Some(1000), Some(1000)).unwrap();
+        }
+        // Two values on a, one on b equal to one of a's (shared), one on c.
+        image.set_xattr("/u/a", "user.one", big(1)).unwrap();
+        image.set_xattr("/u/a", "user.two", big(2)).unwrap();
+        image.set_xattr("/u/b", "user.same", big(2)).unwrap();
+        image.set_xattr("/u/c", "user.one", big(3)).unwrap();
+        image.set_xattr("/u/d", "user.gone", big(4)).unwrap();
+        let users = image
+            .fs()
+            .quota_report(jext4::engine::format::quota::QuotaType::User)
+            .unwrap();
+        let inodes = |id: u32| {
+            users
+                .entries
+                .iter()
+                .find(|e| e.id == id)
+                .map_or(0, |e| e.inodes)
+        };
+        // Four files and five values.
+        assert_eq!(inodes(1000), 9, "{block_size}");
+        // Replaced by a small value, removed, given away, deleted.
+        image.set_xattr("/u/a", "user.one", b"small").unwrap();
+        image.remove_xattr("/u/b", "user.same").unwrap();
+        image.set_owner("/u/c", Some(2000), None).unwrap();
+        image.remove_file("/u/d").unwrap();
+        image.close().unwrap();
+        common::assert_fsck_clean(&image_path);
+        let users = list_quota(&image_path, "user");
+        // a (with one value), b, and c's is 2000's now: 1 + 1 + 1.
+        assert_eq!(usage_of(&users, 1000).1, 3, "{block_size}: {users:?}");
+        assert_eq!(usage_of(&users, 2000).1, 2, "{block_size}: {users:?}");
+    }
 }
 
 /// `jext4 quota set` writes limits that debugfs reads back, a usage above

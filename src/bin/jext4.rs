@@ -158,9 +158,10 @@ struct CrashtestArgs {
     /// writes no fast commits there yet).
     #[arg(long, conflicts_with = "bytelog")]
     inline_data: bool,
-    /// Images with user, group and project quotas (quota, project; no
-    /// ea_inode): e2fsck checks every state's usage counts (full commits
-    /// only: jext4 writes no fast commits there yet).
+    /// Images with user, group and project quotas (quota, project; large
+    /// xattr values in EA inodes count for their owners): e2fsck checks
+    /// every state's usage counts (full commits only: jext4 writes no fast
+    /// commits there yet).
     #[arg(long, conflicts_with = "bytelog")]
     quota: bool,
     /// Check only this state of each workload (as a failure names it).

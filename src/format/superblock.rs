@@ -694,15 +694,9 @@ impl Superblock {
         names
     }
 
-    /// Names of RO_COMPAT features that force a read-only mount. quota
-    /// with ea_inode is one: jext4 does not charge an xattr value's EA
-    /// inode to its owner's inode count (ext4_xattr_inode_alloc_quota).
+    /// Names of RO_COMPAT features that force a read-only mount.
     pub fn read_only_features(&self) -> Vec<String> {
-        let mut names = feature_names("ro_compat", self.feature_ro_compat & !RO_COMPAT_SUPPORTED);
-        if self.has_ro_compat(ro_compat::QUOTA) && self.has_incompat(incompat::EA_INODE) {
-            names.push("quota (with ea_inode)".into());
-        }
-        names
+        feature_names("ro_compat", self.feature_ro_compat & !RO_COMPAT_SUPPORTED)
     }
 
     pub fn has_compat(&self, mask: u32) -> bool {

@@ -617,6 +617,25 @@ struct XattrBlock {
     refcount: u32,
 }
 
+/// How many of inode `ino`'s attributes, in its body and its block, keep
+/// their values in EA inodes: each counts one inode more for the owner's
+/// quota (the kernel's `ext4_get_inode_usage`, e2fsck's ea_ibody_quota
+/// and ea_block_quota), a shared block's for every inode sharing it.
+pub fn ea_inode_entries(
+    geo: &Geometry,
+    cache: &BufferCache,
+    ino: u32,
+    inode: &Inode,
+) -> Result<u64> {
+    if !geo.has_incompat(incompat::EA_INODE) {
+        return Ok(0);
+    }
+    let body = load_ibody(geo, ino, inode)?.map_or(0, |ibody| ea_inodes(&ibody.entries).len());
+    let block =
+        load_block(geo, cache, ino, inode)?.map_or(0, |block| ea_inodes(&block.entries).len());
+    Ok((body + block) as u64)
+}
+
 /// The EA inodes `entries` name, one per entry.
 fn ea_inodes(entries: &[Entry]) -> Vec<u32> {
     entries.iter().filter_map(Entry::ea_inode).collect()

@@ -248,7 +248,7 @@ impl Tx<'_, '_> {
         let (block, offset) = inode_location(geo, &self.core.groups, ino);
         let buffer = self.core.cache.read(block)?;
         // Quota usage follows what the table held and what it will.
-        self.charge_inode_write(ino, &buffer, offset, inode);
+        self.charge_inode_write(ino, &buffer, offset, inode)?;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
             if self.core.orphans.on_list(ino) {
@@ -377,6 +377,8 @@ impl Tx<'_, '_> {
 
     /// Free the inode and all it holds in this transaction.
     pub fn evict_inode_now(&mut self, ino: u32, mut inode: Inode) -> Result<()> {
+        // The values its attributes keep in EA inodes stop counting for it.
+        self.charge_ea_entries(ino, &inode, -1)?;
         self.orphan_remove(ino, &mut inode)?;
         if inode.has_data_blocks(&self.core.geo) {
             self.release_all_blocks(ino, &mut inode)?;

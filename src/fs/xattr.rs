@@ -180,6 +180,8 @@ impl Fs {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
+            // Values kept in EA inodes count one inode each for the owner.
+            let entries_before = tx.quota_ea_entries(ino, &inode)?;
             // A new xattr block counts against the inode's quota limits.
             let subject = tx.quota_ids(ino, &inode);
             let result = tx.with_quota_subject(subject, |tx| {
@@ -193,6 +195,8 @@ impl Fs {
             if result.is_ok() {
                 inode.ctime = Timestamp::now();
             }
+            let entries_after = tx.quota_ea_entries(ino, &inode)?;
+            tx.charge_ea_entry_change(ino, &inode, entries_after as i64 - entries_before as i64);
             // Written even on error: a block may have been allocated.
             tx.write_inode(ino, &inode)?;
             result?;

@@ -213,6 +213,13 @@ impl Pending {
             self.add(file.qtype, id, sign * usage.bytes, sign);
         }
     }
+
+    /// `inodes` more (or fewer) inodes for ids `ids`.
+    fn count_inodes(&mut self, quotas: &Quotas, ids: [u32; 3], inodes: i64) {
+        for file in &quotas.files {
+            self.add(file.qtype, ids[file.qtype as usize], 0, inodes);
+        }
+    }
 }
 
 /// The usage of `inode` (number `ino`), or None when it counts for no one.
@@ -233,16 +240,20 @@ impl Tx<'_, '_> {
     /// Charge the change of inode `ino` from what the table held (its
     /// slot at byte `offset` of `table`) to `new` (`store_inode`, before
     /// it writes).
+    ///
+    /// ea_inode: an inode whose ids change takes the values it keeps in
+    /// EA inodes with it (one inode each, as `dquot_transfer` moves
+    /// `ext4_get_inode_usage`).
     pub(super) fn charge_inode_write(
         &mut self,
         ino: u32,
         table: &Buffer,
         offset: usize,
         new: &Inode,
-    ) {
+    ) -> Result<()> {
         let core = self.core;
         if !core.quotas.enabled() {
-            return;
+            return Ok(());
         }
         let fresh = match self.quota.fresh.iter().position(|&other| other == ino) {
             Some(at) => {
@@ -262,13 +273,62 @@ impl Tx<'_, '_> {
         };
         let after = usage_of(core, ino, new);
         if before == after {
-            return;
+            return Ok(());
         }
         if let Some(before) = before {
             self.quota.count(&core.quotas, before, -1);
         }
         if let Some(after) = after {
             self.quota.count(&core.quotas, after, 1);
+        }
+        if let (Some(before), Some(after)) = (before, after)
+            && before.ids != after.ids
+        {
+            let entries = self.quota_ea_entries(ino, new)? as i64;
+            self.quota.count_inodes(&core.quotas, before.ids, -entries);
+            self.quota.count_inodes(&core.quotas, after.ids, entries);
+        }
+        Ok(())
+    }
+
+    /// ea_inode: how many values inode `ino` keeps in EA inodes, each one
+    /// inode more for its quota (0 without quota files or ea_inode).
+    pub(in crate::engine::fs) fn quota_ea_entries(&self, ino: u32, inode: &Inode) -> Result<u64> {
+        let core = self.core;
+        if !core.quotas.enabled() {
+            return Ok(0);
+        }
+        crate::format::xattr::ea_inode_entries(&core.geo, &core.cache, ino, inode)
+    }
+
+    /// ea_inode: inode `ino`'s values in EA inodes (`quota_ea_entries`)
+    /// counted (`sign` 1) or taken back (-1), for its ids: an xattr change
+    /// charges the difference, an eviction takes them back (the kernel's
+    /// `ext4_xattr_inode_alloc_quota` and `_free_quota`).
+    pub(in crate::engine::fs) fn charge_ea_entries(
+        &mut self,
+        ino: u32,
+        inode: &Inode,
+        sign: i64,
+    ) -> Result<()> {
+        let entries = self.quota_ea_entries(ino, inode)?;
+        self.charge_ea_entry_change(ino, inode, sign * entries as i64);
+        Ok(())
+    }
+
+    /// `delta` values more (or fewer) in EA inodes for inode `ino`'s ids.
+    pub(in crate::engine::fs) fn charge_ea_entry_change(
+        &mut self,
+        ino: u32,
+        inode: &Inode,
+        delta: i64,
+    ) {
+        let core = self.core;
+        if delta == 0 || crate::faults::active(crate::faults::Fault::EaInodeQuotaUncharged) {
+            return;
+        }
+        if let Some(usage) = usage_of(core, ino, inode) {
+            self.quota.count_inodes(&core.quotas, usage.ids, delta);
         }
     }
 
