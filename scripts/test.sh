@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 # g++: the fuzz crate's libfuzzer-sys builds libFuzzer (checked below).
-ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils strace g++ fsverity
+# unicode-data: the Unicode Character Database casefold's tables are
+# generated from (tests/features_casefold.rs checks them).
+ensure_packages e2fsprogs fuse3 attr acl xfsprogs python3 nbdkit qemu-utils strace g++ fsverity unicode-data
 require_cargo
 
 echo "== cargo fmt --check"

@@ -101,6 +101,9 @@
 //! - [`Fault::EaInodeQuotaUncharged`]: with quota and ea_inode, each
 //!   value kept in an EA inode counts one inode for its owner; broken,
 //!   the count misses the values set and removed.
+//! - [`Fault::CasefoldHashRaw`]: a casefolded directory's htree hashes
+//!   each name's folded bytes; broken, its raw bytes, so that a lookup by
+//!   another case misses and e2fsck finds the names out of hash order.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -132,10 +135,11 @@ pub enum Fault {
     InlineDirConvertDropsValue = 1 << 20,
     QuotaChargedLate = 1 << 21,
     EaInodeQuotaUncharged = 1 << 22,
+    CasefoldHashRaw = 1 << 23,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 23] = [
+    pub const ALL: [Fault; 24] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -159,6 +163,7 @@ impl Fault {
         Fault::InlineDirConvertDropsValue,
         Fault::QuotaChargedLate,
         Fault::EaInodeQuotaUncharged,
+        Fault::CasefoldHashRaw,
     ];
 }
 

@@ -211,7 +211,8 @@ mod error;
 mod api;
 
 pub use api::{
-    DirBuilder, DirEntry, File, FileType, Image, ImageOptions, Metadata, OpenOptions, ReadDir, Walk,
+    CASEFOLD_FL, DirBuilder, DirEntry, File, FileType, Image, ImageOptions, Metadata, OpenOptions,
+    PROJINHERIT_FL, ReadDir, Walk,
 };
 pub use engine::dev::{BlockDevice, MemoryDevice};
 pub use error::{Error, Location, Result};

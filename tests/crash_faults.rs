@@ -33,6 +33,8 @@ enum Mode {
     InlineData,
     /// Full commits on images with user, group and project quotas.
     Quota,
+    /// Full commits on casefold images whose every directory is +F.
+    Casefold,
 }
 
 /// Run `workloads` with `fault` on in `mode`; return the first failure's
@@ -58,6 +60,7 @@ fn first_failure(
     config.external_journal = mode == Mode::ExternalJournal;
     config.inline_data = mode == Mode::InlineData;
     config.quota = mode == Mode::Quota;
+    config.casefold = mode == Mode::Casefold;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -296,6 +299,19 @@ fn quota_usage_written_apart_from_its_change_is_caught() {
 #[test]
 fn ea_inode_values_uncounted_in_quota_are_caught() {
     assert_caught_on(Fault::EaInodeQuotaUncharged, &["xattrs"], 100, Mode::Quota);
+}
+
+/// casefold: a casefolded directory's htree hashing raw names instead of
+/// folded ones puts "Task0001" where "task0001" belongs (e2fsck: the
+/// leaves' hashes are out of their index's ranges).
+#[test]
+fn casefolded_names_hashed_raw_are_caught() {
+    assert_caught_on(
+        Fault::CasefoldHashRaw,
+        &["smallwriters"],
+        60,
+        Mode::Casefold,
+    );
 }
 
 /// ea_inode: a replaced, removed or deleted value whose EA inode keeps

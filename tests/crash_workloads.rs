@@ -5,7 +5,8 @@
 //! the journal on a device of its own (`EXTERNAL_JOURNAL_STATES`, 1 KiB,
 //! and 4 KiB with fast commits); on inline_data images
 //! (`INLINE_DATA_STATES`, 1 KiB) and on quota images (`QUOTA_STATES`, 4
-//! KiB): each planned crash state recovers (jext4,
+//! KiB), and a few on casefold images whose every directory is +F
+//! (`CASEFOLD_STATES`, mod `casefold`): each planned crash state recovers (jext4,
 //! and e2fsck and the kernel on samples) to a clean filesystem that keeps
 //! everything acknowledged. The other block size of each mode is the long
 //! run's (`jext4 crashtest --block-size 1024 --delalloc`, `--meta-bg`,
@@ -37,6 +38,8 @@ const EXTERNAL_JOURNAL_STATES: usize = 30;
 const INLINE_DATA_STATES: usize = 40;
 /// On quota images: every state's usage counts, which e2fsck checks.
 const QUOTA_STATES: usize = 40;
+/// On casefold images: every state's htree hashes of folded names.
+const CASEFOLD_STATES: usize = 40;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
 const PER_DIRECTORY: &[&str] = &[
@@ -64,6 +67,10 @@ fn check_quota(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::Quota);
 }
 
+fn check_casefold(workload: &str, block_size: u32) {
+    check_images(workload, block_size, false, false, Images::Casefold);
+}
+
 fn check_inline_data(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::InlineData);
 }
@@ -86,6 +93,7 @@ enum Images {
     ExternalJournal,
     InlineData,
     Quota,
+    Casefold,
 }
 
 fn check_images(
@@ -107,6 +115,8 @@ fn check_images(
         INLINE_DATA_STATES
     } else if images == Images::Quota {
         QUOTA_STATES
+    } else if images == Images::Casefold {
+        CASEFOLD_STATES
     } else if (fast_commit || delalloc) && !PER_DIRECTORY.contains(&workload) {
         FAST_COMMIT_STATES
     } else {
@@ -119,6 +129,7 @@ fn check_images(
     config.external_journal = images == Images::ExternalJournal;
     config.inline_data = images == Images::InlineData;
     config.quota = images == Images::Quota;
+    config.casefold = images == Images::Casefold;
     // A failing state's disks and log, to look at with `jext4 logdump`.
     config.keep = std::env::var_os("JEXT4_CRASH_KEEP").map(Into::into);
     let summary = run(&config, &mut |_| {}).unwrap();
@@ -153,6 +164,7 @@ fn check_images(
             Images::ExternalJournal => " external journal",
             Images::InlineData => " inline_data",
             Images::Quota => " quota",
+            Images::Casefold => " casefold",
         },
         summary.states,
         summary.replay_runs,
@@ -218,6 +230,28 @@ mod verity {
     #[test]
     fn fast_commit_at_4k() {
         super::check("verity", 4096, true)
+    }
+}
+
+/// casefold images (utf8, strict; the root +F, so every directory is):
+/// the workloads with many names in one directory (htrees of folded
+/// hashes) and the ones that rename and link across directories.
+mod casefold {
+    #[test]
+    fn smallwriters_at_1k() {
+        super::check_casefold("smallwriters", 1024)
+    }
+    #[test]
+    fn untar_at_4k() {
+        super::check_casefold("untar", 4096)
+    }
+    #[test]
+    fn dirsync_at_1k() {
+        super::check_casefold("dirsync", 1024)
+    }
+    #[test]
+    fn acedirs_at_4k() {
+        super::check_casefold("acedirs", 4096)
     }
 }
 

@@ -1102,6 +1102,26 @@ impl Image {
         self.fs().removexattr(ino, name, self.shared.caller)
     }
 
+    /// The inode flags of `path` a user may see, as `lsattr` shows them
+    /// (`FS_IOC_GETFLAGS`): `FS_*_FL` bits such as
+    /// [`CASEFOLD_FL`](crate::CASEFOLD_FL).
+    pub fn flags(&self, path: impl AsRef<Path>) -> Result<u32> {
+        let ino = self.resolve(bytes(path.as_ref()), true)?;
+        self.fs().inode_flags(ino)
+    }
+
+    /// Set the inode flags of `path`, as `chattr` does (`FS_IOC_SETFLAGS`:
+    /// read them with [`flags`](Self::flags), change bits, set them). jext4
+    /// changes a directory's +P (project inheritance) and +F
+    /// ([`CASEFOLD_FL`](crate::CASEFOLD_FL): names match whatever
+    /// their case, on an image with the `casefold` feature, for an empty
+    /// directory only — ENOTEMPTY otherwise); a change of another flag is
+    /// EOPNOTSUPP.
+    pub fn set_flags(&self, path: impl AsRef<Path>, flags: u32) -> Result<()> {
+        let ino = self.resolve(bytes(path.as_ref()), true)?;
+        self.fs().set_inode_flags(ino, flags, self.shared.caller)
+    }
+
     /// Make the file at `path` an fs-verity file, as `FS_IOC_ENABLE_VERITY`
     /// with SHA-256 and no salt does (`fsverity enable`): its Merkle tree
     /// is built and stored past its end, and from then on it is read-only

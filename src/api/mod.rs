@@ -32,6 +32,13 @@ pub use image::Image;
 pub use metadata::{FileType, Metadata};
 pub use options::{DirBuilder, ImageOptions, OpenOptions};
 
+/// `FS_CASEFOLD_FL` (`chattr +F`): the directory's names match whatever
+/// their case ([`Image::set_flags`]).
+pub const CASEFOLD_FL: u32 = 0x4000_0000;
+/// `FS_PROJINHERIT_FL` (`chattr +P`): new entries of the directory take
+/// its project id ([`Image::set_flags`]).
+pub const PROJINHERIT_FL: u32 = 0x2000_0000;
+
 /// Compile-time proof that an image and its files can be shared between
 /// threads (std's `File` is `Send + Sync`; so are these).
 const _: () = {

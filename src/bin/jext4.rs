@@ -164,6 +164,11 @@ struct CrashtestArgs {
     /// commits there yet).
     #[arg(long, conflicts_with = "bytelog")]
     quota: bool,
+    /// Images with casefold (utf8, strict) and a casefolded root, which
+    /// every directory the workloads make inherits: e2fsck checks every
+    /// state's htree hashes of folded names.
+    #[arg(long)]
+    casefold: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -296,6 +301,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::engine::crash::Config
     config.meta_bg = args.meta_bg;
     config.inline_data = args.inline_data;
     config.quota = args.quota;
+    config.casefold = args.casefold;
     config.external_journal = args.external_journal;
     Ok(config)
 }

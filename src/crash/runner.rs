@@ -118,6 +118,10 @@ pub struct Config {
     /// Images with user, group and project quotas (quota, project):
     /// e2fsck checks every state's usage counts.
     pub quota: bool,
+    /// Images with casefold (utf8, strict) and a casefolded root, so that
+    /// every directory the workloads make is casefolded: e2fsck checks
+    /// every state's htree hashes of folded names.
+    pub casefold: bool,
 }
 
 impl Config {
@@ -145,6 +149,7 @@ impl Config {
             external_journal: false,
             inline_data: false,
             quota: false,
+            casefold: false,
         }
     }
 
@@ -183,6 +188,7 @@ pub struct Failure {
     pub external_journal: bool,
     pub inline_data: bool,
     pub quota: bool,
+    pub casefold: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -203,7 +209,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{}{} --seed {} --states {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{}{}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             match (self.fast_commit, self.bytelog, self.fast_commit_global) {
@@ -225,6 +231,7 @@ impl std::fmt::Display for Failure {
                 ""
             },
             if self.quota { " --quota" } else { "" },
+            if self.casefold { " --casefold" } else { "" },
             self.seed,
             self.states,
             self.state
@@ -845,6 +852,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
         external_journal: config.external_journal,
         inline_data: config.inline_data,
         quota: config.quota,
+        casefold: config.casefold,
     };
     let template = tools::make_template_shaped(&scratch, config.block_size, IMAGE_MIB, &shape)?;
     let mut summary = Summary::default();
@@ -920,6 +928,7 @@ impl Context<'_> {
             meta_bg: self.config.meta_bg,
             inline_data: self.config.inline_data,
             quota: self.config.quota,
+            casefold: self.config.casefold,
             external_journal: self.config.external_journal,
             seed: self.config.seed,
             states: budget,

@@ -149,6 +149,9 @@ pub struct Shape {
     pub inline_data: bool,
     /// quota and project: user, group and project quota files.
     pub quota: bool,
+    /// casefold (utf8, strict mode) with the root directory casefolded,
+    /// which every directory made under it inherits.
+    pub casefold: bool,
 }
 
 /// `make_template` of any `Shape`.
@@ -164,6 +167,7 @@ pub fn make_template_shaped(
         external_journal,
         inline_data,
         quota,
+        casefold,
     } = *shape;
     let path = scratch.path(&format!("template-{block_size}.img"));
     let stale: Vec<u8> = STALE_PATTERN
@@ -208,6 +212,10 @@ pub fn make_template_shaped(
     if quota {
         features.push_str(",quota,project");
     }
+    if casefold {
+        features.push_str(",casefold");
+        extended.push_str(",encoding=utf8,encoding_flags=strict");
+    }
     let path_arg = path_str(&path)?;
     args.extend([
         "-O",
@@ -221,6 +229,19 @@ pub fn make_template_shaped(
     let (code, text) = run("mke2fs", &args, &[("E2FSPROGS_FAKE_TIME", "1700000000")])?;
     if code != 0 {
         return Err(format!("mke2fs failed: {}", shorten(&text)));
+    }
+    if casefold {
+        // The root's flags: extents and casefold. The kernel lets only an
+        // empty directory take +F; the root's one name, lost+found, is
+        // linear, so no hash depends on the rule it was added under.
+        let (code, text) = run(
+            "debugfs",
+            &["-w", "-R", "sif / flags 0x40080000", path_arg],
+            &[],
+        )?;
+        if code != 0 {
+            return Err(format!("debugfs sif failed: {}", shorten(&text)));
+        }
     }
     let mut bytes = std::fs::read(&path).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&path);

@@ -793,15 +793,16 @@ fn smallwriters(seed: u64, _budget: usize) -> Vec<Scenario> {
     }]
 }
 
-/// A thousand tasks, served round-robin: each creates its file and writes
-/// 1 KiB at a time; every tenth task fsyncs its file, every 200 steps a
+/// A thousand tasks, served round-robin: each creates its file (a name in
+/// mixed case: in a casefolded directory its hash is of the folded name)
+/// and writes 1 KiB at a time; every tenth task fsyncs its file, every 200 steps a
 /// sync; after the second round a third of the files are deleted.
 fn smallwriters_run(lane: &mut Lane, seed: u64) {
     let mut rng = Rng::derive(seed, "smallwriters");
     let mut steps = 0;
     for round in 0..3 {
         for task in 0..WRITER_TASKS {
-            let path = format!("w/{task:04}");
+            let path = format!("w/Task{task:04}");
             if round == 0 {
                 let _ = lane.create(&path);
             }
@@ -819,7 +820,7 @@ fn smallwriters_run(lane: &mut Lane, seed: u64) {
         }
         if round == 1 {
             for task in (0..WRITER_TASKS).filter(|t| t % 3 == rng.below(3) as usize) {
-                let _ = lane.unlink(&format!("w/{task:04}"));
+                let _ = lane.unlink(&format!("w/Task{task:04}"));
             }
             let _ = lane.fsync("w");
         }

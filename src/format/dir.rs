@@ -26,10 +26,16 @@
 //! Errors locate damage as `InodeBlock { ino: directory, block: logical
 //! block }`, the numbers the kernel prints for directory errors.
 //!
+//! In a casefolded directory (flag CASEFOLD on a `casefold` filesystem)
+//! names are matched and hashed by their folded forms (`casefold`): a
+//! lookup of "README" finds "ReadMe", adding it is EEXIST, and the htree
+//! orders names by the hash of their folded bytes.
+//!
 //! Adding, removing and replacing a name reports the change to the handle
 //! (`Handle::note`: LINK and UNLINK for fast commits); "." and ".." of a new
 //! directory are not names of their own there (replay makes them).
 
+use super::casefold::{self, Encoding};
 use super::csum::crc32c_raw;
 use super::htree;
 use super::inline;
@@ -43,6 +49,7 @@ use crate::ensure_format;
 use crate::error::{Error, Location, Result};
 use crate::journal::Handle;
 use crate::journal::change::{Change, Ineligible};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 // ext4.h: EXT4_FT_*, the directory entry file types.
@@ -86,6 +93,9 @@ pub trait DirBlocks {
     fn append_cost(&mut self, blocks: u32) -> Result<u64>;
     /// The inode's INDEX (htree) flag.
     fn is_indexed(&self) -> bool;
+    /// The inode's CASEFOLD flag (names matched and hashed folded where
+    /// the filesystem has the casefold feature).
+    fn is_casefolded(&self) -> bool;
     fn set_indexed(&mut self, indexed: bool);
     /// Whether this mount found the directory's htree index damaged: then
     /// its leaves are read linearly, and nothing is added through it.
@@ -190,6 +200,8 @@ pub(crate) struct Format {
     pub hash_unsigned: bool,
     pub hash_seed: [u32; 4],
     pub def_hash_version: u8,
+    /// A casefolded directory's encoding: None for the others.
+    pub casefold: Option<Encoding>,
 }
 
 impl Format {
@@ -211,6 +223,7 @@ impl Format {
             hash_unsigned: geo.hash_unsigned,
             hash_seed: geo.hash_seed,
             def_hash_version: geo.def_hash_version,
+            casefold: geo.encoding.filter(|_| d.is_casefolded()),
         }
     }
 
@@ -648,6 +661,34 @@ pub(crate) fn modify_leaf<R>(
 // ---------------------------------------------------------------------------
 // Leaf block operations on bytes
 
+/// A name looked for among a directory's records: in a casefolded
+/// directory, any record whose name folds alike is it (ext4_match).
+pub(crate) struct Wanted<'n> {
+    name: &'n [u8],
+    /// casefold: the name folded, None if it does not fold.
+    folded: Option<Vec<u8>>,
+    casefold: bool,
+}
+
+impl<'n> Wanted<'n> {
+    pub fn new(fmt: &Format, name: &'n [u8]) -> Self {
+        let casefold = fmt.casefold.is_some();
+        Wanted {
+            name,
+            folded: if casefold { casefold::fold(name) } else { None },
+            casefold,
+        }
+    }
+
+    pub fn matches(&self, stored: &[u8]) -> bool {
+        if self.casefold {
+            casefold::matches(stored, self.name, self.folded.as_deref())
+        } else {
+            stored == self.name
+        }
+    }
+}
+
 /// The live record named `name`, if any.
 pub(crate) fn find_name(
     fmt: &Format,
@@ -655,9 +696,10 @@ pub(crate) fn find_name(
     lblk: u64,
     name: &[u8],
 ) -> Result<Option<Record>> {
+    let wanted = Wanted::new(fmt, name);
     for record in Records::leaf(fmt, block, lblk) {
         let record = record?;
-        if record.is_live() && record.name(block) == name {
+        if record.is_live() && wanted.matches(record.name(block)) {
             return Ok(Some(record));
         }
     }
@@ -686,9 +728,10 @@ pub(crate) fn find_slot_in(
     name: &[u8],
 ) -> Result<Option<Record>> {
     let needed = record_len(name.len());
+    let wanted = Wanted::new(fmt, name);
     for record in Records::range(fmt, block, start, end, lblk) {
         let record = record?;
-        if record.is_live() && record.name(block) == name {
+        if record.is_live() && wanted.matches(record.name(block)) {
             return Err(Error::Exists);
         }
         if record.free_space() >= needed {
@@ -840,6 +883,44 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A casefolded directory in strict mode holds only names that are UTF-8:
+/// the kernel refuses others in lookups and adds alike (EINVAL).
+fn check_encoded_name(fmt: &Format, name: &[u8]) -> Result<()> {
+    match fmt.casefold {
+        Some(encoding) if !encoding.allows(name) => Err(Error::Invalid(format!(
+            "name {:?} is not valid UTF-8, which a strict casefolded directory requires",
+            String::from_utf8_lossy(name)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The name a change at `location`, found by `name`, is noted under: the
+/// name as stored, which in a casefolded directory may be spelled
+/// otherwise than the name it was found by.
+fn noted_name<'n>(
+    d: &mut dyn DirBlocks,
+    fmt: &Format,
+    location: &EntryLocation,
+    name: &'n [u8],
+) -> Result<Cow<'n, [u8]>> {
+    if fmt.casefold.is_none() {
+        return Ok(Cow::Borrowed(name));
+    }
+    let name_at = |bytes: &[u8]| -> Option<Vec<u8>> {
+        let len = *bytes.get(location.offset + 6)? as usize;
+        let start = location.offset + RECORD_HEADER_LEN;
+        bytes.get(start..start + len).map(<[u8]>::to_vec)
+    };
+    let stored = match d.inline_bytes()? {
+        Some(bytes) => name_at(&bytes),
+        None => name_at(&read_leaf(d, fmt, location.lblk)?.read()),
+    };
+    stored
+        .map(Cow::Owned)
+        .ok_or_else(|| Error::corrupt(fmt.location(location.lblk), "entry past its block"))
+}
+
 fn is_dot_or_dotdot(name: &[u8]) -> bool {
     name == b"." || name == b".."
 }
@@ -848,6 +929,7 @@ fn is_dot_or_dotdot(name: &[u8]) -> bool {
 pub fn lookup(d: &mut dyn DirBlocks, name: &[u8]) -> Result<Option<EntryLocation>> {
     check_name(name)?;
     let fmt = Format::of(d);
+    check_encoded_name(&fmt, name)?;
     if let Some(bytes) = d.inline_bytes()? {
         return inline::lookup(&fmt, &bytes, name);
     }
@@ -912,6 +994,7 @@ pub fn add_entry(
 ) -> Result<()> {
     check_name(name)?;
     let fmt = Format::of(d);
+    check_encoded_name(&fmt, name)?;
     debug_assert!(ino != 0 && ino <= fmt.inodes_count, "entry for inode {ino}");
     let entry = DirEntry {
         ino,
@@ -1131,6 +1214,7 @@ pub fn remove_entry(
     }
     let fmt = Format::of(d);
     let location = lookup(d, name)?.ok_or(Error::NotFound)?;
+    let name = &*noted_name(d, &fmt, &location, name)?;
     if let Some(mut bytes) = d.inline_bytes()? {
         inline::remove(&fmt, &mut bytes, location.offset)?;
         d.store_inline(&bytes)?;
@@ -1164,6 +1248,7 @@ pub fn replace_entry(
     let fmt = Format::of(d);
     debug_assert!(ino != 0 && ino <= fmt.inodes_count);
     let location = lookup(d, name)?.ok_or(Error::NotFound)?;
+    let name = &*noted_name(d, &fmt, &location, name)?;
     let repoint = |block: &mut [u8]| {
         put_u32(block, location.offset, ino);
         block[location.offset + 7] = if fmt.filetype { file_type } else { 0 };
@@ -1421,6 +1506,7 @@ mod tests {
             hash_unsigned: false,
             hash_seed: [0; 4],
             def_hash_version: 1,
+            casefold: None,
         }
     }
 

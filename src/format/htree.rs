@@ -24,6 +24,7 @@
 //! large_dir (ext4_dir_htree_level). Every path from the root to a leaf has
 //! that many index blocks, which e2fsck checks.
 
+use super::casefold;
 use super::csum::crc32c_raw;
 use super::dir::{
     self, DirBlocks, DirEntry, DirStats, EntryLocation, Format, Records, dot_records, find_name,
@@ -34,6 +35,7 @@ use super::{get_u16, get_u32, put_u16, put_u32};
 use crate::cache::Buffer;
 use crate::ensure_format;
 use crate::error::{Error, Result};
+use crate::faults::{self, Fault};
 use crate::journal::Handle;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -211,6 +213,9 @@ fn tea_transform(buf: &mut [u32; 4], input: &[u32; 4]) {
 pub(crate) struct Hasher {
     version: u8,
     seed: [u32; 4],
+    /// A casefolded directory: names hash by their folded bytes (those
+    /// that do not fold, by their own), as ext4fs_dirhash hashes them.
+    casefold: bool,
 }
 
 impl Hasher {
@@ -224,10 +229,16 @@ impl Hasher {
         Hasher {
             version,
             seed: fmt.hash_seed,
+            casefold: fmt.casefold.is_some(),
         }
     }
 
     fn major(&self, name: &[u8]) -> u32 {
+        let folded = match self.casefold && !faults::active(Fault::CasefoldHashRaw) {
+            true => casefold::fold(name),
+            false => None,
+        };
+        let name = folded.as_deref().unwrap_or(name);
         name_hash(self.version, &self.seed, name).map_or(0, |hash| hash.major)
     }
 }

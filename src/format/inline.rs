@@ -179,8 +179,9 @@ pub(crate) fn lookup(fmt: &Format, bytes: &[u8], name: &[u8]) -> Result<Option<E
         let (dot, dotdot) = dots(fmt, bytes)?;
         return Ok(Some(at(if name == b"." { &dot } else { &dotdot })));
     }
+    let wanted = dir::Wanted::new(fmt, name);
     for record in records(fmt, bytes)? {
-        if record.is_live() && record.name(bytes) == name {
+        if record.is_live() && wanted.matches(record.name(bytes)) {
             return Ok(Some(EntryLocation {
                 ino: record.ino,
                 file_type: record.file_type,
@@ -471,6 +472,7 @@ mod tests {
             hash_unsigned: false,
             hash_seed: [0; 4],
             def_hash_version: 1,
+            casefold: None,
         }
     }
 

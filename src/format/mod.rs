@@ -23,6 +23,7 @@ pub mod acl;
 pub mod bitmap;
 pub mod blockmap;
 pub mod bytelog;
+pub mod casefold;
 pub mod csum;
 pub mod dir;
 pub mod extent;

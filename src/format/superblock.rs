@@ -6,6 +6,7 @@
 //! survive a rewrite bit for bit; `encode` writes back only the fields we
 //! change, then the checksum.
 
+use super::casefold;
 use super::csum::{self, crc32c_raw};
 use super::{get_u8, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use crate::ensure_format;
@@ -108,6 +109,7 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::LARGEDIR
     | incompat::EA_INODE
     | incompat::INLINE_DATA
+    | incompat::CASEFOLD
     | incompat::BYTELOG;
 
 /// RO_COMPAT features this build keeps consistent when writing. Any other
@@ -246,6 +248,8 @@ const S_BACKUP_BGS: usize = 0x24C;
 const S_CHECKSUM_SEED: usize = 0x270;
 const S_WTIME_HI: usize = 0x274;
 const S_MTIME_HI: usize = 0x275;
+const S_ENCODING: usize = 0x27C;
+const S_ENCODING_FLAGS: usize = 0x27E;
 const S_ORPHAN_FILE_INUM: usize = 0x280;
 const S_USR_QUOTA_INUM: usize = 0x240;
 const S_GRP_QUOTA_INUM: usize = 0x244;
@@ -362,6 +366,10 @@ pub struct Superblock {
     pub overhead_clusters: u32,
     pub checksum_seed: u32,
     pub orphan_file_inum: u32,
+    /// casefold: the character encoding of casefolded directories' names
+    /// (`casefold::Encoding`) and its flags.
+    pub encoding: u16,
+    pub encoding_flags: u16,
     /// The quota files' inodes, user, group and project (0: none).
     pub quota_inums: [u32; 3],
     /// Seconds between updates of the MMP block (`mmp` feature).
@@ -501,6 +509,8 @@ impl Superblock {
             overhead_clusters: get_u32(&raw[..], S_OVERHEAD_CLUSTERS),
             checksum_seed: get_u32(&raw[..], S_CHECKSUM_SEED),
             orphan_file_inum: get_u32(&raw[..], S_ORPHAN_FILE_INUM),
+            encoding: get_u16(&raw[..], S_ENCODING),
+            encoding_flags: get_u16(&raw[..], S_ENCODING_FLAGS),
             quota_inums: [
                 get_u32(&raw[..], S_USR_QUOTA_INUM),
                 get_u32(&raw[..], S_GRP_QUOTA_INUM),
@@ -682,7 +692,19 @@ impl Superblock {
                 "filesystem uses feature {names}, which jext4 does not support{hint}"
             )));
         }
+        self.casefold_encoding()?;
         Ok(self.read_only_features().is_empty())
+    }
+
+    /// With casefold, the encoding of casefolded directories' names (an
+    /// unknown one is refused: its names could not be looked up).
+    pub fn casefold_encoding(&self) -> Result<Option<casefold::Encoding>> {
+        if !self.has_incompat(incompat::CASEFOLD) {
+            return Ok(None);
+        }
+        casefold::Encoding::from_superblock(self.encoding, self.encoding_flags)
+            .map(Some)
+            .map_err(Error::Unsupported)
     }
 
     /// Every feature set, by the names mke2fs and dumpe2fs use: compat,
@@ -1047,6 +1069,9 @@ pub struct Geometry {
     /// project (0: that type has none; the project file needs the project
     /// feature too).
     pub quota_inums: [u32; 3],
+    /// casefold: the encoding of casefolded directories' names (None
+    /// without the feature; an unknown encoding is refused at mount).
+    pub encoding: Option<casefold::Encoding>,
 }
 
 impl Geometry {
@@ -1129,6 +1154,7 @@ impl Geometry {
             } else {
                 0
             },
+            encoding: sb.casefold_encoding().unwrap_or(None),
             quota_inums: match sb.has_ro_compat(ro_compat::QUOTA) {
                 true => {
                     let project = sb.has_ro_compat(ro_compat::PROJECT);

@@ -148,6 +148,9 @@ impl DirBlocks for DirReader<'_> {
     fn is_indexed(&self) -> bool {
         self.inode.has_flag(flags::INDEX)
     }
+    fn is_casefolded(&self) -> bool {
+        self.inode.has_flag(flags::CASEFOLD)
+    }
     fn set_indexed(&mut self, _indexed: bool) {
         debug_assert!(false, "a DirReader never changes a directory");
     }
@@ -247,6 +250,9 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
     }
     fn is_indexed(&self) -> bool {
         self.inode.has_flag(flags::INDEX)
+    }
+    fn is_casefolded(&self) -> bool {
+        self.inode.has_flag(flags::CASEFOLD)
     }
     fn set_indexed(&mut self, indexed: bool) {
         if indexed {

@@ -239,17 +239,29 @@ impl FuseAdapter {
     /// Every entry the kernel receives raises its lookup count for that
     /// inode, which the engine must know before the reply leaves (a FORGET
     /// may follow at once).
-    fn reply_entry(&self, reply: impl EntryAnswer, result: crate::Result<Attr>) {
+    fn reply_entry(&self, parent: INodeNo, reply: impl EntryAnswer, result: crate::Result<Attr>) {
         match result {
             Ok(attr) => {
                 self.fs.remember(attr.ino);
                 reply.entry(
-                    self.tuning.ttl(),
+                    self.entry_ttl(parent),
                     &file_attr(&attr),
                     Generation(attr.generation as u64),
                 )
             }
             Err(error) => reply.error(errno(&error)),
+        }
+    }
+
+    /// How long the kernel may keep a name of directory `parent` and the
+    /// attributes that came with it: not at all in a casefolded directory,
+    /// where a name found stands for every spelling of it, which the
+    /// kernel's dentries for a FUSE mount do not know (a rename or unlink
+    /// through one spelling would leave the others cached).
+    fn entry_ttl(&self, parent: INodeNo) -> &'static Duration {
+        match self.fs.is_casefolded(to_ext4(parent)) {
+            true => &Duration::ZERO,
+            false => self.tuning.ttl(),
         }
     }
 
@@ -636,10 +648,15 @@ impl FuseAdapter {
             // plain ENOENT (ESTALE to its caller), not a cached dentry.
             let by_handle = dot || name.as_bytes() == b"..";
             match result {
-                Err(Error::NotFound) if self.tuning.negative_entries && !by_handle => {
+                // With casefold, no name is cached as missing: one missing
+                // in an empty directory may exist once `chattr +F` made
+                // another spelling of it the same name.
+                Err(Error::NotFound)
+                    if self.tuning.negative_entries && !by_handle && !self.fs.may_casefold() =>
+                {
                     self.reply_negative(reply)
                 }
-                result => self.reply_entry(reply, result),
+                result => self.reply_entry(parent, reply, result),
             }
         });
     }
@@ -711,7 +728,7 @@ impl FuseAdapter {
                     creator(origin, umask),
                 )
             });
-            self.reply_entry(reply, result);
+            self.reply_entry(parent, reply, result);
         });
     }
 
@@ -733,7 +750,7 @@ impl FuseAdapter {
                     creator(origin, umask),
                 )
             });
-            self.reply_entry(reply, result);
+            self.reply_entry(parent, reply, result);
         });
     }
 
@@ -774,7 +791,7 @@ impl FuseAdapter {
                     caller(origin),
                 )
             });
-            self.reply_entry(reply, result);
+            self.reply_entry(parent, reply, result);
         });
     }
 
@@ -830,7 +847,7 @@ impl FuseAdapter {
                     caller(origin),
                 )
             });
-            self.reply_entry(reply, result);
+            self.reply_entry(newparent, reply, result);
         });
     }
 
@@ -978,7 +995,7 @@ impl FuseAdapter {
                 // nothing cached, so that a stat of it asks again and gets
                 // the error alone. The engine has logged the damage.
                 let (attr, ttl) = match clock.engine(|| self.fs.getattr(entry.ino)) {
-                    Ok(attr) => (attr, *self.tuning.ttl()),
+                    Ok(attr) => (attr, *self.entry_ttl(ino)),
                     Err(_) => (unreadable_attr(&entry), Duration::ZERO),
                 };
                 // The kernel counts a lookup for every entry but "." and "..";
@@ -1244,7 +1261,7 @@ impl FuseAdapter {
                 Ok(attr) => {
                     self.fs.remember(attr.ino);
                     reply.created(
-                        self.tuning.ttl(),
+                        self.entry_ttl(parent),
                         &file_attr(&attr),
                         Generation(attr.generation as u64),
                         FileHandle(0),

@@ -77,6 +77,9 @@ impl DirBlocks for TestDir {
     fn is_indexed(&self) -> bool {
         self.indexed
     }
+    fn is_casefolded(&self) -> bool {
+        false
+    }
     fn set_indexed(&mut self, indexed: bool) {
         self.indexed = indexed;
     }

@@ -767,6 +767,24 @@ impl super::Fs {
         Ok((xflags_of(&inode), inode.projid))
     }
 
+    /// Whether the filesystem has casefolded directories or may have
+    /// (the casefold feature).
+    pub fn may_casefold(&self) -> bool {
+        self.core.geo.encoding.is_some()
+    }
+
+    /// Whether `ino` is a casefolded directory, whose names match others
+    /// spelled in another case. A FUSE front end must not let the kernel
+    /// cache its names: a FUSE mount's dentries match byte for byte.
+    pub fn is_casefolded(&self, ino: u32) -> bool {
+        if self.core.geo.encoding.is_none() {
+            return false;
+        }
+        let _inode = self.core.inodes.read(ino, crate::lock::Rank::Inode);
+        self.read_file_inode(ino)
+            .is_ok_and(|inode| inode.is_dir() && inode.has_flag(flags::CASEFOLD))
+    }
+
     /// FS_IOC_GETFLAGS: the inode's flags a user may see
     /// (EXT4_FL_USER_VISIBLE), as `lsattr` shows them.
     pub fn inode_flags(&self, ino: u32) -> Result<u32> {
@@ -775,20 +793,27 @@ impl super::Fs {
     }
 
     /// FS_IOC_SETFLAGS (`chattr`), for what jext4 keeps: a directory's
-    /// +P (EXT4_PROJINHERIT_FL). A change of another flag a user may set
-    /// (EXT4_FL_USER_MODIFIABLE) is EOPNOTSUPP; the others are not the
-    /// caller's and stay as they are, as in ext4_fileattr_set.
+    /// +P (EXT4_PROJINHERIT_FL) and +F (EXT4_CASEFOLD_FL). A change of
+    /// another flag a user may set (EXT4_FL_USER_MODIFIABLE) is
+    /// EOPNOTSUPP; the others are not the caller's and stay as they are,
+    /// as in ext4_fileattr_set.
+    ///
+    /// +F changes only on a filesystem with casefold (else EOPNOTSUPP),
+    /// only for a directory (EOPNOTSUPP to set it on anything else, as
+    /// ext4_mask_flags strips it; ENOTDIR to clear a stray one) and an
+    /// empty one (ENOTEMPTY): its names would otherwise be hashed and
+    /// matched by rules they were not stored under.
     pub fn set_inode_flags(&self, ino: u32, new: u32, caller: Caller) -> Result<()> {
         self.change_attributes(ino, caller, |inode| {
             let changed = (new ^ inode.flags) & FL_USER_MODIFIABLE;
-            if changed & !flags::PROJINHERIT != 0 {
+            if changed & !(flags::PROJINHERIT | flags::CASEFOLD) != 0 {
                 return Err(Error::NotSupported);
             }
             let xflags = match new & flags::PROJINHERIT != 0 {
                 true => xflags_of(inode) | FS_XFLAG_PROJINHERIT,
                 false => xflags_of(inode) & !FS_XFLAG_PROJINHERIT,
             };
-            Ok((xflags, inode.projid))
+            Ok((xflags, inode.projid, new & flags::CASEFOLD != 0))
         })
     }
 
@@ -805,23 +830,29 @@ impl super::Fs {
     /// limits (EDQUOT, as `dquot_transfer`), unless `caller` is bound by
     /// none.
     pub fn set_fs_xattr(&self, ino: u32, xflags: u32, projid: u32, caller: Caller) -> Result<()> {
-        self.change_attributes(ino, caller, |_| Ok((xflags, projid)))
+        self.change_attributes(ino, caller, |inode| {
+            Ok((xflags, projid, inode.has_flag(flags::CASEFOLD)))
+        })
     }
 
-    /// Give inode `ino` the FS_XFLAG_* flags and project id `wanted` says
-    /// from its current state (`set_fs_xattr`, `set_inode_flags`).
+    /// Give inode `ino` the FS_XFLAG_* flags, project id and casefolding
+    /// `wanted` says from its current state (`set_fs_xattr`,
+    /// `set_inode_flags`).
     fn change_attributes(
         &self,
         ino: u32,
         caller: Caller,
-        wanted: impl Fn(&Inode) -> Result<(u32, u32)>,
+        wanted: impl Fn(&Inode) -> Result<(u32, u32, bool)>,
     ) -> Result<()> {
         let geo = &self.core.geo;
         let project = geo.has_ro_compat(crate::format::superblock::ro_compat::PROJECT);
         self.transact(super::Scope::File(ino), 2, caller, |tx| {
             let _inode = tx.lock_write(ino, crate::lock::Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
-            let (xflags, projid) = wanted(&inode)?;
+            let (xflags, projid, casefold) = wanted(&inode)?;
+            if casefold != inode.has_flag(flags::CASEFOLD) {
+                tx.check_casefold_change(ino, &inode, casefold)?;
+            }
             let current = xflags_of(&inode);
             let inherit = match inode.is_dir() {
                 true => FS_XFLAG_PROJINHERIT,
@@ -846,6 +877,11 @@ impl super::Fs {
             } else {
                 inode.flags &= !flags::PROJINHERIT;
             }
+            if casefold {
+                inode.flags |= flags::CASEFOLD;
+            } else {
+                inode.flags &= !flags::CASEFOLD;
+            }
             inode.ctime = crate::format::inode::Timestamp::now();
             if inode.is_dir() {
                 tx.handle.note(crate::journal::change::Change::Ineligible(
@@ -854,6 +890,27 @@ impl super::Fs {
             }
             tx.write_inode(ino, &inode)
         })
+    }
+}
+
+impl Tx<'_, '_> {
+    /// Whether directory `ino` may be made casefolded (`casefold`) or not
+    /// (ext4_ioctl_setflags; its lock is held, so it stays empty).
+    fn check_casefold_change(&self, ino: u32, inode: &Inode, casefold: bool) -> Result<()> {
+        if self.core.geo.encoding.is_none() {
+            return Err(Error::NotSupported);
+        }
+        if !inode.is_dir() {
+            return Err(match casefold {
+                true => Error::NotSupported,
+                false => Error::NotDirectory,
+            });
+        }
+        let mut dir = crate::engine::fs::dirops::DirReader::new(self.core, ino, inode);
+        if !crate::format::dir::is_empty(&mut dir)? {
+            return Err(Error::NotEmpty);
+        }
+        Ok(())
     }
 }
 
