@@ -237,6 +237,43 @@ fn ea_inode_values_count_for_their_owners() {
     }
 }
 
+/// A large value takes an EA inode that counts for its owner, and so is
+/// refused past the owner's inode limit (EDQUOT, nothing changed), as
+/// ext4_xattr_inode_alloc_quota refuses it; a small value still goes in.
+#[test]
+fn a_large_value_past_the_inode_limit_is_edquot() {
+    let dir = tempfile::tempdir().unwrap();
+    let image_path = common::mkfs(
+        dir.path(),
+        "ea-limit",
+        32,
+        &["-t", "ext4", "-O", "quota,ea_inode", "-b", "4096"],
+    );
+    let root = enforcing(&image_path, false);
+    root.write("/mine", b"data").unwrap();
+    root.set_owner("/mine", Some(1000), Some(1000)).unwrap();
+    root.fs()
+        .set_quota_limits(QuotaType::User, 1000, hard(0, 2))
+        .unwrap();
+    let user = as_user(&root, 1000);
+    user.set_xattr("/mine", "user.one", vec![1u8; 9000])
+        .unwrap();
+    assert_eq!(reported(&root, QuotaType::User, 1000).1, 2);
+    assert_edquot(
+        user.set_xattr("/mine", "user.two", vec![2u8; 9000]),
+        "a second large value at the inode limit",
+    );
+    assert!(user.xattr("/mine", "user.two").unwrap().is_none());
+    user.set_xattr("/mine", "user.small", b"small").unwrap();
+    // Root is bound by none.
+    root.set_xattr("/mine", "user.two", vec![2u8; 9000])
+        .unwrap();
+    assert_eq!(reported(&root, QuotaType::User, 1000).1, 3);
+    drop(user);
+    root.close().unwrap();
+    common::assert_fsck_clean(&image_path);
+}
+
 /// `jext4 quota set` writes limits that debugfs reads back, a usage above
 /// a new soft limit starts its grace time, and `jext4 quota report` shows
 /// them with repquota -n's columns; an image without quotas is one line.

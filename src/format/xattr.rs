@@ -194,6 +194,12 @@ fn min_large_ea_size(geo: &Geometry) -> usize {
     geo.block_size as usize - entry_len(3) - BLOCK_HEADER_SIZE - END_MARKER_SIZE
 }
 
+/// With ea_inode, whether a value of `size` bytes goes to an EA inode
+/// whatever room the inode and its block have (`min_large_ea_size`).
+pub fn goes_to_ea_inode(geo: &Geometry, size: usize) -> bool {
+    geo.has_incompat(incompat::EA_INODE) && value_len(size) > min_large_ea_size(geo)
+}
+
 /// What a value of `size` bytes in an EA inode adds to the `i_blocks` of
 /// each inode that names it, in 512-byte units: its blocks.
 fn ea_charge(geo: &Geometry, size: u32) -> u64 {
@@ -1119,7 +1125,7 @@ fn set_stored(
         plan_change(geo, ibody.as_ref(), block.as_ref(), found, target)
     };
     let mut new = value.map(|value| {
-        if ea_feature && value_len(value.len()) > min_large_ea_size(geo) {
+        if goes_to_ea_inode(geo, value.len()) {
             stand_in(value)
         } else {
             NewValue::Stored(value)

@@ -4,6 +4,7 @@
 
 use super::acl::{self, ACL_ACCESS};
 use super::inode::{check_live, read_inode};
+use super::quota::Ask;
 use super::{Caller, Fs, Scope};
 use crate::error::{Error, Location, Result};
 use crate::format::inode::{self as fmt, Inode, Timestamp, flags};
@@ -182,8 +183,17 @@ impl Fs {
             self.check_not_freed(ino, &inode)?;
             // Values kept in EA inodes count one inode each for the owner.
             let entries_before = tx.quota_ea_entries(ino, &inode)?;
-            // A new xattr block counts against the inode's quota limits.
+            // A new xattr block counts against the inode's quota limits,
+            // and so does the inode a large value takes: one more for the
+            // owner, granted first as ext4_xattr_inode_alloc_quota does
+            // (a smaller value that finds no room elsewhere is counted
+            // without the check).
             let subject = tx.quota_ids(ino, &inode);
+            if let (Some(ids), Some(value)) = (subject, value)
+                && xattr::goes_to_ea_inode(&self.core.geo, value.len())
+            {
+                tx.grant_quota(ids.map(Some), Ask::exact(0, 1))?;
+            }
             let result = tx.with_quota_subject(subject, |tx| {
                 let mut ctx = tx.meta_ctx();
                 if name == ACL_ACCESS {
