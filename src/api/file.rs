@@ -96,7 +96,9 @@ impl File {
             // A device, fifo or socket has nothing behind it here.
             _ => return Err(Error::NotSupported),
         }
-        if options.truncate && file.writable && !options.create_new {
+        let truncate = options.truncate && file.writable && !options.create_new;
+        fs.check_open(ino, file.writable, options.append, truncate)?;
+        if truncate {
             fs.truncate(ino, 0, image.shared.caller)?;
         }
         Ok(file)

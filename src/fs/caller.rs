@@ -19,6 +19,9 @@ const CAP_SYS_RESOURCE: u32 = 24;
 /// CAP_SYS_ADMIN: quotactl's limits and reports.
 const CAP_SYS_ADMIN: u32 = 21;
 
+/// CAP_LINUX_IMMUTABLE: `chattr +i` and `+a`.
+const CAP_LINUX_IMMUTABLE: u32 = 9;
+
 /// Identity of the caller of one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
@@ -96,6 +99,12 @@ impl Caller {
     /// as quotactl's Q_SETQUOTA asks)? Asked as `capable_sys_resource`.
     pub fn capable_sys_admin(&self) -> bool {
         self.capable(CAP_SYS_ADMIN)
+    }
+
+    /// May the caller set or clear a file's immutable and append-only
+    /// flags (CAP_LINUX_IMMUTABLE, as `fileattr_set_prepare` asks)?
+    pub fn capable_linux_immutable(&self) -> bool {
+        self.capable(CAP_LINUX_IMMUTABLE)
     }
 
     fn capable(&self, capability: u32) -> bool {

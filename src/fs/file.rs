@@ -86,6 +86,11 @@ impl Tx<'_, '_> {
         if writer == Writer::Caller && self.core.verity_enabling.lock().contains(&ino) {
             return Err(Error::TextFileBusy);
         }
+        // chattr +i: no caller changes the data (held data written out
+        // is data the file already has).
+        if writer == Writer::Caller {
+            super::iflags::check_writable(&inode)?;
+        }
         Ok(inode)
     }
 
@@ -562,6 +567,8 @@ impl Fs {
             let chunk_written = self.transact(Scope::File(ino), credits, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 tx.with_regular_file(ino, |tx, inode| {
+                    // chattr +a: only at the end.
+                    super::iflags::check_data_change(inode, Some(position))?;
                     if first && (inode.mode & 0o6000 != 0 || has_xattrs(inode)) {
                         let setid = setid_bits_to_drop(inode, &caller, false);
                         written.privileges_killed = tx.kill_privileges(ino, inode, setid)?;
@@ -636,6 +643,7 @@ impl Fs {
                     return Ok(None); // a write held more meanwhile
                 }
                 tx.with_regular_file(ino, |tx, inode| {
+                    super::iflags::check_data_change(inode, None)?;
                     if inode.size == size {
                         return Ok(Some(false));
                     }
@@ -709,6 +717,11 @@ impl Fs {
                 return Ok(None); // a write held more meanwhile
             }
             tx.with_regular_file(ino, |tx, inode| {
+                // chattr +a: an allocation may grow the file, nothing
+                // else (vfs_fallocate).
+                if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+                    super::iflags::check_data_change(inode, None)?;
+                }
                 tx.fallocate_inode(ino, inode, offset, end, mode)
             })
             .map(Some)

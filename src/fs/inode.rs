@@ -608,6 +608,20 @@ impl Fs {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 let mut inode = tx.read_live_inode(ino)?;
                 self.check_not_freed(ino, &inode)?;
+                // chattr +i and +a (notify_change): mode, owner and times
+                // set explicitly are fixed; times set to now, only +i's.
+                let explicit_time = |time: &Option<TimeSet>| matches!(time, Some(TimeSet::At(_)));
+                if changes.mode.is_some()
+                    || changes.uid.is_some()
+                    || changes.gid.is_some()
+                    || explicit_time(&changes.atime)
+                    || explicit_time(&changes.mtime)
+                {
+                    super::iflags::check_attributes_changeable(&inode)?;
+                }
+                if changes.atime.is_some() || changes.mtime.is_some() || changes.ctime.is_some() {
+                    super::iflags::check_writable(&inode)?;
+                }
                 if inode.is_dir() {
                     // Fast commits record a directory's inode only with its
                     // creation (as the kernel's): its own attributes need a

@@ -30,6 +30,7 @@ mod dirops;
 mod fast_commit;
 mod file;
 mod group;
+mod iflags;
 mod inline;
 mod inode;
 mod inode_lock;

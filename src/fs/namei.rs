@@ -9,6 +9,7 @@
 use super::acl;
 use super::delalloc::WriteOut;
 use super::dirops::{DirReader, DirWriter};
+use super::iflags;
 use super::inode::FileKind;
 use super::inode::{Attr, attr_of, attr_unlocked, check_live, read_inode};
 use super::quota::Ask;
@@ -227,6 +228,7 @@ impl Tx<'_, '_> {
         if self.find_entry(parent, &parent_inode, name)?.is_some() {
             return Err(Error::Exists);
         }
+        iflags::check_dir_addable(&parent_inode)?;
         let (mode, is_dir) = match node {
             NewNode::File { mode } => (fmt::S_IFREG | (mode & 0o7777), false),
             NewNode::Special { mode, .. } => (mode, false),
@@ -579,6 +581,8 @@ impl Fs {
             {
                 return Err(Error::Exists);
             }
+            iflags::check_dir_addable(&parent_inode)?;
+            iflags::check_attributes_changeable(&inode)?;
             tx.charge_entry(new_parent, &parent_inode, new_name)?;
             let file_type = dir::file_type_from_mode(inode.mode);
             let handle = tx.handle;
@@ -635,6 +639,8 @@ impl Fs {
             }
             let _victim = tx.lock_write(entry.ino, Rank::Inode);
             let mut inode = tx.read_live_inode(entry.ino)?;
+            iflags::check_dir_removable(&parent_inode)?;
+            iflags::check_attributes_changeable(&inode)?;
             if want_dir {
                 if !inode.is_dir() {
                     return Err(Error::NotDirectory);
@@ -1009,13 +1015,30 @@ impl Fs {
             // The entry must fit its new directory's project (with
             // RENAME_EXCHANGE, both ways), as ext4_rename checks it.
             let target_dir = new_dir.as_ref().unwrap_or(&old_dir);
-            if let Some(found) = tx.find_entry(old_parent, &old_dir, old_name)? {
+            let source = tx.find_entry(old_parent, &old_dir, old_name)?;
+            if let Some(found) = source {
                 tx.check_project_boundary(target_dir, &tx.read_inode(found.ino)?)?;
             }
+            let target = tx.find_entry(new_parent, target_dir, new_name)?;
             if flags.exchange
-                && let Some(found) = tx.find_entry(new_parent, target_dir, new_name)?
+                && let Some(found) = target
             {
                 tx.check_project_boundary(&old_dir, &tx.read_inode(found.ino)?)?;
+            }
+            // chattr +i and +a: the entry leaves its directory and joins
+            // the other (the one it replaces leaves that one), as
+            // may_delete and may_create check it; a rename onto itself
+            // changes nothing and is let be.
+            if let Some(found) = source
+                && target.is_none_or(|target| target.ino != found.ino)
+            {
+                iflags::check_dir_removable(&old_dir)?;
+                iflags::check_dir_addable(target_dir)?;
+                iflags::check_attributes_changeable(&tx.read_inode(found.ino)?)?;
+                if let Some(target) = target {
+                    iflags::check_dir_removable(target_dir)?;
+                    iflags::check_attributes_changeable(&tx.read_inode(target.ino)?)?;
+                }
             }
             let mut dirs = RenameDirs {
                 old_parent,

@@ -267,10 +267,17 @@ impl Fs {
         self.note_error(result)
     }
 
-    /// Whether `ino` is an fs-verity file.
-    pub fn is_verity(&self, ino: u32) -> Result<bool> {
+    /// Whether `ino` may be opened as asked (`write`, with O_APPEND
+    /// `append`, with O_TRUNC `truncate`): an fs-verity file only for
+    /// reading (EPERM, as `fsverity_file_open`), and chattr's +i and +a
+    /// as `may_open` has them (`iflags::check_open`).
+    pub fn check_open(&self, ino: u32, write: bool, append: bool, truncate: bool) -> Result<()> {
         let _inode = self.core.inodes.read(ino, Rank::Inode);
-        Ok(self.read_file_inode(ino)?.has_flag(flags::VERITY))
+        let inode = self.read_file_inode(ino)?;
+        if (write || truncate) && inode.has_flag(flags::VERITY) {
+            return Err(Error::NotPermitted);
+        }
+        super::iflags::check_open(&inode, write, append, truncate)
     }
 
     /// An inode in use, read outside a transaction (the caller holds its
@@ -430,7 +437,9 @@ fn check_enable(ino: u32, inode: &Inode) -> Result<()> {
             "inode {ino}: fs-verity needs a regular file"
         )));
     }
-    if inode.has_flag(flags::APPEND) {
+    // fsverity_ioctl_enable: not on an append-only file, and it needs
+    // write permission, which an immutable one never gives.
+    if inode.has_flag(flags::APPEND) || inode.has_flag(flags::IMMUTABLE) {
         return Err(Error::NotPermitted);
     }
     if inode.has_flag(flags::VERITY) {

@@ -181,6 +181,7 @@ impl Fs {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             self.check_not_freed(ino, &inode)?;
+            super::iflags::check_attributes_changeable(&inode)?;
             // Values kept in EA inodes count one inode each for the owner.
             let entries_before = tx.quota_ea_entries(ino, &inode)?;
             // A new xattr block counts against the inode's quota limits,

@@ -852,16 +852,17 @@ impl FuseAdapter {
     }
 
     /// open(2): an fs-verity file opened for writing or truncation is
-    /// EPERM, as the kernel's `fsverity_file_open` answers (the only check
-    /// of the flags the kernel leaves to the filesystem here).
+    /// EPERM, as the kernel's `fsverity_file_open` answers, and so is what
+    /// chattr's +i and +a forbid, which the kernel cannot check for a
+    /// FUSE mount (`Fs::check_open`).
     pub fn open(&self, ino: INodeNo, flags: i32, reply: impl OpenAnswer) {
-        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let append = flags & libc::O_APPEND != 0;
+        let truncate = flags & libc::O_TRUNC != 0;
         self.guard(Operation::Open, move |clock| {
             let opened = clock.engine(|| {
                 let ino = to_ext4(ino);
-                if writes && self.fs.is_verity(ino)? {
-                    return Err(Error::NotPermitted);
-                }
+                self.fs.check_open(ino, write, append, truncate)?;
                 self.fs.open_file(ino)
             });
             match opened {

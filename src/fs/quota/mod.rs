@@ -792,11 +792,13 @@ impl super::Fs {
         Ok(self.read_file_inode(ino)?.flags & FL_USER_VISIBLE)
     }
 
-    /// FS_IOC_SETFLAGS (`chattr`), for what jext4 keeps: a directory's
-    /// +P (EXT4_PROJINHERIT_FL) and +F (EXT4_CASEFOLD_FL). A change of
-    /// another flag a user may set (EXT4_FL_USER_MODIFIABLE) is
-    /// EOPNOTSUPP; the others are not the caller's and stay as they are,
-    /// as in ext4_fileattr_set.
+    /// FS_IOC_SETFLAGS (`chattr`), for the flags jext4 keeps and acts on
+    /// (`FL_CHANGEABLE`): +i and +a (`iflags`), +d, +A, +S, and a
+    /// directory's +D, +P (EXT4_PROJINHERIT_FL) and +F (EXT4_CASEFOLD_FL).
+    /// A change of another flag a user may set (EXT4_FL_USER_MODIFIABLE)
+    /// is EOPNOTSUPP, as is setting one the kind of file cannot have
+    /// (ext4_mask_flags); the others are not the caller's and stay as
+    /// they are, as in ext4_fileattr_set.
     ///
     /// +F changes only on a filesystem with casefold (else EOPNOTSUPP),
     /// only for a directory (EOPNOTSUPP to set it on anything else, as
@@ -805,64 +807,62 @@ impl super::Fs {
     /// matched by rules they were not stored under.
     pub fn set_inode_flags(&self, ino: u32, new: u32, caller: Caller) -> Result<()> {
         self.change_attributes(ino, caller, |inode| {
-            let changed = (new ^ inode.flags) & FL_USER_MODIFIABLE;
-            if changed & !(flags::PROJINHERIT | flags::CASEFOLD) != 0 {
-                return Err(Error::NotSupported);
-            }
-            let xflags = match new & flags::PROJINHERIT != 0 {
-                true => xflags_of(inode) | FS_XFLAG_PROJINHERIT,
-                false => xflags_of(inode) & !FS_XFLAG_PROJINHERIT,
-            };
-            Ok((xflags, inode.projid, new & flags::CASEFOLD != 0))
+            let flags = (inode.flags & !FL_USER_MODIFIABLE) | (new & FL_USER_MODIFIABLE);
+            Ok((flags, inode.projid))
         })
     }
 
     /// FS_IOC_FSSETXATTR for what jext4 keeps: the project id (its quota
-    /// usage moves with it) and a directory's FS_XFLAG_PROJINHERIT (+P),
-    /// as ext4_ioctl_setproject and ext4_fileattr_set do. Other flag
-    /// changes are EOPNOTSUPP (jext4 does not enforce them yet); a project
-    /// id without the project feature is EOPNOTSUPP, and in an inode
-    /// without room for one EOVERFLOW. The caller's permission is the
-    /// kernel's VFS's to check (inode_owner_or_capable, before FUSE passes
-    /// the request on).
+    /// usage moves with it) and the flags FS_XFLAG_* bits stand for
+    /// (`XFLAGS`; those `set_inode_flags` changes), as
+    /// ext4_ioctl_setproject and ext4_fileattr_set do. A project id
+    /// without the project feature is EOPNOTSUPP, and in an inode without
+    /// room for one EOVERFLOW. The caller's permission is the kernel's
+    /// VFS's to check (inode_owner_or_capable, before FUSE passes the
+    /// request on).
     ///
     /// A new project id must take the inode's usage within its quota
     /// limits (EDQUOT, as `dquot_transfer`), unless `caller` is bound by
     /// none.
     pub fn set_fs_xattr(&self, ino: u32, xflags: u32, projid: u32, caller: Caller) -> Result<()> {
         self.change_attributes(ino, caller, |inode| {
-            Ok((xflags, projid, inode.has_flag(flags::CASEFOLD)))
+            let flags = XFLAGS.iter().fold(inode.flags, |flags, &(flag, xflag)| {
+                match xflags & xflag != 0 {
+                    true => flags | flag,
+                    false => flags & !flag,
+                }
+            });
+            Ok((flags, projid))
         })
     }
 
-    /// Give inode `ino` the FS_XFLAG_* flags, project id and casefolding
-    /// `wanted` says from its current state (`set_fs_xattr`,
-    /// `set_inode_flags`).
+    /// Give inode `ino` the flags and project id `wanted` says from its
+    /// current state (`set_fs_xattr`, `set_inode_flags`).
     fn change_attributes(
         &self,
         ino: u32,
         caller: Caller,
-        wanted: impl Fn(&Inode) -> Result<(u32, u32, bool)>,
+        wanted: impl Fn(&Inode) -> Result<(u32, u32)>,
     ) -> Result<()> {
         let geo = &self.core.geo;
         let project = geo.has_ro_compat(crate::format::superblock::ro_compat::PROJECT);
         self.transact(super::Scope::File(ino), 2, caller, |tx| {
             let _inode = tx.lock_write(ino, crate::lock::Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
-            let (xflags, projid, casefold) = wanted(&inode)?;
-            if casefold != inode.has_flag(flags::CASEFOLD) {
-                tx.check_casefold_change(ino, &inode, casefold)?;
-            }
-            let current = xflags_of(&inode);
-            let inherit = match inode.is_dir() {
-                true => FS_XFLAG_PROJINHERIT,
-                // ext4_mask_flags: only directories keep it.
-                false => 0,
-            };
-            if (xflags ^ current) & !inherit != 0 {
+            let (new_flags, projid) = wanted(&inode)?;
+            let changed = new_flags ^ inode.flags;
+            if changed & !FL_CHANGEABLE != 0 || new_flags & changed & !kind_mask(&inode) != 0 {
                 return Err(Error::NotSupported);
             }
+            super::iflags::check_flag_change(inode.flags, new_flags, || {
+                caller.capable_linux_immutable()
+            })?;
+            if changed & flags::CASEFOLD != 0 {
+                tx.check_casefold_change(ino, &inode, new_flags & flags::CASEFOLD != 0)?;
+            }
             if projid != inode.projid {
+                // ext4_ioctl_check_immutable: an immutable inode keeps it.
+                super::iflags::check_writable(&inode)?;
                 if !project {
                     return Err(Error::NotSupported);
                 }
@@ -872,16 +872,7 @@ impl super::Fs {
                 tx.grant_transfer(ino, &inode, [inode.uid, inode.gid, projid])?;
                 inode.projid = projid;
             }
-            if xflags & inherit != 0 {
-                inode.flags |= flags::PROJINHERIT;
-            } else {
-                inode.flags &= !flags::PROJINHERIT;
-            }
-            if casefold {
-                inode.flags |= flags::CASEFOLD;
-            } else {
-                inode.flags &= !flags::CASEFOLD;
-            }
+            inode.flags = new_flags;
             inode.ctime = crate::format::inode::Timestamp::now();
             if inode.is_dir() {
                 tx.handle.note(crate::journal::change::Change::Ineligible(
@@ -890,6 +881,32 @@ impl super::Fs {
             }
             tx.write_inode(ino, &inode)
         })
+    }
+}
+
+/// The flags `set_inode_flags` changes: each kept, and acted on where it
+/// asks for something (`iflags` for +i and +a; +S and +D make the
+/// changes synchronous, +A keeps atime, +P and +F as above; +d, nodump,
+/// is for dump(8) alone).
+const FL_CHANGEABLE: u32 = flags::SYNC
+    | flags::IMMUTABLE
+    | flags::APPEND
+    | 0x0000_0040 // EXT4_NODUMP_FL
+    | flags::NOATIME
+    | flags::DIRSYNC
+    | flags::PROJINHERIT
+    | flags::CASEFOLD;
+
+/// ext4_mask_flags: the flags an inode of its kind may have set —
+/// directories any, regular files all but the directory ones, the rest
+/// only nodump and noatime.
+fn kind_mask(inode: &Inode) -> u32 {
+    if inode.is_dir() {
+        u32::MAX
+    } else if inode.is_reg() {
+        !(flags::DIRSYNC | flags::TOPDIR | flags::CASEFOLD | flags::INDEX | flags::PROJINHERIT)
+    } else {
+        0x0000_0040 | flags::NOATIME
     }
 }
 
