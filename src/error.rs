@@ -190,6 +190,11 @@ pub enum Error {
     /// out (the kernel's check_bdq and check_idq).
     #[error("disk quota exceeded")]
     QuotaExceeded,
+    /// ENOKEY: the file or directory is encrypted and its key is not
+    /// here (jext4 holds no fscrypt keys): its contents cannot be read or
+    /// written, nor names added to it.
+    #[error("required key not available")]
+    NoKey,
     /// The image was closed (`Image::close`) while a `File` of it was
     /// still open: EBADF, as an operation on a closed descriptor.
     #[error("the image is closed")]
@@ -279,6 +284,7 @@ impl Error {
             Error::TextFileBusy => libc::ETXTBSY,
             Error::Overflow => libc::EOVERFLOW,
             Error::QuotaExceeded => libc::EDQUOT,
+            Error::NoKey => libc::ENOKEY,
             Error::Closed => libc::EBADF,
             Error::VerityMismatch { .. } => libc::EIO,
         }

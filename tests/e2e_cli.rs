@@ -146,16 +146,17 @@ fn e2e_cli_refusals() {
         &mnt,
     );
 
-    // An INCOMPAT feature outside the supported set is named.
-    let encrypt = common::mkfs(
+    // An INCOMPAT feature outside the supported set is named: here an
+    // external journal device, which is no filesystem.
+    let journal_dev = common::mkfs(
         scratch.path(),
-        "encrypt",
+        "journal-dev",
         32,
-        &["-t", "ext4", "-O", "encrypt"],
+        &["-O", "journal_dev", "-b", "4096"],
     );
     assert_refused(
-        &jext4(&["mount", e2e::path_str(&encrypt), mnt_arg]),
-        "encrypt",
+        &jext4(&["mount", e2e::path_str(&journal_dev), mnt_arg]),
+        "journal_dev",
         &mnt,
     );
     // Nothing above touched the good image.

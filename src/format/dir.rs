@@ -96,6 +96,8 @@ pub trait DirBlocks {
     /// The inode's CASEFOLD flag (names matched and hashed folded where
     /// the filesystem has the casefold feature).
     fn is_casefolded(&self) -> bool;
+    /// The inode's ENCRYPT flag: its names are fscrypt ciphertext.
+    fn is_encrypted(&self) -> bool;
     fn set_indexed(&mut self, indexed: bool);
     /// Whether this mount found the directory's htree index damaged: then
     /// its leaves are read linearly, and nothing is added through it.
@@ -200,8 +202,12 @@ pub(crate) struct Format {
     pub hash_unsigned: bool,
     pub hash_seed: [u32; 4],
     pub def_hash_version: u8,
-    /// A casefolded directory's encoding: None for the others.
+    /// A casefolded directory's encoding: None for the others (and for
+    /// an encrypted one, whose names are matched as ciphertext without
+    /// the key).
     pub casefold: Option<Encoding>,
+    /// An encrypted directory: names are ciphertext, any byte included.
+    pub encrypted: bool,
 }
 
 impl Format {
@@ -223,7 +229,10 @@ impl Format {
             hash_unsigned: geo.hash_unsigned,
             hash_seed: geo.hash_seed,
             def_hash_version: geo.def_hash_version,
-            casefold: geo.encoding.filter(|_| d.is_casefolded()),
+            casefold: geo
+                .encoding
+                .filter(|_| d.is_casefolded() && !d.is_encrypted()),
+            encrypted: d.is_encrypted(),
         }
     }
 
@@ -424,7 +433,9 @@ pub(crate) fn listed_records(
                 if !record.is_live() {
                     continue;
                 }
-                if record.name(block).contains(&b'/') {
+                // Ciphertext may hold any byte; a front end shows it in
+                // its no-key form.
+                if !fmt.encrypted && record.name(block).contains(&b'/') {
                     bad.push(BadEntry::UnlistableName {
                         location: fmt.location(lblk),
                         offset: record.offset,
@@ -1405,6 +1416,21 @@ pub fn is_empty(d: &mut dyn DirBlocks) -> Result<bool> {
     Ok(true)
 }
 
+/// The dirhash (major, minor) the kernel's listing of this directory
+/// gives entry `name`: its hash where it lists in hash order (an indexed
+/// directory, or one block on a dir_index filesystem: `is_dx_dir`), else
+/// none (0, 0). fscrypt's no-key names carry it.
+pub fn listing_hash(d: &mut dyn DirBlocks, name: &[u8]) -> Result<(u32, u32)> {
+    let fmt = Format::of(d);
+    let hash_order = fmt.dir_index
+        && (uses_htree(d, &fmt) || d.block_count() == 1 || d.inline_bytes()?.is_some());
+    if !hash_order {
+        return Ok((0, 0));
+    }
+    let hash = htree::listing_hash(d, &fmt, name);
+    Ok((hash.major, hash.minor))
+}
+
 /// readdir from `cookie` (0 = start): calls `emit(entry, next_cookie)` until
 /// it returns false or the directory ends.
 ///
@@ -1507,6 +1533,7 @@ mod tests {
             hash_seed: [0; 4],
             def_hash_version: 1,
             casefold: None,
+            encrypted: false,
         }
     }
 

@@ -473,6 +473,7 @@ mod tests {
             hash_seed: [0; 4],
             def_hash_version: 1,
             casefold: None,
+            encrypted: false,
         }
     }
 

@@ -28,6 +28,7 @@ pub mod csum;
 pub mod dir;
 pub mod extent;
 pub mod fast_commit;
+pub mod fscrypt;
 pub mod group_desc;
 pub mod htree;
 pub mod inline;

@@ -110,6 +110,7 @@ pub const INCOMPAT_SUPPORTED: u32 = incompat::FILETYPE
     | incompat::EA_INODE
     | incompat::INLINE_DATA
     | incompat::CASEFOLD
+    | incompat::ENCRYPT
     | incompat::BYTELOG;
 
 /// RO_COMPAT features this build keeps consistent when writing. Any other

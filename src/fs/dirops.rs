@@ -8,12 +8,15 @@ use super::{Core, Fs, Tx};
 use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Location, Result};
 use crate::format::dir::{self, BadEntry, DirBlocks, DirEntry};
+use crate::format::fscrypt;
 use crate::format::htree::LeafRanges;
 use crate::format::inline;
 use crate::format::inode::{Inode, flags};
 use crate::format::mapping::{self, Lookup};
 use crate::format::superblock::Geometry;
+use crate::format::superblock::incompat;
 use crate::journal::Handle;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 fn dir_block(core: &Core, ino: u32, inode: &Inode, lblk: u64) -> Result<Arc<Buffer>> {
@@ -151,6 +154,9 @@ impl DirBlocks for DirReader<'_> {
     fn is_casefolded(&self) -> bool {
         self.inode.has_flag(flags::CASEFOLD)
     }
+    fn is_encrypted(&self) -> bool {
+        self.inode.has_flag(flags::ENCRYPT)
+    }
     fn set_indexed(&mut self, _indexed: bool) {
         debug_assert!(false, "a DirReader never changes a directory");
     }
@@ -253,6 +259,9 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
     }
     fn is_casefolded(&self) -> bool {
         self.inode.has_flag(flags::CASEFOLD)
+    }
+    fn is_encrypted(&self) -> bool {
+        self.inode.has_flag(flags::ENCRYPT)
     }
     fn set_indexed(&mut self, indexed: bool) {
         if indexed {
@@ -404,10 +413,34 @@ impl Fs {
                 ended: true,
             });
         }
+        let encrypted = encrypted_dir(&self.core, ino, &inode)?;
         let mut reader = DirReader::new(&self.core, ino, &inode);
         let mut unknown = Vec::new();
         let (mut emitted, mut stopped) = (false, false);
+        let mut failed = None;
         dir::read_entries(&mut reader, cookie, &mut |entry: &DirEntry, next: u64| {
+            // Without the key, an encrypted directory's names are shown in
+            // their no-key form, which carries the hash the kernel's
+            // listing gives them.
+            let name = match encrypted && entry.name != b"." && entry.name != b".." {
+                true => {
+                    let named = dir::listing_hash(
+                        &mut DirReader::new(&self.core, ino, &inode),
+                        &entry.name,
+                    )
+                    .and_then(|(hash, minor)| {
+                        fscrypt::nokey_name(hash, minor, &entry.name, Location::Inode { ino })
+                    });
+                    match named {
+                        Ok(name) => name,
+                        Err(error) => {
+                            failed = Some(error);
+                            return false;
+                        }
+                    }
+                }
+                false => entry.name.clone(),
+            };
             let kind = match kind_of_file_type(entry.file_type) {
                 Some(kind) => kind,
                 // No file type in the entry (ext2 without `filetype`, or an
@@ -424,13 +457,16 @@ impl Fs {
             emitted = true;
             let taken = emit(Dentry {
                 ino: entry.ino,
-                name: entry.name.clone(),
+                name,
                 kind,
                 next,
             });
             stopped |= !taken;
             taken
         })?;
+        if let Some(error) = failed {
+            return Err(error);
+        }
         Ok(Listing {
             bad: std::mem::take(&mut reader.bad_entries),
             bad_more: reader.bad_entries_more,
@@ -476,6 +512,49 @@ impl Fs {
 }
 
 /// The kind of inode `ino`, for an entry that does not say.
+/// Whether directory `ino` is encrypted (its names fscrypt ciphertext);
+/// one that is casefolded too keeps a hash in each entry, which jext4
+/// does not read yet: refused.
+pub(crate) fn encrypted_dir(core: &Core, ino: u32, inode: &Inode) -> Result<bool> {
+    if !inode.has_flag(flags::ENCRYPT) || !core.geo.has_incompat(incompat::ENCRYPT) {
+        return Ok(false);
+    }
+    if inode.has_flag(flags::CASEFOLD) {
+        return Err(Error::Unsupported(format!(
+            "directory {ino} is encrypted and casefolded, which jext4 does not read yet"
+        )));
+    }
+    Ok(true)
+}
+
+/// The name on disk that `name`, as a caller gives it, stands for in
+/// directory `ino`: itself, or in an encrypted directory the ciphertext
+/// its no-key form names (NotFound for a name that is no no-key name, or
+/// whose long form matches no entry).
+pub(crate) fn disk_name<'n>(
+    core: &Core,
+    ino: u32,
+    inode: &Inode,
+    name: &'n [u8],
+) -> Result<Cow<'n, [u8]>> {
+    if !encrypted_dir(core, ino, inode)? || name == b"." || name == b".." {
+        return Ok(Cow::Borrowed(name));
+    }
+    let nokey = fscrypt::NokeyName::parse(name).ok_or(Error::NotFound)?;
+    if let fscrypt::NokeyName::Short(ciphertext) = nokey {
+        return Ok(Cow::Owned(ciphertext));
+    }
+    let mut found = None;
+    dir::read_entries(&mut DirReader::new(core, ino, inode), 0, &mut |entry, _| {
+        if nokey.matches(&entry.name) {
+            found = Some(entry.name.clone());
+            return false;
+        }
+        true
+    })?;
+    found.map(Cow::Owned).ok_or(Error::NotFound)
+}
+
 fn kind_from_inode(core: &Core, ino: u32) -> Result<FileKind> {
     let inode = read_inode(core, ino)?;
     FileKind::from_mode(inode.mode)

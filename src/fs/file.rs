@@ -69,6 +69,16 @@ pub(super) enum Writer {
     HeldData,
 }
 
+/// An encrypted file's contents are ciphertext, and jext4 has no key:
+/// they are neither read nor written, nor the file truncated (ENOKEY, as
+/// `fscrypt_file_open` and `fscrypt_prepare_setattr` answer).
+pub(super) fn refuse_encrypted_contents(inode: &Inode) -> Result<()> {
+    match inode.is_reg() && inode.has_flag(crate::format::inode::flags::ENCRYPT) {
+        true => Err(Error::NoKey),
+        false => Ok(()),
+    }
+}
+
 impl Tx<'_, '_> {
     fn regular_file(&self, ino: u32, writer: Writer) -> Result<Inode> {
         let inode = self.read_live_inode(ino)?;
@@ -78,6 +88,7 @@ impl Tx<'_, '_> {
         if !inode.is_reg() {
             return Err(Error::Invalid("not a regular file".into()));
         }
+        refuse_encrypted_contents(&inode)?;
         // fs-verity files are read-only (the kernel: EPERM), and so, while
         // verity is being enabled on them, are the others (ETXTBSY).
         if inode.has_flag(crate::format::inode::flags::VERITY) {
@@ -430,6 +441,7 @@ impl Fs {
             if inode.is_dir() {
                 return Err(Error::IsDirectory);
             }
+            refuse_encrypted_contents(&inode)?;
             // With data held by delayed allocation, the size it shows.
             let file_size = self.core.delayed.size_of(ino).unwrap_or(inode.size);
             if offset >= file_size || size == 0 {

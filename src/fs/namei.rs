@@ -8,7 +8,7 @@
 
 use super::acl;
 use super::delalloc::WriteOut;
-use super::dirops::{DirReader, DirWriter};
+use super::dirops::{DirReader, DirWriter, disk_name, encrypted_dir};
 use super::iflags;
 use super::inode::FileKind;
 use super::inode::{Attr, attr_of, attr_unlocked, check_live, read_inode};
@@ -134,6 +134,26 @@ impl Tx<'_, '_> {
         Ok(inode)
     }
 
+    /// A new name in an encrypted directory needs its key, which jext4
+    /// never has: ENOKEY (fscrypt_prepare_new_inode, _link), unless the
+    /// name (a no-key name) is taken, which is EEXIST as the kernel's
+    /// lookup before the create finds it.
+    fn refuse_new_encrypted_name(
+        &self,
+        dir_ino: u32,
+        dir_inode: &Inode,
+        name: &[u8],
+    ) -> Result<()> {
+        if !encrypted_dir(self.core, dir_ino, dir_inode)? {
+            return Ok(());
+        }
+        match disk_name(self.core, dir_ino, dir_inode, name) {
+            Ok(disk) if self.find_entry(dir_ino, dir_inode, &disk)?.is_some() => Err(Error::Exists),
+            Ok(_) | Err(Error::NotFound) => Err(Error::NoKey),
+            Err(error) => Err(error),
+        }
+    }
+
     pub fn find_entry(
         &self,
         dir_ino: u32,
@@ -225,6 +245,7 @@ impl Tx<'_, '_> {
         check_name(name)?;
         let _dir = self.lock_write(parent, Rank::Directory);
         let mut parent_inode = self.writable_dir(parent)?;
+        self.refuse_new_encrypted_name(parent, &parent_inode, name)?;
         if self.find_entry(parent, &parent_inode, name)?.is_some() {
             return Err(Error::Exists);
         }
@@ -451,7 +472,8 @@ impl Fs {
         if !dir_inode.is_dir() {
             return Err(Error::NotDirectory);
         }
-        let entry = dir::lookup(&mut DirReader::new(&self.core, parent, &dir_inode), name)?
+        let name = disk_name(&self.core, parent, &dir_inode, name)?;
+        let entry = dir::lookup(&mut DirReader::new(&self.core, parent, &dir_inode), &name)?
             .ok_or(Error::NotFound)?;
         attr_unlocked(&self.core, entry.ino, |inode| check_live(entry.ino, inode))
     }
@@ -501,7 +523,20 @@ impl Fs {
         })
     }
 
+    /// A symlink's target; an encrypted symlink's in its no-key form (the
+    /// ciphertext, as fscrypt_get_symlink shows it without the key).
     pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
+        let body = self.symlink_body(ino)?;
+        let inode = read_inode(&self.core, ino)?;
+        if !inode.has_flag(flags::ENCRYPT) {
+            return Ok(body);
+        }
+        let result = crate::format::fscrypt::symlink_target(&body, Location::Inode { ino });
+        self.note_error(result)
+    }
+
+    /// A symlink's target as stored.
+    fn symlink_body(&self, ino: u32) -> Result<Vec<u8>> {
         let inode_lock = self.core.inodes.read(ino, Rank::Inode);
         let result = (|| {
             let inode = read_inode(&self.core, ino)?;
@@ -574,6 +609,7 @@ impl Fs {
                 return Err(Error::NotFound); // unlinked while open
             }
             let mut parent_inode = tx.writable_dir(new_parent)?;
+            tx.refuse_new_encrypted_name(new_parent, &parent_inode, new_name)?;
             tx.check_project_boundary(&parent_inode, &inode)?;
             if tx
                 .find_entry(new_parent, &parent_inode, new_name)?
@@ -628,6 +664,11 @@ impl Fs {
         self.transact_releasing(Scope::Dirs(&[parent]), CREDITS_UNLINK, caller, |tx| {
             let _dir = tx.lock_write(parent, Rank::Directory);
             let mut parent_inode = tx.writable_dir(parent)?;
+            let name = &*disk_name(tx.core, parent, &parent_inode, name)?;
+            if encrypted_dir(tx.core, parent, &parent_inode)? {
+                tx.handle
+                    .note(Change::Ineligible(Ineligible::EncryptedName));
+            }
             let entry = tx
                 .find_entry(parent, &parent_inode, name)?
                 .ok_or(Error::NotFound)?;
@@ -1012,9 +1053,21 @@ impl Fs {
             } else {
                 Some(tx.writable_dir(new_parent)?)
             };
+            // A rename into, out of or within an encrypted directory needs
+            // the key (fscrypt_prepare_rename): ENOKEY, once the name is
+            // found.
+            let target_dir = new_dir.as_ref().unwrap_or(&old_dir);
+            if encrypted_dir(core, old_parent, &old_dir)?
+                || encrypted_dir(core, new_parent, target_dir)?
+            {
+                let old_disk = disk_name(core, old_parent, &old_dir, old_name)?;
+                if tx.find_entry(old_parent, &old_dir, &old_disk)?.is_none() {
+                    return Err(Error::NotFound);
+                }
+                return Err(Error::NoKey);
+            }
             // The entry must fit its new directory's project (with
             // RENAME_EXCHANGE, both ways), as ext4_rename checks it.
-            let target_dir = new_dir.as_ref().unwrap_or(&old_dir);
             let source = tx.find_entry(old_parent, &old_dir, old_name)?;
             if let Some(found) = source {
                 tx.check_project_boundary(target_dir, &tx.read_inode(found.ino)?)?;

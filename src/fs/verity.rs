@@ -274,6 +274,7 @@ impl Fs {
     pub fn check_open(&self, ino: u32, write: bool, append: bool, truncate: bool) -> Result<()> {
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let inode = self.read_file_inode(ino)?;
+        super::file::refuse_encrypted_contents(&inode)?;
         if (write || truncate) && inode.has_flag(flags::VERITY) {
             return Err(Error::NotPermitted);
         }
@@ -432,6 +433,7 @@ fn check_enable(ino: u32, inode: &Inode) -> Result<()> {
     if inode.is_dir() {
         return Err(Error::IsDirectory);
     }
+    super::file::refuse_encrypted_contents(inode)?;
     if !inode.is_reg() {
         return Err(Error::Invalid(format!(
             "inode {ino}: fs-verity needs a regular file"

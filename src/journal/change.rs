@@ -67,10 +67,14 @@ pub enum Ineligible {
     /// A fast commit failed part-way (a device error): the changes it took
     /// are committed in full instead.
     Failed,
+    /// `EXT4_FC_REASON_ENCRYPTED_FILENAME`: a name of an encrypted
+    /// directory changed (ciphertext, which the kernel's records do not
+    /// carry).
+    EncryptedName,
 }
 
 impl Ineligible {
-    pub const ALL: [Ineligible; 12] = [
+    pub const ALL: [Ineligible; 13] = [
         Ineligible::Xattr,
         Ineligible::CrossRename,
         Ineligible::RenameDir,
@@ -83,6 +87,7 @@ impl Ineligible {
         Ineligible::BlockMapped,
         Ineligible::AreaFull,
         Ineligible::Failed,
+        Ineligible::EncryptedName,
     ];
 
     /// The name `jext4 stats` prints.
@@ -100,6 +105,7 @@ impl Ineligible {
             Ineligible::BlockMapped => "block_mapped",
             Ineligible::AreaFull => "area_full",
             Ineligible::Failed => "failed",
+            Ineligible::EncryptedName => "encrypted_name",
         }
     }
 

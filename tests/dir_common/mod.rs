@@ -80,6 +80,9 @@ impl DirBlocks for TestDir {
     fn is_casefolded(&self) -> bool {
         false
     }
+    fn is_encrypted(&self) -> bool {
+        false
+    }
     fn set_indexed(&mut self, indexed: bool) {
         self.indexed = indexed;
     }
