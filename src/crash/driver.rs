@@ -219,8 +219,9 @@ impl Lane {
             self.device.mark(ack_mark(self.id, op));
         }
         if let Err(error) = self.observe(&mut model, op, touched, before) {
+            let what = &model.ops[op as usize].what;
             self.fatal
-                .get_or_insert(format!("op {op}: re-reading the tree: {error}"));
+                .get_or_insert(format!("op {op} ({what}): re-reading the tree: {error}"));
         }
         if let Ok(Some(persist)) = &result {
             model.acknowledge(op, *persist);
