@@ -446,6 +446,13 @@ impl Inode {
         }
     }
 
+    /// fscrypt encrypted (flag ENCRYPT on a filesystem with the encrypt
+    /// feature; without it the flag means nothing, and the kernel finds no
+    /// context to use).
+    pub fn is_encrypted(&self, geo: &Geometry) -> bool {
+        self.has_flag(flags::ENCRYPT) && geo.has_incompat(incompat::ENCRYPT)
+    }
+
     /// A symlink whose target is stored in `i_block`: it owns no blocks
     /// besides, possibly, its xattr block (ext4_inode_is_fast_symlink).
     pub fn is_fast_symlink(&self, geo: &Geometry) -> bool {

@@ -14,7 +14,6 @@ use crate::format::inline;
 use crate::format::inode::{Inode, flags};
 use crate::format::mapping::{self, Lookup};
 use crate::format::superblock::Geometry;
-use crate::format::superblock::incompat;
 use crate::journal::Handle;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -155,7 +154,7 @@ impl DirBlocks for DirReader<'_> {
         self.inode.has_flag(flags::CASEFOLD)
     }
     fn is_encrypted(&self) -> bool {
-        self.inode.has_flag(flags::ENCRYPT)
+        self.inode.is_encrypted(self.geo())
     }
     fn set_indexed(&mut self, _indexed: bool) {
         debug_assert!(false, "a DirReader never changes a directory");
@@ -261,7 +260,7 @@ impl DirBlocks for DirWriter<'_, '_, '_> {
         self.inode.has_flag(flags::CASEFOLD)
     }
     fn is_encrypted(&self) -> bool {
-        self.inode.has_flag(flags::ENCRYPT)
+        self.inode.is_encrypted(self.geo())
     }
     fn set_indexed(&mut self, indexed: bool) {
         if indexed {
@@ -516,7 +515,7 @@ impl Fs {
 /// one that is casefolded too keeps a hash in each entry, which jext4
 /// does not read yet: refused.
 pub(crate) fn encrypted_dir(core: &Core, ino: u32, inode: &Inode) -> Result<bool> {
-    if !inode.has_flag(flags::ENCRYPT) || !core.geo.has_incompat(incompat::ENCRYPT) {
+    if !inode.is_encrypted(&core.geo) {
         return Ok(false);
     }
     if inode.has_flag(flags::CASEFOLD) {

@@ -72,8 +72,8 @@ pub(super) enum Writer {
 /// An encrypted file's contents are ciphertext, and jext4 has no key:
 /// they are neither read nor written, nor the file truncated (ENOKEY, as
 /// `fscrypt_file_open` and `fscrypt_prepare_setattr` answer).
-pub(super) fn refuse_encrypted_contents(inode: &Inode) -> Result<()> {
-    match inode.is_reg() && inode.has_flag(crate::format::inode::flags::ENCRYPT) {
+pub(super) fn refuse_encrypted_contents(geo: &Geometry, inode: &Inode) -> Result<()> {
+    match inode.is_reg() && inode.is_encrypted(geo) {
         true => Err(Error::NoKey),
         false => Ok(()),
     }
@@ -88,7 +88,7 @@ impl Tx<'_, '_> {
         if !inode.is_reg() {
             return Err(Error::Invalid("not a regular file".into()));
         }
-        refuse_encrypted_contents(&inode)?;
+        refuse_encrypted_contents(&self.core.geo, &inode)?;
         // fs-verity files are read-only (the kernel: EPERM), and so, while
         // verity is being enabled on them, are the others (ETXTBSY).
         if inode.has_flag(crate::format::inode::flags::VERITY) {
@@ -441,7 +441,7 @@ impl Fs {
             if inode.is_dir() {
                 return Err(Error::IsDirectory);
             }
-            refuse_encrypted_contents(&inode)?;
+            refuse_encrypted_contents(&self.core.geo, &inode)?;
             // With data held by delayed allocation, the size it shows.
             let file_size = self.core.delayed.size_of(ino).unwrap_or(inode.size);
             if offset >= file_size || size == 0 {

@@ -546,7 +546,7 @@ pub(crate) fn attr_of(core: &Core, ino: u32, inode: &Inode) -> Result<Attr> {
     // as the kernel's i_size and reserved delalloc blocks do.
     let (mut size, mut blocks) = (inode.size, inode.blocks);
     core.delayed.overlay(ino, &mut size, &mut blocks);
-    if kind == FileKind::Symlink && inode.has_flag(fmt::flags::ENCRYPT) {
+    if kind == FileKind::Symlink && inode.is_encrypted(&core.geo) {
         // fscrypt_symlink_getattr: the length of the target as shown.
         size = crate::format::fscrypt::symlink_size(size);
     }

@@ -528,7 +528,7 @@ impl Fs {
     pub fn readlink(&self, ino: u32) -> Result<Vec<u8>> {
         let body = self.symlink_body(ino)?;
         let inode = read_inode(&self.core, ino)?;
-        if !inode.has_flag(flags::ENCRYPT) {
+        if !inode.is_encrypted(&self.core.geo) {
             return Ok(body);
         }
         let result = crate::format::fscrypt::symlink_target(&body, Location::Inode { ino });

@@ -117,7 +117,7 @@ impl Fs {
         let size = self.transact(Scope::File(ino), CREDITS_VERITY_STATE, caller, |tx| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
-            check_enable(ino, &inode)?;
+            check_enable(&self.core.geo, ino, &inode)?;
             // A write that passed its check as the enable began may have
             // held data since: the tree must cover it.
             if tx.core.delayed.holds(ino) {
@@ -274,7 +274,7 @@ impl Fs {
     pub fn check_open(&self, ino: u32, write: bool, append: bool, truncate: bool) -> Result<()> {
         let _inode = self.core.inodes.read(ino, Rank::Inode);
         let inode = self.read_file_inode(ino)?;
-        super::file::refuse_encrypted_contents(&inode)?;
+        super::file::refuse_encrypted_contents(&self.core.geo, &inode)?;
         if (write || truncate) && inode.has_flag(flags::VERITY) {
             return Err(Error::NotPermitted);
         }
@@ -429,11 +429,11 @@ impl Fs {
 }
 
 /// What `FS_IOC_ENABLE_VERITY` refuses, in the kernel's order.
-fn check_enable(ino: u32, inode: &Inode) -> Result<()> {
+fn check_enable(geo: &crate::format::Geometry, ino: u32, inode: &Inode) -> Result<()> {
     if inode.is_dir() {
         return Err(Error::IsDirectory);
     }
-    super::file::refuse_encrypted_contents(inode)?;
+    super::file::refuse_encrypted_contents(geo, inode)?;
     if !inode.is_reg() {
         return Err(Error::Invalid(format!(
             "inode {ino}: fs-verity needs a regular file"
