@@ -33,6 +33,8 @@ pub mod flags {
     pub const SYNC: u32 = 0x0000_0008;
     pub const IMMUTABLE: u32 = 0x0000_0010;
     pub const APPEND: u32 = 0x0000_0020;
+    /// For dump(8) alone.
+    pub const NODUMP: u32 = 0x0000_0040;
     pub const NOATIME: u32 = 0x0000_0080;
     pub const ENCRYPT: u32 = 0x0000_0800;
     /// Directory uses an htree index.
@@ -53,7 +55,7 @@ pub mod flags {
         | 0x0000_0002
         | 0x0000_0004
         | SYNC
-        | 0x0000_0040
+        | NODUMP
         | NOATIME
         | 0x0000_0400
         | JOURNAL_DATA
@@ -61,6 +63,17 @@ pub mod flags {
         | DIRSYNC
         | PROJINHERIT
         | CASEFOLD;
+
+    /// ext4_mask_flags: the flags an inode of file type `mode` may have —
+    /// a directory any, a regular file all but the directory ones, the
+    /// rest only nodump and noatime.
+    pub fn kind_mask(mode: u16) -> u32 {
+        match mode & super::S_IFMT {
+            super::S_IFDIR => u32::MAX,
+            super::S_IFREG => !(DIRSYNC | TOPDIR | CASEFOLD | INDEX | PROJINHERIT),
+            _ => NODUMP | NOATIME,
+        }
+    }
 }
 
 const I_MODE: usize = 0x00;

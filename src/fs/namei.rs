@@ -230,12 +230,7 @@ impl Tx<'_, '_> {
         inode.crtime = now;
         inode.generation = self.next_generation();
         // ext4_mask_flags: what a child inherits depends on its type.
-        let inherited = parent.flags & flags::INHERITED;
-        inode.flags = match mode & fmt::S_IFMT {
-            fmt::S_IFDIR => inherited,
-            fmt::S_IFREG => inherited & !(flags::DIRSYNC | flags::PROJINHERIT | flags::CASEFOLD),
-            _ => inherited & (0x0000_0040 | flags::NOATIME),
-        };
+        inode.flags = parent.flags & flags::INHERITED & flags::kind_mask(mode);
         inode
     }
 

@@ -738,7 +738,7 @@ const XFLAGS: [(u32, u32); 7] = [
     (flags::SYNC, 0x0000_0020),
     (flags::IMMUTABLE, 0x0000_0008),
     (flags::APPEND, 0x0000_0010),
-    (0x0000_0040, 0x0000_0080), // EXT4_NODUMP_FL, FS_XFLAG_NODUMP
+    (flags::NODUMP, 0x0000_0080), // FS_XFLAG_NODUMP
     (flags::NOATIME, 0x0000_0040),
     (flags::PROJINHERIT, FS_XFLAG_PROJINHERIT),
     (0x0200_0000, 0x0000_8000), // EXT4_DAX_FL, FS_XFLAG_DAX
@@ -851,7 +851,8 @@ impl super::Fs {
             let mut inode = tx.read_live_inode(ino)?;
             let (new_flags, projid) = wanted(&inode)?;
             let changed = new_flags ^ inode.flags;
-            if changed & !FL_CHANGEABLE != 0 || new_flags & changed & !kind_mask(&inode) != 0 {
+            let kind_mask = flags::kind_mask(inode.mode);
+            if changed & !FL_CHANGEABLE != 0 || new_flags & changed & !kind_mask != 0 {
                 return Err(Error::NotSupported);
             }
             super::iflags::check_flag_change(inode.flags, new_flags, || {
@@ -891,24 +892,11 @@ impl super::Fs {
 const FL_CHANGEABLE: u32 = flags::SYNC
     | flags::IMMUTABLE
     | flags::APPEND
-    | 0x0000_0040 // EXT4_NODUMP_FL
+    | flags::NODUMP
     | flags::NOATIME
     | flags::DIRSYNC
     | flags::PROJINHERIT
     | flags::CASEFOLD;
-
-/// ext4_mask_flags: the flags an inode of its kind may have set —
-/// directories any, regular files all but the directory ones, the rest
-/// only nodump and noatime.
-fn kind_mask(inode: &Inode) -> u32 {
-    if inode.is_dir() {
-        u32::MAX
-    } else if inode.is_reg() {
-        !(flags::DIRSYNC | flags::TOPDIR | flags::CASEFOLD | flags::INDEX | flags::PROJINHERIT)
-    } else {
-        0x0000_0040 | flags::NOATIME
-    }
-}
 
 impl Tx<'_, '_> {
     /// Whether directory `ino` may be made casefolded (`casefold`) or not
