@@ -1416,19 +1416,15 @@ pub fn is_empty(d: &mut dyn DirBlocks) -> Result<bool> {
     Ok(true)
 }
 
-/// The dirhash (major, minor) the kernel's listing of this directory
-/// gives entry `name`: its hash where it lists in hash order (an indexed
-/// directory, or one block on a dir_index filesystem: `is_dx_dir`), else
-/// none (0, 0). fscrypt's no-key names carry it.
-pub fn listing_hash(d: &mut dyn DirBlocks, name: &[u8]) -> Result<(u32, u32)> {
+/// The hasher whose hashes the kernel's listing of this directory gives
+/// its entries, where it lists in hash order (an indexed directory, or
+/// one block on a dir_index filesystem: `is_dx_dir`); None where it lists
+/// in block order, with hashes of 0. fscrypt's no-key names carry them.
+pub(crate) fn listing_hasher(d: &mut dyn DirBlocks) -> Result<Option<htree::Hasher>> {
     let fmt = Format::of(d);
     let hash_order = fmt.dir_index
         && (uses_htree(d, &fmt) || d.block_count() == 1 || d.inline_bytes()?.is_some());
-    if !hash_order {
-        return Ok((0, 0));
-    }
-    let hash = htree::listing_hash(d, &fmt, name);
-    Ok((hash.major, hash.minor))
+    Ok(hash_order.then(|| htree::listing_hasher(d, &fmt)))
 }
 
 /// readdir from `cookie` (0 = start): calls `emit(entry, next_cookie)` until

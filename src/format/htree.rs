@@ -233,9 +233,10 @@ impl Hasher {
         }
     }
 
-    /// Both halves of `name`'s hash, folded as `major` folds it.
-    fn full(&self, name: &[u8]) -> NameHash {
-        let folded = match self.casefold {
+    /// Both halves of `name`'s hash (0 for a version it cannot compute),
+    /// in a casefolded directory of its folded bytes.
+    pub(crate) fn full(&self, name: &[u8]) -> NameHash {
+        let folded = match self.casefold && !faults::active(Fault::CasefoldHashRaw) {
             true => casefold::fold(name),
             false => None,
         };
@@ -244,12 +245,7 @@ impl Hasher {
     }
 
     fn major(&self, name: &[u8]) -> u32 {
-        let folded = match self.casefold && !faults::active(Fault::CasefoldHashRaw) {
-            true => casefold::fold(name),
-            false => None,
-        };
-        let name = folded.as_deref().unwrap_or(name);
-        name_hash(self.version, &self.seed, name).map_or(0, |hash| hash.major)
+        self.full(name).major
     }
 }
 
@@ -1270,19 +1266,19 @@ fn read_leaves_in_order(
     Ok(())
 }
 
-/// The hash version the root names, or the filesystem's default when the
-/// root itself does not decode (the names are still listed in some order).
-/// The hash the kernel's hash-order listing gives entry `name`
-/// (ext4_htree_fill_tree: the root's version in an indexed directory, the
-/// superblock's default in a one-block one).
-pub(crate) fn listing_hash(d: &mut dyn DirBlocks, fmt: &Format, name: &[u8]) -> NameHash {
+/// The hasher of the kernel's hash-order listing (ext4_htree_fill_tree:
+/// the root's version in an indexed directory, the superblock's default
+/// in a one-block one).
+pub(crate) fn listing_hasher(d: &mut dyn DirBlocks, fmt: &Format) -> Hasher {
     let version = match dir::uses_htree(d, fmt) {
         true => root_version_or_default(d, fmt),
         false => default_root_version(fmt),
     };
-    Hasher::new(fmt, version).full(name)
+    Hasher::new(fmt, version)
 }
 
+/// The hash version the root names, or the filesystem's default when the
+/// root itself does not decode (the names are still listed in some order).
 fn root_version_or_default(d: &mut dyn DirBlocks, fmt: &Format) -> u8 {
     read_dir_block(d, fmt, 0)
         .ok()

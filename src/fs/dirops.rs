@@ -413,6 +413,10 @@ impl Fs {
             });
         }
         let encrypted = encrypted_dir(&self.core, ino, &inode)?;
+        let hasher = match encrypted {
+            true => dir::listing_hasher(&mut DirReader::new(&self.core, ino, &inode))?,
+            false => None,
+        };
         let mut reader = DirReader::new(&self.core, ino, &inode);
         let mut unknown = Vec::new();
         let (mut emitted, mut stopped) = (false, false);
@@ -423,14 +427,11 @@ impl Fs {
             // listing gives them.
             let name = match encrypted && entry.name != b"." && entry.name != b".." {
                 true => {
-                    let named = dir::listing_hash(
-                        &mut DirReader::new(&self.core, ino, &inode),
-                        &entry.name,
-                    )
-                    .and_then(|(hash, minor)| {
-                        fscrypt::nokey_name(hash, minor, &entry.name, Location::Inode { ino })
+                    let (hash, minor) = hasher.map_or((0, 0), |hasher| {
+                        let hash = hasher.full(&entry.name);
+                        (hash.major, hash.minor)
                     });
-                    match named {
+                    match fscrypt::nokey_name(hash, minor, &entry.name, Location::Inode { ino }) {
                         Ok(name) => name,
                         Err(error) => {
                             failed = Some(error);
@@ -510,7 +511,6 @@ impl Fs {
     }
 }
 
-/// The kind of inode `ino`, for an entry that does not say.
 /// Whether directory `ino` is encrypted (its names fscrypt ciphertext);
 /// one that is casefolded too keeps a hash in each entry, which jext4
 /// does not read yet: refused.
@@ -554,6 +554,7 @@ pub(crate) fn disk_name<'n>(
     found.map(Cow::Owned).ok_or(Error::NotFound)
 }
 
+/// The kind of inode `ino`, for an entry that does not say.
 fn kind_from_inode(core: &Core, ino: u32) -> Result<FileKind> {
     let inode = read_inode(core, ino)?;
     FileKind::from_mode(inode.mode)
