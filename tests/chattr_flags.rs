@@ -96,32 +96,17 @@ fn answers(root: &Path) -> Vec<(String, String)> {
     let (code, _) = run("chattr", &["-D", "da"], root);
     note("chattr -D", code);
     // Without CAP_LINUX_IMMUTABLE, the owner still may not.
-    let (code, _) = run(
-        "setpriv",
-        &[
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "chattr",
-            "+i",
-            "nobodys",
-        ],
-        root,
-    );
-    note("chattr +i without CAP_LINUX_IMMUTABLE", code);
-    let (code, _) = run(
-        "setpriv",
-        &[
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "chattr",
-            "+d",
-            "nobodys",
-        ],
-        root,
-    );
-    note("chattr +d by the owner", code);
+    let as_owner = |flag: &str| {
+        let setpriv = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+        run(
+            "setpriv",
+            &[&setpriv[..], &["chattr", flag, "nobodys"]].concat(),
+            root,
+        )
+        .0
+    };
+    note("chattr +i without CAP_LINUX_IMMUTABLE", as_owner("+i"));
+    note("chattr +d by the owner", as_owner("+d"));
     for name in ["i", "a"] {
         let path = at(name);
         let c = c_path(&path);

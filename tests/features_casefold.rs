@@ -131,6 +131,13 @@ fn folded_hashes_are_the_ones_e2fsprogs_computes() {
     assert_eq!(fold("soft\u{AD}hyphen"), b"softhyphen");
 }
 
+/// Make `path` a new casefolded directory (+F).
+fn casefolded_dir(image: &Image, path: &str) {
+    image.create_dir(path).unwrap();
+    let flags = image.flags(path).unwrap();
+    image.set_flags(path, flags | CASEFOLD_FL).unwrap();
+}
+
 /// Another spelling of `name`: upper case where it has one, else lower.
 fn respelled(name: &str) -> String {
     let upper = name.to_uppercase();
@@ -142,10 +149,7 @@ fn respelled(name: &str) -> String {
 }
 
 fn workload(image: &Image, count: usize) {
-    image.create_dir("/ci").unwrap();
-    image
-        .set_flags("/ci", image.flags("/ci").unwrap() | CASEFOLD_FL)
-        .unwrap();
+    casefolded_dir(image, "/ci");
     let names: Vec<String> = (0..count)
         .map(|index| match index % 4 {
             0 => format!("File{index}.TXT"),
@@ -242,10 +246,7 @@ fn inline_casefolded_directories_match_names_too() {
     let dir = tempfile::tempdir().unwrap();
     let path = common::mkfs(dir.path(), "inline", 16, INLINE);
     let image = Image::open(&path).unwrap();
-    image.create_dir("/ci").unwrap();
-    image
-        .set_flags("/ci", image.flags("/ci").unwrap() | CASEFOLD_FL)
-        .unwrap();
+    casefolded_dir(&image, "/ci");
     image.write("/ci/Small", "s").unwrap();
     assert_eq!(image.read_to_string("/ci/SMALL").unwrap(), "s");
     // A write to another spelling opens the file.
@@ -268,10 +269,7 @@ fn strict_mode_refuses_names_that_are_not_utf8() {
         let dir = tempfile::tempdir().unwrap();
         let path = common::mkfs(dir.path(), variant, 16, args);
         let image = Image::open(&path).unwrap();
-        image.create_dir("/ci").unwrap();
-        image
-            .set_flags("/ci", CASEFOLD_FL | image.flags("/ci").unwrap())
-            .unwrap();
+        casefolded_dir(&image, "/ci");
         let inside = PathBuf::from("/ci").join(bad);
         let result = image.write(&inside, "x");
         if refused {

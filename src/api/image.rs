@@ -1112,11 +1112,13 @@ impl Image {
 
     /// Set the inode flags of `path`, as `chattr` does (`FS_IOC_SETFLAGS`:
     /// read them with [`flags`](Self::flags), change bits, set them). jext4
-    /// changes a directory's +P (project inheritance) and +F
-    /// ([`CASEFOLD_FL`](crate::CASEFOLD_FL): names match whatever
-    /// their case, on an image with the `casefold` feature, for an empty
-    /// directory only — ENOTEMPTY otherwise); a change of another flag is
-    /// EOPNOTSUPP.
+    /// keeps and acts on +i (immutable) and +a (append only), which need
+    /// CAP_LINUX_IMMUTABLE (EPERM otherwise), +d, +A and +S, and on
+    /// directories +D, +P (project inheritance) and +F
+    /// ([`CASEFOLD_FL`](crate::CASEFOLD_FL): names match whatever their
+    /// case, on an image with the `casefold` feature, for an empty
+    /// directory only — ENOTEMPTY otherwise). A change of another flag, or
+    /// a flag the kind of file cannot have, is EOPNOTSUPP.
     pub fn set_flags(&self, path: impl AsRef<Path>, flags: u32) -> Result<()> {
         let ino = self.resolve(bytes(path.as_ref()), true)?;
         self.fs().set_inode_flags(ino, flags, self.shared.caller)
