@@ -104,6 +104,10 @@
 //! - [`Fault::CasefoldHashRaw`]: a casefolded directory's htree hashes
 //!   each name's folded bytes; broken, its raw bytes, so that a lookup by
 //!   another case misses and e2fsck finds the names out of hash order.
+//! - [`Fault::DataJournalWrittenHome`]: data=journal logs file data and
+//!   writes it home only at the checkpoint after its commit; broken, each
+//!   block is also written home at once, so a crash before the commit
+//!   leaves a write's blocks part new, part old.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -136,10 +140,11 @@ pub enum Fault {
     QuotaChargedLate = 1 << 21,
     EaInodeQuotaUncharged = 1 << 22,
     CasefoldHashRaw = 1 << 23,
+    DataJournalWrittenHome = 1 << 24,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 24] = [
+    pub const ALL: [Fault; 25] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -164,6 +169,7 @@ impl Fault {
         Fault::QuotaChargedLate,
         Fault::EaInodeQuotaUncharged,
         Fault::CasefoldHashRaw,
+        Fault::DataJournalWrittenHome,
     ];
 }
 

@@ -40,6 +40,8 @@ const INLINE_DATA_STATES: usize = 40;
 const QUOTA_STATES: usize = 40;
 /// On casefold images: every state's htree hashes of folded names.
 const CASEFOLD_STATES: usize = 40;
+/// With data=journal: logged data, whole versions of every file.
+const DATA_JOURNAL_STATES: usize = 60;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
 const PER_DIRECTORY: &[&str] = &[
@@ -71,6 +73,10 @@ fn check_casefold(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::Casefold);
 }
 
+fn check_data_journal(workload: &str, block_size: u32) {
+    check_images(workload, block_size, false, false, Images::DataJournal);
+}
+
 fn check_inline_data(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::InlineData);
 }
@@ -94,6 +100,8 @@ enum Images {
     InlineData,
     Quota,
     Casefold,
+    /// Plain images, recorded with `-o data=journal`.
+    DataJournal,
 }
 
 fn check_images(
@@ -117,6 +125,8 @@ fn check_images(
         QUOTA_STATES
     } else if images == Images::Casefold {
         CASEFOLD_STATES
+    } else if images == Images::DataJournal {
+        DATA_JOURNAL_STATES
     } else if (fast_commit || delalloc) && !PER_DIRECTORY.contains(&workload) {
         FAST_COMMIT_STATES
     } else {
@@ -130,6 +140,7 @@ fn check_images(
     config.inline_data = images == Images::InlineData;
     config.quota = images == Images::Quota;
     config.casefold = images == Images::Casefold;
+    config.data_journal = images == Images::DataJournal;
     // A failing state's disks and log, to look at with `jext4 logdump`.
     config.keep = std::env::var_os("JEXT4_CRASH_KEEP").map(Into::into);
     let summary = run(&config, &mut |_| {}).unwrap();
@@ -167,6 +178,7 @@ fn check_images(
             Images::InlineData => " inline_data",
             Images::Quota => " quota",
             Images::Casefold => " casefold",
+            Images::DataJournal => " data=journal",
         },
         summary.states,
         summary.replay_runs,
@@ -254,6 +266,37 @@ mod casefold {
     #[test]
     fn acedirs_at_4k() {
         super::check_casefold("acedirs", 4096)
+    }
+}
+
+/// In-place rewrites across block edges (ordered: sectors of several
+/// versions may mix), and with data=journal (each file one version
+/// whole): the overwrite workload and the ones with the most data
+/// writes, and verity's trees past the end.
+mod data_journal {
+    #[test]
+    fn overwrite_ordered_at_1k() {
+        super::check("overwrite", 1024, false)
+    }
+    #[test]
+    fn overwrite_at_1k() {
+        super::check_data_journal("overwrite", 1024)
+    }
+    #[test]
+    fn overwrite_at_4k() {
+        super::check_data_journal("overwrite", 4096)
+    }
+    #[test]
+    fn random_at_4k() {
+        super::check_data_journal("random", 4096)
+    }
+    #[test]
+    fn msgjournal_at_1k() {
+        super::check_data_journal("msgjournal", 1024)
+    }
+    #[test]
+    fn verity_at_1k() {
+        super::check_data_journal("verity", 1024)
     }
 }
 

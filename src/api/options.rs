@@ -112,6 +112,16 @@ impl ImageOptions {
         self
     }
 
+    /// Journal file data as well as metadata (`-o data=journal`): every
+    /// write is logged before it reaches its blocks, so that a crash
+    /// leaves each write's bytes all old or all new. `false` is
+    /// data=ordered. Unset, the image's default mount options decide
+    /// (`tune2fs -o journal_data`), as in the kernel.
+    pub fn data_journal(&mut self, journal: bool) -> &mut Self {
+        self.mount.data_journal = Some(journal);
+        self
+    }
+
     /// Enforce the quota limits of users, groups and projects (`-o
     /// usrquota,grpquota,prjquota`): a change that would take an id past
     /// its limits is EDQUOT, unless the image's caller is uid 0. Off by

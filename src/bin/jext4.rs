@@ -169,6 +169,11 @@ struct CrashtestArgs {
     /// state's htree hashes of folded names.
     #[arg(long)]
     casefold: bool,
+    /// Workloads run with file data journaled (`-o data=journal`); the
+    /// oracle then holds each file to one version whole, never a mix of
+    /// an overwrite's old and new blocks.
+    #[arg(long, conflicts_with_all = ["bytelog", "fast_commit", "delalloc"])]
+    data_journal: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]
     state: Option<usize>,
@@ -302,6 +307,7 @@ fn crashtest_config(args: &CrashtestArgs) -> Result<jext4::engine::crash::Config
     config.inline_data = args.inline_data;
     config.quota = args.quota;
     config.casefold = args.casefold;
+    config.data_journal = args.data_journal;
     config.external_journal = args.external_journal;
     Ok(config)
 }

@@ -100,6 +100,12 @@ impl Buffer {
         self.data.write()
     }
 
+    /// Whether the bytes were read or made (a buffer just filed for a
+    /// read in progress has neither).
+    pub fn is_uptodate(&self) -> bool {
+        self.uptodate.load(Ordering::Acquire)
+    }
+
     pub fn is_verified(&self) -> bool {
         self.verified.load(Ordering::Acquire)
     }
@@ -182,6 +188,11 @@ impl BufferCache {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
         }
+    }
+
+    /// How many buffers the cache keeps (pinned ones may exceed it).
+    pub fn capacity_blocks(&self) -> usize {
+        self.capacity
     }
 
     pub fn block_size(&self) -> usize {

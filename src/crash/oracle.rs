@@ -29,7 +29,7 @@
 //! (data=ordered broken) or another file's old bytes matches no version.
 
 use super::model::{
-    AckScope, Durable, Entry, InodeMeta, LaneModel, SECTOR_SIZE, Snapshot, parent_of,
+    AckScope, Durable, Entry, InodeMeta, InodeVersion, LaneModel, SECTOR_SIZE, Snapshot, parent_of,
 };
 use super::states::CrashState;
 use crate::dev::Record;
@@ -162,6 +162,10 @@ pub struct Window {
     /// writes only (`LaneModel::lagging_sizes`); `check_data` also holds
     /// it to the versions from its durable one on.
     pub sizes_lag: bool,
+    /// data=journal: a write's bytes are logged with its metadata, so a
+    /// file is one of its versions whole (`check_data`), not a mix of
+    /// them sector by sector.
+    pub data_atomic: bool,
 }
 
 /// Whether recovered inode `ino`'s metadata is `expected`, the model's as
@@ -637,14 +641,36 @@ fn check_data(lane: &LaneModel, window: &Window, actual: &Snapshot) -> Result<()
             ));
         }
         let bytes = version.content.bytes();
-        for (index, sector) in bytes.chunks(SECTOR_SIZE).enumerate() {
-            let matches = candidates.iter().any(|candidate| {
-                let expected = candidate.content.sector(index as u64);
-                match expected {
-                    Some(expected) => expected[..sector.len()] == *sector,
-                    None => sector.iter().all(|&byte| byte == 0),
-                }
+        let sector_matches = |candidate: &InodeVersion, index: usize, sector: &[u8]| match candidate
+            .content
+            .sector(index as u64)
+        {
+            Some(expected) => expected[..sector.len()] == *sector,
+            None => sector.iter().all(|&byte| byte == 0),
+        };
+        if window.data_atomic {
+            let whole = candidates.iter().any(|candidate| {
+                bytes
+                    .chunks(SECTOR_SIZE)
+                    .enumerate()
+                    .all(|(index, sector)| sector_matches(candidate, index, sector))
             });
+            if !whole {
+                let path = path_of(actual, *ino);
+                return Err(format!(
+                    "lane {}: /{path} (inode {ino}) is none of its versions from op {floor} to \
+                     op {} whole ({} versions): data=journal mixed an overwrite's old and new \
+                     blocks",
+                    lane.lane,
+                    window.high,
+                    candidates.len()
+                ));
+            }
+        }
+        for (index, sector) in bytes.chunks(SECTOR_SIZE).enumerate() {
+            let matches = candidates
+                .iter()
+                .any(|candidate| sector_matches(candidate, index, sector));
             if !matches {
                 let path = path_of(actual, *ino);
                 return Err(format!(

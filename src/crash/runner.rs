@@ -122,6 +122,10 @@ pub struct Config {
     /// every directory the workloads make is casefolded: e2fsck checks
     /// every state's htree hashes of folded names.
     pub casefold: bool,
+    /// Record on `-o data=journal` mounts: file data is logged, so each
+    /// write's bytes are all old or all new after a crash (the oracle
+    /// holds every file to one version whole, `Window::data_atomic`).
+    pub data_journal: bool,
 }
 
 impl Config {
@@ -150,6 +154,7 @@ impl Config {
             inline_data: false,
             quota: false,
             casefold: false,
+            data_journal: false,
         }
     }
 
@@ -189,6 +194,7 @@ pub struct Failure {
     pub inline_data: bool,
     pub quota: bool,
     pub casefold: bool,
+    pub data_journal: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -209,7 +215,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{}{}{} --seed {} --states {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{}{}{}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             match (self.fast_commit, self.bytelog, self.fast_commit_global) {
@@ -232,6 +238,11 @@ impl std::fmt::Display for Failure {
             },
             if self.quota { " --quota" } else { "" },
             if self.casefold { " --casefold" } else { "" },
+            if self.data_journal {
+                " --data-journal"
+            } else {
+                ""
+            },
             self.seed,
             self.states,
             self.state
@@ -635,6 +646,7 @@ impl Checker<'_> {
                 .map_err(|e| format!("{how}: reading lane {}: {e}", lane.lane))?;
             let mut window = self.marks.window(lane, state);
             window.sizes_lag = self.config.delalloc;
+            window.data_atomic = self.config.data_journal;
             check_lane(lane, &window, &actual, self.config.ordering())
                 .map_err(|e| format!("{how}: {e}"))?;
         }
@@ -929,6 +941,7 @@ impl Context<'_> {
             inline_data: self.config.inline_data,
             quota: self.config.quota,
             casefold: self.config.casefold,
+            data_journal: self.config.data_journal,
             external_journal: self.config.external_journal,
             seed: self.config.seed,
             states: budget,
@@ -965,11 +978,14 @@ impl Context<'_> {
                 scenario,
                 self.config.seed,
                 &self.config.faults,
-                mount_options(
-                    self.config.bytelog,
-                    self.config.fast_commit_global,
-                    self.config.delalloc,
-                ),
+                MountOptions {
+                    data_journal: self.config.data_journal.then_some(true),
+                    ..mount_options(
+                        self.config.bytelog,
+                        self.config.fast_commit_global,
+                        self.config.delalloc,
+                    )
+                },
                 self.config.journal_at(),
             ) {
                 Ok(recorded) => recorded,

@@ -37,6 +37,15 @@ pub const STATE_ORPHANS: u16 = 0x0004;
 pub const FLAGS_SIGNED_HASH: u32 = 0x0001;
 pub const FLAGS_UNSIGNED_HASH: u32 = 0x0002;
 
+/// `s_default_mount_opts` bits (EXT4_DEFM_*) jext4 honours.
+pub mod default_mount {
+    /// The data journaling mode's two bits (EXT4_DEFM_JMODE).
+    pub const JMODE: u32 = 0x0060;
+    /// data=journal (EXT4_DEFM_JMODE_DATA); 0x0040 is ordered and 0x0060
+    /// writeback.
+    pub const JMODE_DATA: u32 = 0x0020;
+}
+
 pub mod compat {
     pub const DIR_PREALLOC: u32 = 0x0001;
     pub const IMAGIC_INODES: u32 = 0x0002;
@@ -231,6 +240,7 @@ const S_LAST_ORPHAN: usize = 0xE8;
 const S_HASH_SEED: usize = 0xEC;
 const S_DEF_HASH_VERSION: usize = 0xFC;
 const S_DESC_SIZE: usize = 0xFE;
+const S_DEFAULT_MOUNT_OPTS: usize = 0x100;
 const S_FIRST_META_BG: usize = 0x104;
 const S_JNL_BLOCKS: usize = 0x10C;
 const S_BLOCKS_COUNT_HI: usize = 0x150;
@@ -353,6 +363,9 @@ pub struct Superblock {
     pub hash_seed: [u32; 4],
     pub def_hash_version: u8,
     pub desc_size: u16,
+    /// `s_default_mount_opts` (`default_mount`): what a mount without
+    /// the options uses (`tune2fs -o`).
+    pub default_mount_opts: u32,
     pub first_meta_bg: u32,
     pub jnl_blocks: [u32; 17],
     pub min_extra_isize: u16,
@@ -495,6 +508,7 @@ impl Superblock {
             hash_seed: std::array::from_fn(|i| get_u32(&raw[..], S_HASH_SEED + 4 * i)),
             def_hash_version: get_u8(&raw[..], S_DEF_HASH_VERSION),
             desc_size: get_u16(&raw[..], S_DESC_SIZE),
+            default_mount_opts: get_u32(&raw[..], S_DEFAULT_MOUNT_OPTS),
             first_meta_bg: get_u32(&raw[..], S_FIRST_META_BG),
             jnl_blocks: std::array::from_fn(|i| get_u32(&raw[..], S_JNL_BLOCKS + 4 * i)),
             min_extra_isize: get_u16(&raw[..], S_MIN_EXTRA_ISIZE),

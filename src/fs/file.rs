@@ -122,6 +122,11 @@ impl Tx<'_, '_> {
         }
         let data = &data[..data.len().min((limit - offset) as usize)];
         let end = offset + data.len() as u64;
+        let target = (ino, self.core.journals_data(inode));
+        debug_assert!(
+            !(target.1 && self.core.delayed.holds(ino)),
+            "inode {ino}: journaled data held by delayed allocation"
+        );
         let mut position = offset;
         while position < end {
             let lblk = position / block_size;
@@ -147,14 +152,14 @@ impl Tx<'_, '_> {
                             }
                             Err(error) => return Err(error),
                         };
-                    write_run(self, (ino, &extent), position, end, data, offset, true)?;
+                    write_run(self, (target, &extent), position, end, data, offset, true)?;
                     position = (extent.logical + extent.len as u64) * block_size;
                     continue;
                 }
             };
             let written = write_run(
                 self,
-                (ino, &extent),
+                (target, &extent),
                 position,
                 end,
                 data,
@@ -171,6 +176,8 @@ impl Tx<'_, '_> {
             position += written;
         }
         let end = end.min(position);
+        // Logged data is the inode's datasync change (`with_file`).
+        self.data_logged |= target.1 && position > offset;
         if end > inode.size {
             inode.size = end;
             self.handle.note(Change::Extended { ino });
@@ -198,6 +205,7 @@ impl Tx<'_, '_> {
         let mut inode = self.regular_file(ino, writer)?;
         let before = (inode.size, inode.blocks, inode.block);
         self.mapping_changed = false;
+        self.data_logged = false;
         let result = match writer {
             // A caller's blocks count against the file's quota limits; the
             // write-out of held data is the data's, taken already.
@@ -207,7 +215,10 @@ impl Tx<'_, '_> {
             }
             Writer::HeldData => body(self, &mut inode),
         };
-        if !self.mapping_changed && before == (inode.size, inode.blocks, inode.block) {
+        if !self.mapping_changed
+            && !self.data_logged
+            && before == (inode.size, inode.blocks, inode.block)
+        {
             self.write_inode_timestamps(ino, &inode)?;
         } else {
             self.write_inode(ino, &inode)?;
@@ -220,6 +231,7 @@ impl Tx<'_, '_> {
     fn zero_range_in_place(&mut self, ino: u32, inode: &Inode, from: u64, to: u64) -> Result<()> {
         let geo = &self.core.geo;
         let block_size = geo.block_size as u64;
+        let target = (ino, self.core.journals_data(inode));
         let mut position = from;
         while position < to {
             let lblk = position / block_size;
@@ -228,12 +240,13 @@ impl Tx<'_, '_> {
                 && !extent.unwritten
             {
                 let mut block = vec![0u8; block_size as usize];
-                let address = extent.physical * block_size;
-                self.core.dev().read_at(address, &mut block)?;
+                let physical = extent.physical; // the run starts at lblk
+                self.core.read_file_blocks(target.1, physical, &mut block)?;
                 let start = (position - lblk * block_size) as usize;
                 let stop = (block_end - lblk * block_size) as usize;
                 block[start..stop].fill(0);
-                self.write_data_in_place(ino, address, &block)?;
+                self.write_file_blocks(target, physical * block_size, &block)?;
+                self.data_logged |= target.1;
             }
             position = block_end;
         }
@@ -257,8 +270,7 @@ impl Tx<'_, '_> {
                 let tail_end = (keep_blocks * block_size).min(inode.size);
                 self.zero_range_in_place(ino, inode, size, tail_end)?;
             }
-            let mut ctx = self.meta_ctx();
-            mapping::punch(&mut ctx, ino, inode, keep_blocks, None)?;
+            self.punch_mapping(ino, inode, keep_blocks, None)?;
         }
         inode.size = size;
         Ok(())
@@ -272,7 +284,7 @@ impl Tx<'_, '_> {
 /// (position up to the end of the write or of the extent).
 fn write_run(
     tx: &Tx<'_, '_>,
-    (ino, extent): (u32, &Extent),
+    (target, extent): ((u32, bool), &Extent),
     position: u64,
     end: u64,
     data: &[u8],
@@ -290,12 +302,12 @@ fn write_run(
     let source = &data[(position - data_offset) as usize..(run_end - data_offset) as usize];
     if head == 0 && tail == 0 {
         // Whole blocks: straight from the request, no copy.
-        tx.write_data_in_place(ino, physical * block_size, source)?;
+        tx.write_file_blocks(target, physical * block_size, source)?;
         return Ok(run_end - position);
     }
     if first_block == last_block {
-        let buffer = edged_block(tx, physical, (head, tail), source, fresh)?;
-        tx.write_data_in_place(ino, physical * block_size, &buffer)?;
+        let buffer = edged_block(tx, (target.1, physical), (head, tail), source, fresh)?;
+        tx.write_file_blocks(target, physical * block_size, &buffer)?;
         return Ok(run_end - position);
     }
     // The partial edge blocks built apart, the whole blocks between them
@@ -304,12 +316,20 @@ fn write_run(
     let head_bytes = if head > 0 { bs - head } else { 0 };
     let tail_bytes = if tail > 0 { bs - tail } else { 0 };
     let first = (head > 0)
-        .then(|| edged_block(tx, physical, (head, 0), &source[..head_bytes], fresh))
+        .then(|| {
+            edged_block(
+                tx,
+                (target.1, physical),
+                (head, 0),
+                &source[..head_bytes],
+                fresh,
+            )
+        })
         .transpose()?;
     let last_physical = physical + (last_block - first_block);
     let tail_source = &source[source.len() - tail_bytes..];
     let last = (tail > 0)
-        .then(|| edged_block(tx, last_physical, (0, tail), tail_source, fresh))
+        .then(|| edged_block(tx, (target.1, last_physical), (0, tail), tail_source, fresh))
         .transpose()?;
     let middle = &source[head_bytes..source.len() - tail_bytes];
     let pieces: SmallVec<[&[u8]; 3]> = [first.as_deref(), Some(middle), last.as_deref()]
@@ -317,7 +337,7 @@ fn write_run(
         .flatten()
         .filter(|piece| !piece.is_empty())
         .collect();
-    tx.write_data_pieces_in_place(ino, physical * block_size, &pieces)?;
+    tx.write_file_pieces(target, physical * block_size, &pieces)?;
     Ok(run_end - position)
 }
 
@@ -328,7 +348,7 @@ fn write_run(
 /// by sectors) with `source` copied over it.
 fn edged_block(
     tx: &Tx<'_, '_>,
-    physical: u64,
+    (journaled, physical): (bool, u64),
     (head, tail): (usize, usize),
     source: &[u8],
     fresh: bool,
@@ -343,9 +363,7 @@ fn edged_block(
         return Ok(block);
     }
     block.resize(block_size, 0);
-    tx.core
-        .dev()
-        .read_at(physical * block_size as u64, &mut block)?;
+    tx.core.read_file_blocks(journaled, physical, &mut block)?;
     block[head..head + source.len()].copy_from_slice(source);
     Ok(block)
 }
@@ -475,6 +493,7 @@ impl Fs {
         let first_block = offset / block_size;
         let last_block = (end - 1) / block_size;
         let mut buffer = vec![0u8; ((last_block - first_block + 1) * block_size) as usize];
+        let journaled = self.core.journals_data(inode);
         let mut lblk = first_block;
         while lblk <= last_block {
             match self.core.lookup(ino, inode, lblk)? {
@@ -484,8 +503,7 @@ impl Fs {
                         let at = ((lblk - first_block) * block_size) as usize;
                         let span = &mut buffer[at..at + (count * block_size) as usize];
                         self.core
-                            .dev()
-                            .read_at(extent.physical * block_size, span)?;
+                            .read_file_blocks(journaled, extent.physical, span)?;
                     }
                     lblk += count;
                 }
@@ -563,19 +581,26 @@ impl Fs {
         if data.is_empty() {
             return Ok(written);
         }
-        let block_size = self.core.geo.block_size as u64;
         let mut done = 0usize;
         let mut drained = false;
         // Large writes are cut into chunks, one transaction each, so that a
-        // transaction's size stays bounded.
+        // transaction's size stays bounded (a journaled file's, by the
+        // journal: its data is in the transaction).
+        let (chunk_bytes, chunk_credits) = match read_inode(&self.core, ino) {
+            Ok(inode) => self.core.write_chunk(&inode),
+            Err(_) => (
+                WRITE_CHUNK_BLOCKS * self.core.geo.block_size as u64,
+                CREDITS_WRITE,
+            ),
+        };
         while done < data.len() {
-            let chunk_len = (data.len() - done).min((WRITE_CHUNK_BLOCKS * block_size) as usize);
+            let chunk_len = (data.len() - done).min(chunk_bytes as usize);
             let chunk = &data[done..done + chunk_len];
             let position = offset + done as u64;
             // The first chunk also takes the privileges the write removes
             // (the kernel's file_remove_privs before a write).
             let first = done == 0;
-            let credits = CREDITS_WRITE + if first { xattr::SET_CREDITS } else { 0 };
+            let credits = chunk_credits + if first { xattr::SET_CREDITS } else { 0 };
             let chunk_written = self.transact(Scope::File(ino), credits, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
                 tx.with_regular_file(ino, |tx, inode| {
@@ -782,8 +807,7 @@ impl Tx<'_, '_> {
                 } else {
                     tx.zero_range_in_place(ino, inode, offset, first_full * block_size)?;
                     tx.zero_range_in_place(ino, inode, end_full * block_size, end)?;
-                    let mut ctx = tx.meta_ctx();
-                    mapping::punch(&mut ctx, ino, inode, first_full, Some(end_full))?;
+                    tx.punch_mapping(ino, inode, first_full, Some(end_full))?;
                 }
                 if mode & FALLOC_FL_ZERO_RANGE != 0 {
                     let mut reached = 0;

@@ -262,6 +262,10 @@ impl Tx<'_, '_> {
         }
         self.note_tid(ino, timestamps_only);
         self.handle.note(Change::Inode { ino });
+        if self.core.journals_data(inode) {
+            self.handle
+                .note(Change::Ineligible(Ineligible::InodeJournalData));
+        }
         Ok(())
     }
 
@@ -277,25 +281,48 @@ impl Tx<'_, '_> {
         self.core.inode_tids.lock().note(ino, tid, timestamps_only);
     }
 
-    /// Write file data of `ino` in place at device byte `offset` (data
-    /// blocks never enter the metadata cache), remembered until durable
-    /// so that the file's directory commit makes it so (`fast_commit`).
-    pub fn write_data_in_place(&self, ino: u32, offset: u64, data: &[u8]) -> Result<()> {
-        self.core.dev().write_at(offset, data)?;
-        self.wrote_data(ino, offset, data.len() as u64);
-        Ok(())
+    /// Write whole blocks of file `ino`'s data at device byte `offset`:
+    /// logged where the file journals its data (`journaled`,
+    /// `data_journal.rs`), else in place (data blocks never enter the
+    /// metadata cache then), remembered until durable so that the file's
+    /// directory commit makes it so (`fast_commit`).
+    pub fn write_file_blocks(
+        &self,
+        (ino, journaled): (u32, bool),
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        self.write_file_pieces((ino, journaled), offset, &[data])
     }
 
-    /// `write_data_in_place` of `pieces` one after another from `offset`,
+    /// `write_file_blocks` of `pieces` one after another from `offset`,
     /// as one device write where it can be.
-    pub fn write_data_pieces_in_place(
+    pub fn write_file_pieces(
         &self,
-        ino: u32,
+        (ino, journaled): (u32, bool),
         offset: u64,
         pieces: &[&[u8]],
     ) -> Result<()> {
-        self.core.dev().write_pieces_at(offset, pieces)?;
-        let len = pieces.iter().map(|piece| piece.len() as u64).sum();
+        if journaled {
+            return self.log_file_blocks(ino, offset, pieces);
+        }
+        let len: u64 = pieces.iter().map(|piece| piece.len() as u64).sum();
+        if cfg!(debug_assertions) {
+            // A cached copy is a logged one (only journaled writes make
+            // copies of data blocks): its checkpoint would later write it
+            // over these bytes.
+            let block_size = self.core.geo.block_size as u64;
+            for block in offset / block_size..(offset + len).div_ceil(block_size) {
+                debug_assert!(
+                    self.core.cache.peek(block).is_none(),
+                    "inode {ino}: data written in place over block {block}, which the cache holds"
+                );
+            }
+        }
+        match pieces {
+            [data] => self.core.dev().write_at(offset, data)?,
+            _ => self.core.dev().write_pieces_at(offset, pieces)?,
+        }
         self.wrote_data(ino, offset, len);
         Ok(())
     }
@@ -422,7 +449,11 @@ impl Tx<'_, '_> {
         let handle = self.handle;
         // An EA inode's blocks are metadata too (written through the
         // cache, journaled), as the kernel's are.
-        if inode.is_dir() || inode.has_flag(crate::format::inode::flags::EA_INODE) {
+        // So are a journaled file's (`data_journal.rs`).
+        if inode.is_dir()
+            || inode.has_flag(crate::format::inode::flags::EA_INODE)
+            || core.journals_data(inode)
+        {
             let mut ctx = crate::format::MetaCtx {
                 geo: &core.geo,
                 cache: &core.cache,

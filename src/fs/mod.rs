@@ -25,6 +25,7 @@ mod acl;
 mod alloc;
 mod budget;
 mod caller;
+mod data_journal;
 mod delalloc;
 mod dirops;
 mod fast_commit;
@@ -137,6 +138,12 @@ pub struct MountOptions {
     /// holes and past the end are held in memory and given blocks when
     /// written out. Off by default; it needs the space budget.
     pub delalloc: bool,
+    /// Journal file data (`data_journal.rs`): `Some(true)` for `-o
+    /// data=journal`, `Some(false)` for `data=ordered` or `writeback`,
+    /// `None` (the default) for what the superblock's default mount
+    /// options say (`tune2fs -o journal_data`), as the kernel decides it.
+    /// Settled to `Some` at mount.
+    pub data_journal: Option<bool>,
     /// A read-write open of an image with a feature jext4 only reads
     /// (bigalloc, quota, verity: read-only compatible) is made read-only
     /// with a warning instead of refused. The image tools set it: `ls` or
@@ -226,6 +233,7 @@ impl Default for MountOptions {
             space_budget: true,
             quota_limits: [false; 3],
             delalloc: false,
+            data_journal: None,
             read_only_fallback: false,
             sb: superblock::PRIMARY_SB_OPTION,
             journal_path: None,
@@ -240,7 +248,7 @@ pub(crate) struct Core {
     pub cache: Arc<BufferCache>,
     /// The device itself, beneath the write-ahead guard: for the one write
     /// no transaction may carry, the error record after an abort
-    /// (`Fs::record_error`).
+    /// (`Fs::record_error`), and for `Fault::DataJournalWrittenHome`.
     pub home: Arc<dyn BlockDevice>,
     pub journal: Arc<Journal>,
     pub options: MountOptions,
@@ -584,6 +592,7 @@ fn settle_options(
         tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
     }
     options.delalloc &= options.space_budget && !options.read_only;
+    data_journal::settle(sb, options)?;
     fast_commit_wanted(sb, options)
 }
 
@@ -682,6 +691,9 @@ pub(crate) struct Tx<'a, 'j> {
     pub deferred_evictions: Vec<u32>,
     /// Quota usage this operation changed, for `apply_quota`.
     pub quota: quota::Pending,
+    /// File data was logged (`data_journal.rs`): the file's inode is
+    /// written as a datasync change, which fdatasync waits for.
+    pub data_logged: bool,
 }
 
 impl Drop for Tx<'_, '_> {
@@ -710,6 +722,7 @@ impl<'a, 'j> Tx<'a, 'j> {
             space_wait: None,
             deferred_evictions: Vec::new(),
             quota: quota::Pending::default(),
+            data_logged: false,
         }
     }
 

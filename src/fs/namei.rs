@@ -394,7 +394,11 @@ impl Tx<'_, '_> {
         };
         let mut block = vec![0u8; geo.block_size as usize];
         block[..target.len()].copy_from_slice(target);
-        self.write_data_in_place(ino, extent.physical * geo.block_size as u64, &block)
+        self.write_file_blocks(
+            (ino, false),
+            extent.physical * geo.block_size as u64,
+            &block,
+        )
     }
 
     /// Free an inode that no name ever pointed to (a failed create).

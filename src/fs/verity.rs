@@ -228,23 +228,25 @@ impl Fs {
     /// left as it is (the verity metadata), in transactions of a write's
     /// chunk each.
     fn write_past_end(&self, ino: u32, offset: u64, bytes: &[u8], caller: Caller) -> Result<()> {
-        let chunk = (super::file::WRITE_CHUNK_BLOCKS * self.core.geo.block_size as u64) as usize;
+        let (chunk, credits) = self
+            .core
+            .write_chunk(&super::inode::read_inode(&self.core, ino)?);
+        let chunk = chunk as usize;
         let mut done = 0;
         while done < bytes.len() {
             let piece = &bytes[done..(done + chunk).min(bytes.len())];
             let position = offset + done as u64;
-            let written =
-                self.transact(Scope::File(ino), super::file::CREDITS_WRITE, caller, |tx| {
-                    let _inode = tx.lock_write(ino, Rank::Inode);
-                    let mut inode = tx.read_live_inode(ino)?;
-                    // On the orphan records: no fast commit may carry it.
-                    tx.handle.note(Change::Ineligible(Ineligible::Orphan));
-                    let size = inode.size;
-                    let written = tx.write_data(ino, &mut inode, position, piece);
-                    inode.size = size;
-                    tx.write_inode(ino, &inode)?;
-                    written
-                })?;
+            let written = self.transact(Scope::File(ino), credits, caller, |tx| {
+                let _inode = tx.lock_write(ino, Rank::Inode);
+                let mut inode = tx.read_live_inode(ino)?;
+                // On the orphan records: no fast commit may carry it.
+                tx.handle.note(Change::Ineligible(Ineligible::Orphan));
+                let size = inode.size;
+                let written = tx.write_data(ino, &mut inode, position, piece);
+                inode.size = size;
+                tx.write_inode(ino, &inode)?;
+                written
+            })?;
             if written < piece.len() {
                 return Err(Error::NoSpace);
             }

@@ -244,13 +244,8 @@ pub fn parse_mount_options(lists: &[String]) -> Result<(MountOptions, FuseOption
             }
             // File data always reaches its blocks before the commit that
             // maps them, so writeback gives ordered's guarantee too.
-            ("data", Some("ordered" | "writeback")) => {}
-            ("data", Some("journal")) => {
-                return Err(Error::Invalid(
-                    "data=journal is not supported yet (data=ordered and data=writeback are)"
-                        .into(),
-                ));
-            }
+            ("data", Some("ordered" | "writeback")) => engine.data_journal = Some(false),
+            ("data", Some("journal")) => engine.data_journal = Some(true),
             ("data", Some(other)) => {
                 return Err(Error::Invalid(format!(
                     "data={other}: expected ordered, writeback or journal"
@@ -396,7 +391,11 @@ mod tests {
         assert!(parse_mount_options(&["cache_size=lots".into()]).is_err());
         assert!(parse_mount_options(&["cache_size".into()]).is_err());
         assert!(parse_mount_options(&["ro=1".into()]).is_err());
-        assert!(parse_mount_options(&["data=journal".into()]).is_err());
+        let journal = parse_mount_options(&["data=journal".into()]).unwrap();
+        assert_eq!(journal.0.data_journal, Some(true));
+        let ordered = parse_mount_options(&["data=ordered".into()]).unwrap();
+        assert_eq!(ordered.0.data_journal, Some(false));
+        assert_eq!(parse_mount_options(&[]).unwrap().0.data_journal, None);
         assert!(parse_mount_options(&["data=writeback".into()]).is_ok());
         let quota = |list: &str| parse_mount_options(&[list.into()]).map(|(e, _)| e.quota_limits);
         assert_eq!(quota("usrquota,prjquota").unwrap(), [true, false, true]);

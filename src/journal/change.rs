@@ -71,10 +71,14 @@ pub enum Ineligible {
     /// directory changed (ciphertext, which the kernel's records do not
     /// carry).
     EncryptedName,
+    /// `EXT4_FC_REASON_INODE_JOURNAL_DATA`: a file whose data is journaled
+    /// changed (`fs/data_journal.rs`): its data is in the full commit's
+    /// blocks, which no record carries.
+    InodeJournalData,
 }
 
 impl Ineligible {
-    pub const ALL: [Ineligible; 13] = [
+    pub const ALL: [Ineligible; 14] = [
         Ineligible::Xattr,
         Ineligible::CrossRename,
         Ineligible::RenameDir,
@@ -88,6 +92,7 @@ impl Ineligible {
         Ineligible::AreaFull,
         Ineligible::Failed,
         Ineligible::EncryptedName,
+        Ineligible::InodeJournalData,
     ];
 
     /// The name `jext4 stats` prints.
@@ -106,6 +111,7 @@ impl Ineligible {
             Ineligible::AreaFull => "area_full",
             Ineligible::Failed => "failed",
             Ineligible::EncryptedName => "encrypted_name",
+            Ineligible::InodeJournalData => "inode_journal_data",
         }
     }
 

@@ -147,6 +147,15 @@ impl Journal {
         &self.cache
     }
 
+    /// The largest transaction, in log blocks (None unjournaled): a
+    /// handle needing more waits for an empty one.
+    pub fn max_transaction_blocks(&self) -> Option<u32> {
+        match &self.mode {
+            Mode::Jbd2(jbd2) => Some(jbd2.max_transaction),
+            Mode::WriteBack(_) => None,
+        }
+    }
+
     pub fn is_journaled(&self) -> bool {
         matches!(self.mode, Mode::Jbd2(_))
     }

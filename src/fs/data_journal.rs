@@ -1,0 +1,169 @@
+//! data=journal: file data logged in the journal with the metadata that
+//! maps it, as the kernel's journalled address space logs it.
+//!
+//! Which files: `Core::journals_data`, the kernel's
+//! `ext4_inode_journal_mode` — every regular file with `-o data=journal`
+//! (or the superblock's default mount options, `tune2fs -o
+//! journal_data`), and a file with the JOURNAL_DATA flag (`chattr +j`)
+//! when delayed allocation is off; never an encrypted file (the kernel
+//! falls back to ordered for those, and jext4 writes none) nor an EA
+//! inode (its blocks are metadata already, `xattr.rs`).
+//!
+//! - **Writing.** Such a file's blocks go through the metadata cache and
+//!   the operation's handle, as a directory block does: logged at commit,
+//!   written home only by the checkpoint after it. No byte reaches its
+//!   home before the commit that carries it (the write-ahead rule, here
+//!   for data too), so a crash leaves each write's blocks all old or all
+//!   new, with the size and times of the same transaction.
+//! - **Reading.** Until the checkpoint the device holds an older copy:
+//!   reads of such a file take the cached copy of a block where there is
+//!   one (`Core::read_file_blocks`). Only journaled writes put data
+//!   blocks in the cache (`get_for_overwrite`; reads never insert), so a
+//!   cached copy of a data block is always the newest.
+//! - **Freeing.** As metadata (`Tx::punch_mapping`): forgotten by the
+//!   cache, its pending checkpoint write dropped, and revoked, so that
+//!   neither a checkpoint nor a replay writes a logged copy over the
+//!   block's next owner. The kernel revokes for the per-inode flag and
+//!   skips it under the mount option, where every write is logged; jext4
+//!   writes a few blocks in place even then (slow symlinks), so it revokes
+//!   always.
+//! - **Size.** A write's transaction carries its data, so its chunk is
+//!   bounded by the journal (`Core::write_chunk`), not only by
+//!   `WRITE_CHUNK_BLOCKS`.
+//! - **fsync** waits for the transaction that logged the data (fdatasync
+//!   too: the data is the inode's datasync change, as the kernel's
+//!   `i_datasync_tid`). Fast commits are off under the mount option (the
+//!   kernel clears `journal_fast_commit`), and a change to such a file
+//!   makes its transaction ineligible (`EXT4_FC_REASON_INODE_JOURNAL_DATA`).
+
+use super::file::{CREDITS_WRITE, WRITE_CHUNK_BLOCKS};
+use super::{Core, MountOptions, Tx};
+use crate::error::{Error, Result};
+use crate::faults::{self, Fault};
+use crate::format::inode::{Inode, flags};
+use crate::format::superblock::{Superblock, compat, default_mount};
+
+/// Decide the data mode at mount as the kernel does (`ext4_set_def_opts`,
+/// `ext4_check_journal_data_mode`): an explicit option over the
+/// superblock's default; data=journal turns fast commits off and refuses
+/// an explicit delalloc; a filesystem without a journal refuses a data
+/// mode other than its default.
+pub(super) fn settle(sb: &Superblock, options: &mut MountOptions) -> Result<()> {
+    let default = sb.default_mount_opts & default_mount::JMODE == default_mount::JMODE_DATA;
+    let journal = options.data_journal.unwrap_or(default);
+    if !sb.has_compat(compat::HAS_JOURNAL) {
+        if journal != default {
+            return Err(Error::Invalid(
+                "data=: the filesystem has no journal (the kernel: can't mount with data=, \
+                 fs mounted w/o journal)"
+                    .into(),
+            ));
+        }
+        options.data_journal = Some(false);
+        return Ok(());
+    }
+    options.data_journal = Some(journal);
+    if !journal {
+        return Ok(());
+    }
+    if options.delalloc {
+        return Err(Error::Invalid(
+            "can't mount with both data=journal and delalloc".into(),
+        ));
+    }
+    if options.bytelog {
+        return Err(Error::Invalid(
+            "bytelog needs fast commits, which data=journal turns off".into(),
+        ));
+    }
+    if options.fast_commit != Some(false) && sb.has_compat(compat::FAST_COMMIT) {
+        tracing::info!("data=journal disables fast commits, as in the kernel");
+    }
+    options.fast_commit = Some(false);
+    Ok(())
+}
+
+impl Core {
+    /// Whether `inode`'s data is logged in the journal (see the module).
+    pub(crate) fn journals_data(&self, inode: &Inode) -> bool {
+        inode.is_reg()
+            && !inode.has_flag(flags::EA_INODE)
+            && self.journal.is_journaled()
+            && (self.options.data_journal == Some(true)
+                || (inode.has_flag(flags::JOURNAL_DATA) && !self.options.delalloc))
+            && !inode.is_encrypted(&self.geo)
+    }
+
+    /// The bytes one write transaction takes of file `inode`'s data at
+    /// most, and the journal credits it needs: a journaled file's chunk
+    /// is logged whole, so it is held to half the largest transaction
+    /// (and a quarter of the cache it is pinned in) and each of its
+    /// blocks, plus a partial one at each edge, costs a credit.
+    pub(super) fn write_chunk(&self, inode: &Inode) -> (u64, u32) {
+        let block_size = self.geo.block_size as u64;
+        if !self.journals_data(inode) {
+            return (WRITE_CHUNK_BLOCKS * block_size, CREDITS_WRITE);
+        }
+        let journal = self.journal.max_transaction_blocks().unwrap_or(u32::MAX) as u64;
+        let cache = self.cache.capacity_blocks() as u64;
+        let blocks = (journal / 2)
+            .saturating_sub(CREDITS_WRITE as u64 + 2)
+            .min(cache / 4)
+            .clamp(1, WRITE_CHUNK_BLOCKS);
+        (blocks * block_size, CREDITS_WRITE + blocks as u32 + 2)
+    }
+
+    /// Read device blocks from `physical` into `span` (whole blocks) as
+    /// file data: with `journaled`, a block's cached copy (logged, maybe
+    /// not home yet) over what the device holds.
+    pub(super) fn read_file_blocks(
+        &self,
+        journaled: bool,
+        physical: u64,
+        span: &mut [u8],
+    ) -> Result<()> {
+        let block_size = self.geo.block_size as usize;
+        debug_assert!(span.len().is_multiple_of(block_size));
+        self.dev().read_at(physical * block_size as u64, span)?;
+        if journaled {
+            for (index, block) in span.chunks_mut(block_size).enumerate() {
+                if let Some(buffer) = self.cache.peek(physical + index as u64)
+                    && buffer.is_uptodate()
+                {
+                    block.copy_from_slice(&buffer.read());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Tx<'_, '_> {
+    /// Log whole blocks of file `ino`'s data, `pieces` one after another
+    /// from device byte `offset`: each block through the cache and this
+    /// operation's handle, home at the checkpoint after its commit.
+    pub(super) fn log_file_blocks(&self, ino: u32, offset: u64, pieces: &[&[u8]]) -> Result<()> {
+        let block_size = self.core.geo.block_size as usize;
+        debug_assert!(offset.is_multiple_of(block_size as u64));
+        let mut block = offset / block_size as u64;
+        for piece in pieces {
+            debug_assert!(
+                piece.len().is_multiple_of(block_size),
+                "inode {ino}: a journaled write of a partial block"
+            );
+            for bytes in piece.chunks(block_size) {
+                let buffer = self.core.cache.get_for_overwrite(block)?;
+                self.handle
+                    .get_write_access(&buffer)?
+                    .copy_from_slice(bytes);
+                if faults::active(Fault::DataJournalWrittenHome) {
+                    // Broken on purpose: the block home before its commit,
+                    // around the write-ahead guard (which would refuse it).
+                    self.core.home.write_at(block * block_size as u64, bytes)?;
+                }
+                block += 1;
+            }
+        }
+        Ok(())
+    }
+}
