@@ -5,7 +5,8 @@
 # PJDFSTEST_TRANSPORT=uring serves the mount through FUSE over io_uring: the
 # kernel's module parameter is switched on for the run and restored after
 # (a kernel without it has no FUSE over io_uring: the run is skipped).
-# PJDFSTEST_FEATURES=inline_data,... adds mke2fs features to the image.
+# PJDFSTEST_FEATURES=inline_data,... adds mke2fs features to the image;
+# PJDFSTEST_OPTIONS=data=journal,... adds mount options.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -49,7 +50,7 @@ features=${PJDFSTEST_FEATURES:+-O $PJDFSTEST_FEATURES}
 # shellcheck disable=SC2086 # features: -O and its list, or nothing
 mkfs.ext4 -q -F $features "$work/pjdfstest.img"
 # allow_other: the suite switches to unprivileged users.
-"$jext4" mount -o "allow_other,fuse_transport=$transport" "$work/pjdfstest.img" "$mnt"
+"$jext4" mount -o "allow_other,fuse_transport=$transport${PJDFSTEST_OPTIONS:+,$PJDFSTEST_OPTIONS}" "$work/pjdfstest.img" "$mnt"
 "$jext4" stats "$mnt" | grep -qx "fuse_transport $transport" || {
     echo "pjdfstest: the mount is not served through $transport" >&2
     exit 1
@@ -58,7 +59,7 @@ chmod 777 "$mnt"
 (cd "$mnt" && "$tools/bin/pjdfstest" -c "$OLDPWD/tests/pjdfstest/jext4.toml" -p "$mnt") 2>&1 | tee "$work/pjdfstest.log" | grep -E "FAILED|Summary" || true
 "$jext4" umount "$mnt"
 summary=$(grep "^Summary" "$work/pjdfstest.log" || echo "Summary: missing")
-echo "pjdfstest ($transport${PJDFSTEST_FEATURES:+, $PJDFSTEST_FEATURES}): $summary"
+echo "pjdfstest ($transport${PJDFSTEST_FEATURES:+, $PJDFSTEST_FEATURES}${PJDFSTEST_OPTIONS:+, -o $PJDFSTEST_OPTIONS}): $summary"
 case "$summary" in
     "Summary: 0 failed,"*) ;;
     *) echo "pjdfstest reported failures" >&2; exit 1 ;;

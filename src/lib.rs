@@ -211,8 +211,8 @@ mod error;
 mod api;
 
 pub use api::{
-    CASEFOLD_FL, DirBuilder, DirEntry, File, FileType, Image, ImageOptions, Metadata, OpenOptions,
-    PROJINHERIT_FL, ReadDir, Walk,
+    CASEFOLD_FL, DirBuilder, DirEntry, File, FileType, Image, ImageOptions, JOURNAL_DATA_FL,
+    Metadata, OpenOptions, PROJINHERIT_FL, ReadDir, Walk,
 };
 pub use engine::dev::{BlockDevice, MemoryDevice};
 pub use error::{Error, Location, Result};

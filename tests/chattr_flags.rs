@@ -1,6 +1,6 @@
 //! `chattr` flags answer as the kernel's: the same operations on files and
 //! directories made immutable (+i) and append only (+a), and the other
-//! flags jext4 keeps (+d, +A, +S, +D), through a kernel loop mount and
+//! flags jext4 keeps (+d, +A, +S, +D, +j), through a kernel loop mount and
 //! through a jext4 FUSE mount of twin images; each operation's errno must
 //! be the same. For a FUSE mount the kernel cannot check these flags (FUSE
 //! passes none), so every answer here is jext4's own.
@@ -106,6 +106,19 @@ fn answers(root: &Path) -> Vec<(String, String)> {
         .0
     };
     note("chattr +i without CAP_LINUX_IMMUTABLE", as_owner("+i"));
+    // +j: data journaling, CAP_SYS_RESOURCE's to change.
+    note("chattr +j without CAP_SYS_RESOURCE", as_owner("+j"));
+    let (code, _) = run("chattr", &["+j", "p"], root);
+    note("chattr +j", code);
+    std::fs::write(at("p"), b"journaled contents").unwrap();
+    let (code, text) = run("lsattr", &["p"], root);
+    note(&format!("lsattr {}", text.trim()), code);
+    let (code, _) = run("chattr", &["-j", "p"], root);
+    note("chattr -j", code);
+    note(
+        "p: read after +j and -j",
+        i32::from(std::fs::read(at("p")).unwrap() != b"journaled contents"),
+    );
     note("chattr +d by the owner", as_owner("+d"));
     for name in ["i", "a"] {
         let path = at(name);

@@ -1117,7 +1117,10 @@ impl Image {
     /// directories +D, +P (project inheritance) and +F
     /// ([`CASEFOLD_FL`](crate::CASEFOLD_FL): names match whatever their
     /// case, on an image with the `casefold` feature, for an empty
-    /// directory only — ENOTEMPTY otherwise). A change of another flag, or
+    /// directory only — ENOTEMPTY otherwise), and +j
+    /// ([`JOURNAL_DATA_FL`](crate::JOURNAL_DATA_FL), which needs
+    /// CAP_SYS_RESOURCE: the file's data journaled; cleared, the file stays
+    /// journaled until the image is opened again). A change of another flag, or
     /// a flag the kind of file cannot have, is EOPNOTSUPP.
     pub fn set_flags(&self, path: impl AsRef<Path>, flags: u32) -> Result<()> {
         let ino = self.resolve(bytes(path.as_ref()), true)?;

@@ -38,6 +38,10 @@ pub const CASEFOLD_FL: u32 = 0x4000_0000;
 /// `FS_PROJINHERIT_FL` (`chattr +P`): new entries of the directory take
 /// its project id ([`Image::set_flags`]).
 pub const PROJINHERIT_FL: u32 = 0x2000_0000;
+/// `FS_JOURNAL_DATA_FL` (`chattr +j`): the file's data is logged in the
+/// journal with its metadata, as with `-o data=journal`, on an image
+/// opened without delayed allocation ([`Image::set_flags`]).
+pub const JOURNAL_DATA_FL: u32 = 0x0000_4000;
 
 /// Compile-time proof that an image and its files can be shared between
 /// threads (std's `File` is `Send + Sync`; so are these).

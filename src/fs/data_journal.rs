@@ -42,6 +42,29 @@ use crate::error::{Error, Result};
 use crate::faults::{self, Fault};
 use crate::format::inode::{Inode, flags};
 use crate::format::superblock::{Superblock, compat, default_mount};
+use crate::hash::NumberSet;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Files whose JOURNAL_DATA flag was cleared in this mount while it
+/// journaled their data (`Tx::change_journal_flag`). Asked on every read
+/// and write of every file: an atomic answers while there are none.
+#[derive(Default)]
+pub(crate) struct UntilRemount {
+    any: AtomicBool,
+    inodes: Mutex<NumberSet<u32>>,
+}
+
+impl UntilRemount {
+    fn insert(&self, ino: u32) {
+        self.inodes.lock().insert(ino);
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn contains(&self, ino: u32) -> bool {
+        self.any.load(Ordering::Acquire) && self.inodes.lock().contains(&ino)
+    }
+}
 
 /// Decide the data mode at mount as the kernel does (`ext4_set_def_opts`,
 /// `ext4_check_journal_data_mode`): an explicit option over the
@@ -85,12 +108,18 @@ pub(super) fn settle(sb: &Superblock, options: &mut MountOptions) -> Result<()> 
 
 impl Core {
     /// Whether `inode`'s data is logged in the journal (see the module).
-    pub(crate) fn journals_data(&self, inode: &Inode) -> bool {
+    pub(crate) fn journals_data(&self, ino: u32, inode: &Inode) -> bool {
+        self.journal_mode_data(inode, inode.flags)
+            || (inode.is_reg() && self.journaled_until_remount.contains(ino))
+    }
+
+    /// `ext4_inode_journal_mode` of `inode` were its flags `flags`.
+    fn journal_mode_data(&self, inode: &Inode, flags: u32) -> bool {
         inode.is_reg()
-            && !inode.has_flag(flags::EA_INODE)
+            && flags & flags::EA_INODE == 0
             && self.journal.is_journaled()
             && (self.options.data_journal == Some(true)
-                || (inode.has_flag(flags::JOURNAL_DATA) && !self.options.delalloc))
+                || (flags & flags::JOURNAL_DATA != 0 && !self.options.delalloc))
             && !inode.is_encrypted(&self.geo)
     }
 
@@ -99,9 +128,9 @@ impl Core {
     /// is logged whole, so it is held to half the largest transaction
     /// (and a quarter of the cache it is pinned in) and each of its
     /// blocks, plus a partial one at each edge, costs a credit.
-    pub(super) fn write_chunk(&self, inode: &Inode) -> (u64, u32) {
+    pub(super) fn write_chunk(&self, ino: u32, inode: &Inode) -> (u64, u32) {
         let block_size = self.geo.block_size as u64;
-        if !self.journals_data(inode) {
+        if !self.journals_data(ino, inode) {
             return (WRITE_CHUNK_BLOCKS * block_size, CREDITS_WRITE);
         }
         let journal = self.journal.max_transaction_blocks().unwrap_or(u32::MAX) as u64;
@@ -139,6 +168,37 @@ impl Core {
 }
 
 impl Tx<'_, '_> {
+    /// `chattr +j` / `-j` (ext4_ioctl_setflags, then
+    /// ext4_change_inode_journal_flag): only with CAP_SYS_RESOURCE
+    /// (EPERM); without a journal the flag stays as it was, silently, as
+    /// in the kernel. Returns the flags to store. Setting it needs
+    /// nothing more: the file's data written in place so far is on the
+    /// device, and from now on its writes are logged. Clearing it where
+    /// it journaled the file's data keeps the file journaled until the
+    /// next mount: its logged copies may not be home yet, and an in-place
+    /// write would be overwritten by their checkpoint (the kernel flushes
+    /// the whole journal instead, with every operation held off).
+    pub(super) fn change_journal_flag(
+        &self,
+        ino: u32,
+        inode: &Inode,
+        new_flags: u32,
+    ) -> Result<u32> {
+        if (inode.flags ^ new_flags) & flags::JOURNAL_DATA == 0 {
+            return Ok(new_flags);
+        }
+        if !self.caller.capable_sys_resource() {
+            return Err(Error::NotPermitted);
+        }
+        if !self.core.journal.is_journaled() {
+            return Ok(new_flags ^ flags::JOURNAL_DATA);
+        }
+        if self.core.journals_data(ino, inode) && !self.core.journal_mode_data(inode, new_flags) {
+            self.core.journaled_until_remount.insert(ino);
+        }
+        Ok(new_flags)
+    }
+
     /// Log whole blocks of file `ino`'s data, `pieces` one after another
     /// from device byte `offset`: each block through the cache and this
     /// operation's handle, home at the checkpoint after its commit.

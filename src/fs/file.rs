@@ -122,7 +122,7 @@ impl Tx<'_, '_> {
         }
         let data = &data[..data.len().min((limit - offset) as usize)];
         let end = offset + data.len() as u64;
-        let target = (ino, self.core.journals_data(inode));
+        let target = (ino, self.core.journals_data(ino, inode));
         debug_assert!(
             !(target.1 && self.core.delayed.holds(ino)),
             "inode {ino}: journaled data held by delayed allocation"
@@ -231,7 +231,7 @@ impl Tx<'_, '_> {
     fn zero_range_in_place(&mut self, ino: u32, inode: &Inode, from: u64, to: u64) -> Result<()> {
         let geo = &self.core.geo;
         let block_size = geo.block_size as u64;
-        let target = (ino, self.core.journals_data(inode));
+        let target = (ino, self.core.journals_data(ino, inode));
         let mut position = from;
         while position < to {
             let lblk = position / block_size;
@@ -493,7 +493,7 @@ impl Fs {
         let first_block = offset / block_size;
         let last_block = (end - 1) / block_size;
         let mut buffer = vec![0u8; ((last_block - first_block + 1) * block_size) as usize];
-        let journaled = self.core.journals_data(inode);
+        let journaled = self.core.journals_data(ino, inode);
         let mut lblk = first_block;
         while lblk <= last_block {
             match self.core.lookup(ino, inode, lblk)? {
@@ -587,7 +587,7 @@ impl Fs {
         // transaction's size stays bounded (a journaled file's, by the
         // journal: its data is in the transaction).
         let (chunk_bytes, chunk_credits) = match read_inode(&self.core, ino) {
-            Ok(inode) => self.core.write_chunk(&inode),
+            Ok(inode) => self.core.write_chunk(ino, &inode),
             Err(_) => (
                 WRITE_CHUNK_BLOCKS * self.core.geo.block_size as u64,
                 CREDITS_WRITE,

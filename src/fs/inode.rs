@@ -262,7 +262,7 @@ impl Tx<'_, '_> {
         }
         self.note_tid(ino, timestamps_only);
         self.handle.note(Change::Inode { ino });
-        if self.core.journals_data(inode) {
+        if self.core.journals_data(ino, inode) {
             self.handle
                 .note(Change::Ineligible(Ineligible::InodeJournalData));
         }
@@ -452,7 +452,7 @@ impl Tx<'_, '_> {
         // So are a journaled file's (`data_journal.rs`).
         if inode.is_dir()
             || inode.has_flag(crate::format::inode::flags::EA_INODE)
-            || core.journals_data(inode)
+            || core.journals_data(ino, inode)
         {
             let mut ctx = crate::format::MetaCtx {
                 geo: &core.geo,

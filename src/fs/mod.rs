@@ -299,6 +299,11 @@ pub(crate) struct Core {
     /// Files fs-verity is being enabled on: writes to them are refused
     /// meanwhile (the kernel's deny_write_access; a leaf lock).
     pub verity_enabling: Mutex<NumberSet<u32>>,
+    /// Files whose JOURNAL_DATA flag was cleared in this mount while it
+    /// journaled their data (`data_journal.rs`): logged copies of their
+    /// blocks may still await the checkpoint, so they stay journaled
+    /// until the next mount (a leaf lock).
+    pub journaled_until_remount: data_journal::UntilRemount,
     /// Verity files' descriptors read lately (a leaf lock).
     pub verity_descriptors: verity::Descriptors,
     /// The quota files and their state (`quota.rs`).
@@ -413,6 +418,7 @@ impl Core {
             remembered: Mutex::new(NumberMap::default()),
             ea_inodes: xattr::EaInodeCache::default(),
             verity_enabling: Mutex::new(NumberSet::default()),
+            journaled_until_remount: data_journal::UntilRemount::default(),
             verity_descriptors: verity::Descriptors::default(),
             quotas: quota::Quotas::new(&geo, options.quota_limits)?,
             alloc_counters: alloc::AllocCounters::default(),

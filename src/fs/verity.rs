@@ -230,7 +230,7 @@ impl Fs {
     fn write_past_end(&self, ino: u32, offset: u64, bytes: &[u8], caller: Caller) -> Result<()> {
         let (chunk, credits) = self
             .core
-            .write_chunk(&super::inode::read_inode(&self.core, ino)?);
+            .write_chunk(ino, &super::inode::read_inode(&self.core, ino)?);
         let chunk = chunk as usize;
         let mut done = 0;
         while done < bytes.len() {

@@ -850,6 +850,7 @@ impl super::Fs {
             let _inode = tx.lock_write(ino, crate::lock::Rank::Inode);
             let mut inode = tx.read_live_inode(ino)?;
             let (new_flags, projid) = wanted(&inode)?;
+            let new_flags = tx.change_journal_flag(ino, &inode, new_flags)?;
             let changed = new_flags ^ inode.flags;
             let kind_mask = flags::kind_mask(inode.mode);
             if changed & !FL_CHANGEABLE != 0 || new_flags & changed & !kind_mask != 0 {
@@ -887,9 +888,11 @@ impl super::Fs {
 
 /// The flags `set_inode_flags` changes: each kept, and acted on where it
 /// asks for something (`iflags` for +i and +a; +S and +D make the
-/// changes synchronous, +A keeps atime, +P and +F as above; +d, nodump,
-/// is for dump(8) alone).
+/// changes synchronous, +A keeps atime, +P and +F as above, +j
+/// journals a file's data (`data_journal.rs`); +d, nodump, is for
+/// dump(8) alone).
 const FL_CHANGEABLE: u32 = flags::SYNC
+    | flags::JOURNAL_DATA
     | flags::IMMUTABLE
     | flags::APPEND
     | flags::NODUMP
