@@ -30,6 +30,7 @@ mod delalloc;
 mod dirops;
 mod fast_commit;
 mod file;
+mod fileattr;
 mod group;
 mod iflags;
 mod inline;
