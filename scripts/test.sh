@@ -33,4 +33,8 @@ scripts/pjdfstest.sh target/ci/jext4
 # directories in their inodes) at no extra cost.
 echo "== pjdfstest (FUSE over io_uring, inline_data)"
 PJDFSTEST_TRANSPORT=uring PJDFSTEST_FEATURES=inline_data scripts/pjdfstest.sh target/ci/jext4
+# A third (5 s): file data journaled, on an image with quotas (e2fsck then
+# checks every id's usage) and inline data.
+echo "== pjdfstest (/dev/fuse, inline_data,quota,project, data=journal)"
+PJDFSTEST_FEATURES=inline_data,quota,project PJDFSTEST_OPTIONS=data=journal scripts/pjdfstest.sh target/ci/jext4
 echo "== all tests passed"
