@@ -305,6 +305,12 @@ fn the_data_mode_is_decided_as_the_kernel_decides_it() {
     for (round, (option, logged)) in options.into_iter().enumerate() {
         let patch = pattern(20 + round as u8, 9_000, &[]);
         let image = open(&path, option).unwrap();
+        let mode = if logged { "journal" } else { "ordered" };
+        let report = image.fs().stats_report();
+        assert!(
+            report.contains(&format!("\ndata_mode {mode}\n")),
+            "{report}"
+        );
         let before = image.read("/f").unwrap();
         overwrite_synced(&image, "/f", 100, &patch, false);
         let crash = crash_copy(&path);

@@ -1329,6 +1329,14 @@ impl Fs {
             format!("cache_misses {}", cache.misses),
             format!("cache_evictions {}", cache.evictions),
             format!("journaled {}", journal.jbd2.is_some()),
+            format!(
+                "data_mode {}",
+                match (journal.jbd2.is_some(), self.core.options.data_journal) {
+                    (false, _) => "writeback",
+                    (true, Some(true)) => "journal",
+                    (true, _) => "ordered",
+                }
+            ),
         ]);
         match journal.jbd2 {
             Some(jbd2) => lines.extend([
