@@ -393,3 +393,349 @@ fn the_flag_set_and_cleared_through_the_library() {
     image.close().unwrap();
     common::assert_fsck_clean(&path);
 }
+
+/// A device whose reads can be held at one point: a read by the armed
+/// thread longer than a block (file data, not a cached metadata block)
+/// reports itself and waits, after the device has answered, until the
+/// test lets it go.
+struct HeldReads {
+    inner: jext4::MemoryDevice,
+    armed: std::sync::Mutex<Option<std::thread::ThreadId>>,
+    held: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl jext4::BlockDevice for HeldReads {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)?;
+        let mine = {
+            let mut armed = self.armed.lock().unwrap();
+            let mine = buf.len() > 4096 && *armed == Some(std::thread::current().id());
+            if mine {
+                *armed = None;
+            }
+            mine
+        };
+        if mine {
+            self.held.lock().unwrap().send(()).unwrap();
+            // Bounded: a test that never lets go fails instead of hanging.
+            let _ = self
+                .release
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(60));
+        }
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+/// A read of a journaled file beside the checkpoint returns the committed
+/// bytes: where the read asked the device first and the cache after, the
+/// device could answer with the old home copy, the checkpoint then write
+/// the committed copy home and the cache evict it, and the read return
+/// the old bytes (which a read-modify-write then logged over the new).
+/// Here the read is held right after the device answers while other
+/// writes cycle the log and the cache.
+#[test]
+fn a_read_beside_the_checkpoint_returns_the_committed_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(path) = mkfs(
+        dir.path(),
+        "held",
+        &["-t", "ext4", "-b", "4096", "-J", "size=4"],
+    ) else {
+        return;
+    };
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let device = std::sync::Arc::new(HeldReads {
+        inner: jext4::MemoryDevice::from_bytes(std::fs::read(&path).unwrap()),
+        armed: std::sync::Mutex::new(None),
+        held: std::sync::Mutex::new(held_tx),
+        release: std::sync::Mutex::new(release_rx),
+    });
+    struct Shared(std::sync::Arc<HeldReads>);
+    impl jext4::BlockDevice for Shared {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.0.write_at(offset, buf)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            self.0.flush()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.0.size_bytes()
+        }
+    }
+    let mut options = Image::options();
+    options
+        .commit_interval(Duration::from_secs(3600))
+        .data_journal(true)
+        .cache_size(1 << 20);
+    let image = options
+        .open_device(Box::new(Shared(device.clone())))
+        .unwrap();
+    let old = pattern(1, 64 << 10, &[]);
+    let new = pattern(2, 64 << 10, &[]);
+    image.write("/a", &old).unwrap();
+    image.sync().unwrap();
+    // Committed, logged, cached, not home.
+    overwrite_synced(&image, "/a", 0, &new, true);
+    let pressure = image.create_file("/b").unwrap();
+    let read = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            *device.armed.lock().unwrap() = Some(std::thread::current().id());
+            let read = image.read("/a").unwrap();
+            *device.armed.lock().unwrap() = None;
+            read
+        });
+        // Held (only where the device is read before the cache): 16 MiB of
+        // another journaled file, fsynced by the 256 KiB, cycles the 4 MiB
+        // log four times (checkpointing /a's transaction) and the 1 MiB
+        // cache sixteen times (evicting /a's blocks once home).
+        while !reader.is_finished() {
+            if held_rx.recv_timeout(Duration::from_millis(10)).is_ok() {
+                let bytes = pattern(3, 256 << 10, &[]);
+                for round in 0..64u64 {
+                    pressure.write_all_at(&bytes, round << 18).unwrap();
+                    pressure.sync_data().unwrap();
+                }
+                release_tx.send(()).unwrap();
+                break;
+            }
+        }
+        reader.join().unwrap()
+    });
+    assert!(
+        read == new,
+        "a read beside the checkpoint returned bytes older than the commit"
+    );
+    drop(pressure);
+    image.close().unwrap();
+    std::fs::write(&path, device.inner.snapshot()).unwrap();
+    common::assert_fsck_clean(&path);
+}
+
+/// A device that slows the armed thread's large writes (a write's data
+/// chunks on an ordered file) until `released`, 20 ms each at most: an
+/// operation queued on the file's lock meanwhile gets in between chunks.
+struct SlowWrites {
+    inner: jext4::MemoryDevice,
+    armed: std::sync::Mutex<Option<std::thread::ThreadId>>,
+    started: std::sync::atomic::AtomicBool,
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl SlowWrites {
+    fn hold(&self, len: usize) {
+        use std::sync::atomic::Ordering;
+        if len < (1 << 20) || *self.armed.lock().unwrap() != Some(std::thread::current().id()) {
+            return;
+        }
+        self.started.store(true, Ordering::SeqCst);
+        for _ in 0..20 {
+            if self.released.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl jext4::BlockDevice for SlowWrites {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+        self.inner.write_at(offset, buf)?;
+        self.hold(buf.len());
+        Ok(())
+    }
+    fn write_pieces_at(&self, offset: u64, pieces: &[&[u8]]) -> std::io::Result<()> {
+        let mut at = offset;
+        for piece in pieces {
+            self.inner.write_at(at, piece)?;
+            at += piece.len() as u64;
+        }
+        self.hold((at - offset) as usize);
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+}
+
+/// `chattr +j` landing while a large write to the file runs: the write's
+/// later chunks are journaled, cut and credited as a journaled file's
+/// (not at the ordered chunk, 8 MiB with a few credits, which overran the
+/// 4 MiB journal and aborted it).
+#[test]
+fn the_flag_set_during_a_large_write() {
+    use std::sync::atomic::Ordering;
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::mkfs(
+        dir.path(),
+        "racing",
+        128,
+        &["-t", "ext4", "-b", "4096", "-J", "size=4"],
+    );
+    struct Shared(std::sync::Arc<SlowWrites>);
+    impl jext4::BlockDevice for Shared {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.0.write_at(offset, buf)
+        }
+        fn write_pieces_at(&self, offset: u64, pieces: &[&[u8]]) -> std::io::Result<()> {
+            self.0.write_pieces_at(offset, pieces)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            self.0.flush()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.0.size_bytes()
+        }
+    }
+    let device = std::sync::Arc::new(SlowWrites {
+        inner: jext4::MemoryDevice::from_bytes(std::fs::read(&path).unwrap()),
+        armed: std::sync::Mutex::new(None),
+        started: false.into(),
+        released: false.into(),
+    });
+    let mut options = Image::options();
+    options.commit_interval(Duration::from_secs(3600));
+    let image = options
+        .open_device(Box::new(Shared(device.clone())))
+        .unwrap();
+    image.write("/f", b"x").unwrap();
+    let flags = image.flags("/f").unwrap();
+    let data = pattern(9, 64 << 20, &[]);
+    let writing = std::sync::atomic::AtomicBool::new(true);
+    let landed_mid_write = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            *device.armed.lock().unwrap() = Some(std::thread::current().id());
+            let file = image
+                .open_with("/f", jext4::OpenOptions::new().write(true))
+                .unwrap();
+            let written = file.write_at(&data, 0);
+            writing.store(false, Ordering::SeqCst);
+            written
+        });
+        while !device.started.load(Ordering::SeqCst) && !writer.is_finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        image
+            .set_flags("/f", flags | jext4::JOURNAL_DATA_FL)
+            .unwrap();
+        let landed = writing.load(Ordering::SeqCst);
+        device.released.store(true, Ordering::SeqCst);
+        assert_eq!(writer.join().unwrap().unwrap(), data.len());
+        landed
+    });
+    assert!(
+        landed_mid_write,
+        "the flag landed after the write: the test proves nothing"
+    );
+    assert_ne!(image.flags("/f").unwrap() & jext4::JOURNAL_DATA_FL, 0);
+    assert!(image.read("/f").unwrap() == data, "the write reads back");
+    image.sync().unwrap();
+    image.close().unwrap();
+    std::fs::write(&path, device.inner.snapshot()).unwrap();
+    common::assert_fsck_clean(&path);
+}
+
+/// A punch and a zero range over most of a large journaled file, on a
+/// 1 MiB journal: every freed block is revoked, and the records of the
+/// whole range (hundreds of thousands) outgrow the journal in one
+/// transaction; freed in chunks, each with credits for its records, the
+/// journal never overflows, and the range reads as zeros.
+#[test]
+fn a_large_punch_of_a_journaled_file_fits_a_small_journal() {
+    let [keep_size, punch_hole, zero_range] = [
+        libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_PUNCH_HOLE,
+        libc::FALLOC_FL_ZERO_RANGE,
+    ]
+    .map(|mode| mode as u32);
+    if !common::require_tool("mke2fs") || !common::require_tool("e2fsck") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::mkfs(
+        dir.path(),
+        "punch",
+        512,
+        &["-t", "ext4", "-b", "1024", "-J", "size=1"],
+    );
+    let image = open(&path, Some(true)).unwrap();
+    let size: u64 = 384 << 20;
+    let file = image.create_file("/f").unwrap();
+    let ino = file.ino() as u32;
+    let (fs, caller) = (image.fs(), image.caller());
+    fs.fallocate(ino, 0, size, 0, caller).unwrap();
+    image.sync().unwrap();
+    // Logged data at both edges and inside the range.
+    let piece = pattern(11, 64 << 10, &[]);
+    for at in [0, 100 << 20, size - (64 << 10)] {
+        file.write_all_at(&piece, at).unwrap();
+    }
+    image.sync().unwrap();
+    let (hole, zeroed, end) = (5_000, (200 << 20) + 123, size - 7_000);
+    fs.fallocate(ino, hole, zeroed - hole, punch_hole | keep_size, caller)
+        .unwrap();
+    fs.fallocate(ino, zeroed, end - zeroed, zero_range, caller)
+        .unwrap();
+    image.sync().unwrap();
+    let report = fs.stats_report();
+    assert!(
+        report.contains("revokes"),
+        "no revoke records counted: {report}"
+    );
+    let check = |image: &Image| {
+        let file = image.open_file("/f").unwrap();
+        assert_eq!(file.metadata().unwrap().len(), size);
+        let mut buffer = vec![0u8; 8 << 20];
+        let mut at = 0;
+        while at < size {
+            file.read_exact_at(&mut buffer, at).unwrap();
+            for (index, &byte) in buffer.iter().enumerate() {
+                let offset = at + index as u64;
+                let expected = if offset < hole || offset >= end {
+                    let base = [0, 100 << 20, size - (64 << 10)]
+                        .into_iter()
+                        .find(|&base| (base..base + (64 << 10)).contains(&offset));
+                    base.map_or(0, |base| piece[(offset - base) as usize])
+                } else {
+                    0
+                };
+                assert_eq!(byte, expected, "byte {offset}");
+            }
+            at += buffer.len() as u64;
+        }
+    };
+    check(&image);
+    drop(file);
+    image.close().unwrap();
+    common::assert_fsck_clean(&path);
+    let image = open(&path, None).unwrap();
+    check(&image);
+    image.close().unwrap();
+}

@@ -7,6 +7,7 @@
 //! bytes), so that nothing stale from a previous owner can ever be read
 //! back; a partial write into an existing block reads it first.
 
+use super::data_journal::JOURNALED_PUNCH_REVOKE_CREDITS;
 use super::delalloc::{Placement, WriteOut};
 use super::fast_commit::Outcome;
 use super::inode::PUNCH_CHUNK_BLOCKS;
@@ -46,6 +47,18 @@ pub(super) const CREDITS_WRITE: u32 = 32;
 /// descriptors of the groups they span, extent leaves), the tail block's
 /// path, the inode, the orphan records, the superblock.
 const CREDITS_TRUNCATE: u32 = 160;
+
+/// What one transaction of `Fs::write_file` did.
+enum ChunkStep {
+    /// Wrote this many bytes of the chunk.
+    Written(usize),
+    /// Wrote nothing: the file holds delayed data this chunk cannot join.
+    WriteOutFirst,
+    /// Wrote nothing: the chunk is too large, or its credits too few, for
+    /// the file as the transaction found it (`Tx::write_chunk_outgrown`);
+    /// the chunk bytes and credits to cut it again with.
+    Resize((u64, u32)),
+}
 
 /// `lseek` whence values that look at the mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -585,8 +598,10 @@ impl Fs {
         let mut drained = false;
         // Large writes are cut into chunks, one transaction each, so that a
         // transaction's size stays bounded (a journaled file's, by the
-        // journal: its data is in the transaction).
-        let (chunk_bytes, chunk_credits) = match read_inode(&self.core, ino) {
+        // journal: its data is in the transaction). Guessed here from the
+        // inode read without its lock; each step checks it under the lock
+        // (`Tx::write_chunk_outgrown`: chattr +j may land between chunks).
+        let (mut chunk_bytes, mut chunk_credits) = match read_inode(&self.core, ino) {
             Ok(inode) => self.core.write_chunk(ino, &inode),
             Err(_) => (
                 WRITE_CHUNK_BLOCKS * self.core.geo.block_size as u64,
@@ -603,6 +618,9 @@ impl Fs {
             let credits = chunk_credits + if first { xattr::SET_CREDITS } else { 0 };
             let chunk_written = self.transact(Scope::File(ino), credits, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
+                if let Some(resized) = tx.write_chunk_outgrown(ino, chunk_len, chunk_credits) {
+                    return Ok(ChunkStep::Resize(resized));
+                }
                 tx.with_regular_file(ino, |tx, inode| {
                     // chattr +a: only at the end.
                     super::iflags::check_data_change(inode, Some(position))?;
@@ -615,7 +633,7 @@ impl Fs {
                         None => match tx.write_delayed(ino, inode, position, chunk)? {
                             Placement::Held(bytes) => bytes,
                             Placement::Direct => tx.write_data(ino, inode, position, chunk)?,
-                            Placement::WriteOutFirst => return Ok(None),
+                            Placement::WriteOutFirst => return Ok(ChunkStep::WriteOutFirst),
                         },
                     };
                     let now = Timestamp::now();
@@ -624,26 +642,31 @@ impl Fs {
                     if inode.has_flag(crate::format::inode::flags::SYNC) {
                         tx.handle.set_sync();
                     }
-                    Ok(Some(written))
+                    Ok(ChunkStep::Written(written))
                 })
             });
             match chunk_written {
                 // The file holds delayed data this chunk cannot join.
-                Ok(None) => self.write_out(ino, WriteOut::Mapping)?,
-                Ok(Some(bytes)) if bytes == chunk_len => done += bytes,
+                Ok(ChunkStep::WriteOutFirst) => self.write_out(ino, WriteOut::Mapping)?,
+                // Its data became journaled since the chunk was cut: the
+                // same bytes again, in a chunk and with credits that fit.
+                Ok(ChunkStep::Resize((bytes, credits))) => {
+                    (chunk_bytes, chunk_credits) = (bytes, credits);
+                }
+                Ok(ChunkStep::Written(bytes)) if bytes == chunk_len => done += bytes,
                 // At the wall (short, or ENOSPC), once: held data's
                 // worst-case reservations may be what is missing — written
                 // out, they are exact — so the rest is tried again.
-                outcome @ (Ok(Some(_)) | Err(Error::NoSpace))
+                outcome @ (Ok(ChunkStep::Written(_)) | Err(Error::NoSpace))
                     if !drained && self.core.sbi.budget.reserved() > 0 =>
                 {
-                    if let Ok(Some(bytes)) = outcome {
+                    if let Ok(ChunkStep::Written(bytes)) = outcome {
                         done += bytes;
                     }
                     drained = true;
                     self.write_out_all(WriteOut::Space)?;
                 }
-                Ok(Some(bytes)) => {
+                Ok(ChunkStep::Written(bytes)) => {
                     done += bytes;
                     break;
                 }
@@ -748,10 +771,30 @@ impl Fs {
             return Err(Error::Invalid("zero-length fallocate".into()));
         }
         let end = offset.checked_add(length).ok_or(Error::FileTooBig)?;
-        let body = |tx: &mut Tx<'_, '_>| {
+        let punching = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0;
+        let block_size = self.core.geo.block_size as u64;
+        // The whole blocks a punch frees (`fallocate_inode`).
+        let (first_full, end_full) = (offset.div_ceil(block_size), end / block_size);
+        // A journaled file's blocks are revoked as they are freed, one
+        // record each: a large range is freed in chunks first, one
+        // transaction each (`Fs::punch_journaled_range`), the last chunk
+        // with the edges in the operation's own. Asked first of the inode
+        // read without its lock; the operation's transaction checks again
+        // (chattr +j may land between) and sends it back here.
+        let mut chunked = punching
+            && read_inode(&self.core, ino).is_ok_and(|inode| self.core.journals_data(ino, &inode));
+        let mut body = |tx: &mut Tx<'_, '_>| {
             let _inode = tx.lock_write(ino, Rank::Inode);
             if tx.core.delayed.holds(ino) {
                 return Ok(None); // a write held more meanwhile
+            }
+            if punching
+                && let Ok(inode) = tx.read_live_inode(ino)
+                && tx
+                    .journaled_punch_start(ino, &inode, first_full, end_full)?
+                    .is_some()
+            {
+                return Ok(Some(false)); // chunks first
             }
             tx.with_regular_file(ino, |tx, inode| {
                 // chattr +a: an allocation may grow the file, nothing
@@ -761,14 +804,32 @@ impl Fs {
                 }
                 tx.fallocate_inode(ino, inode, offset, end, mode)
             })
-            .map(Some)
+            .map(|()| Some(true))
         };
+        // A journaled file's last chunk goes with the edges: credits for
+        // its revoke records too.
+        let revoke_credits = match punching {
+            true => JOURNALED_PUNCH_REVOKE_CREDITS,
+            false => 0,
+        };
+        let credits = 64 + revoke_credits;
         self.with_nothing_held(ino, || {
-            if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            if chunked {
+                self.punch_journaled_range(ino, first_full, end_full, caller)?;
+            }
+            let done = if mode & FALLOC_FL_PUNCH_HOLE != 0 {
                 // Punching frees, but splitting an extent may take a block.
-                self.transact_releasing(Scope::File(ino), 64, caller, body)
+                self.transact_releasing(Scope::File(ino), credits, caller, &mut body)?
             } else {
-                self.transact(Scope::File(ino), 64, caller, body)
+                self.transact(Scope::File(ino), credits, caller, &mut body)?
+            };
+            match done {
+                Some(true) => Ok(Some(())),
+                Some(false) => {
+                    chunked = true;
+                    Ok(None)
+                }
+                None => Ok(None),
             }
         })
     }

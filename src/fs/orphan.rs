@@ -16,6 +16,7 @@
 //! the stored value instead of the caller's copy (`Orphans::on_list`), as
 //! ext4 keeps the link in its in-memory inode (`NEXT_ORPHAN`).
 
+use super::data_journal::JOURNALED_PUNCH_REVOKE_CREDITS;
 use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
@@ -466,13 +467,15 @@ impl Fs {
     /// Journal credits of one punch chunk: block bitmaps and descriptors of
     /// every group the chunk's blocks may lie in, the extent leaves holding
     /// the chunk's extents, the path above them, the inode, the superblock.
-    fn punch_chunk_credits(&self) -> u32 {
+    pub(super) fn punch_chunk_credits(&self) -> u32 {
         let geo = &self.core.geo;
         let groups = (geo.group_count as u64).min(PUNCH_CHUNK_BLOCKS) as u32;
         let descriptor_blocks = groups.div_ceil(geo.descs_per_block);
         let leaf_entries = (geo.block_size - 12) / 12;
         let leaves = (PUNCH_CHUNK_BLOCKS as u32).div_ceil(leaf_entries) + 1;
-        groups + descriptor_blocks + leaves + 16
+        // Blocks freed as metadata (a directory's, an EA inode's, a
+        // journaled file's) are revoked, a record each: their log blocks.
+        groups + descriptor_blocks + leaves + 16 + JOURNALED_PUNCH_REVOKE_CREDITS
     }
 
     /// Free every mapped block of `ino` at or after logical block `from`,

@@ -226,18 +226,21 @@ impl Fs {
 
     /// Write `bytes` at `offset` of file `ino`, past its end, its size
     /// left as it is (the verity metadata), in transactions of a write's
-    /// chunk each.
+    /// chunk each (decided again under the inode lock, as `write_file`
+    /// does: chattr +j may land between chunks).
     fn write_past_end(&self, ino: u32, offset: u64, bytes: &[u8], caller: Caller) -> Result<()> {
-        let (chunk, credits) = self
+        let (mut chunk, mut credits) = self
             .core
             .write_chunk(ino, &super::inode::read_inode(&self.core, ino)?);
-        let chunk = chunk as usize;
         let mut done = 0;
         while done < bytes.len() {
-            let piece = &bytes[done..(done + chunk).min(bytes.len())];
+            let piece = &bytes[done..(done + chunk as usize).min(bytes.len())];
             let position = offset + done as u64;
             let written = self.transact(Scope::File(ino), credits, caller, |tx| {
                 let _inode = tx.lock_write(ino, Rank::Inode);
+                if let Some(resized) = tx.write_chunk_outgrown(ino, piece.len(), credits) {
+                    return Ok(Err(resized));
+                }
                 let mut inode = tx.read_live_inode(ino)?;
                 // On the orphan records: no fast commit may carry it.
                 tx.handle.note(Change::Ineligible(Ineligible::Orphan));
@@ -245,8 +248,17 @@ impl Fs {
                 let written = tx.write_data(ino, &mut inode, position, piece);
                 inode.size = size;
                 tx.write_inode(ino, &inode)?;
-                written
+                written.map(Ok)
             })?;
+            let written = match written {
+                Ok(written) => written,
+                // Journaled since the chunk was cut: the piece again, cut
+                // and credited for that.
+                Err(resized) => {
+                    (chunk, credits) = resized;
+                    continue;
+                }
+            };
             if written < piece.len() {
                 return Err(Error::NoSpace);
             }
