@@ -108,6 +108,13 @@
 //!   writes it home only at the checkpoint after its commit; broken, each
 //!   block is also written home at once, so a crash before the commit
 //!   leaves a write's blocks part new, part old.
+//! - [`Fault::BigallocClusterFreedShared`]: with bigalloc, unmapping part
+//!   of a cluster frees it only when no other block of the file lies
+//!   there; broken, the end clusters of every unmapped range are freed
+//!   too, so the file keeps blocks of a cluster the bitmap has free.
+//! - [`Fault::BigallocImpliedCounted`]: with bigalloc, a block mapped into
+//!   a cluster the file already has costs nothing; broken, i_blocks counts
+//!   the cluster again, which e2fsck finds in the crash states.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -141,10 +148,12 @@ pub enum Fault {
     EaInodeQuotaUncharged = 1 << 22,
     CasefoldHashRaw = 1 << 23,
     DataJournalWrittenHome = 1 << 24,
+    BigallocClusterFreedShared = 1 << 25,
+    BigallocImpliedCounted = 1 << 26,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 25] = [
+    pub const ALL: [Fault; 27] = [
         Fault::SkipPreCommitFlush,
         Fault::WriteHomeBeforeCommit,
         Fault::DropRevoke,
@@ -170,6 +179,8 @@ impl Fault {
         Fault::EaInodeQuotaUncharged,
         Fault::CasefoldHashRaw,
         Fault::DataJournalWrittenHome,
+        Fault::BigallocClusterFreedShared,
+        Fault::BigallocImpliedCounted,
     ];
 }
 

@@ -37,6 +37,8 @@ enum Mode {
     Casefold,
     /// Full commits with file data journaled (`-o data=journal`).
     DataJournal,
+    /// Full commits on bigalloc images.
+    Bigalloc,
 }
 
 /// Run `workloads` with `fault` on in `mode`; return the first failure's
@@ -64,6 +66,7 @@ fn first_failure(
     config.quota = mode == Mode::Quota;
     config.casefold = mode == Mode::Casefold;
     config.data_journal = mode == Mode::DataJournal;
+    config.bigalloc = mode == Mode::Bigalloc;
     config.sampling = Sampling {
         fsck_every: 1,
         replay_every: 0,
@@ -329,6 +332,31 @@ fn journaled_data_written_home_before_its_commit_is_caught() {
         &["overwrite"],
         200,
         Mode::DataJournal,
+    );
+}
+
+/// bigalloc: the end clusters of an unmapped range freed while blocks of
+/// the file still lie there leave e2fsck a bitmap that has in-use
+/// clusters free (and i_blocks counting too few).
+#[test]
+fn a_bigalloc_cluster_freed_while_shared_is_caught() {
+    assert_caught_on(
+        Fault::BigallocClusterFreedShared,
+        &["overwrite"],
+        60,
+        Mode::Bigalloc,
+    );
+}
+
+/// bigalloc: a block mapped into a cluster the file has, counted in
+/// i_blocks as a new cluster, leaves counts e2fsck finds wrong.
+#[test]
+fn a_bigalloc_cluster_counted_twice_is_caught() {
+    assert_caught_on(
+        Fault::BigallocImpliedCounted,
+        &["overwrite"],
+        60,
+        Mode::Bigalloc,
     );
 }
 

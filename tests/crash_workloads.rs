@@ -6,13 +6,14 @@
 //! and 4 KiB with fast commits); on inline_data images
 //! (`INLINE_DATA_STATES`, 1 KiB) and on quota images (`QUOTA_STATES`, 4
 //! KiB), and a few on casefold images whose every directory is +F
-//! (`CASEFOLD_STATES`, mod `casefold`): each planned crash state recovers (jext4,
+//! (`CASEFOLD_STATES`, mod `casefold`) and on bigalloc images
+//! (`BIGALLOC_STATES`, mod `bigalloc`): each planned crash state recovers (jext4,
 //! and e2fsck and the kernel on samples) to a clean filesystem that keeps
 //! everything acknowledged. The other block size of each mode is the long
 //! run's (`jext4 crashtest --block-size 1024 --delalloc`, `--meta-bg`,
 //! `--block-size 4096 --inline-data`, `--block-size 1024 --quota`).
 //!
-//! The CI budget (about 15,100 states planned in all): `STATES` states per
+//! The CI budget (about 15,400 states planned in all): `STATES` states per
 //! workload and block size, `FAST_COMMIT_STATES` on fast_commit and
 //! delalloc images but for the per-directory workloads (multi-threaded,
 //! across directories), which get `STATES` there too; `jext4 crashtest
@@ -42,6 +43,8 @@ const QUOTA_STATES: usize = 40;
 const CASEFOLD_STATES: usize = 40;
 /// With data=journal: logged data, whole versions of every file.
 const DATA_JOURNAL_STATES: usize = 60;
+/// On bigalloc images: every state's cluster bitmaps and i_blocks.
+const BIGALLOC_STATES: usize = 60;
 /// The per-directory workloads get the full budget on fast_commit images
 /// too: they are there for per-directory commits.
 const PER_DIRECTORY: &[&str] = &[
@@ -77,6 +80,10 @@ fn check_data_journal(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::DataJournal);
 }
 
+fn check_bigalloc(workload: &str, block_size: u32) {
+    check_images(workload, block_size, false, false, Images::Bigalloc);
+}
+
 fn check_inline_data(workload: &str, block_size: u32) {
     check_images(workload, block_size, false, false, Images::InlineData);
 }
@@ -102,6 +109,8 @@ enum Images {
     Casefold,
     /// Plain images, recorded with `-o data=journal`.
     DataJournal,
+    /// bigalloc, clusters of 4 blocks.
+    Bigalloc,
 }
 
 fn check_images(
@@ -127,6 +136,8 @@ fn check_images(
         CASEFOLD_STATES
     } else if images == Images::DataJournal {
         DATA_JOURNAL_STATES
+    } else if images == Images::Bigalloc {
+        BIGALLOC_STATES
     } else if (fast_commit || delalloc) && !PER_DIRECTORY.contains(&workload) {
         FAST_COMMIT_STATES
     } else {
@@ -141,6 +152,7 @@ fn check_images(
     config.quota = images == Images::Quota;
     config.casefold = images == Images::Casefold;
     config.data_journal = images == Images::DataJournal;
+    config.bigalloc = images == Images::Bigalloc;
     // A failing state's disks and log, to look at with `jext4 logdump`.
     config.keep = std::env::var_os("JEXT4_CRASH_KEEP").map(Into::into);
     let summary = run(&config, &mut |_| {}).unwrap();
@@ -179,6 +191,7 @@ fn check_images(
             Images::Quota => " quota",
             Images::Casefold => " casefold",
             Images::DataJournal => " data=journal",
+            Images::Bigalloc => " bigalloc",
         },
         summary.states,
         summary.replay_runs,
@@ -266,6 +279,32 @@ mod casefold {
     #[test]
     fn acedirs_at_4k() {
         super::check_casefold("acedirs", 4096)
+    }
+}
+
+/// bigalloc: files sharing clusters between extents, holes punched and
+/// files truncated inside clusters, directories growing block by block
+/// within theirs.
+mod bigalloc {
+    #[test]
+    fn overwrite_at_1k() {
+        super::check_bigalloc("overwrite", 1024)
+    }
+    #[test]
+    fn random_at_4k() {
+        super::check_bigalloc("random", 4096)
+    }
+    #[test]
+    fn untar_at_1k() {
+        super::check_bigalloc("untar", 1024)
+    }
+    #[test]
+    fn xattrs_at_4k() {
+        super::check_bigalloc("xattrs", 4096)
+    }
+    #[test]
+    fn spool8_at_1k() {
+        super::check_bigalloc("spool8", 1024)
     }
 }
 

@@ -126,6 +126,10 @@ pub struct Config {
     /// write's bytes are all old or all new after a crash (the oracle
     /// holds every file to one version whole, `Window::data_atomic`).
     pub data_journal: bool,
+    /// Images with bigalloc (clusters of 4 blocks, `tools::Shape`): e2fsck
+    /// checks every state's cluster bitmaps, the cluster allocation rules
+    /// and i_blocks counted in clusters.
+    pub bigalloc: bool,
 }
 
 impl Config {
@@ -155,6 +159,7 @@ impl Config {
             quota: false,
             casefold: false,
             data_journal: false,
+            bigalloc: false,
         }
     }
 
@@ -195,6 +200,7 @@ pub struct Failure {
     pub quota: bool,
     pub casefold: bool,
     pub data_journal: bool,
+    pub bigalloc: bool,
     pub seed: u64,
     /// The workload's share of the states: the plan (and so the state
     /// numbers) depends on it.
@@ -215,7 +221,7 @@ impl std::fmt::Display for Failure {
         writeln!(f, "{}", self.message)?;
         write!(
             f,
-            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{}{}{}{} --seed {} --states {} --state {}",
+            "reproduce: jext4 crashtest --workload {} --block-size {}{}{}{}{}{}{}{}{}{} --seed {} --states {} --state {}",
             self.workload,
             self.block_size,
             match (self.fast_commit, self.bytelog, self.fast_commit_global) {
@@ -243,6 +249,7 @@ impl std::fmt::Display for Failure {
             } else {
                 ""
             },
+            if self.bigalloc { " --bigalloc" } else { "" },
             self.seed,
             self.states,
             self.state
@@ -865,6 +872,7 @@ pub fn run(config: &Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Su
         inline_data: config.inline_data,
         quota: config.quota,
         casefold: config.casefold,
+        bigalloc: config.bigalloc,
     };
     let template = tools::make_template_shaped(&scratch, config.block_size, IMAGE_MIB, &shape)?;
     let mut summary = Summary::default();
@@ -942,6 +950,7 @@ impl Context<'_> {
             quota: self.config.quota,
             casefold: self.config.casefold,
             data_journal: self.config.data_journal,
+            bigalloc: self.config.bigalloc,
             external_journal: self.config.external_journal,
             seed: self.config.seed,
             states: budget,

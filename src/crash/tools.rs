@@ -152,7 +152,14 @@ pub struct Shape {
     /// casefold (utf8, strict mode) with the root directory casefolded,
     /// which every directory made under it inherits.
     pub casefold: bool,
+    /// bigalloc, clusters of `BIGALLOC_CLUSTER_BLOCKS` blocks: small enough
+    /// that the 16 MiB image keeps clusters to spare, large enough that
+    /// files share clusters between their extents and punched holes.
+    pub bigalloc: bool,
 }
+
+/// Blocks per cluster of the bigalloc template.
+const BIGALLOC_CLUSTER_BLOCKS: u32 = 4;
 
 /// `make_template` of any `Shape`.
 pub fn make_template_shaped(
@@ -168,6 +175,7 @@ pub fn make_template_shaped(
         inline_data,
         quota,
         casefold,
+        bigalloc,
     } = *shape;
     let path = scratch.path(&format!("template-{block_size}.img"));
     let stale: Vec<u8> = STALE_PATTERN
@@ -215,6 +223,11 @@ pub fn make_template_shaped(
     if casefold {
         features.push_str(",casefold");
         extended.push_str(",encoding=utf8,encoding_flags=strict");
+    }
+    let cluster_size = (block_size * BIGALLOC_CLUSTER_BLOCKS).to_string();
+    if bigalloc {
+        features.push_str(",bigalloc");
+        args.extend(["-C", &cluster_size]);
     }
     let path_arg = path_str(&path)?;
     args.extend([

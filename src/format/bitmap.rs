@@ -161,13 +161,17 @@ pub fn uninit_block_bitmap(
     out: &mut [u8],
 ) {
     out.fill(0);
+    // One bit per cluster (bigalloc): a cluster holding any metadata block
+    // is in use, as ext4_init_block_bitmap marks them.
+    let ratio = geo.cluster_ratio as u64;
     let first = geo.group_first_block(group);
     let in_group = geo.blocks_in_group(group) as u64;
-    set_range(out, 0, geo.group_overhead_blocks(group) as usize);
+    let overhead = (geo.group_overhead_blocks(group) as u64).div_ceil(ratio);
+    set_range(out, 0, overhead as usize);
     let mut mark = |block: u64, count: u64| {
         for b in block..block + count {
             if b >= first && b < first + in_group {
-                set_bit(out, (b - first) as usize);
+                set_bit(out, ((b - first) / ratio) as usize);
             }
         }
     };
@@ -176,9 +180,9 @@ pub fn uninit_block_bitmap(
         mark(at.inode_bitmap, 1);
         mark(at.inode_table, geo.inode_table_blocks as u64);
     }
-    // Bits for blocks past the end of a short last group, and past
-    // blocks_per_group to the end of the bitmap block, are set.
-    for bit in in_group as usize..out.len() * 8 {
+    // Bits for clusters past the end of a short last group, and past
+    // clusters_per_group to the end of the bitmap block, are set.
+    for bit in (in_group / ratio) as usize..out.len() * 8 {
         set_bit(out, bit);
     }
 }

@@ -407,6 +407,14 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     }
 
     fn allocate(&mut self, lblk: u64, len: u32, goal: u64) -> Result<Extent> {
+        if self.ctx.geo.bigalloc() {
+            // Clusters need extents (the mount checks the feature; this is
+            // an inode without EXTENTS_FL on such a filesystem).
+            return Err(Error::corrupt(
+                Location::Inode { ino: self.ino },
+                "a block-mapped file on a bigalloc filesystem",
+            ));
+        }
         let limit = max_blocks(self.ctx.geo);
         let route = match self.shape.route(lblk) {
             Some(route) if lblk < limit => route,

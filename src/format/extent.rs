@@ -565,12 +565,60 @@ struct Writer<'x, 'a, 'j> {
     ctx: &'x mut MetaCtx<'a, 'j>,
     ino: u32,
     inode: &'x mut Inode,
+    /// bigalloc, while a range is unmapped: which clusters stay.
+    unmapping: Option<ClusterFrees>,
+}
+
+/// bigalloc: a file's blocks of one logical cluster all lie in one
+/// physical cluster, at the same offsets (the kernel's
+/// `get_implied_cluster_alloc` keeps them so, e2fsck's
+/// `has_unaligned_cluster_map` checks it), and the cluster is freed when
+/// the last of them goes. Unmapping `[start, end)` frees every cluster its
+/// blocks lie in but those two ends' clusters that keep blocks outside
+/// it, each once (the kernel's `struct partial_cluster`).
+#[derive(Debug, Clone, Copy)]
+struct ClusterFrees {
+    /// Clusters (numbers: block / ratio) still holding mapped blocks.
+    keep: [Option<u64>; 2],
+    /// The cluster freed last: blocks of one cluster are unmapped one
+    /// after the other (their logical cluster is one), perhaps as pieces
+    /// of several extents.
+    last: Option<u64>,
 }
 
 impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     fn new(ctx: &'x mut MetaCtx<'a, 'j>, ino: u32, inode: &'x mut Inode) -> Self {
         debug_assert!(inode.uses_extents());
-        Writer { ctx, ino, inode }
+        Writer {
+            ctx,
+            ino,
+            inode,
+            unmapping: None,
+        }
+    }
+
+    fn cluster_ratio(&self) -> u64 {
+        self.ctx.geo.cluster_ratio as u64
+    }
+
+    /// The physical block of the first mapped block in logical blocks
+    /// `from..to`, if any (bigalloc: where that logical cluster lives).
+    fn first_mapped_in(&self, from: u64, to: u64) -> Result<Option<u64>> {
+        let mut at = from;
+        // An index key may lie before its subtree's first extent: each
+        // round moves to the next extent or subtree, at most a few.
+        for _ in 0..2 * (MAX_DEPTH as usize + 2) {
+            if at >= to {
+                return Ok(None);
+            }
+            let path = self.find_path(at)?;
+            match lookup_in_path(&path, at) {
+                Lookup::Mapped(extent) => return Ok(Some(extent.physical)),
+                Lookup::Hole { next: Some(next) } if next > at => at = next,
+                Lookup::Hole { .. } => return Ok(None),
+            }
+        }
+        Err(self.corrupt_loop("looking for a cluster's blocks"))
     }
 
     fn reader(&self) -> Reader<'a> {
@@ -638,7 +686,7 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
     /// in i_blocks.
     fn write_new_node(&mut self, node: &Node, goal: u64) -> Result<u64> {
         let buffer = self.ctx.new_meta_block(goal)?;
-        self.inode.blocks += self.sectors_per_block();
+        self.inode.blocks += mapping::sectors_per_cluster(self.ctx.geo);
         {
             let mut bytes = self.ctx.handle.get_create_access(&buffer)?;
             self.encode_block(node, &mut bytes);
@@ -649,16 +697,48 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
 
     fn free_tree_block(&mut self, block: u64) -> Result<()> {
         self.ctx.free_meta_block(block)?;
-        self.inode.blocks = self.inode.blocks.saturating_sub(self.sectors_per_block());
+        let sectors = mapping::sectors_per_cluster(self.ctx.geo);
+        self.inode.blocks = self.inode.blocks.saturating_sub(sectors);
         Ok(())
     }
 
+    /// Free data blocks `physical..+count`, just unmapped; with bigalloc,
+    /// the clusters they lie in that keep no other mapped block
+    /// (`ClusterFrees`).
     fn free_data(&mut self, physical: u64, count: u64) -> Result<()> {
         debug_assert!(count > 0);
+        let ratio = self.cluster_ratio();
+        if ratio == 1 {
+            return self.free_clusters(physical, count);
+        }
+        let frees = self
+            .unmapping
+            .as_mut()
+            .expect("bigalloc data freed outside an unmapping");
+        let (first, last) = (physical / ratio, (physical + count - 1) / ratio);
+        // Only the two end clusters can hold blocks outside the run.
+        let from = match frees.keep.contains(&Some(first)) || frees.last == Some(first) {
+            true => first + 1,
+            false => first,
+        };
+        let to = match last > first && frees.keep.contains(&Some(last)) {
+            true => last,
+            false => last + 1,
+        };
+        frees.last = Some(last);
+        if from < to {
+            self.free_clusters(from * ratio, (to - from) * ratio)?;
+        }
+        Ok(())
+    }
+
+    /// Free whole clusters (blocks without bigalloc) of file data, and
+    /// count them off i_blocks.
+    fn free_clusters(&mut self, start: u64, count: u64) -> Result<()> {
         let metadata = self.inode.blocks_are_metadata();
         self.ctx
             .alloc
-            .free_blocks(self.ctx.handle, physical, count, metadata)?;
+            .free_blocks(self.ctx.handle, start, count, metadata)?;
         let sectors = count * self.sectors_per_block();
         self.inode.blocks = self.inode.blocks.saturating_sub(sectors);
         Ok(())
@@ -853,7 +933,29 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         if splits {
             self.ctx.charge(insert_cost(&path, 1))?;
         }
-        self.remove_extents(start, end)?;
+        let ratio = self.cluster_ratio();
+        if ratio == 1 {
+            self.remove_extents(start, end)?;
+            return self.shrink_root();
+        }
+        // bigalloc: the clusters of the range's two ends stay while blocks
+        // outside it lie there.
+        let before = match start % ratio {
+            0 => None,
+            offset => self.first_mapped_in(start - offset, start)?,
+        };
+        let after = match end % ratio {
+            0 => None,
+            offset => self.first_mapped_in(end, end - offset + ratio)?,
+        };
+        let keep = match crate::faults::active(crate::faults::Fault::BigallocClusterFreedShared) {
+            true => [None, None],
+            false => [before.map(|b| b / ratio), after.map(|b| b / ratio)],
+        };
+        self.unmapping = Some(ClusterFrees { keep, last: None });
+        let removed = self.remove_extents(start, end);
+        self.unmapping = None;
+        removed?;
         self.shrink_root()
     }
 
@@ -1160,10 +1262,6 @@ pub fn allocate(
         .min(hole_end - lblk)
         .min(max_len(unwritten) as u64);
     debug_assert!(want > 0);
-    // The data run and the tree's growth, before anything changes; near
-    // full the run shrinks to what the budget covers.
-    let want = tree.ctx.charge_run(insert_cost(&path, 1), want)? as u32;
-    debug_assert!(want > 0);
     // The extent ending right at lblk, if any, is the last one at or before
     // it in this leaf: continue it physically.
     let extents = leaf_extents(&path);
@@ -1171,6 +1269,14 @@ pub fn allocate(
         Some(before) if before.end() == lblk => before.physical + before.len as u64,
         _ => goal,
     };
+    if tree.cluster_ratio() > 1 {
+        let hole_end = next.map(|_| hole_end);
+        return allocate_in_clusters(&mut tree, &path, lblk, want, hole_end, goal, unwritten);
+    }
+    // The data run and the tree's growth, before anything changes; near
+    // full the run shrinks to what the budget covers.
+    let want = tree.ctx.charge_run(insert_cost(&path, 1), want)? as u32;
+    debug_assert!(want > 0);
     // Regular files may keep a preallocation window (dropped at their
     // last release, which directories never have).
     let (physical, got) = if tree.inode.is_reg() {
@@ -1195,6 +1301,82 @@ pub fn allocate(
         // The tree is unchanged (each step of an insert is complete);
         // give the data blocks back.
         tree.free_data(extent.physical, extent.len as u64)?;
+        return Err(error);
+    }
+    Ok(extent)
+}
+
+/// `allocate` with bigalloc: blocks of a logical cluster the file already
+/// maps a block of go into that block's physical cluster, at their own
+/// offsets, with nothing allocated or counted (the kernel's
+/// `get_implied_cluster_alloc`); others get new clusters, the run placed
+/// at its offset in the first (`ext4_ext_map_blocks`), and the clusters
+/// counted in i_blocks whole. `mapped_from` is where the hole's next
+/// mapped block is, if any: its cluster is not the run's to fill.
+fn allocate_in_clusters(
+    tree: &mut Writer,
+    path: &Path,
+    lblk: u64,
+    want: u64,
+    mapped_from: Option<u64>,
+    goal: u64,
+    unwritten: bool,
+) -> Result<Extent> {
+    let ratio = tree.cluster_ratio();
+    let offset = lblk % ratio;
+    let cluster_first = lblk - offset;
+    let (physical, len, fresh) = match tree.first_mapped_in(cluster_first, cluster_first + ratio)? {
+        Some(block) => {
+            let len = want.min(cluster_first + ratio - lblk);
+            tree.ctx.charge(insert_cost(path, 1))?;
+            if crate::faults::active(crate::faults::Fault::BigallocImpliedCounted) {
+                tree.inode.blocks += mapping::sectors_per_cluster(tree.ctx.geo);
+            }
+            (tree.ctx.geo.cluster_start(block) + offset, len, None)
+        }
+        None => {
+            // Up to the cluster the next mapped block lies in.
+            let end = mapped_from.map_or(u64::MAX, |next| next - next % ratio);
+            debug_assert!(end > lblk, "the next block's cluster is lblk's: implied");
+            let want = want.min(end - lblk);
+            let clusters = (offset + want).div_ceil(ratio);
+            let covered = tree.ctx.charge_run(insert_cost(path, 1), clusters)?;
+            let want = want.min(covered * ratio - offset);
+            let count = (covered * ratio) as u32;
+            let goal = goal.div_ceil(ratio) * ratio;
+            let (start, got) = if tree.inode.is_reg() {
+                let mapped = tree.inode.blocks / tree.sectors_per_block();
+                let file = (tree.ino, mapped);
+                tree.ctx
+                    .alloc
+                    .alloc_file_blocks(tree.ctx.handle, file, goal, count)?
+            } else {
+                tree.ctx.alloc.alloc_blocks(tree.ctx.handle, goal, count)?
+            };
+            assert!(
+                start.is_multiple_of(ratio)
+                    && (got as u64).is_multiple_of(ratio)
+                    && got as u64 > offset,
+                "allocator gave blocks {start}+{got}, not whole clusters of {ratio}"
+            );
+            debug_assert!(blocks_in_filesystem(tree.ctx.geo, start, got as u64));
+            tree.inode.blocks += got as u64 * tree.sectors_per_block();
+            let len = want.min(got as u64 - offset);
+            (start + offset, len, Some((start, got as u64)))
+        }
+    };
+    let extent = Extent {
+        logical: lblk,
+        physical,
+        len: len as u32,
+        unwritten,
+    };
+    debug_assert_eq!(extent.physical % ratio, extent.logical % ratio);
+    if let Err(error) = tree.insert_extent(extent) {
+        // The tree is unchanged; new clusters go back.
+        if let Some((start, count)) = fresh {
+            tree.free_clusters(start, count)?;
+        }
         return Err(error);
     }
     Ok(extent)

@@ -286,6 +286,13 @@ pub(super) fn sectors_per_block(geo: &Geometry) -> u64 {
     geo.block_size as u64 / 512
 }
 
+/// `i_blocks` units per cluster: what one allocation counts (bigalloc
+/// counts whole clusters, as the kernel's `EXT4_C2B` charges and e2fsck
+/// checks; a block without bigalloc).
+pub(super) fn sectors_per_cluster(geo: &Geometry) -> u64 {
+    geo.cluster_bytes() / 512
+}
+
 /// The most sectors `i_blocks` can count: 32 bits without huge_file, 48
 /// with it (ext4.h i_blocks_lo + l_i_blocks_high; HUGE_FILE_FL beyond that
 /// is not produced by this crate for a single file's mapping).

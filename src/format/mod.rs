@@ -136,9 +136,12 @@ impl MetaCtx<'_, '_> {
     }
 
     /// Allocate one block to hold metadata and return its (zeroed) buffer.
-    /// The caller fills it through `handle.get_create_access`.
+    /// The caller fills it through `handle.get_create_access`. With
+    /// bigalloc it takes a whole cluster and is its first block, as the
+    /// kernel's `ext4_new_meta_blocks`; the owner counts the cluster.
     pub fn new_meta_block(&mut self, goal: u64) -> Result<Arc<Buffer>> {
-        let (block, _) = self.alloc.alloc_blocks(self.handle, goal, 1)?;
+        let ratio = self.geo.cluster_ratio;
+        let (block, _) = self.alloc.alloc_blocks(self.handle, goal, ratio)?;
         let buffer = self.cache.get_for_overwrite(block)?;
         {
             let mut data = self.handle.get_create_access(&buffer)?;
@@ -147,9 +150,12 @@ impl MetaCtx<'_, '_> {
         Ok(buffer)
     }
 
-    /// Free one metadata block.
+    /// Free one metadata block (with bigalloc, the cluster it lies in,
+    /// which held nothing else).
     pub fn free_meta_block(&mut self, block: u64) -> Result<()> {
-        self.alloc.free_blocks(self.handle, block, 1, true)
+        let ratio = self.geo.cluster_ratio as u64;
+        let first = self.geo.cluster_start(block);
+        self.alloc.free_blocks(self.handle, first, ratio, true)
     }
 }
 

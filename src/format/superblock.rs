@@ -134,6 +134,7 @@ pub const RO_COMPAT_SUPPORTED: u32 = ro_compat::SPARSE_SUPER
     | ro_compat::ORPHAN_PRESENT
     | ro_compat::PROJECT
     | ro_compat::QUOTA
+    | ro_compat::BIGALLOC
     | ro_compat::VERITY;
 
 fn feature_names(kind: &str, bits: u32) -> Vec<String> {
@@ -706,6 +707,13 @@ impl Superblock {
             return Err(Error::Unsupported(format!(
                 "filesystem uses feature {names}, which jext4 does not support{hint}"
             )));
+        }
+        if self.has_ro_compat(ro_compat::BIGALLOC) && !self.has_incompat(incompat::EXTENTS) {
+            // ext4_check_feature_compatibility refuses the mount, as mke2fs
+            // refuses to make one: a block map cannot keep clusters.
+            return Err(Error::Unsupported(
+                "can't support bigalloc feature without extents feature".into(),
+            ));
         }
         self.casefold_encoding()?;
         Ok(self.read_only_features().is_empty())
@@ -1384,6 +1392,35 @@ impl Geometry {
     /// Whether clusters are larger than blocks (bigalloc).
     pub fn bigalloc(&self) -> bool {
         self.cluster_ratio > 1
+    }
+
+    /// Bytes per cluster (per block without bigalloc).
+    pub fn cluster_bytes(&self) -> u64 {
+        self.block_size as u64 * self.cluster_ratio as u64
+    }
+
+    /// The first block of the cluster `block` lies in (itself without
+    /// bigalloc). Clusters start at block 0 (ext4's EXT4_PBLK_CMASK).
+    pub fn cluster_start(&self, block: u64) -> u64 {
+        block - block % self.cluster_ratio as u64
+    }
+
+    /// The block bitmap bit of `group` that `block` (inside it) falls on:
+    /// its cluster's number from the group's first block.
+    pub fn block_bit(&self, group: u32, block: u64) -> usize {
+        debug_assert!(block >= self.group_first_block(group));
+        ((block - self.group_first_block(group)) / self.cluster_ratio as u64) as usize
+    }
+
+    /// The first block of the cluster bit `bit` of `group` stands for.
+    pub fn bit_block(&self, group: u32, bit: usize) -> u64 {
+        self.group_first_block(group) + bit as u64 * self.cluster_ratio as u64
+    }
+
+    /// The clusters of `group`: the bits of its block bitmap that stand for
+    /// blocks (a short last group counts only its whole clusters).
+    pub fn clusters_in_group(&self, group: u32) -> u32 {
+        self.blocks_in_group(group) / self.cluster_ratio
     }
 
     pub fn inode_bitmap_bytes(&self) -> usize {

@@ -201,9 +201,11 @@ pub fn goes_to_ea_inode(geo: &Geometry, size: usize) -> bool {
 }
 
 /// What a value of `size` bytes in an EA inode adds to the `i_blocks` of
-/// each inode that names it, in 512-byte units: its blocks.
+/// each inode that names it, in 512-byte units: its blocks, in whole
+/// clusters with bigalloc (the kernel's `round_up_cluster`).
 fn ea_charge(geo: &Geometry, size: u32) -> u64 {
-    (size as u64).div_ceil(geo.block_size as u64) * (geo.block_size as u64 / 512)
+    let unit = geo.cluster_bytes();
+    (size as u64).div_ceil(unit) * (unit / 512)
 }
 
 /// The hash an EA inode keeps of its value in `i_atime`
@@ -651,9 +653,10 @@ fn block_capacity(geo: &Geometry) -> usize {
     geo.block_size as usize - BLOCK_HEADER_SIZE
 }
 
-/// 512-byte units one xattr block adds to `i_blocks`.
+/// 512-byte units one xattr block adds to `i_blocks` of each inode that
+/// names it: a cluster with bigalloc, whose first block it is.
 fn block_sectors(geo: &Geometry) -> u64 {
-    geo.block_size as u64 / 512
+    geo.cluster_bytes() / 512
 }
 
 fn load_block(

@@ -17,6 +17,13 @@
 //! Lazy-init groups (`BLOCK_UNINIT`, `INODE_UNINIT`, `bg_itable_unused`) are
 //! initialised on first allocation, the way the kernel does.
 //!
+//! bigalloc: a bitmap bit, a descriptor's free count and the space budget
+//! count clusters. The interface stays in blocks, in whole clusters: every
+//! run asked for, handed out or freed starts on a cluster and spans whole
+//! ones (asserted); which blocks of a cluster a file uses is the mapping's
+//! business (`format::extent`). Bits inside a group are cluster numbers
+//! from the group's first block (`bit_block`, `block_bit`).
+//!
 //! Locks: one group at a time [Group], taken here and released before
 //! the next group is tried; the bitmaps' buffers inside it. The search
 //! skips groups by their unlocked counts and rechecks under the lock.
@@ -215,7 +222,8 @@ impl Tx<'_, '_> {
     }
 
     /// Allocate up to `count` contiguous blocks, first fit from `goal`,
-    /// out of what the operation charged to the space budget.
+    /// out of what the operation charged to the space budget. With bigalloc
+    /// `count` is whole clusters and so is the run returned.
     pub fn alloc_data_blocks(&mut self, goal: u64, count: u32) -> Result<(u64, u32)> {
         self.alloc_blocks_for(None, goal, count)
     }
@@ -240,22 +248,28 @@ impl Tx<'_, '_> {
         goal: u64,
         count: u32,
     ) -> Result<(u64, u32)> {
-        debug_assert!(count > 0);
+        let ratio = self.core.geo.cluster_ratio;
+        assert!(
+            count > 0 && count.is_multiple_of(ratio),
+            "allocating {count} blocks: not whole clusters of {ratio}"
+        );
         self.core
             .alloc_counters
             .calls
             .fetch_add(1, Ordering::Relaxed);
-        let count = self.spend_charge(count)?;
+        let goal = self.core.geo.cluster_start(goal);
+        let clusters = self.spend_charge(count / ratio)?;
         let from_window = match window {
-            Some(ask) => self.take_from_window(ask.ino, goal, count)?,
+            Some(ask) => self.take_from_window(ask.ino, goal, clusters)?,
             None => None,
         };
         let found = match from_window {
             Some(run) => Ok(run),
-            None => self.find_and_take(goal, count, window),
+            None => self.find_and_take(goal, clusters, window),
         };
+        let found = found.map(|(start, got)| (start, got * ratio));
         match &found {
-            Ok((_, got)) => self.spent(*got as u64),
+            Ok((_, got)) => self.spent((*got / ratio) as u64),
             Err(Error::NoSpace) if self.core.journal.has_pending_frees() => {
                 // Charged, so the blocks exist: freed by a commit that is
                 // not durable yet, or being written home by a checkpoint.
@@ -266,9 +280,10 @@ impl Tx<'_, '_> {
         found
     }
 
-    /// The search of `alloc_data_blocks`: first over what no window holds
-    /// (leaving a window for `window`'s file), then, when that finds
-    /// nothing and windows hold blocks, over those too.
+    /// The search of `alloc_data_blocks` for `count` clusters (blocks
+    /// without bigalloc; the run returned counts them too): first over
+    /// what no window holds (leaving a window for `window`'s file), then,
+    /// when that finds nothing and windows hold blocks, over those too.
     fn find_and_take(
         &mut self,
         goal: u64,
@@ -305,7 +320,7 @@ impl Tx<'_, '_> {
                     continue;
                 }
                 let from = if step == 0 {
-                    (goal - geo.group_first_block(group)) as usize
+                    geo.block_bit(group, goal)
                 } else {
                     0
                 };
@@ -321,9 +336,10 @@ impl Tx<'_, '_> {
         Err(Error::NoSpace)
     }
 
-    /// Take up to `count` blocks from the start of `ino`'s window when
+    /// Take up to `count` clusters from the start of `ino`'s window when
     /// they continue its last run (`goal`) and are still free; drop the
-    /// window otherwise. None: no window served.
+    /// window otherwise. None: no window served. The run's length returned
+    /// is in clusters.
     fn take_from_window(&mut self, ino: u32, goal: u64, count: u32) -> Result<Option<(u64, u32)>> {
         let core = self.core;
         let Some(window) = core.windows.take(ino) else {
@@ -331,8 +347,7 @@ impl Tx<'_, '_> {
         };
         let mut desc = self.lock_group(window.group);
         desc.remove_window(window);
-        let base = core.geo.group_first_block(window.group);
-        if base + window.start as u64 != goal {
+        if core.geo.bit_block(window.group, window.start as usize) != goal {
             return Ok(None);
         }
         let buffer = self.block_bitmap(&mut desc)?;
@@ -358,7 +373,10 @@ impl Tx<'_, '_> {
         core.alloc_counters
             .window_blocks
             .fetch_add(length as u64, Ordering::Relaxed);
-        Ok(Some((base + start as u64, length as u32)))
+        Ok(Some((
+            core.geo.bit_block(window.group, start),
+            length as u32,
+        )))
     }
 
     /// Find the first free bit at or after `from` in `group` and take a run
@@ -389,7 +407,7 @@ impl Tx<'_, '_> {
         let writing_before = core.journal.has_checkpoint_writing();
         let count = search.count as usize;
         let wanted = count + search.window.map_or(0, |ask| ask.len as usize);
-        let range = from..geo.blocks_in_group(group) as usize;
+        let range = from..geo.clusters_in_group(group) as usize;
         let lay_windows = !search.over_windows;
         let (found, masked) = self.search_group(&mut desc, &buffer, range, wanted, lay_windows);
         let Some((start, length)) = found else {
@@ -422,10 +440,7 @@ impl Tx<'_, '_> {
                 desc.add_window(window.start, window.len);
             }
         }
-        Ok(Some((
-            geo.group_first_block(group) + start as u64,
-            taken as u32,
-        )))
+        Ok(Some((geo.bit_block(group, start), taken as u32)))
     }
 
     /// Mark bits `start..start + length` of the locked group in use; only
@@ -440,7 +455,8 @@ impl Tx<'_, '_> {
         let core = self.core;
         let geo = &core.geo;
         let group = desc.group();
-        let first = geo.group_first_block(group) + start as u64;
+        let first = geo.bit_block(group, start);
+        let blocks = length as u64 * geo.cluster_ratio as u64;
         // The journal's pending frees are the authority the mask copies.
         // (Not a checkpoint pass's blocks: the search skipped those it was
         // writing, and one that starts meanwhile lists blocks freed and
@@ -448,9 +464,9 @@ impl Tx<'_, '_> {
         // checkpoint when the free became durable.)
         debug_assert!(
             core.journal
-                .freed_not_durable_overlap(first, length as u64)
+                .freed_not_durable_overlap(first, blocks)
                 .is_none(),
-            "group {group}'s pending mask let blocks {first}+{length} through",
+            "group {group}'s pending mask let blocks {first}+{blocks} through",
         );
         debug_assert!(
             over_windows
@@ -463,10 +479,7 @@ impl Tx<'_, '_> {
         // kernel's ext4_mb_mark_diskspace_used checks the system zone). A
         // bitmap that let a metadata block through failed its check when
         // read, so this is a bitmap changed since: its group is marked.
-        if let Some(block) = core
-            .groups
-            .first_metadata_block(geo, first, first + length as u64)
-        {
+        if let Some(block) = core.groups.first_metadata_block(geo, first, first + blocks) {
             let error = Error::corrupt(
                 Location::Block { block },
                 format!("group {group}'s block bitmap marks metadata block {block} free"),
@@ -500,9 +513,7 @@ impl Tx<'_, '_> {
         count: usize,
         lay_windows: bool,
     ) -> (Option<(usize, usize)>, bool) {
-        let geo = &self.core.geo;
         let group = desc.group();
-        let base = geo.group_first_block(group);
         let durable = self.core.journal.frees_durable_tid();
         let bytes = buffer.read();
         if let Some(durable) = durable {
@@ -511,7 +522,7 @@ impl Tx<'_, '_> {
         let pending = durable.and(desc.pending_mask());
         let windows = desc.window_mask().filter(|_| lay_windows);
         let overlay = bitmap::Overlay::new(&bytes, [pending, windows]);
-        let found = self.find_allocatable(&overlay, base, range.start, range.end, count);
+        let found = self.find_allocatable(&overlay, group, range.start, range.end, count);
         (found, overlay.masked())
     }
 
@@ -523,11 +534,13 @@ impl Tx<'_, '_> {
     fn find_allocatable(
         &self,
         bytes: &bitmap::Overlay<'_>,
-        base: u64,
+        group: u32,
         from: usize,
         end: usize,
         count: usize,
     ) -> Option<(usize, usize)> {
+        let geo = &self.core.geo;
+        let ratio = geo.cluster_ratio as u64;
         let mut from = from;
         // Each round skips one block being written or succeeds; a group
         // has at most `end` bits.
@@ -537,17 +550,20 @@ impl Tx<'_, '_> {
             match self
                 .core
                 .journal
-                .checkpoint_writing_overlap(base + start as u64, length as u64)
+                .checkpoint_writing_overlap(geo.bit_block(group, start), length as u64 * ratio)
             {
                 None => return Some((start, length)),
                 Some((writing_start, writing_end)) => {
                     let counters = &self.core.alloc_counters;
                     counters.candidates_skipped.fetch_add(1, Ordering::Relaxed);
-                    let writing_start = writing_start.saturating_sub(base) as usize;
+                    // The clusters before the one the write starts in, and
+                    // on from the one after it ends.
+                    let base = geo.group_first_block(group);
+                    let writing_start = (writing_start.saturating_sub(base) / ratio) as usize;
                     if writing_start > start {
                         return Some((start, writing_start - start));
                     }
-                    from = (writing_end - base) as usize;
+                    from = (writing_end - base).div_ceil(ratio) as usize;
                     if from >= end {
                         return None;
                     }
@@ -557,9 +573,15 @@ impl Tx<'_, '_> {
         None
     }
 
-    /// Return blocks to the free pool. Freeing a block that is free, or one
-    /// that holds group metadata, is corruption (a double reference).
+    /// Return blocks to the free pool (with bigalloc, whole clusters).
+    /// Freeing a block that is free, or one that holds group metadata, is
+    /// corruption (a double reference).
     pub fn release_blocks(&mut self, start: u64, count: u64, metadata: bool) -> Result<()> {
+        let ratio = self.core.geo.cluster_ratio as u64;
+        assert!(
+            start.is_multiple_of(ratio) && count.is_multiple_of(ratio),
+            "freeing blocks {start}+{count}: not whole clusters of {ratio}"
+        );
         self.for_each_group_run(start, count, &mut |alloc, group, start, end| {
             alloc.release_in_group(group, start, end, metadata)
         })
@@ -570,7 +592,17 @@ impl Tx<'_, '_> {
     /// outside its metadata, and each group's bitmap loads and has them in
     /// use. A failed check is the error the release would give, and marks
     /// the group corrupt as it would.
+    /// With bigalloc the clusters the blocks lie in are checked.
     pub fn check_release_blocks(&mut self, start: u64, count: u64) -> Result<()> {
+        let geo = &self.core.geo;
+        let (start, count) = match count {
+            0 => (start, 0),
+            _ => {
+                let first = geo.cluster_start(start);
+                let last = geo.cluster_start(start.saturating_add(count - 1));
+                (first, last - first + geo.cluster_ratio as u64)
+            }
+        };
         self.for_each_group_run(start, count, &mut |alloc, group, start, end| {
             let mut desc = alloc.lock_group(group);
             alloc
@@ -622,10 +654,13 @@ impl Tx<'_, '_> {
         let group = desc.group();
         self.check_not_group_metadata(start, end)?;
         let buffer = self.block_bitmap(desc)?;
-        let base = self.core.geo.group_first_block(group);
+        let geo = &self.core.geo;
+        let ratio = geo.cluster_ratio as usize;
         let already_free = {
             let bytes = buffer.read();
-            (start..end).find(|&block| !bitmap::test_bit(&bytes, (block - base) as usize))
+            (start..end)
+                .step_by(ratio)
+                .find(|&block| !bitmap::test_bit(&bytes, geo.block_bit(group, block)))
         };
         if let Some(block) = already_free {
             // Two owners of one block, or a bitmap that lost bits: the
@@ -646,22 +681,22 @@ impl Tx<'_, '_> {
         let geo = &core.geo;
         let mut desc = self.lock_group(group);
         let buffer = self.verify_release_in_group(&mut desc, start, end)?;
-        let base = geo.group_first_block(group);
+        let (first, bits) = (geo.block_bit(group, start), geo.block_bit(group, end));
+        let clusters = bits - first;
         {
             let mut bytes = self.handle.get_write_access(&buffer)?;
-            for block in start..end {
-                bitmap::clear_bit(&mut bytes, (block - base) as usize);
+            for bit in first..bits {
+                bitmap::clear_bit(&mut bytes, bit);
             }
-            desc.free_blocks += (end - start) as u32;
+            desc.free_blocks += clusters as u32;
             desc.set_block_bitmap_csum(geo, &bytes);
         }
         if core.journal.frees_durable_tid().is_some() {
             // Not allocatable before this transaction is durable.
-            let first = (start - base) as u32;
-            desc.add_pending(self.handle.tid(), first, (end - start) as u32);
+            desc.add_pending(self.handle.tid(), first as u32, clusters as u32);
         }
         self.handle.free_blocks(start, end - start, metadata);
-        core.sbi.budget.released(end - start);
+        core.sbi.budget.released(clusters as u64);
         Ok(())
     }
 

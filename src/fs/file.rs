@@ -153,7 +153,12 @@ impl Tx<'_, '_> {
                     let mut ctx = self.meta_ctx();
                     let extent =
                         match mapping::allocate(&mut ctx, ino, inode, lblk, wanted, goal, false) {
-                            Ok(extent) => extent,
+                            // A datasync change even where i_blocks stays
+                            // (bigalloc: blocks of a cluster the file has).
+                            Ok(extent) => {
+                                self.mapping_changed = true;
+                                extent
+                            }
                             // Out of space part-way: what is written stays
                             // written — unless a commit makes room: then
                             // `Fs::transact` commits and writes the chunk
@@ -1051,6 +1056,7 @@ impl Tx<'_, '_> {
                     let goal = geo.group_first_block(geo.group_of_inode(ino));
                     let mut ctx = self.meta_ctx();
                     let extent = mapping::allocate(&mut ctx, ino, inode, lblk, wanted, goal, true)?;
+                    self.mapping_changed = true;
                     lblk = extent.logical + extent.len as u64;
                 }
             }

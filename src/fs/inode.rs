@@ -447,6 +447,9 @@ impl Tx<'_, '_> {
     ) -> Result<()> {
         let core = self.core;
         let handle = self.handle;
+        // fdatasync waits for it, whether or not i_blocks moved (with
+        // bigalloc a cluster that keeps other blocks stays counted).
+        self.mapping_changed = true;
         // An EA inode's blocks are metadata too (written through the
         // cache, journaled), as the kernel's are.
         // So are a journaled file's (`data_journal.rs`).

@@ -146,7 +146,7 @@ pub struct MountOptions {
     /// Settled to `Some` at mount.
     pub data_journal: Option<bool>,
     /// A read-write open of an image with a feature jext4 only reads
-    /// (bigalloc, quota, verity: read-only compatible) is made read-only
+    /// (btree_dir, snapshot, shared_blocks: read-only compatible) is made read-only
     /// with a warning instead of refused. The image tools set it: `ls` or
     /// `cp` out of such an image need no `-o ro`, and a verb that writes
     /// gets EROFS. A mount keeps the kernel's refusal.
@@ -395,11 +395,14 @@ impl Core {
             .subsec_nanos();
         let reserved_blocks = sb.reserved_blocks_count;
         let emergency_reserve = emergency_reserve_blocks(&geo);
+        // The budget counts clusters, as the free counts do (the kernel's
+        // ext4_has_free_clusters turns s_r_blocks_count into clusters).
+        let ratio = geo.cluster_ratio as u64;
         let mut budget = Budget::new(
             free_blocks,
             journal.is_journaled(),
-            reserved_blocks,
-            emergency_reserve,
+            reserved_blocks.div_ceil(ratio),
+            emergency_reserve / ratio,
         );
         if !options.space_budget {
             budget = budget.disabled();
@@ -599,6 +602,14 @@ fn settle_options(
         tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
     }
     options.delalloc &= options.space_budget && !options.read_only;
+    if options.delalloc && sb.has_ro_compat(superblock::ro_compat::BIGALLOC) {
+        // The kernel reserves delayed blocks per logical cluster
+        // (ext4_insert_delayed_blocks); jext4's reservations count blocks.
+        return Err(Error::Unsupported(
+            "delalloc on a bigalloc filesystem: jext4 does not reserve delayed clusters yet;              mount without -o delalloc"
+                .into(),
+        ));
+    }
     data_journal::settle(sb, options)?;
     fast_commit_wanted(sb, options)
 }
@@ -1552,7 +1563,7 @@ fn fast_commit_wanted(sb: &Superblock, options: &MountOptions) -> Result<bool> {
         } else if options.fast_commit == Some(false) {
             Some("it writes fast commits, and fast_commit=off was asked for")
         } else if full_only.is_some() {
-            Some("jext4 writes no fast commits on inline_data or quota filesystems yet")
+            Some("jext4 writes no fast commits on inline_data, quota or bigalloc filesystems yet")
         } else {
             None
         };

@@ -98,12 +98,17 @@ struct ReplayStats {
 ///   jext4's does not yet (e2fsck 1.47.0's replay drops the system.data of
 ///   an inline inode it rewrites, which the kernel then refuses: not a way
 ///   out either);
-/// - quota: replayed inodes would have to be charged to their owners.
+/// - quota: replayed inodes would have to be charged to their owners;
+/// - bigalloc: replayed ranges would have to be marked in whole clusters,
+///   a cluster freed only with its last block (the kernel's
+///   `ext4_fc_set_bitmaps_and_counters` re-marks them afterwards).
 pub(crate) fn unsupported_feature(sb: &superblock::Superblock) -> Option<&'static str> {
     if sb.has_incompat(superblock::incompat::INLINE_DATA) {
         Some("inline_data")
     } else if sb.has_ro_compat(superblock::ro_compat::QUOTA) {
         Some("quota")
+    } else if sb.has_ro_compat(superblock::ro_compat::BIGALLOC) {
+        Some("bigalloc")
     } else {
         None
     }

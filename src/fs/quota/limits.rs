@@ -305,7 +305,9 @@ impl Tx<'_, '_> {
     pub(in crate::engine::fs) fn grant_subject_blocks(&mut self, blocks: u64) -> Result<()> {
         match self.quota_subject() {
             Some(ids) if blocks > 0 => {
-                let bytes = blocks * self.core.geo.block_size as u64;
+                // Charges count clusters (blocks without bigalloc), as
+                // the kernel charges EXT4_C2B of them.
+                let bytes = blocks * self.core.geo.cluster_bytes();
                 self.grant_quota(ids.map(Some), Ask::exact(bytes, 0))
                     .map(|_| ())
             }
@@ -324,7 +326,7 @@ impl Tx<'_, '_> {
         let Some(ids) = self.quota_subject() else {
             return Ok(flexible);
         };
-        let unit = self.core.geo.block_size as u64;
+        let unit = self.core.geo.cluster_bytes();
         let ask = Ask {
             fixed: fixed * unit,
             unit,
