@@ -306,6 +306,14 @@ mod bigalloc {
     fn spool8_at_1k() {
         super::check_bigalloc("spool8", 1024)
     }
+    #[test]
+    fn random_delalloc_at_4k() {
+        super::check_images("random", 4096, false, true, super::Images::Bigalloc)
+    }
+    #[test]
+    fn smallwriters_delalloc_at_1k() {
+        super::check_images("smallwriters", 1024, false, true, super::Images::Bigalloc)
+    }
 }
 
 /// In-place rewrites across block edges (ordered: sectors of several

@@ -176,8 +176,8 @@ struct CrashtestArgs {
     data_journal: bool,
     /// Images with bigalloc (clusters of 4 blocks): e2fsck checks every
     /// state's cluster bitmaps and cluster allocation rules (full commits
-    /// only, without delalloc: jext4 does neither there yet).
-    #[arg(long, conflicts_with_all = ["bytelog", "fast_commit", "delalloc"])]
+    /// only: jext4 writes no fast commits there yet).
+    #[arg(long, conflicts_with_all = ["bytelog", "fast_commit"])]
     bigalloc: bool,
     /// Check only this state of each workload (as a failure names it).
     #[arg(long)]

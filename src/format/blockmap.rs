@@ -406,10 +406,24 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         Ok((Some(pointer), goal))
     }
 
+    /// Clusters need extents (the mount checks the feature): a block map
+    /// on a bigalloc filesystem is refused before anything changes, for
+    /// allocation, and for freeing once it maps a block (its runs are not
+    /// clusters).
+    fn refuse_on_bigalloc(&self) -> Result<()> {
+        let maps_blocks =
+            (0..I_BLOCK_SIZE / 4).any(|slot| get_u32(&self.inode.block, slot * 4) != 0);
+        if self.ctx.geo.bigalloc() && maps_blocks {
+            return Err(Error::corrupt(
+                Location::Inode { ino: self.ino },
+                "a block-mapped file on a bigalloc filesystem",
+            ));
+        }
+        Ok(())
+    }
+
     fn allocate(&mut self, lblk: u64, len: u32, goal: u64) -> Result<Extent> {
         if self.ctx.geo.bigalloc() {
-            // Clusters need extents (the mount checks the feature; this is
-            // an inode without EXTENTS_FL on such a filesystem).
             return Err(Error::corrupt(
                 Location::Inode { ino: self.ino },
                 "a block-mapped file on a bigalloc filesystem",
@@ -753,6 +767,7 @@ pub fn punch(
     if start >= end {
         return Ok(());
     }
+    writer.refuse_on_bigalloc()?;
     writer.punch(start, end)
 }
 

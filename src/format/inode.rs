@@ -479,8 +479,9 @@ impl Inode {
         if geo.has_incompat(incompat::EA_INODE) || self.has_flag(flags::EA_INODE) {
             return self.size > 0 && self.size < I_BLOCK_SIZE as u64;
         }
+        // An xattr block counts a cluster (EXT4_CLUSTER_SIZE >> 9).
         let xattr_sectors = if self.file_acl != 0 {
-            (geo.block_size / 512) as u64
+            geo.cluster_bytes() / 512
         } else {
             0
         };

@@ -239,7 +239,8 @@ impl Tx<'_, '_> {
         goal: u64,
         count: u32,
     ) -> Result<(u64, u32)> {
-        self.alloc_blocks_for(Some(WindowAsk::for_file(ino, mapped)), goal, count)
+        let ratio = self.core.geo.cluster_ratio;
+        self.alloc_blocks_for(Some(WindowAsk::for_file(ino, mapped, ratio)), goal, count)
     }
 
     fn alloc_blocks_for(
@@ -249,10 +250,16 @@ impl Tx<'_, '_> {
         count: u32,
     ) -> Result<(u64, u32)> {
         let ratio = self.core.geo.cluster_ratio;
-        assert!(
-            count > 0 && count.is_multiple_of(ratio),
-            "allocating {count} blocks: not whole clusters of {ratio}"
-        );
+        if count == 0 || !count.is_multiple_of(ratio) {
+            // A caller's bug: the mapping asks for whole clusters.
+            debug_assert!(
+                false,
+                "allocating {count} blocks: not whole clusters of {ratio}"
+            );
+            return Err(Error::Invalid(format!(
+                "allocating {count} blocks: not whole clusters of {ratio}"
+            )));
+        }
         self.core
             .alloc_counters
             .calls
@@ -578,10 +585,14 @@ impl Tx<'_, '_> {
     /// corruption (a double reference).
     pub fn release_blocks(&mut self, start: u64, count: u64, metadata: bool) -> Result<()> {
         let ratio = self.core.geo.cluster_ratio as u64;
-        assert!(
-            start.is_multiple_of(ratio) && count.is_multiple_of(ratio),
-            "freeing blocks {start}+{count}: not whole clusters of {ratio}"
-        );
+        if !(start.is_multiple_of(ratio) && count.is_multiple_of(ratio)) {
+            // The mapping frees whole clusters; a run that is not comes
+            // from a structure that cannot hold clusters (a block map).
+            return Err(Error::corrupt(
+                Location::Block { block: start },
+                format!("freeing blocks {start}+{count}: not whole clusters of {ratio}"),
+            ));
+        }
         self.for_each_group_run(start, count, &mut |alloc, group, start, end| {
             alloc.release_in_group(group, start, end, metadata)
         })

@@ -49,20 +49,24 @@ use crate::error::{Error, Result};
 use crate::faults::{self, Fault};
 use crate::format::inode::{Inode, flags};
 use crate::format::mapping::Lookup;
-use crate::format::superblock::{Superblock, compat, default_mount};
+use crate::format::superblock::{Geometry, Superblock, compat, default_mount};
 use crate::hash::NumberSet;
 use crate::lock::Rank;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Log blocks the revoke records of `PUNCH_CHUNK_BLOCKS` freed blocks take
-/// at most: 8 bytes a record (a 64-bit journal; 4 otherwise) in the
-/// smallest block, less its header and checksum tail (`jbd2.rs`,
-/// `revokes_per_block`). A handle's credits count only the buffers it
-/// will log, yet the commit writes its revoke blocks too: a step that
-/// frees a journaled file's blocks reserves these besides.
-pub(super) const JOURNALED_PUNCH_REVOKE_CREDITS: u32 =
-    (PUNCH_CHUNK_BLOCKS as u32 * 8).div_ceil(1024 - 32);
+/// Log blocks the revoke records of a chunk of `PUNCH_CHUNK_BLOCKS`
+/// freed blocks take at most: 8 bytes a record (a 64-bit journal; 4
+/// otherwise) in a block less its header and checksum tail (`jbd2.rs`,
+/// `revokes_per_block`). With bigalloc a chunk frees the clusters it
+/// touches, two more than it fills at worst. A handle's credits count
+/// only the buffers it will log, yet the commit writes its revoke blocks
+/// too: a step that frees a journaled file's blocks reserves these
+/// besides.
+pub(super) fn punch_revoke_credits(geo: &Geometry) -> u32 {
+    let records = PUNCH_CHUNK_BLOCKS + 2 * geo.cluster_ratio as u64;
+    (records * 8).div_ceil(geo.block_size as u64 - 32) as u32
+}
 
 /// Files whose JOURNAL_DATA flag was cleared in this mount while it
 /// journaled their data (`Tx::change_journal_flag`). Asked on every read

@@ -534,7 +534,11 @@ impl Tx<'_, '_> {
 
     /// Reserve the budget for holding `new_blocks` of `ino`: a block each
     /// and an extent insert per run they start. False when the balance
-    /// cannot cover it.
+    /// cannot cover it. With bigalloc the budget counts clusters, and a
+    /// block each is a cluster each: more than the write-out takes (a run
+    /// of n blocks fills at most n new clusters, a block of a cluster the
+    /// file has none); what it does not take goes back then. The kernel
+    /// reserves per new logical cluster (`ext4_insert_delayed_blocks`).
     fn reserve_for(&mut self, ino: u32, inode: &Inode, new_blocks: &[u64]) -> bool {
         if new_blocks.is_empty() {
             return true;

@@ -7,7 +7,7 @@
 //! bytes), so that nothing stale from a previous owner can ever be read
 //! back; a partial write into an existing block reads it first.
 
-use super::data_journal::JOURNALED_PUNCH_REVOKE_CREDITS;
+use super::data_journal::punch_revoke_credits;
 use super::delalloc::{Placement, WriteOut};
 use super::fast_commit::Outcome;
 use super::inode::PUNCH_CHUNK_BLOCKS;
@@ -814,7 +814,7 @@ impl Fs {
         // A journaled file's last chunk goes with the edges: credits for
         // its revoke records too.
         let revoke_credits = match punching {
-            true => JOURNALED_PUNCH_REVOKE_CREDITS,
+            true => punch_revoke_credits(&self.core.geo),
             false => 0,
         };
         let credits = 64 + revoke_credits;

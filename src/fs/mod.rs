@@ -401,7 +401,7 @@ impl Core {
         let mut budget = Budget::new(
             free_blocks,
             journal.is_journaled(),
-            reserved_blocks.div_ceil(ratio),
+            reserved_blocks / ratio,
             emergency_reserve / ratio,
         );
         if !options.space_budget {
@@ -602,14 +602,6 @@ fn settle_options(
         tracing::warn!("delalloc needs the space budget (JEXT4_SPACE_BUDGET=off): off");
     }
     options.delalloc &= options.space_budget && !options.read_only;
-    if options.delalloc && sb.has_ro_compat(superblock::ro_compat::BIGALLOC) {
-        // The kernel reserves delayed blocks per logical cluster
-        // (ext4_insert_delayed_blocks); jext4's reservations count blocks.
-        return Err(Error::Unsupported(
-            "delalloc on a bigalloc filesystem: jext4 does not reserve delayed clusters yet;              mount without -o delalloc"
-                .into(),
-        ));
-    }
     data_journal::settle(sb, options)?;
     fast_commit_wanted(sb, options)
 }
@@ -1317,7 +1309,10 @@ impl Fs {
             format!("blocks_reserved_emergency {}", self.core.emergency_reserve),
             format!("inodes_free {}", statfs.free_files),
         ];
-        lines.extend(budget_lines(&self.budget_stats()));
+        lines.extend(budget_lines(
+            &self.budget_stats(),
+            self.core.geo.cluster_ratio,
+        ));
         lines.extend(delalloc::stats_lines(&self.delalloc_stats()));
         let alloc = self.alloc_stats();
         lines.extend([
@@ -1465,9 +1460,12 @@ impl Fs {
 /// budget (free blocks when it opened), its balance for an ordinary user
 /// (both reserves withheld), what is charged and freed in it; charges
 /// made, backed out, commits they forced and the ENOSPC they returned.
-fn budget_lines(stats: &BudgetStats) -> Vec<String> {
+/// Its amounts count clusters (`budget_unit_blocks` blocks each; 1
+/// without bigalloc).
+fn budget_lines(stats: &BudgetStats, unit_blocks: u32) -> Vec<String> {
     vec![
         format!("budget_enabled {}", stats.enabled),
+        format!("budget_unit_blocks {unit_blocks}"),
         format!("budget_blocks {}", stats.budget),
         format!("budget_balance {}", stats.balance),
         format!("budget_charged {}", stats.charged),

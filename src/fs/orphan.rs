@@ -16,7 +16,7 @@
 //! the stored value instead of the caller's copy (`Orphans::on_list`), as
 //! ext4 keeps the link in its in-memory inode (`NEXT_ORPHAN`).
 
-use super::data_journal::JOURNALED_PUNCH_REVOKE_CREDITS;
+use super::data_journal::punch_revoke_credits;
 use super::inode::PUNCH_CHUNK_BLOCKS;
 use super::{Caller, Fs, Scope, Tx};
 use crate::error::{Error, Location, Result};
@@ -475,7 +475,7 @@ impl Fs {
         let leaves = (PUNCH_CHUNK_BLOCKS as u32).div_ceil(leaf_entries) + 1;
         // Blocks freed as metadata (a directory's, an EA inode's, a
         // journaled file's) are revoked, a record each: their log blocks.
-        groups + descriptor_blocks + leaves + 16 + JOURNALED_PUNCH_REVOKE_CREDITS
+        groups + descriptor_blocks + leaves + 16 + punch_revoke_credits(geo)
     }
 
     /// Free every mapped block of `ino` at or after logical block `from`,

@@ -56,15 +56,21 @@ impl Window {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct WindowAsk {
     pub ino: u32,
-    /// Blocks of window wanted after the run.
+    /// Bits of window wanted after the run (blocks; clusters with
+    /// bigalloc).
     pub len: u32,
 }
 
 impl WindowAsk {
-    /// The window for a file that maps `mapped` blocks so far.
-    pub fn for_file(ino: u32, mapped: u64) -> WindowAsk {
-        let len = mapped.clamp(WINDOW_MIN_BLOCKS as u64, WINDOW_MAX_BLOCKS as u64) as u32;
-        WindowAsk { ino, len }
+    /// The window for a file that maps `mapped` blocks so far, in the
+    /// allocator's units: clusters of `ratio` blocks (blocks without
+    /// bigalloc), at least one.
+    pub fn for_file(ino: u32, mapped: u64, ratio: u32) -> WindowAsk {
+        let blocks = mapped.clamp(WINDOW_MIN_BLOCKS as u64, WINDOW_MAX_BLOCKS as u64) as u32;
+        WindowAsk {
+            ino,
+            len: (blocks / ratio).max(1),
+        }
     }
 }
 
@@ -173,9 +179,12 @@ mod tests {
 
     #[test]
     fn window_sizes_follow_the_file_within_bounds() {
-        assert_eq!(WindowAsk::for_file(12, 0).len, WINDOW_MIN_BLOCKS);
-        assert_eq!(WindowAsk::for_file(12, 40).len, 40);
-        assert_eq!(WindowAsk::for_file(12, 1 << 20).len, WINDOW_MAX_BLOCKS);
+        assert_eq!(WindowAsk::for_file(12, 0, 1).len, WINDOW_MIN_BLOCKS);
+        assert_eq!(WindowAsk::for_file(12, 40, 1).len, 40);
+        assert_eq!(WindowAsk::for_file(12, 1 << 20, 1).len, WINDOW_MAX_BLOCKS);
+        // bigalloc: the same blocks, counted in clusters.
+        assert_eq!(WindowAsk::for_file(12, 40, 4).len, 10);
+        assert_eq!(WindowAsk::for_file(12, 0, 1024).len, 1);
         let windows = Windows::default();
         let window = Window {
             group: 1,
