@@ -180,6 +180,10 @@ pub enum Error {
     /// ETXTBSY: a write to a file fs-verity is being enabled on.
     #[error("text file busy")]
     TextFileBusy,
+    /// EMSGSIZE: a value larger than its place allows (an fs-verity salt
+    /// or signature larger than the descriptor takes).
+    #[error("{0}")]
+    MessageTooLong(String),
     /// EOVERFLOW: a value the on-disk field cannot hold (a project id in an
     /// inode without room for one, a verity digest larger than the
     /// caller's buffer).
@@ -283,6 +287,7 @@ impl Error {
             Error::CrossDevice => libc::EXDEV,
             Error::TextFileBusy => libc::ETXTBSY,
             Error::Overflow => libc::EOVERFLOW,
+            Error::MessageTooLong(_) => libc::EMSGSIZE,
             Error::QuotaExceeded => libc::EDQUOT,
             Error::NoKey => libc::ENOKEY,
             Error::Closed => libc::EBADF,
@@ -332,6 +337,7 @@ impl From<Error> for std::io::Error {
             Error::Corrupt { .. }
             | Error::Unsupported(_)
             | Error::Invalid(_)
+            | Error::MessageTooLong(_)
             | Error::Closed
             | Error::VerityMismatch { .. } => std::io::Error::new(error.kind(), error),
             error => std::io::Error::from_raw_os_error(error.errno()),

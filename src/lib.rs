@@ -212,7 +212,7 @@ mod api;
 
 pub use api::{
     CASEFOLD_FL, DirBuilder, DirEntry, File, FileType, Image, ImageOptions, JOURNAL_DATA_FL,
-    Metadata, OpenOptions, PROJINHERIT_FL, ReadDir, Walk,
+    Metadata, OpenOptions, PROJINHERIT_FL, ReadDir, VerityOptions, Walk,
 };
 pub use engine::dev::{BlockDevice, MemoryDevice};
 pub use error::{Error, Location, Result};

@@ -336,3 +336,173 @@ fn enable_writes_out_held_and_inline_data_first() {
         common::assert_fsck_clean(&image);
     }
 }
+
+/// Salts, Merkle block sizes and signatures, as `fsverity enable
+/// --block-size --salt --signature` takes them: through the library,
+/// `jext4 verity enable` and fsverity-utils itself through a mount (the
+/// kernel's FUSE passes the salt and the signature after the struct),
+/// each file's digest is what `fsverity digest` prints for the same
+/// content, block size and salt; it reads back verified after reopening;
+/// e2fsck is clean. Parameters the kernel refuses are refused with its
+/// errno.
+#[test]
+fn salts_block_sizes_and_signatures_as_fsverity_utils_has_them() {
+    if !e2e::require_e2e() || !common::require_tool("fsverity") {
+        return;
+    }
+    let scratch = e2e::scratch("verity-params");
+    let image = verity_image(scratch.path(), "verity-params", "4096");
+    let digest_of = |host: &Path, block: u32, salt: &str| -> String {
+        let block = format!("--block-size={block}");
+        let salt = format!("--salt={salt}");
+        let mut args = vec!["digest", &block];
+        if salt != "--salt=" {
+            args.push(&salt);
+        }
+        args.push(e2e::path_str(host));
+        let output = e2e::run_ok("fsverity", &args);
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let signature = scratch.path().join("file.sig");
+    std::fs::write(&signature, e2e::pattern(77, 3_900)).unwrap();
+    // (name, size, Merkle block, salt in hex, signed)
+    let cases: &[(&str, usize, u32, &str, bool)] = &[
+        ("/salted", 300_000, 4096, "deadbeef", false),
+        ("/small-blocks", 5_000_000, 1024, "", false),
+        (
+            "/both",
+            70_000,
+            2048,
+            "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+            false,
+        ),
+        ("/signed", 100_000, 4096, "01", true),
+    ];
+    let opened = Image::open(&image).unwrap();
+    for &(name, size, block, salt, signed) in cases {
+        let data = e2e::pattern(size as u64, size);
+        opened.write(name, &data).unwrap();
+        let mut options = jext4::VerityOptions::new();
+        options.block_size(block).salt(&hex_bytes(salt));
+        if signed {
+            options.signature(&std::fs::read(&signature).unwrap());
+        }
+        opened.enable_verity_with(name, &options).unwrap();
+        let host = scratch.path().join(name.trim_start_matches('/'));
+        std::fs::write(&host, &data).unwrap();
+        assert_eq!(
+            hex(&opened.verity_digest(name).unwrap()),
+            digest_of(&host, block, salt),
+            "{name}: digest"
+        );
+    }
+    // Refused as the kernel refuses them.
+    opened.write("/refused", b"x").unwrap();
+    let errno = |result: jext4::Result<()>| result.map_err(|error| error.errno());
+    let mut bad = jext4::VerityOptions::new();
+    bad.block_size(3000);
+    assert_eq!(
+        errno(opened.enable_verity_with("/refused", &bad)),
+        Err(libc::EINVAL)
+    );
+    bad.block_size(8192);
+    assert_eq!(
+        errno(opened.enable_verity_with("/refused", &bad)),
+        Err(libc::EINVAL)
+    );
+    let mut bad = jext4::VerityOptions::new();
+    bad.salt(&[1; 33]);
+    assert_eq!(
+        errno(opened.enable_verity_with("/refused", &bad)),
+        Err(libc::EMSGSIZE)
+    );
+    let mut bad = jext4::VerityOptions::new();
+    bad.signature(&vec![1; 16_129]);
+    assert_eq!(
+        errno(opened.enable_verity_with("/refused", &bad)),
+        Err(libc::EMSGSIZE)
+    );
+    opened.close().unwrap();
+    e2e::fsck_clean(&image, "after salted and signed verity files");
+
+    // The CLI.
+    let data = e2e::pattern(5, 200_000);
+    let host = scratch.path().join("cli");
+    std::fs::write(&host, &data).unwrap();
+    let target = format!("{}:/cli", e2e::path_str(&image));
+    e2e::run_ok(e2e::JEXT4, &["cp", e2e::path_str(&host), &target]);
+    e2e::run_ok(
+        e2e::JEXT4,
+        &[
+            "verity",
+            "enable",
+            "--block-size",
+            "1024",
+            "--salt",
+            "c0ffee",
+            &target,
+        ],
+    );
+    let measured = e2e::run_ok(e2e::JEXT4, &["verity", "measure", &target]);
+    assert_eq!(
+        String::from_utf8_lossy(&measured.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap(),
+        digest_of(&host, 1024, "c0ffee"),
+        "jext4 verity enable --block-size 1024 --salt c0ffee"
+    );
+
+    // fsverity-utils through the mount.
+    let mnt = scratch.path().join("mnt");
+    let mount = JextMount::mount(&image, &mnt, "");
+    let file = mnt.join("through-fuse");
+    std::fs::write(&file, &data).unwrap();
+    let sig = format!("--signature={}", e2e::path_str(&signature));
+    e2e::run_ok(
+        "fsverity",
+        &[
+            "enable",
+            "--block-size=2048",
+            "--salt=abcd",
+            &sig,
+            e2e::path_str(&file),
+        ],
+    );
+    let output = e2e::run_ok("fsverity", &["measure", e2e::path_str(&file)]);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap(),
+        digest_of(&host, 2048, "abcd"),
+        "fsverity enable --block-size=2048 --salt=abcd --signature through the mount"
+    );
+    mount.unmount();
+    e2e::fsck_clean(
+        &image,
+        "after fsverity enable with parameters through the mount",
+    );
+
+    let opened = Image::open_read_only(&image).unwrap();
+    for &(name, size, _, _, _) in cases {
+        assert_eq!(
+            opened.read(name).unwrap(),
+            e2e::pattern(size as u64, size),
+            "{name}"
+        );
+    }
+    assert_eq!(opened.read("/through-fuse").unwrap(), data);
+    assert_eq!(opened.read("/cli").unwrap(), data);
+}
+
+fn hex_bytes(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).unwrap())
+        .collect()
+}

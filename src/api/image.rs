@@ -9,7 +9,7 @@
 use super::dir::{ReadDir, Walk};
 use super::file::File;
 use super::metadata::{Metadata, timestamp};
-use super::options::{DirBuilder, ImageOptions, OpenOptions};
+use super::options::{DirBuilder, ImageOptions, OpenOptions, VerityOptions};
 use super::path::{bytes, components, path_from_bytes};
 use crate::error::{Error, Result};
 use crate::format::superblock::ROOT_INO;
@@ -1134,8 +1134,22 @@ impl Image {
     /// matches is EIO). The image needs the `verity` feature (`tune2fs -O
     /// verity`), as the kernel does; a verity file again is EEXIST.
     pub fn enable_verity(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.enable_verity_with(path, &VerityOptions::new())
+    }
+
+    /// `enable_verity` with a Merkle block size, a salt or a signature
+    /// (`VerityOptions`), as `fsverity enable --block-size --salt
+    /// --signature`: `verity_digest` then gives the digest `fsverity
+    /// digest` prints for the same content with the same block size and
+    /// salt. Parameters the kernel refuses are EINVAL or EMSGSIZE.
+    pub fn enable_verity_with(
+        &self,
+        path: impl AsRef<Path>,
+        options: &VerityOptions,
+    ) -> Result<()> {
         let ino = self.resolve(bytes(path.as_ref()), true)?;
-        self.fs().enable_verity(ino, self.shared.caller)
+        self.fs()
+            .enable_verity_with(ino, self.shared.caller, &options.params)
     }
 
     /// The fs-verity digest of the file at `path` (`FS_IOC_MEASURE_VERITY`):

@@ -30,7 +30,7 @@ pub use dir::{DirEntry, ReadDir, Walk};
 pub use file::File;
 pub use image::Image;
 pub use metadata::{FileType, Metadata};
-pub use options::{DirBuilder, ImageOptions, OpenOptions};
+pub use options::{DirBuilder, ImageOptions, OpenOptions, VerityOptions};
 
 /// `FS_CASEFOLD_FL` (`chattr +F`): the directory's names match whatever
 /// their case ([`Image::set_flags`]).

@@ -371,3 +371,49 @@ impl std::os::unix::fs::DirBuilderExt for DirBuilder {
         self
     }
 }
+
+/// How `Image::enable_verity_with` builds a file's Merkle tree, as
+/// `FS_IOC_ENABLE_VERITY`'s `struct fsverity_enable_arg` says it (and
+/// `fsverity enable --block-size --salt --signature`). SHA-256 is the one
+/// hash.
+///
+/// ```
+/// let mut options = jext4::VerityOptions::new();
+/// options.block_size(1024).salt(b"pepper");
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerityOptions {
+    pub(super) params: crate::engine::fs::VerityParams,
+}
+
+impl VerityOptions {
+    /// The defaults: Merkle blocks of 4 KiB (or the filesystem's block
+    /// below that), no salt, no signature.
+    pub fn new() -> Self {
+        VerityOptions::default()
+    }
+
+    /// The Merkle tree's block size: a power of two from 1 KiB to the
+    /// filesystem's block and the page (4 KiB); others are EINVAL.
+    pub fn block_size(&mut self, block_size: u32) -> &mut Self {
+        self.params.block_size = Some(block_size);
+        self
+    }
+
+    /// A salt hashed before every block (at most 32 bytes; more is
+    /// EMSGSIZE): the file's digest changes with it.
+    pub fn salt(&mut self, salt: &[u8]) -> &mut Self {
+        self.params.salt = salt.to_vec();
+        self
+    }
+
+    /// A built-in signature (a PKCS#7 blob, at most 16,128 bytes), kept
+    /// after the descriptor as a kernel without
+    /// `CONFIG_FS_VERITY_BUILTIN_SIGNATURES` keeps it: jext4 holds no
+    /// keyring and does not check it. It is not part of the digest.
+    pub fn signature(&mut self, signature: &[u8]) -> &mut Self {
+        self.params.signature = signature.to_vec();
+        self
+    }
+}

@@ -459,14 +459,15 @@ impl Lane {
         )
     }
 
-    /// fs-verity on `rel` (its Merkle tree built, then the flag set).
-    pub fn enable_verity(&mut self, rel: &str) -> Result<()> {
+    /// fs-verity on `rel` (its Merkle tree built, then the flag set), with
+    /// `params` (a Merkle block size, a salt, a signature).
+    pub fn enable_verity(&mut self, rel: &str, params: &crate::fs::VerityParams) -> Result<()> {
         self.step(
             || format!("enable verity {rel}"),
             &[rel],
             |lane| {
                 let ino = lane.ino(rel)?;
-                lane.fs.enable_verity(ino, Caller::ROOT)?;
+                lane.fs.enable_verity_with(ino, Caller::ROOT, params)?;
                 Ok(None)
             },
         )

@@ -122,7 +122,7 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "verity",
-        about: "fs-verity enabled on files of every size (empty, one block, a tree of one and of two levels) among writes and renames; fsync and sync",
+        about: "fs-verity enabled on files of every size (empty, one block, a tree of one and of two levels; some salted with 1 KiB Merkle blocks, one signed) among writes and renames; fsync and sync",
         tear: true,
         scenarios: verity,
         states_per_scenario: 0,
@@ -731,13 +731,13 @@ fn verity(seed: u64, _budget: usize) -> Vec<Scenario> {
     )]
 }
 
+/// The largest write of the verity workload.
+const VERITY_WRITE_BYTES: usize = 64 << 10;
+
 /// Files of sizes that give every shape of Merkle tree (none for an empty
 /// or one-block file, one level, two), written, then made verity files —
 /// the tree past the end in transactions of its own, the flag in the
 /// last — between other files' writes, renames and fsyncs.
-/// The largest write of the verity workload.
-const VERITY_WRITE_BYTES: usize = 64 << 10;
-
 fn verity_run(lane: &mut Lane, seed: u64) {
     let mut rng = Rng::derive(seed, "verity");
     let sizes = [0usize, 700, 4096, 9_000, 200_000, 600_000];
@@ -755,7 +755,20 @@ fn verity_run(lane: &mut Lane, seed: u64) {
         }
         let _ = lane.create("other");
         let _ = lane.append("other", rng.range(100, 5_000) as usize);
-        let _ = lane.enable_verity(&name);
+        // Every other file salted, with 1 KiB Merkle blocks, and one with
+        // a signature whose descriptor runs past a block.
+        let params = crate::fs::VerityParams {
+            block_size: (index % 2 == 1).then_some(1024),
+            salt: match index % 2 {
+                1 => b"crash-salt".to_vec(),
+                _ => Vec::new(),
+            },
+            signature: match index {
+                4 => vec![0x30; 3_000],
+                _ => Vec::new(),
+            },
+        };
+        let _ = lane.enable_verity(&name, &params);
         match rng.below(3) {
             0 => {
                 let _ = lane.fsync(&name);

@@ -6,16 +6,18 @@
 //! The layout past `i_size` (which stays the data's size):
 //! - the Merkle tree from the first 64 KiB boundary at or past `i_size`
 //!   (`metadata_pos`), its root level first and the level just above the
-//!   data last, one tree block per filesystem-independent 4 KiB Merkle
-//!   block (jext4 writes 4 KiB Merkle blocks, fsverity-utils' default);
-//! - the 256-byte descriptor at the next filesystem block boundary;
+//!   data last, one tree block per Merkle block (4 KiB by default, as
+//!   fsverity-utils', or any power of two from 1 KiB to the filesystem
+//!   block and the page);
+//! - the 256-byte descriptor at the next filesystem block boundary,
+//!   followed by the signature the enable was given, if any;
 //! - its size, a le32, in the last 4 bytes of the block where the
 //!   descriptor ends (or the next one when fewer than 4 bytes are left),
 //!   which is the file's last mapped block: a reader finds the descriptor
 //!   from the end of the last extent.
 //!
-//! A block's hash is SHA-256 of the block (no salt: jext4 writes none, and
-//! reads salted trees: the salt padded to 64 bytes, before every block),
+//! A block's hash is SHA-256 of the block, after the salt if there is one
+//! (up to 32 bytes, padded with zeros to SHA-256's 64-byte block),
 //! the last data block zero-padded; a tree block is its children's hashes
 //! concatenated, zero-padded. A file of one block has no tree (its root
 //! hash is its block's hash), an empty file's root hash is all zeros. The
@@ -31,6 +33,10 @@ pub const METADATA_ALIGN: u64 = 65536;
 pub const DESCRIPTOR_SIZE: usize = 256;
 /// The largest descriptor the kernel reads (`FS_VERITY_MAX_DESCRIPTOR_SIZE`).
 const DESCRIPTOR_SIZE_MAX: u32 = 16384;
+/// The largest signature an enable takes (`FS_VERITY_MAX_SIGNATURE_SIZE`).
+pub const SIGNATURE_SIZE_MAX: usize = DESCRIPTOR_SIZE_MAX as usize - DESCRIPTOR_SIZE;
+/// The descriptor's room for a salt.
+pub const SALT_SIZE_MAX: usize = 32;
 /// `FS_VERITY_HASH_ALG_SHA256`.
 pub const HASH_SHA256: u8 = 1;
 /// SHA-256's digest and compression block sizes.
@@ -127,9 +133,12 @@ impl Descriptor {
         bytes
     }
 
-    /// The descriptor as jext4 stores it (no signature).
-    pub fn encode(&self) -> [u8; DESCRIPTOR_SIZE] {
-        self.encode_with(0)
+    /// The descriptor as stored: its 256 bytes, then `signature` (the
+    /// kernel's `fsverity_descriptor` with its flexible array).
+    pub fn encode_signed(&self, signature: &[u8]) -> Vec<u8> {
+        let mut bytes = self.encode_with(signature.len() as u32).to_vec();
+        bytes.extend_from_slice(signature);
+        bytes
     }
 
     /// The file's digest (`FS_IOC_MEASURE_VERITY`, `fsverity digest`).
@@ -258,14 +267,19 @@ impl Tree {
     }
 }
 
-/// Where the descriptor and its size go after a tree of `tree_bytes` for
-/// data of `data_size` bytes, with filesystem blocks of `fs_block_size`:
-/// (metadata start, descriptor position, size field position).
-pub fn layout(data_size: u64, tree_bytes: u64, fs_block_size: u64) -> (u64, u64, u64) {
+/// Where a descriptor of `desc_size` bytes (signature included) and its
+/// size go after a tree of `tree_bytes` for data of `data_size` bytes,
+/// with filesystem blocks of `fs_block_size`: (metadata start, descriptor
+/// position, size field position), as `ext4_write_verity_descriptor`.
+pub fn layout(
+    data_size: u64,
+    tree_bytes: u64,
+    fs_block_size: u64,
+    desc_size: u64,
+) -> (u64, u64, u64) {
     let metadata_pos = data_size.div_ceil(METADATA_ALIGN) * METADATA_ALIGN;
     let desc_pos = (metadata_pos + tree_bytes).div_ceil(fs_block_size) * fs_block_size;
-    let size_pos =
-        (desc_pos + DESCRIPTOR_SIZE as u64 + 4).div_ceil(fs_block_size) * fs_block_size - 4;
+    let size_pos = (desc_pos + desc_size + 4).div_ceil(fs_block_size) * fs_block_size - 4;
     (metadata_pos, desc_pos, size_pos)
 }
 
@@ -328,9 +342,15 @@ mod tests {
     #[test]
     fn the_metadata_follows_the_kernels_layout() {
         // The worked examples of the kernel's code (4 KiB blocks).
-        assert_eq!(layout(100, 0, 4096), (65536, 65536, 69628));
-        assert_eq!(layout(0, 0, 4096), (0, 0, 4092));
-        assert_eq!(layout(1 << 20, 12288, 4096), (1 << 20, 1060864, 1064956));
+        assert_eq!(layout(100, 0, 4096, 256), (65536, 65536, 69628));
+        assert_eq!(layout(0, 0, 4096, 256), (0, 0, 4092));
+        assert_eq!(
+            layout(1 << 20, 12288, 4096, 256),
+            (1 << 20, 1060864, 1064956)
+        );
+        // A signature of 3,900 bytes: the descriptor runs into a second
+        // block, and its size goes in that block's last four bytes.
+        assert_eq!(layout(100, 0, 4096, 4156), (65536, 65536, 73724));
         let (desc, size) = descriptor_location(12, 69632, 256, 100, 4096).unwrap();
         assert_eq!((desc, size), (65536, 256));
     }
@@ -355,8 +375,22 @@ mod tests {
             salt: Vec::new(),
             sig_size: 0,
         };
-        let bytes = descriptor.encode();
+        let bytes = descriptor.encode_signed(&[]);
         assert_eq!(Descriptor::decode(1, &bytes, 5000).unwrap(), descriptor);
         assert!(Descriptor::decode(1, &bytes, 5001).is_err());
+        let salted = Descriptor {
+            salt: vec![0xab; 32],
+            sig_size: 3,
+            ..descriptor
+        };
+        let bytes = salted.encode_signed(&[1, 2, 3]);
+        assert_eq!(bytes.len(), DESCRIPTOR_SIZE + 3);
+        assert_eq!(Descriptor::decode(1, &bytes, 5000).unwrap(), salted);
+        // The digest leaves the signature out, as the kernel's.
+        let unsigned = Descriptor {
+            sig_size: 0,
+            ..salted.clone()
+        };
+        assert_eq!(salted.digest(), unsigned.digest());
     }
 }

@@ -89,6 +89,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
+pub use verity::VerityParams;
 
 /// Mount options understood by the engine (the CLI parses `-o` into this).
 #[derive(Debug, Clone)]

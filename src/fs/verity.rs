@@ -73,6 +73,64 @@ impl Descriptors {
     }
 }
 
+/// What `FS_IOC_ENABLE_VERITY` takes besides the file (`struct
+/// fsverity_enable_arg`; SHA-256 is the one hash).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerityParams {
+    /// The Merkle tree's block size: a power of two from 1 KiB to the
+    /// filesystem's block and the page (4 KiB); None for the default
+    /// (`Fs::verity_block_size`).
+    pub block_size: Option<u32>,
+    /// Hashed before every block, at most 32 bytes.
+    pub salt: Vec<u8>,
+    /// Kept after the descriptor, as a kernel without built-in signature
+    /// checking keeps it (`CONFIG_FS_VERITY_BUILTIN_SIGNATURES` off): jext4
+    /// holds no keyring, so it neither checks it nor refuses it; at most
+    /// 16,128 bytes.
+    pub signature: Vec<u8>,
+}
+
+/// The tree's log block size for `params`, refused as the kernel refuses
+/// them (`fsverity_ioctl_enable`, `fsverity_init_merkle_tree_params`):
+/// EINVAL for a block size that is not a power of two or lies outside 1
+/// KiB to the page and the filesystem block, EMSGSIZE for a salt or a
+/// signature larger than the descriptor has room for.
+fn check_params(params: &VerityParams, fs_log_block_size: u8, default: u32) -> Result<u8> {
+    let block_size = params.block_size.unwrap_or(default);
+    if !block_size.is_power_of_two() {
+        return Err(Error::Invalid(format!(
+            "fs-verity: Merkle block size {block_size} is not a power of two"
+        )));
+    }
+    if params.salt.len() > verity::SALT_SIZE_MAX {
+        return Err(Error::MessageTooLong(format!(
+            "fs-verity: a salt of {} bytes (at most {})",
+            params.salt.len(),
+            verity::SALT_SIZE_MAX
+        )));
+    }
+    if params.signature.len() > verity::SIGNATURE_SIZE_MAX {
+        return Err(Error::MessageTooLong(format!(
+            "fs-verity: a signature of {} bytes (at most {})",
+            params.signature.len(),
+            verity::SIGNATURE_SIZE_MAX
+        )));
+    }
+    let log = block_size.trailing_zeros() as u8;
+    if !(10..=PAGE_LOG_SIZE).contains(&log) || log > fs_log_block_size {
+        return Err(Error::Invalid(format!(
+            "fs-verity: Merkle block size {block_size} (from 1024 to {}: the page and the \
+             filesystem block)",
+            1u32 << PAGE_LOG_SIZE.min(fs_log_block_size)
+        )));
+    }
+    Ok(log)
+}
+
+/// The page size's log, the kernel's PAGE_SHIFT on the machines jext4
+/// images go to (x86, arm64 with 4 KiB pages): the largest Merkle block.
+const PAGE_LOG_SIZE: u8 = 12;
+
 impl Fs {
     /// The Merkle block size `enable_verity` writes: 4 KiB, or the
     /// filesystem's block below that (the kernel's limit).
@@ -80,18 +138,41 @@ impl Fs {
         1 << MERKLE_LOG_BLOCK_SIZE.min(self.core.geo.log_block_size as u8 + 10)
     }
 
-    /// `FS_IOC_ENABLE_VERITY` with SHA-256 and no salt: build the Merkle
-    /// tree of regular file `ino` and make it a verity file. Refused as the
-    /// kernel refuses it: EOPNOTSUPP without the `verity` feature (as the
+    /// `FS_IOC_ENABLE_VERITY` with SHA-256, the default block size and no
+    /// salt (`enable_verity_with`).
+    pub fn enable_verity(&self, ino: u32, caller: Caller) -> Result<()> {
+        self.enable_verity_with(ino, caller, &VerityParams::default())
+    }
+
+    /// `FS_IOC_ENABLE_VERITY`: build the Merkle tree of regular file `ino`
+    /// with `params` and make it a verity file. Refused as the kernel
+    /// refuses it: EINVAL or EMSGSIZE for parameters it refuses
+    /// (`check_params`), EOPNOTSUPP without the `verity` feature (as the
     /// kernel, jext4 does not set it: `tune2fs -O verity`) or on a file
     /// without extents, EISDIR on a directory, EINVAL on another kind of
     /// file, EEXIST on a verity file, EROFS read-only.
-    pub fn enable_verity(&self, ino: u32, caller: Caller) -> Result<()> {
-        let result = self.enable_verity_inner(ino, caller);
+    pub fn enable_verity_with(
+        &self,
+        ino: u32,
+        caller: Caller,
+        params: &VerityParams,
+    ) -> Result<()> {
+        let result = check_params(
+            params,
+            self.core.geo.log_block_size as u8 + 10,
+            self.verity_block_size(),
+        )
+        .and_then(|log| self.enable_verity_inner(ino, caller, log, params));
         self.note_error(result)
     }
 
-    fn enable_verity_inner(&self, ino: u32, caller: Caller) -> Result<()> {
+    fn enable_verity_inner(
+        &self,
+        ino: u32,
+        caller: Caller,
+        log_block_size: u8,
+        params: &VerityParams,
+    ) -> Result<()> {
         if self.is_read_only() {
             return Err(Error::ReadOnly);
         }
@@ -104,12 +185,18 @@ impl Fs {
         if !self.core.verity_enabling.lock().insert(ino) {
             return Err(Error::Busy);
         }
-        let result = self.enable_verity_steps(ino, caller);
+        let result = self.enable_verity_steps(ino, caller, log_block_size, params);
         self.core.verity_enabling.lock().remove(&ino);
         result
     }
 
-    fn enable_verity_steps(&self, ino: u32, caller: Caller) -> Result<()> {
+    fn enable_verity_steps(
+        &self,
+        ino: u32,
+        caller: Caller,
+        log_block_size: u8,
+        params: &VerityParams,
+    ) -> Result<()> {
         // Held data first, now that writes are refused: the tree covers
         // what reads return (the write-out is not refused, `Writer`).
         self.fsync(ino, false)?;
@@ -147,7 +234,7 @@ impl Fs {
         })?;
         // The last extent must end with the metadata.
         self.punch_in_chunks(ino, size.div_ceil(block_size))?;
-        let written = self.write_verity_metadata(ino, size, caller);
+        let written = self.write_verity_metadata(ino, size, caller, log_block_size, params);
         if let Err(error) = written {
             let undone = self
                 .punch_in_chunks(ino, size.div_ceil(block_size))
@@ -178,12 +265,18 @@ impl Fs {
         })
     }
 
-    /// Step 2: the tree over the data, then the descriptor and its size,
-    /// past the end of a file of `size` bytes.
-    fn write_verity_metadata(&self, ino: u32, size: u64, caller: Caller) -> Result<()> {
+    /// Step 2: the tree over the data, then the descriptor (with the
+    /// signature) and its size, past the end of a file of `size` bytes.
+    fn write_verity_metadata(
+        &self,
+        ino: u32,
+        size: u64,
+        caller: Caller,
+        log_block_size: u8,
+        params: &VerityParams,
+    ) -> Result<()> {
         let fs_block_size = self.core.geo.block_size as u64;
-        let log_block_size = self.verity_block_size().trailing_zeros() as u8;
-        let tree = Tree::new(size, log_block_size, &[]);
+        let tree = Tree::new(size, log_block_size, &params.salt);
         tree.check_levels(ino)?;
         let merkle_block = tree.block_size as u64;
         let inode = self.read_file_inode(ino)?;
@@ -207,20 +300,22 @@ impl Fs {
             log_block_size,
             data_size: size,
             root_hash,
-            salt: Vec::new(),
-            sig_size: 0,
+            salt: params.salt.clone(),
+            sig_size: params.signature.len() as u32,
         };
+        let encoded = descriptor.encode_signed(&params.signature);
         let tree_bytes = tree.blocks() * merkle_block;
-        let (metadata_pos, desc_pos, size_pos) = verity::layout(size, tree_bytes, fs_block_size);
+        let (metadata_pos, desc_pos, size_pos) =
+            verity::layout(size, tree_bytes, fs_block_size, encoded.len() as u64);
         let mut metadata = vec![0u8; (size_pos + 4 - metadata_pos) as usize];
         for (index, block) in stored.iter().enumerate() {
             let at = index * merkle_block as usize;
             metadata[at..at + block.len()].copy_from_slice(block);
         }
         let at = (desc_pos - metadata_pos) as usize;
-        metadata[at..at + verity::DESCRIPTOR_SIZE].copy_from_slice(&descriptor.encode());
+        metadata[at..at + encoded.len()].copy_from_slice(&encoded);
         let at = (size_pos - metadata_pos) as usize;
-        metadata[at..].copy_from_slice(&(verity::DESCRIPTOR_SIZE as u32).to_le_bytes());
+        metadata[at..].copy_from_slice(&(encoded.len() as u32).to_le_bytes());
         self.write_past_end(ino, metadata_pos, &metadata, caller)
     }
 

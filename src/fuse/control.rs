@@ -73,11 +73,13 @@ pub fn parse_fsxattr(bytes: &[u8]) -> crate::Result<(u32, u32)> {
     Ok((field(0), field(12)))
 }
 
-/// `struct fsverity_enable_arg` as jext4 can honour it: version 1,
-/// SHA-256, Merkle blocks of `block_size` (what `Fs::enable_verity`
-/// writes), no salt, no signature. EINVAL for what the kernel refuses as
-/// EINVAL, EOPNOTSUPP for what it would do and jext4 does not.
-pub fn check_enable_verity(arg: &[u8], block_size: u32) -> crate::Result<()> {
+/// `struct fsverity_enable_arg` and what follows it — the salt, then the
+/// signature, as the kernel's FUSE passes them (`fuse_setup_enable_verity`)
+/// — as the parameters `Fs::enable_verity_with` takes; the block size,
+/// salt and signature sizes are checked there. EINVAL for what the kernel
+/// refuses as EINVAL (version, reserved fields, a short argument),
+/// EOPNOTSUPP for a hash jext4 does not compute (SHA-512).
+pub fn parse_enable_verity(arg: &[u8]) -> crate::Result<crate::fs::VerityParams> {
     let field = |at: usize| -> u32 {
         arg.get(at..at + 4)
             .map_or(0, |bytes| u32::from_le_bytes(bytes.try_into().unwrap()))
@@ -95,21 +97,25 @@ pub fn check_enable_verity(arg: &[u8], block_size: u32) -> crate::Result<()> {
     if field(0) != 1 || field(28) != 0 || arg[40..128].iter().any(|&b| b != 0) {
         return invalid("version or reserved fields");
     }
-    if field(4) != 1 {
-        return invalid("hash algorithm (SHA-256 only)");
+    match field(4) {
+        1 => {}
+        2 => {
+            return Err(crate::Error::Unsupported(
+                "FS_IOC_ENABLE_VERITY: SHA-512 trees are not written (SHA-256 only)".into(),
+            ));
+        }
+        _ => return invalid("hash algorithm"),
     }
-    if field(8) != block_size {
-        return invalid(&format!(
-            "Merkle block size {} (this filesystem: {block_size})",
-            field(8)
-        ));
-    }
-    if field(12) != 0 || field(24) != 0 {
-        return Err(crate::Error::Unsupported(
-            "FS_IOC_ENABLE_VERITY: salts and built-in signatures are not supported".into(),
-        ));
-    }
-    Ok(())
+    let (salt_size, sig_size) = (field(12) as usize, field(24) as usize);
+    let salt_end = 128 + salt_size;
+    let Some(signature) = arg.get(salt_end..salt_end + sig_size) else {
+        return invalid("salt or signature shorter than their sizes");
+    };
+    Ok(crate::fs::VerityParams {
+        block_size: Some(field(8)),
+        salt: arg[128..salt_end].to_vec(),
+        signature: signature.to_vec(),
+    })
 }
 
 /// The answer to `FS_IOC_MEASURE_VERITY` for `digest`, given the caller's
@@ -507,21 +513,30 @@ mod tests {
         arg[0] = 1;
         arg[4] = 1;
         arg[8..12].copy_from_slice(&4096u32.to_le_bytes());
-        assert!(check_enable_verity(&arg, 4096).is_ok());
+        let params = parse_enable_verity(&arg).unwrap();
+        assert_eq!(params.block_size, Some(4096));
+        assert!(params.salt.is_empty() && params.signature.is_empty());
+        // A salt of 3 and a signature of 2 follow the struct, in order.
+        let mut salted = arg.to_vec();
+        salted[12] = 3;
+        salted[24] = 2;
+        salted.extend_from_slice(&[1, 2, 3, 9, 8]);
+        let params = parse_enable_verity(&salted).unwrap();
+        assert_eq!((params.salt, params.signature), (vec![1, 2, 3], vec![9, 8]));
         assert!(matches!(
-            check_enable_verity(&arg, 1024),
+            parse_enable_verity(&salted[..130]),
             Err(crate::Error::Invalid(_))
         ));
-        let mut salted = arg;
-        salted[12] = 8;
+        let mut sha512 = arg;
+        sha512[4] = 2;
         assert!(matches!(
-            check_enable_verity(&salted, 4096),
+            parse_enable_verity(&sha512),
             Err(crate::Error::Unsupported(_))
         ));
         let mut reserved = arg;
         reserved[100] = 1;
         assert!(matches!(
-            check_enable_verity(&reserved, 4096),
+            parse_enable_verity(&reserved),
             Err(crate::Error::Invalid(_))
         ));
         let digest = [7u8; 32];

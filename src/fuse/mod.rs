@@ -1051,8 +1051,8 @@ impl FuseAdapter {
             control::FS_IOC_ENABLE_VERITY => {
                 let ino = to_ext4(ino);
                 let result = clock.engine(|| {
-                    control::check_enable_verity(data, self.fs.verity_block_size())?;
-                    self.fs.enable_verity(ino, Caller::ROOT)
+                    let params = control::parse_enable_verity(data)?;
+                    self.fs.enable_verity_with(ino, Caller::ROOT, &params)
                 });
                 reply_ioctl(reply, result.map(|()| Vec::new()), out_size);
             }

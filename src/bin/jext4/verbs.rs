@@ -104,14 +104,47 @@ pub struct VerityArgs {
     pub action: VerityAction,
     #[arg(required = true, value_name = "IMAGE:PATH")]
     pub paths: Vec<String>,
+    /// enable: the Merkle tree's block size (a power of two from 1024 to
+    /// the filesystem's block and 4096; default 4096 or the block), as
+    /// `fsverity enable --block-size`.
+    #[arg(long, value_name = "BYTES")]
+    pub block_size: Option<u32>,
+    /// enable: a salt hashed before every block, in hex (at most 32
+    /// bytes), as `fsverity enable --salt`.
+    #[arg(long, value_name = "HEX", value_parser = parse_hex)]
+    pub salt: Option<HexBytes>,
+    /// enable: a built-in signature file (PKCS#7 DER, at most 16128
+    /// bytes), stored as a kernel without built-in signature checking
+    /// stores it (jext4 does not check it), as `fsverity enable
+    /// --signature`.
+    #[arg(long, value_name = "FILE")]
+    pub signature: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub common: ImageArgs,
 }
 
+/// Bytes given in hex (one value: clap would take a `Vec` for many).
+#[derive(Debug, Clone)]
+pub struct HexBytes(pub Vec<u8>);
+
+/// `--salt`: hex digits, two a byte.
+fn parse_hex(text: &str) -> Result<HexBytes, String> {
+    if !text.len().is_multiple_of(2) {
+        return Err(format!("'{text}': an odd number of hex digits"));
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| {
+            u8::from_str_radix(&text[at..at + 2], 16).map_err(|_| format!("'{text}': not hex"))
+        })
+        .collect::<Result<Vec<u8>, String>>()
+        .map(HexBytes)
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum VerityAction {
-    /// Build the Merkle tree (SHA-256, no salt) and make the file read-only
-    /// and verified (needs the verity feature: `tune2fs -O verity`).
+    /// Build the Merkle tree (SHA-256) and make the file read-only and
+    /// verified (needs the verity feature: `tune2fs -O verity`).
     Enable,
     /// Print `sha256:DIGEST PATH`, as `fsverity digest` prints it.
     Measure,
@@ -843,6 +876,20 @@ fn ln(verb: &mut Verb<'_>, args: &LnArgs) {
 // ---- verity ----
 
 fn verity(verb: &mut Verb<'_>, args: &VerityArgs) {
+    let mut params = jext4::engine::fs::VerityParams {
+        block_size: args.block_size,
+        salt: args.salt.clone().map(|salt| salt.0).unwrap_or_default(),
+        signature: Vec::new(),
+    };
+    if let Some(path) = &args.signature {
+        match std::fs::read(path) {
+            Ok(signature) => params.signature = signature,
+            Err(error) => {
+                verb.say(1, format!("'{}': {error}", path.display()));
+                return;
+            }
+        }
+    }
     for arg in &args.paths {
         let Some((path, image)) = verb.open(arg) else {
             continue;
@@ -850,7 +897,7 @@ fn verity(verb: &mut Verb<'_>, args: &VerityArgs) {
         let done = image
             .inode_of(path.trimmed(), true)
             .and_then(|ino| match args.action {
-                VerityAction::Enable => image.fs().enable_verity(ino, image.caller()),
+                VerityAction::Enable => image.fs().enable_verity_with(ino, image.caller(), &params),
                 VerityAction::Measure => image.fs().verity_digest(ino).map(|digest| {
                     let text = jext4::engine::format::verity::digest_text(&digest);
                     println!("{text} {}", path.trimmed());
