@@ -44,6 +44,20 @@ fn jext4_reads_as_the_kernel(image: &Path, mnt: &Path) -> usize {
     by_kernel.len()
 }
 
+/// A bigalloc image of `mib` MiB with `block_size`-byte blocks and
+/// mke2fs's default clusters of 16 blocks, `extra` options besides.
+fn bigalloc_image(
+    dir: &Path,
+    name: &str,
+    block_size: &str,
+    mib: u64,
+    extra: &[&str],
+) -> std::path::PathBuf {
+    let mut args = vec!["-t", "ext4", "-b", block_size, "-O", "bigalloc"];
+    args.extend_from_slice(extra);
+    common::mkfs(dir, name, mib, &args)
+}
+
 /// The real tree and the workload, written and synced through the mount
 /// at `mnt`; what the workload's files must hold.
 fn fill(mnt: &Path) -> Vec<e2e::Expect> {
@@ -64,8 +78,7 @@ fn kernel_writes(name: &str, block_size: &str) {
         return;
     }
     let scratch = e2e::scratch(name);
-    let args = ["-t", "ext4", "-b", block_size, "-O", "bigalloc"];
-    let image = common::mkfs(scratch.path(), name, 256, &args);
+    let image = bigalloc_image(scratch.path(), name, block_size, 256, &[]);
     let mnt = scratch.path().join("mnt");
     let kernel = KernelMount::mount(&image, &mnt, false);
     let expect = fill(&mnt);
@@ -178,8 +191,7 @@ fn jext4_writes(name: &str, block_size: &str) {
         return;
     }
     let scratch = e2e::scratch(name);
-    let args = ["-t", "ext4", "-b", block_size, "-O", "bigalloc"];
-    let image = common::mkfs(scratch.path(), name, 256, &args);
+    let image = bigalloc_image(scratch.path(), name, block_size, 256, &[]);
     let mnt = scratch.path().join("mnt");
     let mount = JextMount::mount(&image, &mnt, "");
     let expect = fill(&mnt);
@@ -280,8 +292,7 @@ fn st_blocks_follow_clusters_as_the_kernel_counts_them() {
     for block_size in ["1024", "4096"] {
         let name = format!("bigalloc-steps-{block_size}");
         let scratch = e2e::scratch(&name);
-        let args = ["-t", "ext4", "-b", block_size, "-O", "bigalloc"];
-        let image = common::mkfs(scratch.path(), &name, 64, &args);
+        let image = bigalloc_image(scratch.path(), &name, block_size, 64, &[]);
         let copy = scratch.path().join("copy.img");
         std::fs::copy(&image, &copy).unwrap();
         let mnt = scratch.path().join("mnt");
@@ -340,8 +351,7 @@ fn a_bigalloc_image_fills_to_enospc_and_stays_clean() {
     for options in ["", "delalloc"] {
         let name = format!("bigalloc-full{options}");
         let scratch = e2e::scratch(&name);
-        let args = ["-t", "ext4", "-b", "1024", "-O", "bigalloc", "-m", "0"];
-        let image = common::mkfs(scratch.path(), &name, 32, &args);
+        let image = bigalloc_image(scratch.path(), &name, "1024", 32, &["-m", "0"]);
         let mnt = scratch.path().join("mnt");
         let mount = JextMount::mount(&image, &mnt, options);
         let mut written = 0u64;
@@ -447,8 +457,7 @@ fn fast_symlinks_with_an_xattr_block_stay_fast() {
         return;
     }
     let scratch = e2e::scratch("bigalloc-symlink");
-    let args = ["-t", "ext4", "-b", "1024", "-O", "bigalloc"];
-    let image = common::mkfs(scratch.path(), "bigalloc-symlink", 64, &args);
+    let image = bigalloc_image(scratch.path(), "bigalloc-symlink", "1024", 64, &[]);
     let mnt = scratch.path().join("mnt");
     let value = format!("0x{}", "ab".repeat(400));
     let make = |mnt: &Path, name: &str| {
