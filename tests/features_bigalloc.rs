@@ -89,19 +89,19 @@ fn kernel_writes(name: &str, block_size: &str) {
     e2e::verify(&mnt, &expect);
     mount.unmount();
     eprintln!("{name}: {names} names read as the kernel reads them");
-    jext4_changes_the_kernels_clusters(&image, &mnt);
+    jext4_cuts_into_clusters(&image, &mnt, "tree");
 }
 
-/// Through jext4, cut into the clusters the kernel allocated: punch holes
-/// and truncate inside clusters of the kernel's files, write into the
-/// holes again, delete some; e2fsck is clean and the kernel reads what
-/// jext4 showed.
-fn jext4_changes_the_kernels_clusters(image: &Path, mnt: &Path) {
+/// Through jext4, cut into the clusters another writer allocated (the
+/// kernel, mke2fs -d) under `tree`: punch holes and truncate inside
+/// clusters of its files, write into the holes again, delete some;
+/// e2fsck is clean and the kernel reads what jext4 showed.
+fn jext4_cuts_into_clusters(image: &Path, mnt: &Path, tree: &str) {
     use std::os::unix::fs::FileExt;
     let mount = JextMount::mount(image, mnt, "");
     let block = e2e::statvfs(mnt).0;
     let mut files: Vec<std::path::PathBuf> = Vec::new();
-    collect_files(&mnt.join("tree"), &mut files);
+    collect_files(&mnt.join(tree), &mut files);
     files.sort();
     let mut changed = 0;
     for (index, path) in files.iter().enumerate() {
@@ -168,7 +168,7 @@ fn the_kernel_writes_bigalloc_4k_and_jext4_reads_it() {
 }
 
 #[test]
-fn a_bigalloc_image_made_by_mke2fs_d_reads_as_the_kernel_reads_it() {
+fn a_bigalloc_image_made_by_mke2fs_d_reads_as_the_kernel_reads_it_and_takes_changes() {
     if !e2e::require_e2e() {
         return;
     }
@@ -181,6 +181,9 @@ fn a_bigalloc_image_made_by_mke2fs_d_reads_as_the_kernel_reads_it() {
     e2e::fsck_clean(&image, "after mke2fs -d");
     let mnt = scratch.path().join("mnt");
     jext4_reads_as_the_kernel(&image, &mnt);
+    // mke2fs -d allocates as libext2fs does: jext4 cuts into those
+    // clusters too.
+    jext4_cuts_into_clusters(&image, &mnt, "");
 }
 
 /// jext4 writes the workload on a bigalloc image; e2fsck is clean (the
