@@ -722,10 +722,11 @@ impl Checker<'_> {
         replay.invalidate();
         let replay_journal = journal_out(replay, journal_at)?;
         let orphans = tools::e2fsck_replay(&replay.path, replay_journal.as_deref())?;
-        tools::fsck_clean_with(
+        tools::fsck_clean_after(
             &replay.path,
             replay_journal.as_deref(),
             "after e2fsck's journal replay",
+            orphans && self.config.bigalloc && self.config.quota,
         )?;
         journal_back(replay, replay_journal.as_deref(), journal_at)?;
         let replayed = std::fs::read(&replay.path).map_err(io_text)?;

@@ -401,13 +401,26 @@ pub fn fsck_clean(image: &Path, what: &str) -> Result<(), String> {
 
 /// `fsck_clean`, the external journal on `journal` (`e2fsck -j`).
 pub fn fsck_clean_with(image: &Path, journal: Option<&Path>, what: &str) -> Result<(), String> {
+    fsck_clean_after(image, journal, what, false)
+}
+
+/// `fsck_clean_with`, after e2fsck itself released orphans on a bigalloc
+/// image with quotas (`e2fsck_miscounted_quota`): then a verdict whose
+/// every problem is e2fsck's own quota miscount is clean.
+pub fn fsck_clean_after(
+    image: &Path,
+    journal: Option<&Path>,
+    what: &str,
+    e2fsck_miscounted_quota: bool,
+) -> Result<(), String> {
     let mut args = vec!["-fn"];
     if let Some(journal) = journal {
         args.extend(["-j", path_str(journal)?]);
     }
     args.push(path_str(image)?);
     let (code, text) = run("e2fsck", &args, E2FSCK_ENV)?;
-    if code != 0 && !only_fast_symlinks_misjudged(image, &text)? {
+    let excused = e2fsck_miscounted_quota && only_quota_space_overcounted(&text);
+    if code != 0 && !excused && !only_fast_symlinks_misjudged(image, &text)? {
         return Err(format!(
             "e2fsck -fn {what} exited {code}:\n{}",
             shorten(&text)
@@ -478,6 +491,49 @@ fn only_fast_symlinks_misjudged(image: &Path, text: &str) -> Result<bool, String
         }
     }
     Ok(true)
+}
+
+/// Whether every problem e2fsck reported is quota space the quota files
+/// count above the inodes' (inode counts equal). e2fsck 1.47.0 releasing
+/// orphans on a bigalloc image takes a block's bytes off the owner's
+/// quota per cluster freed, not the cluster's (`release_inode_block`,
+/// `quota_data_sub(…, fs->blocksize)`): its next check finds the quota
+/// files too high. Shown on a clean image: a file put on the orphan list
+/// with debugfs, `e2fsck -p`, `e2fsck -fn`. jext4's own recovery of the
+/// same state is checked apart, quota included.
+fn only_quota_space_overcounted(text: &str) -> bool {
+    let mut warned = false;
+    for line in text.lines().map(str::trim) {
+        let noise = line.is_empty()
+            || line.starts_with("Pass ")
+            || line.starts_with("e2fsck ")
+            || line.contains("WARNING: Filesystem still has errors")
+            || line.contains(" files (")
+            || (line.starts_with("Update quota info for quota type ") && line.ends_with("? no"));
+        if noise {
+            continue;
+        }
+        // [QUOTA WARNING] Usage inconsistent for ID 0:actual (57344, 10)
+        // != expected (63488, 10)
+        let counts = |text: &str| -> Option<(u64, u64)> {
+            let inner = text.split_once('(')?.1.split_once(')')?.0;
+            let (space, inodes) = inner.split_once(", ")?;
+            Some((space.parse().ok()?, inodes.parse().ok()?))
+        };
+        let Some(rest) = line.strip_prefix("[QUOTA WARNING] Usage inconsistent for ID ") else {
+            return false;
+        };
+        let Some((actual, expected)) = rest.split_once(" != ") else {
+            return false;
+        };
+        match (counts(actual), counts(expected)) {
+            (Some((scanned, inodes)), Some((filed, filed_inodes)))
+                if inodes == filed_inodes && filed > scanned => {}
+            _ => return false,
+        }
+        warned = true;
+    }
+    warned
 }
 
 /// `e2fsck -p -E journal_only`: replay the journal like the standard tools.
@@ -752,4 +808,27 @@ fn xattr_call(call: impl Fn(*mut u8, usize) -> isize) -> std::io::Result<Vec<u8>
         }
     }
     Err(std::io::Error::from_raw_os_error(libc::ERANGE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::only_quota_space_overcounted;
+
+    #[test]
+    fn only_e2fsck_s_own_quota_overcount_is_excused() {
+        let miscount = "Pass 5: Checking group summary information\n\
+            [QUOTA WARNING] Usage inconsistent for ID 0:actual (32768, 2) != expected (48128, 2)\n\
+            Update quota info for quota type 0? no\n\n\
+            e2fsck 1.47.0 (5-Feb-2023)\n";
+        assert!(only_quota_space_overcounted(miscount));
+        // Files counting less space, or another inode count: not its bug.
+        let under = miscount.replace("(48128, 2)", "(16384, 2)");
+        assert!(!only_quota_space_overcounted(&under));
+        let inodes = miscount.replace("(48128, 2)", "(48128, 3)");
+        assert!(!only_quota_space_overcounted(&inodes));
+        // Any other problem beside it: not excused.
+        let more = format!("{miscount}Inode 12, i_blocks is 8, should be 32.  Fix? no\n");
+        assert!(!only_quota_space_overcounted(&more));
+        assert!(!only_quota_space_overcounted("Pass 1: Checking inodes\n"));
+    }
 }
