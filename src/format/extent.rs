@@ -702,6 +702,21 @@ impl<'x, 'a, 'j> Writer<'x, 'a, 'j> {
         Ok(())
     }
 
+    /// Allocate up to `count` data blocks near `goal` for this inode.
+    /// Regular files may keep a preallocation window (dropped at their
+    /// last release, which directories never have).
+    fn alloc_data_run(&mut self, goal: u64, count: u32) -> Result<(u64, u32)> {
+        if self.inode.is_reg() {
+            let mapped = self.inode.blocks / self.sectors_per_block();
+            let file = (self.ino, mapped);
+            return self
+                .ctx
+                .alloc
+                .alloc_file_blocks(self.ctx.handle, file, goal, count);
+        }
+        self.ctx.alloc.alloc_blocks(self.ctx.handle, goal, count)
+    }
+
     /// Free data blocks `physical..+count`, just unmapped; with bigalloc,
     /// the clusters they lie in that keep no other mapped block
     /// (`ClusterFrees`).
@@ -1277,17 +1292,7 @@ pub fn allocate(
     // full the run shrinks to what the budget covers.
     let want = tree.ctx.charge_run(insert_cost(&path, 1), want)? as u32;
     debug_assert!(want > 0);
-    // Regular files may keep a preallocation window (dropped at their
-    // last release, which directories never have).
-    let (physical, got) = if tree.inode.is_reg() {
-        let mapped = tree.inode.blocks / tree.sectors_per_block();
-        let file = (ino, mapped);
-        tree.ctx
-            .alloc
-            .alloc_file_blocks(tree.ctx.handle, file, goal, want)?
-    } else {
-        tree.ctx.alloc.alloc_blocks(tree.ctx.handle, goal, want)?
-    };
+    let (physical, got) = tree.alloc_data_run(goal, want)?;
     debug_assert!(got >= 1 && got <= want);
     debug_assert!(blocks_in_filesystem(tree.ctx.geo, physical, got as u64));
     let extent = Extent {
@@ -1344,15 +1349,7 @@ fn allocate_in_clusters(
             let want = want.min(covered * ratio - offset);
             let count = (covered * ratio) as u32;
             let goal = goal.div_ceil(ratio) * ratio;
-            let (start, got) = if tree.inode.is_reg() {
-                let mapped = tree.inode.blocks / tree.sectors_per_block();
-                let file = (tree.ino, mapped);
-                tree.ctx
-                    .alloc
-                    .alloc_file_blocks(tree.ctx.handle, file, goal, count)?
-            } else {
-                tree.ctx.alloc.alloc_blocks(tree.ctx.handle, goal, count)?
-            };
+            let (start, got) = tree.alloc_data_run(goal, count)?;
             assert!(
                 start.is_multiple_of(ratio)
                     && (got as u64).is_multiple_of(ratio)
